@@ -1,0 +1,123 @@
+"""The run row: one column list shared by `trace`, `measure`, `ingest`, `export` and `bench/schema.sql`.
+
+A row is a flat dict. `COLUMNS` is the single definition of its fields (name, type, bounds, allowed values);
+`bench/schema.sql` must declare exactly these columns (a test checks it), and `validate_row` checks an
+untrusted row against them. This module imports neither torch nor duckdb, so the GPU measuring script can
+use it on a machine that has no DuckDB.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+from estimator import spec
+
+SOURCES = ("measured", "traced", "published")
+STAGES = ("load", "forward", "backward", "optimizer", "prefill", "decode")
+MAX_TEXT = 256            # ordinary text fields
+MAX_NOTES = 4096          # free-text notes and error messages
+MAX_JSON = 262_144        # config_json, breakdown_json, per_rank_json
+MAX_BYTES = 1 << 50       # 1 PiB: far above any GPU, catches unit mistakes (e.g. bytes * 1024)
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    kind: str                     # 'text' | 'int' | 'bytes' | 'float' | 'bool' | 'json' | 'timestamp'
+    required: bool = False
+    allowed: tuple[str, ...] = ()  # for enum text columns
+    max_len: int = MAX_TEXT
+    lo: float = 0
+    hi: float = MAX_BYTES
+    doc: str = ""
+
+
+def _stage_columns() -> list[Column]:
+    cols = []
+    for st in STAGES:
+        cols.append(Column(f"{st}_peak_alloc_bytes", "bytes", doc=f"peak allocated bytes during the {st} stage"))
+        cols.append(Column(f"{st}_peak_reserved_bytes", "bytes", doc=f"peak reserved (caching allocator) bytes during {st}"))
+    return cols
+
+
+COLUMNS: tuple[Column, ...] = tuple([
+    # identity and provenance
+    Column("run_id", "text", True, max_len=64, doc="sha256 content hash of config, workload and environment (dedupe key)"),
+    Column("source", "text", True, SOURCES, doc="measured on a GPU, traced on fake CPU tensors, or published by a third party"),
+    Column("created_at", "timestamp", True, doc="UTC ISO-8601 time the row was produced"),
+    Column("contributor", "text", doc="who produced the row (free text, e.g. a GitHub handle)"),
+    Column("tool_version", "text", doc="willitfit version that produced the row"),
+    # hardware and software
+    Column("gpu_name", "text", doc="torch.cuda.get_device_name(), or 'fake-cpu' for traced rows"),
+    Column("gpu_total_bytes", "bytes", doc="device memory as the driver reports it"),
+    Column("gpu_count", "int", True, lo=1, hi=spec.MAX_GPUS, doc="GPUs in the run (world size)"),
+    Column("driver_version", "text"),
+    Column("cuda_version", "text"),
+    Column("torch_version", "text", True),
+    Column("transformers_version", "text"),
+    Column("python_version", "text"),
+    # the model
+    Column("model_name", "text", True, doc="preset name, or the config file's name"),
+    Column("model_type", "text", True, max_len=64, doc="config.json model_type"),
+    Column("params", "int", True, lo=1, hi=1e14, doc="total parameters"),
+    Column("trainable_params", "int", lo=0, hi=1e14, doc="parameters with requires_grad"),
+    Column("config_hash", "text", True, max_len=64, doc="sha256 of the canonical config JSON"),
+    Column("config_json", "json", max_len=MAX_JSON, doc="the model config.json itself"),
+    # the workload (same vocabulary as the estimator CLI)
+    Column("mode", "text", True, spec.MODES),
+    Column("method", "text", True, spec.METHODS),
+    Column("lora_rank", "int", lo=0, hi=spec.MAX_LORA_RANK),
+    Column("lora_targets", "text", doc="comma-separated module names"),
+    Column("recipe", "text", True, spec.RECIPES),
+    Column("precision", "text", True, spec.PRECISIONS),
+    Column("weight_format", "text", allowed=spec.WEIGHT_FORMATS),
+    Column("optimizer", "text", allowed=spec.OPTIMIZERS),
+    Column("optimizer_impl", "text", allowed=spec.OPTIMIZER_IMPLS),
+    Column("batch", "int", True, lo=1, hi=spec.MAX_BATCH),
+    Column("seq", "int", True, lo=1, hi=spec.MAX_SEQ),
+    Column("gen_tokens", "int", lo=0, hi=spec.MAX_SEQ),
+    Column("grad_accum", "int", lo=1, hi=spec.MAX_BATCH),
+    Column("checkpointing", "text", allowed=spec.CHECKPOINTING),
+    Column("attention", "text", allowed=spec.ATTENTION),
+    Column("kv_dtype", "text", allowed=spec.KV_DTYPES),
+    Column("strategy", "text", True, spec.STRATEGIES),
+    Column("world_size", "int", True, lo=1, hi=spec.MAX_GPUS),
+    # results
+    *_stage_columns(),
+    Column("peak_alloc_bytes", "bytes", doc="overall peak allocated bytes (max over stages and ranks)"),
+    Column("peak_reserved_bytes", "bytes", doc="overall peak reserved bytes"),
+    Column("nvml_used_bytes", "bytes", doc="device memory in use per NVML at the peak (includes context)"),
+    Column("cuda_context_bytes", "bytes", doc="NVML used after CUDA init, before any tensor"),
+    Column("oom", "bool", True, doc="the run hit CUDA out-of-memory"),
+    Column("oom_stage", "text", allowed=STAGES, doc="stage in which the OOM happened"),
+    Column("oom_message", "text", max_len=MAX_NOTES),
+    Column("step_time_s", "float", lo=0, hi=1e7),
+    Column("breakdown_json", "json", max_len=MAX_JSON, doc="bytes per category at the peak (traced runs)"),
+    Column("per_rank_json", "json", max_len=MAX_JSON, doc="per-rank peaks for multi-GPU runs"),
+    Column("notes", "text", max_len=MAX_NOTES),
+])
+COLUMN_NAMES: tuple[str, ...] = tuple(c.name for c in COLUMNS)
+BY_NAME = {c.name: c for c in COLUMNS}
+
+# Fields that define *what* was run, and where. Two rows equal on these are the same experiment.
+IDENTITY_FIELDS = (
+    "source", "gpu_name", "gpu_count", "torch_version", "transformers_version", "config_hash",
+    "mode", "method", "lora_rank", "lora_targets", "recipe", "precision", "weight_format", "optimizer",
+    "optimizer_impl", "batch", "seq", "gen_tokens", "grad_accum", "checkpointing", "attention", "kv_dtype",
+    "strategy", "world_size",
+)
+
+
+def canonical_json(obj) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+def config_hash(config: dict) -> str:
+    return hashlib.sha256(canonical_json(config).encode()).hexdigest()
+
+
+def compute_run_id(row: dict) -> str:
+    """sha256 over the identity fields; missing fields hash as null so it can be computed before the run."""
+    ident = {k: row.get(k) for k in IDENTITY_FIELDS}
+    return hashlib.sha256(canonical_json(ident).encode()).hexdigest()

@@ -1,0 +1,206 @@
+"""estimate(): compose the components into per-stage breakdowns and the step's peak, per GPU.
+
+A training step (steady state, after the first optimizer step has created the states) goes
+    load -> forward -> backward -> optimizer step,
+and the peak is the largest of those stages, as in seed 000's waterfall but with the states already there.
+Inference goes load -> prefill -> decode. Each stage is a Breakdown whose total is the sum of its parts.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+from estimator import activations as act
+from estimator import components as comp
+from estimator.model import ModelSpec
+from estimator.parallel import SHARD_PARAMS, Share, shares
+from estimator.spec import Parallel, Workload
+from estimator.units import dtype_bytes
+
+COMPONENTS = ("weights", "gradients", "optimizer_states", "master_weights", "activations", "kv_cache",
+              "temporaries", "overhead")
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """Bytes per component at one moment on one GPU."""
+
+    weights: int = 0           # model weights (quantized where the format says so), this GPU's share
+    gradients: int = 0         # .grad of trainable params (+ DDP buckets)
+    optimizer_states: int = 0  # Adam moments etc.
+    master_weights: int = 0    # fp32 master copy (recipe 'mixed')
+    activations: int = 0       # tensors saved for backward, or the inference working set
+    kv_cache: int = 0          # inference K/V cache
+    temporaries: int = 0       # transient: logits' fp32 copies, optimizer foreach lists, gathered FSDP layers,
+                               # autocast weight copies
+    overhead: int = 0          # CUDA context, cuBLAS workspace, NCCL buffers
+
+    @property
+    def total(self) -> int:
+        return sum(getattr(self, f.name) for f in fields(self))
+
+    def as_dict(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True)
+class Estimate:
+    model: ModelSpec
+    workload: Workload
+    parallel: Parallel
+    params: int
+    trainable_params: int
+    stages: tuple[tuple[str, Breakdown], ...]
+    peak_stage: str
+    pipeline_stage: str         # which pipeline stage holds the peak ('only' without PP)
+    cuda_context_bytes: int     # part of `overhead` that torch.cuda's allocator never sees
+    allocator_overhead_bytes: int  # part of `overhead` allocated through torch (cuBLAS workspace)
+
+    @property
+    def components(self) -> Breakdown:
+        return dict(self.stages)[self.peak_stage]
+
+    @property
+    def total_bytes(self) -> int:
+        """Per-GPU peak of the step, everything included: compare with the GPU's total memory."""
+        return self.components.total
+
+    @property
+    def allocated_bytes(self) -> int:
+        """Peak as torch.cuda.max_memory_allocated would see it (no context, no NCCL)."""
+        return self.total_bytes - self.components.overhead + self.allocator_overhead_bytes
+
+    def stage(self, name: str) -> Breakdown:
+        return dict(self.stages)[name]
+
+
+@dataclass(frozen=True)
+class Options:
+    """Knobs that are not part of the workload: the overhead model and the activation model."""
+
+    overhead: comp.Overhead = comp.Overhead()
+    activation_k: float | None = None   # None: detailed model; a number: the seeds' k * b*s*h*L*bytes form
+
+
+def _weights_full_bytes(model: ModelSpec, w: Workload) -> tuple[int, int]:
+    """(frozen/inference weight bytes, trainable weight bytes) for the whole model."""
+    rd = comp.recipe_dtypes(w)
+    fmt = comp.weight_format(w)
+    float_dtype = fmt if fmt in ("fp32", "bf16", "fp16") else w.precision
+    if w.mode == "infer" or w.method != "full":
+        frozen = comp.weights_bytes(model, fmt, float_dtype)
+        trainable = comp.trainable_params(model, w) * dtype_bytes(rd.weight) if w.mode == "train" else 0
+        return frozen, trainable
+    return 0, model.params * dtype_bytes(rd.weight)
+
+
+def _model_states(model: ModelSpec, w: Workload, par: Parallel, sh: Share) -> dict[str, int]:
+    rd = comp.recipe_dtypes(w)
+    local = sh.params_local / model.params
+    frozen, train_w = _weights_full_bytes(model, w)
+    trainable = comp.trainable_params(model, w)
+    shapes = comp.trainable_tensor_shapes(model, w) if w.mode == "train" else []
+    states = comp.optimizer_state_bytes(shapes, w.optimizer, rd.state) if shapes else 0
+    offload_states = par.offload != "none"
+    out = {
+        "weights": int((frozen + train_w) * local * sh.weight_frac),
+        "gradients": int(comp.gradient_bytes(trainable, rd.grad) * local * sh.grad_frac),
+        "optimizer_states": 0 if offload_states else int(states * local * sh.state_frac),
+        "master_weights": 0 if offload_states else int(comp.master_weight_bytes(trainable, w.recipe) * local * sh.state_frac),
+        "opt_temp": 0 if offload_states else int(comp.optimizer_step_temp_bytes(shapes, w.optimizer, w.optimizer_impl, rd.state)
+                                                 * local * sh.state_frac) if shapes else 0,
+    }
+    if par.offload == "optimizer+params" and par.strategy in SHARD_PARAMS:
+        out["weights"] = 0
+    if par.strategy == "ddp" and w.mode == "train":
+        out["gradients"] *= 2  # reducer buckets
+    return out
+
+
+def _working_set(model: ModelSpec, w: Workload, par: Parallel, sh: Share) -> int:
+    """ZeRO-3/FSDP: a gathered (unsharded) layer being computed plus the next one prefetched, and in backward
+    the unsharded gradient of one layer before reduce-scatter (DeepSpeed: 4 * largest_layer_params bytes)."""
+    if par.strategy not in SHARD_PARAMS or sh.weight_frac == 1.0:
+        return 0
+    b = dtype_bytes(comp.recipe_dtypes(w).weight)
+    return 2 * sh.largest_layer_params * b + (sh.largest_layer_params * b if w.mode == "train" else 0)
+
+
+def _autocast_copies(model: ModelSpec, w: Workload, sh: Share) -> int:
+    """AMP: autocast casts each fp32 Linear weight to half once per forward and caches the copy
+    (torch/csrc/autograd autocast weight cache); matmuls save it for backward, so it lives through backward."""
+    if w.recipe != "amp" or w.mode != "train":
+        return 0
+    return int((model.linear_params + model.lm_head_params + (model.embedding_params if model.tie_embeddings else 0))
+               * dtype_bytes(w.precision) * sh.params_local / model.params)
+
+
+def _train_stages(model, w: Workload, par: Parallel, sh: Share, opts: Options, overhead: int):
+    ms = _model_states(model, w, par, sh)
+    tp, sp = par.tp_size, par.sequence_parallel
+    in_flight = min(par.pp_size, w.grad_accum) if par.pp_size > 1 and sh.stage == "first" else 1
+    prof = act.activation_profile(model, w, sh.layers_local, tp, sp, in_flight)
+    saved = prof.per_layer_bytes * prof.layers + (prof.head_bytes if sh.stage != "first" else 0)
+    if opts.activation_k is not None:
+        saved = act.activation_bytes_k(model, w, opts.activation_k) * sh.layers_local // model.layers
+    head_transients = sh.stage != "first"
+    ws = _working_set(model, w, par, sh)
+    cast = _autocast_copies(model, w, sh)
+    base = dict(weights=ms["weights"], optimizer_states=ms["optimizer_states"],
+                master_weights=ms["master_weights"], overhead=overhead)
+    acc_grads = ms["gradients"] if w.grad_accum > 1 else 0
+    # The first large gradient of backward is the lm_head's (or the tied embedding's).
+    first_grad = 0
+    if w.method == "full" and head_transients:
+        first_grad = int(model.vocab * model.hidden // tp * dtype_bytes(comp.recipe_dtypes(w).grad) * sh.grad_frac)
+    fwd = Breakdown(**base, gradients=acc_grads, activations=saved,
+                    temporaries=ws + cast + (prof.forward_transient_bytes if head_transients else 0))
+    bwd_start = Breakdown(**base, gradients=max(acc_grads, first_grad), activations=saved,
+                          temporaries=ws + cast + (prof.backward_transient_bytes if head_transients else 0))
+    one_layer = prof.per_layer_bytes if prof.layers else 0
+    bwd_end = Breakdown(**base, gradients=ms["gradients"], activations=one_layer, temporaries=ws)
+    bwd = max(bwd_start, bwd_end, key=lambda b: b.total)
+    opt = Breakdown(**base, gradients=ms["gradients"], temporaries=ms["opt_temp"])
+    load = Breakdown(weights=ms["weights"], overhead=overhead)
+    return (("load", load), ("forward", fwd), ("backward", bwd), ("optimizer", opt))
+
+
+def _infer_stages(model, w: Workload, par: Parallel, sh: Share, overhead: int):
+    ms = _model_states(model, w, par, sh)
+    tp = par.tp_size
+    frac = sh.layers_local / model.layers / tp
+    kvd = comp.kv_dtype(w)
+    kv_prompt = int(comp.kv_cache_bytes(model, w.batch, w.seq, kvd) * frac)
+    ws = _working_set(model, w, par, sh)
+    load = Breakdown(weights=ms["weights"], overhead=overhead)
+    prefill = Breakdown(weights=ms["weights"], overhead=overhead, kv_cache=kv_prompt,
+                        activations=act.prefill_transient_bytes(model, w, tp), temporaries=ws)
+    stages = [("load", load), ("prefill", prefill)]
+    if w.gen_tokens:
+        kv_full = int(comp.kv_cache_bytes(model, w.batch, w.seq + w.gen_tokens, kvd) * frac)
+        one_token = replace(w, seq=1)
+        # torch.cat in DynamicCache.update holds old and new copies of one layer's K and V at once
+        cat_copy = kv_full // max(1, sh.layers_local)
+        stages.append(("decode", Breakdown(weights=ms["weights"], overhead=overhead, kv_cache=kv_full,
+                                           activations=act.prefill_transient_bytes(model, one_token, tp),
+                                           temporaries=ws + cat_copy)))
+    return tuple(stages)
+
+
+def estimate(model: ModelSpec, workload: Workload, parallel: Parallel = Parallel(), options: Options = Options()) -> Estimate:
+    """Per-GPU memory of one step of `workload` on `model` under `parallel`. Pure; never raises for valid specs."""
+    overhead = comp.overhead_bytes(parallel.gpus, options.overhead)
+    best = None
+    for sh in shares(model, parallel):
+        if workload.mode == "train":
+            stages = _train_stages(model, workload, parallel, sh, options, overhead)
+        else:
+            stages = _infer_stages(model, workload, parallel, sh, overhead)
+        peak_name, peak = max(stages, key=lambda kv: kv[1].total)
+        if best is None or peak.total > best[0]:
+            best = (peak.total, sh.stage, stages, peak_name)
+    _, pstage, stages, peak_name = best
+    return Estimate(model=model, workload=workload, parallel=parallel, params=model.params,
+                    trainable_params=comp.trainable_params(model, workload), stages=stages,
+                    peak_stage=peak_name, pipeline_stage=pstage,
+                    cuda_context_bytes=options.overhead.cuda_context_bytes,
+                    allocator_overhead_bytes=options.overhead.cublas_workspace_bytes)

@@ -1,0 +1,48 @@
+"""Model presets: Hugging Face `config.json` files shipped under `data/models/`, named by file stem.
+
+Nothing here touches the network. `load_config` accepts a preset name or a path to any config.json.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+MODELS_DIR = DATA_DIR / "models"
+MAX_CONFIG_BYTES = 1 << 20  # a config.json is a few KB; refuse anything absurd before parsing it
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in MODELS_DIR.glob("*.json"))
+
+
+def load_config(name_or_path: str) -> tuple[str, dict]:
+    """Return (name, config dict) for a preset name or a config.json path.
+
+    Raises ValueError naming the field ('model') and the allowed presets when nothing matches.
+    """
+    p = Path(name_or_path)
+    if name_or_path.endswith(".json") or p.is_file():
+        if not p.is_file():
+            raise ValueError(f"model: no config file at {name_or_path!r}")
+        if p.stat().st_size > MAX_CONFIG_BYTES:
+            raise ValueError(f"model: {name_or_path!r} is larger than {MAX_CONFIG_BYTES} bytes; not a config.json")
+        return p.stem if p.name != "config.json" else p.parent.name or "config", parse_config_text(p.read_text())
+    preset = MODELS_DIR / f"{name_or_path}.json"
+    if not preset.is_file():
+        raise ValueError(f"model: unknown preset {name_or_path!r}; choose one of {', '.join(preset_names())} "
+                         "or give a path to a config.json")
+    return name_or_path, json.loads(preset.read_text())
+
+
+def parse_config_text(text: str) -> dict:
+    """Parse untrusted config.json text into a dict, with a clear error."""
+    if len(text) > MAX_CONFIG_BYTES:
+        raise ValueError(f"model: config text is larger than {MAX_CONFIG_BYTES} bytes; not a config.json")
+    try:
+        cfg = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"model: config is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    if not isinstance(cfg, dict):
+        raise ValueError("model: config.json must be a JSON object")
+    return cfg
