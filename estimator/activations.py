@@ -42,6 +42,8 @@ class ActivationProfile:
     head_bytes: int             # saved outside the layers: final norm, lm_head input, fp32 log-softmax, embeddings
     forward_transient_bytes: int  # extra live at the forward peak (logits + their fp32 copy during the loss)
     backward_transient_bytes: int  # extra live at the backward peak (gradients of the logits, one layer recomputed)
+    logits_saved_bytes: int = 0   # part of head_bytes: log_softmax's fp32 output, freed once its backward ran
+    logits_grad_bytes: int = 0    # the half-precision gradient of the logits that feeds lm_head's backward
 
     @property
     def saved_bytes(self) -> int:
@@ -87,10 +89,13 @@ def attention_saved_per_token(model: ModelSpec, workload: Workload, seq: int, tp
     if workload.attention == "eager" or (workload.mode == "train" and model.attn_dropout > 0 and model.model_type == "bert"):
         # eager_attention_forward: repeat_kv copies, fp32 softmax, its half copy, dropout, output transpose copy
         kv_rep = nh * (model.head_dim + model.v_head_dim)
-        probs = 4 + (a if a != 4 else 0)
         drop = (1 + a) if (workload.mode == "train" and model.attn_dropout > 0) else 0
+        # the half copy is saved only when the matmul with V reads it; dropout reads it instead and saves just
+        # its mask and output (measured with saved_tensors_hooks on GPTNeoXLayer eager: 7 B/score, not 9)
+        probs = 4 + (a if a != 4 and not drop else 0)
         ctx = 0 if workload.checkpointing == "selective" else (probs + drop) * nh * seq
-        return a * (q + kv_rep + o) + ctx + extra
+        # the output's transpose(1, 2).contiguous() copy is saved only by a training o_proj
+        return a * (q + kv_rep + (o if workload.method == "full" else 0)) + ctx + extra
     lse = 0 if workload.checkpointing == "selective" else 4 * nh
     return a * (q + k + v + o) + lse + extra
 
@@ -124,24 +129,64 @@ def _moe_width(model: ModelSpec) -> int:
     return model.intermediate
 
 
+_QKV_NAMES = ("q_proj", "k_proj", "v_proj", "qkv_proj", "c_attn", "query_key_value", "query", "key", "value",
+              "q_a_proj", "kv_a_proj_with_mqa")
+_UP_NAMES = ("gate_proj", "up_proj", "gate_up_proj", "c_fc", "fc1", "dense_h_to_4h", "intermediate.dense")
+
+
+def _norm_consumer_inputs(model: ModelSpec, workload: Workload, names: tuple[str, ...]) -> int:
+    """How many copies of a norm's output the Linears reading it save (full fine-tuning).
+
+    In `pure` the consumers share one tensor. Under autocast (`amp`) the norm emits fp32 and *each* Linear call
+    casts its own half copy (autocast caches only leaf weights, torch/csrc/autograd autocast_mode.cpp), so
+    q, k and v save three copies and gate and up two."""
+    if workload.method != "full":
+        return 0
+    if workload.recipe != "amp":
+        return 1
+    names_here = {lin.name for _, lin in model.linears()}
+    return sum(1 for n in names if n in names_here) or 1
+
+
+def lora_saved_per_token(model: ModelSpec, workload: Workload, tp: int = 1) -> int:
+    """What the LoRA adapters of one layer save per token. PEFT casts the input to the fp32 adapter dtype
+    (`LoraLayer._cast_input_dtype`) and lora_A saves that copy, lora_B saves lora_A's fp32 output (r wide).
+    When compute is already fp32 the cast is a no-op and the shared input is counted by the norm's consumers."""
+    if workload.method == "full":
+        return 0
+    a = dtype_bytes(workload.precision)
+    seen, total = set(), 0
+    for _, lin in model.linears():
+        if lin.role == "expert" or lin.name in seen or lin.name.split(".")[-1] not in workload.lora_targets:
+            continue
+        seen.add(lin.name)
+        if workload.recipe == "amp":  # autocast runs lora_A/lora_B in half: a half copy of the input, r-wide output
+            total += a * lin.in_features // tp + a * workload.lora_rank
+        else:
+            total += (4 * lin.in_features // tp if a != 4 else 0) + 4 * workload.lora_rank
+    if a == 4:  # fp32 compute: adapters read the (shared) norm output; count it once per norm
+        total += 4 * model.hidden * (any(n in workload.lora_targets for n in _QKV_NAMES)
+                                     + any(n in workload.lora_targets for n in _UP_NAMES))
+    return total
+
+
 def layer_saved_per_token(model: ModelSpec, workload: Workload, seq: int, tp: int = 1, sp: bool = False) -> int:
     """Bytes one transformer layer saves for backward, per token (Korthikanti Table 2, tensor by tensor)."""
     a = dtype_bytes(workload.precision)
     h = model.hidden
     shard = tp if sp else 1  # sequence parallelism shards the norm/residual part over tp too
     norms = 1 if model.parallel_residual and model.model_type == "falcon" else 2
-    qkv_in = any(_trains(workload, m) for m in ("q_proj", "k_proj", "v_proj", "qkv_proj", "c_attn",
-                                                  "query_key_value", "query", "key", "value"))
-    mlp_in = any(_trains(workload, m) for m in ("gate_proj", "up_proj", "gate_up_proj", "c_fc", "fc1",
-                                                  "dense_h_to_4h", "intermediate.dense"))
+    qkv_in = _norm_consumer_inputs(model, workload, _QKV_NAMES)
+    mlp_in = _norm_consumer_inputs(model, workload, _UP_NAMES) if not model.parallel_residual else 0
     saved = norms * norm_saved_per_token(model, workload, h) // shard
-    saved += (a * h // shard) * (int(qkv_in) + (int(mlp_in) if not model.parallel_residual else 0))
+    saved += (a * h // shard) * (qkv_in + mlp_in)
     saved += attention_saved_per_token(model, workload, seq, tp)
     saved += mlp_saved_per_token(model, workload, tp)
+    saved += lora_saved_per_token(model, workload, tp)
     if model.is_moe:  # router logits (half) and fp32 softmax over experts
         saved += (a + 4) * model.n_experts
-    if workload.mode == "train" and model.hidden_dropout > 0:  # residual dropouts: bool mask + output, x2
-        saved += 2 * (1 + a) * h // shard
+    if workload.mode == "train" and model.hidden_dropout > 0:  # residual dropouts: bool mask only, x2 (the
+        saved += 2 * h // shard                                  # output feeds an add, which saves nothing)
     return saved
 
 
@@ -170,11 +215,14 @@ def activation_profile(model: ModelSpec, workload: Workload, layers: int | None 
     head = head_saved_per_token(model, workload, tp) * tokens
     fwd_transient = (a + (4 if a != 4 else 0)) * v * tokens   # logits and their fp32 copy during log_softmax
     bwd_transient = 8 * v * tokens                            # grads of nll and of log_softmax, both fp32
+    logits_saved = 4 * v * tokens if model.causal else 0
+    logits_grad = a * v * tokens                              # ToCopyBackward: fp32 grad cast back to half
     if workload.checkpointing == "full":
         # HF gradient checkpointing: each layer keeps only its input; backward recomputes one layer at a time.
         kept = _residual_bytes(workload) * model.hidden * tokens // (tp if sp else 1)
-        return ActivationProfile(kept * in_flight, L, head, fwd_transient, max(bwd_transient, layer))
-    return ActivationProfile(layer * in_flight, L, head, fwd_transient, bwd_transient)
+        return ActivationProfile(kept * in_flight, L, head, fwd_transient, max(bwd_transient, layer),
+                                 logits_saved, logits_grad)
+    return ActivationProfile(layer * in_flight, L, head, fwd_transient, bwd_transient, logits_saved, logits_grad)
 
 
 def activation_bytes(model: ModelSpec, workload: Workload) -> int:

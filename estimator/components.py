@@ -12,6 +12,7 @@ so a bf16 model has bf16 states.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from estimator.model import ModelSpec
 from estimator.spec import Workload
@@ -70,6 +71,7 @@ def weight_format(workload: Workload) -> str:
     return workload.precision
 
 
+@lru_cache(maxsize=4096)  # pure in its hashable arguments; loops over every Linear of the model
 def weights_bytes(model: ModelSpec, fmt: str, float_dtype: str) -> int:
     """Bytes of all model weights with the transformer-block Linear layers stored in `fmt`.
 
@@ -101,6 +103,11 @@ def lora_target_shapes(model: ModelSpec, targets: tuple[str, ...]) -> list[tuple
     """(layers x count, in, out) of every Linear a LoRA target name matches (PEFT matches on the module name's
     last component, peft/tuners/tuners_utils.py `check_target_module_exists`). Routed experts stored as fused
     3-D Parameters in transformers 5 (Mixtral, Qwen-MoE, DeepSeek) are not nn.Linear and cannot be targeted."""
+    return list(_lora_target_shapes(model, tuple(targets)))
+
+
+@lru_cache(maxsize=4096)  # per (frozen model, targets): estimate() asks several times per call, sweeps thousands
+def _lora_target_shapes(model: ModelSpec, targets: tuple[str, ...]) -> tuple[tuple[int, int, int], ...]:
     shapes = []
     known = sorted({lin.name.split(".")[-1] for _, lin in model.linears() if lin.role != "expert"})
     for t in targets:
@@ -110,7 +117,7 @@ def lora_target_shapes(model: ModelSpec, targets: tuple[str, ...]) -> list[tuple
             raise ValueError(f"lora_targets: {t!r} matches no Linear module of {model.model_type}; "
                              f"available: {', '.join(known)}")
         shapes += hits
-    return shapes
+    return tuple(shapes)
 
 
 def lora_params(model: ModelSpec, rank: int, targets: tuple[str, ...]) -> int:
@@ -130,11 +137,18 @@ def trainable_params(model: ModelSpec, workload: Workload) -> int:
 
 def trainable_tensor_shapes(model: ModelSpec, workload: Workload) -> list[tuple[int, int, int]]:
     """(copies, rows, cols) of every trainable tensor; vectors have cols == 1. Drives per-tensor optimizer terms."""
-    if workload.method != "full":
+    targets = workload.lora_targets if workload.method != "full" else ()
+    return list(_trainable_tensor_shapes(model, workload.method != "full", targets, workload.lora_rank))
+
+
+@lru_cache(maxsize=4096)
+def _trainable_tensor_shapes(model: ModelSpec, lora: bool, targets: tuple[str, ...],
+                             rank: int) -> tuple[tuple[int, int, int], ...]:
+    if lora:
         shapes = []
-        for k, i, o in lora_target_shapes(model, workload.lora_targets):
-            shapes += [(k, workload.lora_rank, i), (k, o, workload.lora_rank)]
-        return shapes
+        for k, i, o in _lora_target_shapes(model, targets):
+            shapes += [(k, rank, i), (k, o, rank)]
+        return tuple(shapes)
     shapes = [(n * lin.count, lin.out_features, lin.in_features) for n, lin in model.linears()]
     shapes += [(n * lin.count, lin.out_features, 1) for n, lin in model.linears() if lin.bias]
     shapes.append((1, model.vocab, model.hidden))
@@ -142,7 +156,7 @@ def trainable_tensor_shapes(model: ModelSpec, workload: Workload) -> list[tuple[
         shapes.append((1, model.vocab, model.hidden))
     rest = model.params - sum(c * r * k for c, r, k in shapes)
     shapes.append((max(rest // model.hidden, 0), model.hidden, 1))  # norms etc., as h-sized vectors
-    return shapes
+    return tuple(shapes)
 
 
 # ---------------------------------------------------------------- dtypes per recipe
@@ -156,7 +170,14 @@ class RecipeDtypes:
 
 
 def recipe_dtypes(workload: Workload) -> RecipeDtypes:
+    """Dtypes of the trainable weights, their grads, optimizer states and master copy.
+
+    LoRA/QLoRA adapters are fp32 whatever the base dtype: PEFT's `get_peft_model(..., autocast_adapter_dtype=True)`
+    (the default since PEFT 0.12) upcasts bf16/fp16 adapter weights to fp32, so their grads and Adam states are
+    fp32 too (8 B/param of states, measured by the traced tier)."""
     p = workload.precision
+    if workload.method != "full":
+        return RecipeDtypes("fp32", "fp32", "fp32", None)
     if workload.recipe == "pure":
         return RecipeDtypes(p, p, p, None)
     if workload.recipe == "mixed":

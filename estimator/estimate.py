@@ -36,7 +36,8 @@ class Breakdown:
 
     @property
     def total(self) -> int:
-        return sum(getattr(self, f.name) for f in fields(self))
+        return (self.weights + self.gradients + self.optimizer_states + self.master_weights + self.activations
+                + self.kv_cache + self.temporaries + self.overhead)  # every field (tests check it against fields())
 
     def as_dict(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -134,7 +135,9 @@ def _autocast_copies(model: ModelSpec, w: Workload, sh: Share) -> int:
                * dtype_bytes(w.precision) * sh.params_local / model.params)
 
 
-def _train_stages(model, w: Workload, par: Parallel, sh: Share, opts: Options, overhead: int):
+def _train_moments(model, w: Workload, par: Parallel, sh: Share, opts: Options, overhead: int):
+    """load, forward, both candidates for the backward peak (start: all activations + logits' grads; end: all
+    gradients + one layer's activations), optimizer. `_train_stages` keeps the larger backward one."""
     ms = _model_states(model, w, par, sh)
     tp, sp = par.tp_size, par.sequence_parallel
     in_flight = min(par.pp_size, w.grad_accum) if par.pp_size > 1 and sh.stage == "first" else 1
@@ -154,14 +157,32 @@ def _train_stages(model, w: Workload, par: Parallel, sh: Share, opts: Options, o
         first_grad = int(model.vocab * model.hidden // tp * dtype_bytes(comp.recipe_dtypes(w).grad) * sh.grad_frac)
     fwd = Breakdown(**base, gradients=acc_grads, activations=saved,
                     temporaries=ws + cast + (prof.forward_transient_bytes if head_transients else 0))
-    bwd_start = Breakdown(**base, gradients=max(acc_grads, first_grad), activations=saved,
+    # Backward's first moment: every activation saved, plus the fp32 gradients of nll and log_softmax (the peak
+    # is inside LogSoftmaxBackward, before lm_head's weight gradient exists).
+    bwd_start = Breakdown(**base, gradients=acc_grads, activations=saved,
                           temporaries=ws + cast + (prof.backward_transient_bytes if head_transients else 0))
+    # Then lm_head's backward: log_softmax's output is freed, the half logits-gradient and the V x h weight
+    # gradient are live. Larger than the first moment only for few tokens (b*s below about h/5).
+    bwd_head = Breakdown(**base, gradients=acc_grads + first_grad,
+                         activations=saved - (prof.logits_saved_bytes if head_transients else 0),
+                         temporaries=ws + cast + (prof.logits_grad_bytes if head_transients else 0))
     one_layer = prof.per_layer_bytes if prof.layers else 0
-    bwd_end = Breakdown(**base, gradients=ms["gradients"], activations=one_layer, temporaries=ws)
-    bwd = max(bwd_start, bwd_end, key=lambda b: b.total)
+    # Tied embeddings: the autograd engine holds lm_head's and the embedding's gradient contributions and
+    # their sum at once before AccumulateGrad (traced: 2 * V * h * grad bytes over the final gradients).
+    tied = 0
+    if w.method == "full" and model.tie_embeddings and sh.stage == "only":
+        tied = int(2 * model.vocab * model.hidden // tp * dtype_bytes(comp.recipe_dtypes(w).grad) * sh.grad_frac)
+    bwd_end = Breakdown(**base, gradients=ms["gradients"], activations=one_layer if not tied else 0,
+                        temporaries=ws + tied)
     opt = Breakdown(**base, gradients=ms["gradients"], temporaries=ms["opt_temp"])
     load = Breakdown(weights=ms["weights"], overhead=overhead)
-    return (("load", load), ("forward", fwd), ("backward", bwd), ("optimizer", opt))
+    return (("load", load), ("forward", fwd), ("backward_start", bwd_start), ("backward_head", bwd_head),
+            ("backward_end", bwd_end), ("optimizer", opt))
+
+
+def _train_stages(model, w: Workload, par: Parallel, sh: Share, opts: Options, overhead: int):
+    load, fwd, (_, bwd_start), (_, bwd_head), (_, bwd_end), opt = _train_moments(model, w, par, sh, opts, overhead)
+    return (load, fwd, ("backward", max(bwd_start, bwd_head, bwd_end, key=lambda b: b.total)), opt)
 
 
 def _infer_stages(model, w: Workload, par: Parallel, sh: Share, overhead: int):
@@ -204,3 +225,19 @@ def estimate(model: ModelSpec, workload: Workload, parallel: Parallel = Parallel
                     peak_stage=peak_name, pipeline_stage=pstage,
                     cuda_context_bytes=options.overhead.cuda_context_bytes,
                     allocator_overhead_bytes=options.overhead.cublas_workspace_bytes)
+
+
+def moments(model: ModelSpec, workload: Workload, parallel: Parallel = Parallel(),
+            options: Options = Options()) -> tuple[tuple[str, str, Breakdown], ...]:
+    """Every (pipeline stage, moment, Breakdown) that `estimate` takes the maximum over, both backward
+    candidates included, so that estimate(...).total_bytes == max(b.total for _, _, b in moments(...)).
+    estimator.sweep fits each moment's polynomial in (batch, seq) apart: a max of polynomials is not one."""
+    overhead = comp.overhead_bytes(parallel.gpus, options.overhead)
+    out = []
+    for sh in shares(model, parallel):
+        if workload.mode == "train":
+            stages = _train_moments(model, workload, parallel, sh, options, overhead)
+        else:
+            stages = _infer_stages(model, workload, parallel, sh, overhead)
+        out += [(sh.stage, name, b) for name, b in stages]
+    return tuple(out)
