@@ -1,0 +1,295 @@
+"""The measured tier (bench/measure.py, bench/measure_worker.py, bench/cmd_measure.py) without a GPU.
+
+What runs here: the real torchrun launch and rank gather on CPU (gloo) in the hidden `--device cpu` test
+mode, the OOM row built in-process with a fake counting backend, resuming, failure reporting and the
+refusal without CUDA. The CUDA counters themselves need a GPU (docs/measuring.md).
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench import env, measure, measure_worker, runner
+from bench.__main__ import main as bench_main
+from bench.rows import MAX_NOTES
+from bench.validate import validate_row
+from estimator.spec import Parallel, Workload
+from rowfactory import TINY_LLAMA_CONFIG
+
+TRAIN = Workload(batch=2, seq=16)
+
+
+def cpu_case(workload=TRAIN, parallel=Parallel(), **kw) -> measure.Case:
+    return measure.Case("tiny-llama", TINY_LLAMA_CONFIG, workload, parallel, device="cpu", **kw)
+
+
+class CountingBackend:
+    """Counts like CudaBackend, with made-up numbers: boundary n reports alloc 100*n, reserved 200*n."""
+
+    counts = True
+    device = torch.device("cpu")
+    context_bytes = 123
+
+    def __init__(self):
+        self.n = 0
+
+    def boundary(self):
+        self.n += 1
+        return 100 * self.n, 200 * self.n
+
+    def reserved_bytes(self):
+        return 200 * self.n
+
+    def used_bytes(self):
+        return 10_000 + 200 * self.n
+
+    def clock(self):
+        return float(self.n)
+
+
+def test_cpu_launch_ddp_and_fsdp_write_one_gathered_row_each_and_resume(tmp_path, capsys):
+    """torchrun with 2 CPU ranks per case (gloo): one row per case, both ranks gathered; a rerun skips them."""
+    model = tmp_path / "tiny-llama.json"
+    model.write_text(json.dumps(TINY_LLAMA_CONFIG))
+    out = tmp_path / "runs.jsonl"
+    argv = ["measure", "--device", "cpu", "--model", str(model), "--strategy", "ddp,fsdp", "--gpus", "2",
+            "--batch", "2", "--seq", "16", "--out", str(out)]
+    assert bench_main(argv) == 0, capsys.readouterr().err
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["strategy"] for r in rows] == ["ddp", "fsdp"]
+    total_param_bytes = rows[0]["params"] * 2  # bf16 weights (recipe pure)
+    for row in rows:
+        valid, errors = validate_row(row)
+        assert errors == [] and valid["run_id"] == row["run_id"]
+        assert row["world_size"] == row["gpu_count"] == 2 and row["source"] == "measured"
+        assert measure.CPU_TEST_NOTE in row["notes"]
+        assert row["peak_alloc_bytes"] is None and row["oom"] is False
+        ranks = json.loads(row["per_rank_json"])
+        assert [r["rank"] for r in ranks] == [0, 1]
+        local = [r["local_param_bytes"] for r in ranks]
+        if row["strategy"] == "ddp":  # every rank holds the whole model
+            assert local == [total_param_bytes, total_param_bytes]
+        else:  # FSDP2 shards dim 0 of every parameter: each rank about half, together all of it
+            assert sum(local) == total_param_bytes and max(local) < 0.6 * total_param_bytes
+    capsys.readouterr()
+    assert bench_main(argv) == 0
+    assert "skipped 2 already in the output" in capsys.readouterr().err
+    assert len(out.read_text().splitlines()) == 2
+
+
+def test_oom_becomes_a_row_with_the_stage_it_hit(monkeypatch):
+    """An OOM in backward: load and forward peaks kept, backward's partial peak kept, message truncated."""
+    message = "CUDA out of memory. Tried to allocate 20.00 GiB. " + "x" * (2 * MAX_NOTES)
+
+    def fake_stages(model, optimizer, workload, inputs, on_stage, steps=2, live=None):
+        on_stage("forward")
+        raise torch.OutOfMemoryError(message)
+
+    monkeypatch.setattr(runner, "run_stages", fake_stages)
+    case = measure.Case("tiny-llama", TINY_LLAMA_CONFIG, TRAIN, Parallel(), device="cuda")
+    result = measure_worker.measure_case(case, CountingBackend())
+    # boundaries: 1 opens load, 2 closes load, 3 closes forward, 4 is read after the OOM (backward)
+    assert result["stages"] == {"load": (200, 400), "forward": (300, 600), "backward": (400, 800)}
+    assert result["oom"] and result["oom_stage"] == "backward"
+    assert result["step_time_s"] is None and result["params"] > 0
+    assert result["nvml_used_bytes"] == 10_000 + 600  # read at the last stage end (forward), not after the OOM
+    row = measure.build_row(case, env.environment_fields(None), [result])
+    assert validate_row(row)[1] == []
+    assert row["oom"] is True and row["oom_stage"] == "backward"
+    assert row["oom_message"].startswith("CUDA out of memory") and len(row["oom_message"]) == MAX_NOTES
+    assert row["peak_alloc_bytes"] == 400 and row["peak_reserved_bytes"] == 800
+    assert row["cuda_context_bytes"] == 123 and row["per_rank_json"] is None
+    assert "backward peak is what was reached before the failed allocation" in row["notes"]
+
+
+def test_stage_after_each_marker_follows_the_runner_order():
+    accum = Workload(grad_accum=2)
+    assert measure_worker._next_stage("load", accum, 0) == "forward"
+    assert measure_worker._next_stage("forward", accum, 0) == "backward"
+    assert measure_worker._next_stage("backward", accum, 1) == "forward"   # second micro-batch
+    assert measure_worker._next_stage("backward", accum, 2) == "optimizer"
+    assert measure_worker._next_stage("optimizer", accum, 2) == "forward"
+    infer = Workload(mode="infer", gen_tokens=4)
+    assert [measure_worker._next_stage(s, infer, 0) for s in ("load", "prefill", "decode")] == \
+        ["prefill", "decode", "decode"]
+
+
+def test_counted_run_keeps_each_stage_maximum_and_times_the_second_pass():
+    result = measure_worker.measure_case(cpu_case(), CountingBackend())
+    # 1 opens load; 2 load; burn-in 3 fwd 4 bwd 5 opt; clock() reads n=5; timed 6 fwd 7 bwd 8 opt; clock n=8
+    assert result["stages"] == {"load": (200, 400), "forward": (600, 1200), "backward": (700, 1400),
+                                "optimizer": (800, 1600)}
+    assert result["step_time_s"] == 3.0 and not result["oom"]
+    assert result["nvml_used_bytes"] == 10_000 + 1600
+
+
+def test_row_from_two_ranks_takes_the_maximum_and_lists_both():
+    case = cpu_case(parallel=Parallel("ddp", 2))
+    r0 = measure_worker.measure_case(cpu_case(), CountingBackend())  # rank 0's figures, measured unwrapped
+    r1 = dict(r0, rank=1, stages={**r0["stages"], "backward": (5000, 6000)}, oom=True, oom_stage="backward",
+              oom_message="CUDA out of memory")
+    row = measure.build_row(case, env.environment_fields(None), [r1, r0])
+    assert validate_row(row)[1] == []
+    assert row["backward_peak_alloc_bytes"] == 5000 and row["peak_reserved_bytes"] == 6000
+    assert row["oom"] and row["oom_stage"] == "backward"
+    assert [r["rank"] for r in json.loads(row["per_rank_json"])] == [0, 1]
+
+
+def test_run_id_is_shared_by_the_probe_and_the_row_and_tracks_the_case():
+    case = cpu_case()
+    fields = env.environment_fields(None)
+    row = measure.build_row(case, fields, [measure_worker.measure_case(case, measure_worker.CpuBackend())])
+    assert row["run_id"] == measure.identity_columns(case, fields)["run_id"]
+    other = cpu_case(Workload(batch=4, seq=16))
+    assert measure.identity_columns(other, fields)["run_id"] != row["run_id"]
+
+
+def test_case_round_trips_through_json_and_rejects_what_measure_cannot_run():
+    case = cpu_case(Workload(method="lora", lora_targets=("q_proj", "k_proj", "v_proj")), contributor="me")
+    assert measure.Case.from_json(json.loads(json.dumps(case.to_json()))) == case
+    for workload, parallel, field in [
+        (TRAIN, Parallel("zero3", 2), "strategy"),
+        (Workload(mode="infer"), Parallel("ddp", 2), "strategy"),
+        (Workload(mode="infer", kv_dtype="fp8"), Parallel(), "kv_dtype"),
+        (Workload(method="qlora"), Parallel(), "weight_format"),
+        (Workload(mode="infer", weight_format="int8"), Parallel(), "weight_format"),
+    ]:
+        with pytest.raises(ValueError, match=f"^{field}: "):
+            cpu_case(workload, parallel)
+
+
+def test_worker_refuses_without_cuda(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    case_file = tmp_path / "case.json"
+    case_file.write_text(json.dumps(measure.Case("tiny-llama", TINY_LLAMA_CONFIG, TRAIN).to_json()))
+    assert measure_worker.main(["--case", str(case_file), "--out", str(tmp_path / "row.json")]) == 2
+    assert capsys.readouterr().err.strip() == measure_worker.REFUSAL
+    assert not (tmp_path / "row.json").exists()
+
+
+def test_command_exits_2_with_the_refusal(tmp_path, monkeypatch, capsys):
+    def no_gpu(device, timeout_s=300):
+        raise RuntimeError(measure_worker.REFUSAL)
+
+    monkeypatch.setattr(measure, "probe_environment", no_gpu)
+    out = tmp_path / "runs.jsonl"
+    model = tmp_path / "tiny.json"
+    model.write_text(json.dumps(TINY_LLAMA_CONFIG))
+    assert bench_main(["measure", "--model", str(model), "--out", str(out)]) == 2
+    assert capsys.readouterr().err.strip() == f"error: {measure_worker.REFUSAL}"
+    assert not out.exists()
+
+
+def test_resume_skips_stored_run_ids_and_failures_write_no_row(tmp_path, monkeypatch):
+    fields = env.environment_fields(None)
+    done, todo, broken = cpu_case(), cpu_case(Workload(batch=3, seq=16)), cpu_case(Workload(batch=5, seq=16))
+    out = tmp_path / "runs.jsonl"
+    out.write_text(json.dumps(measure.identity_columns(done, fields)) + "\n" + "{not json\n")
+    launched = []
+
+    def fake_measure_one(case, workdir, timeout_s, snapshot=None):
+        launched.append(case)
+        if case is broken:
+            return None, "killed by signal SIGSEGV\nSegmentation fault"
+        return dict(measure.identity_columns(case, fields), oom=True, oom_stage="forward"), ""
+
+    monkeypatch.setattr(measure, "measure_one", fake_measure_one)
+    summary = measure.run_cases([done, todo, broken], out, fields, progress=False)
+    assert launched == [todo, broken]
+    assert (summary.measured, summary.oom, summary.skipped) == (1, 1, 1)
+    assert summary.failed == [(measure.describe(broken), "killed by signal SIGSEGV\nSegmentation fault")]
+    assert "FAILED" in summary.text() and "SIGSEGV" in summary.text()
+    assert len(out.read_text().splitlines()) == 3  # the two lines that were there, plus `todo`
+    assert measure.existing_run_ids(out) == {measure.identity_columns(c, fields)["run_id"] for c in (done, todo)}
+
+
+def _alive(pid: int) -> bool:
+    """True while the process exists and is not a zombie (an orphan may wait to be reaped by init)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_timeout_kills_the_whole_process_group(tmp_path):
+    """A hung case (torchrun and its workers) is killed together: here a child and the grandchild it spawned."""
+    pid_file = tmp_path / "grandchild.pid"
+    script = ("import subprocess, sys, time; "
+              "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
+              f"open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(120)")
+    code, _ = measure.run_process([sys.executable, "-c", script], timeout_s=3.0)
+    assert code is None
+    pid = int(pid_file.read_text())  # the grandchild did start
+    for _ in range(50):
+        if not _alive(pid):
+            break
+        time.sleep(0.1)
+    assert not _alive(pid)
+
+
+def test_worker_command_uses_torchrun_for_every_distributed_strategy(tmp_path):
+    single = measure.worker_command(cpu_case(), tmp_path / "c", tmp_path / "r", None)
+    assert single[:3] == [sys.executable, "-m", "bench.measure_worker"]
+    ddp = measure.worker_command(cpu_case(parallel=Parallel("ddp", 1)), tmp_path / "c", tmp_path / "r", "snap")
+    assert ddp[:5] == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1"]
+    assert ddp[-2:] == ["--snapshot", "snap"]
+
+
+def test_cuda_backend_arithmetic_with_the_cuda_calls_faked(monkeypatch):
+    """The CUDA-only code with torch.cuda's functions replaced (monkeypatch fails on a name torch lacks):
+    context = NVML after - NVML before - the allocator's one small segment; a boundary reads then resets."""
+    MiB = 2**20
+    calls = []
+    nvml = iter([1000 * MiB, 1500 * MiB + 2 * MiB])  # before, after the context and the 2 MiB segment
+    monkeypatch.setattr(measure_worker.env, "nvml_handle", lambda index: "handle")
+    monkeypatch.setattr(measure_worker.env, "nvml_used_bytes", lambda handle: next(nvml))
+    for name in ("set_device", "init", "synchronize", "empty_cache"):
+        monkeypatch.setattr(torch.cuda, name, lambda *a, name=name: calls.append(name))
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda d: calls.append("reset"))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d: 2 * MiB)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda d: 7 * MiB)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda d: 8 * MiB)
+    real_empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *size, device=None: real_empty(*size))
+    backend = measure_worker.CudaBackend(0)
+    backend.start()
+    assert backend.context_bytes == 500 * MiB
+    assert calls[:3] == ["set_device", "init", "synchronize"] and calls[-1] == "reset"
+    calls.clear()
+    assert backend.boundary() == (7 * MiB, 8 * MiB)
+    assert calls == ["synchronize", "reset"]  # synchronised before reading, reset after
+
+
+def test_every_measure_option_has_help_and_the_cpu_mode_is_hidden(capsys):
+    import argparse
+
+    from bench import cmd_measure
+
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers()
+    cmd_measure.register(sub)
+    for action in sub.choices["measure"]._actions:
+        assert action.help, f"measure {action.option_strings or action.dest} has no help text"
+    sub.choices["measure"].print_help()
+    text = capsys.readouterr().out
+    assert "--out" in text and "--batch" in text and "--device" not in text
+
+
+def test_failure_report_names_the_workers_exception_not_only_torchruns_summary():
+    output = "\n".join(["[rank1]: Traceback (most recent call last):",
+                        "[rank1]: ValueError: optimizer: lion is not available in torch",
+                        "E1121 agent: failed (exitcode: 1) local_rank: 1",
+                        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+                        "Root Cause (first observed failure):"])
+    text = measure._describe_exit(1, 60, output)
+    assert text.splitlines()[0] == ("worker exited with status 1 without writing a row: "
+                                    "ValueError: optimizer: lion is not available in torch")
+    assert text.splitlines()[-1] == "Root Cause (first observed failure):"
+    text = measure._describe_exit(-11, 60, "[rank0]: ValueError: optimizer: lion is not available in torch")
+    assert text.splitlines()[0] == "killed by signal SIGSEGV: ValueError: optimizer: lion is not available in torch"
