@@ -17,6 +17,7 @@ COMMANDS = {
     "export": "bench.cmd_db",
     "build-db": "bench.cmd_trace",
     "report": "bench.cmd_trace",
+    "calibrate": "bench.cmd_calibrate",
 }
 
 
