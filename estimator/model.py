@@ -10,7 +10,8 @@ Qwen2MoeSparseMoeBlock, DeepseekV3Attention/MoE, BertLayer + BertForMaskedLM hea
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from functools import cached_property
 
 # model_type -> family name used for activation constants and calibration (one k per family)
 FAMILIES = {
@@ -48,7 +49,7 @@ class LayerSpec:
     linears: tuple[Linear, ...]
     norm_params: int
 
-    @property
+    @cached_property  # derived once per (frozen) spec: estimate() reads it often
     def params(self) -> int:
         return sum(lin.params for lin in self.linears) + self.norm_params
 
@@ -82,6 +83,13 @@ class ModelSpec:
     qk_rope_head_dim: int = 0  # MLA decoupled RoPE key width, cached beside the latent
     dtype: str = "bf16"        # dtype the checkpoint ships in (informational)
 
+    def __hash__(self) -> int:  # dataclass keeps an explicit __hash__; specs key lru_caches on every estimate()
+        return self._hash
+
+    @cached_property
+    def _hash(self) -> int:
+        return hash(tuple(getattr(self, f.name) for f in fields(self)))  # the fields __eq__ compares
+
     @property
     def family(self) -> str:
         return FAMILIES[self.model_type]
@@ -94,12 +102,12 @@ class ModelSpec:
     def is_mla(self) -> bool:
         return self.kv_lora_rank > 0
 
-    @property
+    @cached_property  # derived once per (frozen) spec: estimate() reads it often
     def params(self) -> int:
         """Total parameters, as sum(p.numel()) of the transformers model (tied weights counted once)."""
         return self.embed_params + self.head_params + sum(n * ls.params for n, ls in self.layer_groups)
 
-    @property
+    @cached_property  # derived once per (frozen) spec: estimate() reads it often
     def active_params(self) -> int:
         """Parameters touched per token: routed experts count experts_per_token of n_experts."""
         total = self.embed_params + self.head_params
@@ -127,7 +135,7 @@ class ModelSpec:
             for lin in ls.linears:
                 yield n, lin
 
-    @property
+    @cached_property  # derived once per (frozen) spec: estimate() reads it often
     def linear_params(self) -> int:
         """Parameters in the transformer blocks' Linear layers (what quantizers convert)."""
         return sum(n * lin.count * lin.in_features * lin.out_features for n, lin in self.linears())

@@ -17,6 +17,7 @@ Sources:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from estimator.model import ModelSpec
 from estimator.spec import Parallel
@@ -60,6 +61,11 @@ def _layer_params_local(ls, tp: int, ep: int) -> int:
 
 def shares(model: ModelSpec, par: Parallel) -> list[Share]:
     """One Share per distinct pipeline stage that could hold the peak (first and last; one without PP)."""
+    return list(_shares(model, par))
+
+
+@lru_cache(maxsize=4096)  # per (frozen model, frozen parallel): estimate() and the searches ask repeatedly
+def _shares(model: ModelSpec, par: Parallel) -> tuple[Share, ...]:
     tp, pp, ep = par.tp_size, par.pp_size, par.ep_size
     per_layer = [(_layer_params_local(ls, tp, ep), n) for n, ls in model.layer_groups]
     largest = max(p for p, _ in per_layer)
@@ -77,4 +83,4 @@ def shares(model: ModelSpec, par: Parallel) -> list[Share]:
         stages = [("only", embed + body + head)]
     else:
         stages = [("first", embed + body), ("last", body + head)]
-    return [Share(name, p, layers_local, frac_w, frac_g, frac_s, largest) for name, p in stages]
+    return tuple(Share(name, p, layers_local, frac_w, frac_g, frac_s, largest) for name, p in stages)

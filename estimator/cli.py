@@ -1,0 +1,272 @@
+"""`python -m estimator`: will this model fit? One estimate from the command line, as a table or JSON.
+
+    python -m estimator --model llama-3.1-8b --mode infer --batch 4 --seq 2048 --gpu l4
+    python -m estimator --model mistral-7b --method qlora --batch 4 --gpu rtx-4090 --json
+    python -m estimator --model llama-3.1-70b --strategy fsdp --gpus 8 --gpu h100-sxm-80gb --checkpointing full
+
+Bad input exits with code 2 and one line on stderr naming the field and what is allowed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+
+from estimator import components as comp
+from estimator.activations import DEFAULT_K
+from estimator.calibration_file import CalibrationEntry, entry_for
+from estimator.estimate import COMPONENTS, Estimate, Options, estimate
+from estimator.gpus import GPU, get_gpu, load_gpus
+from estimator.model import ModelSpec, from_hf_config
+from estimator.presets import load_config, preset_names
+from estimator.search import Advice, advice, max_batch, max_seq
+from estimator.spec import (ATTENTION, CHECKPOINTING, KV_DTYPES, METHODS, MODES, OFFLOADS, OPTIMIZER_IMPLS,
+                            OPTIMIZERS, PRECISIONS, RECIPES, STRATEGIES, WEIGHT_FORMATS, Parallel, Workload,
+                            spec_dict)
+from estimator.units import fmt_bytes
+
+MAX_K = 10_000.0  # k is ~10-100 for real models; anything larger is a typo
+BAR_WIDTH = 40
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, exit 2 (argparse's default also prints the usage block)
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _choices(values) -> str:
+    return "|".join(values)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = Workload()
+    p = _Parser(prog="python -m estimator", description="Estimate per-GPU memory of training or inference "
+                "of a Hugging Face model, by component and stage. Bytes: GiB = 2**30, GB = 10**9.")
+    a = p.add_argument
+    a("--model", help="preset name (see --list-models) or path to a Hugging Face config.json")
+    a("--mode", choices=MODES, default=d.mode, help="train: forward+backward+optimizer step; infer: prefill+decode")
+    a("--method", choices=METHODS, default=d.method, help="full fine-tune, LoRA adapters, or QLoRA (4-bit base)")
+    a("--lora-rank", type=int, default=d.lora_rank, help="LoRA rank r of every adapter (PEFT default 8)")
+    a("--lora-targets", default=",".join(d.lora_targets), help="comma-separated module names LoRA adapts")
+    a("--recipe", choices=RECIPES, default=d.recipe,
+      help="training dtypes: pure (all in --precision), amp (fp32 weights, autocast), "
+           "mixed (half weights + fp32 master and states), fp32")
+    a("--precision", choices=PRECISIONS, default=d.precision, help="compute/activation dtype")
+    a("--weight-format", choices=WEIGHT_FORMATS, default=d.weight_format, metavar=_choices(WEIGHT_FORMATS[:6]) + "|...",
+      help=f"storage of frozen/inference weights; one of {', '.join(WEIGHT_FORMATS)}")
+    a("--optimizer", choices=OPTIMIZERS, default=d.optimizer, help="optimizer whose states are held")
+    a("--optimizer-impl", choices=OPTIMIZER_IMPLS, default=d.optimizer_impl,
+      help="torch optimizer implementation: foreach (CUDA default), fused, forloop")
+    a("--batch", type=int, default=d.batch, help="micro-batch per GPU (sequences)")
+    a("--seq", type=int, default=d.seq, help="sequence length (prompt length for inference)")
+    a("--gen-tokens", type=int, default=d.gen_tokens, help="tokens generated after the prompt (inference)")
+    a("--grad-accum", type=int, default=d.grad_accum, help="micro-batches accumulated per optimizer step")
+    a("--checkpointing", choices=CHECKPOINTING, default=d.checkpointing, help="activation checkpointing")
+    a("--attention", choices=ATTENTION, default=d.attention, help="attention kernel; eager stores seq x seq scores")
+    a("--kv-dtype", choices=KV_DTYPES, default=d.kv_dtype, help="KV-cache dtype (auto = --precision)")
+    a("--gpu", help="GPU preset (see --list-gpus): adds the verdict, headroom, max batch and max seq")
+    a("--gpus", type=int, default=1, help="world size; more than 1 needs --strategy")
+    a("--strategy", choices=STRATEGIES, help="parallelism; default single for 1 GPU")
+    a("--tp", type=int, default=1, help="tensor-parallel degree (strategy tp uses --gpus if left at 1)")
+    a("--pp", type=int, default=1, help="pipeline stages (strategy pp uses --gpus if left at 1)")
+    a("--ep", type=int, default=1, help="expert-parallel degree for MoE (strategy ep uses --gpus if left at 1)")
+    a("--sequence-parallel", action="store_true", help="Megatron sequence parallelism (needs tensor parallelism)")
+    a("--offload", choices=OFFLOADS, default="none", help="CPU offload of optimizer states (and params)")
+    a("--activation-model", choices=("detailed", "k"),
+      help="detailed per-tensor model (default), or the seeds' k*b*s*h*L*bytes form")
+    a("--k", type=float, help="k for --activation-model k (default: the family's DEFAULT_K); implies it")
+    a("--calibrated", action="store_true",
+      help="use the family's fitted k from data/calibration.json (env WILLITFIT_CALIBRATION) and report a "
+           "95%% prediction interval")
+    a("--json", action="store_true", help="print one JSON object instead of the table")
+    a("--list-models", action="store_true", help="list the model presets and exit")
+    a("--list-gpus", action="store_true", help="list the GPU presets and exit")
+    return p
+
+
+def _workload(args) -> Workload:
+    targets = tuple(t.strip() for t in args.lora_targets.split(",") if t.strip())
+    return Workload(mode=args.mode, method=args.method, lora_rank=args.lora_rank, lora_targets=targets,
+                    recipe=args.recipe, precision=args.precision, weight_format=args.weight_format,
+                    optimizer=args.optimizer, optimizer_impl=args.optimizer_impl, batch=args.batch, seq=args.seq,
+                    gen_tokens=args.gen_tokens, grad_accum=args.grad_accum, checkpointing=args.checkpointing,
+                    attention=args.attention, kv_dtype=args.kv_dtype)
+
+
+def _parallel(args) -> Parallel:
+    strategy = args.strategy
+    if strategy is None:
+        if args.gpus > 1:
+            raise ValueError(f"strategy: --gpus {args.gpus} needs --strategy; choose one of {', '.join(STRATEGIES[1:])}")
+        strategy = "single"
+    return Parallel(strategy=strategy, gpus=args.gpus, tp=args.tp, pp=args.pp, ep=args.ep,
+                    sequence_parallel=args.sequence_parallel, offload=args.offload)
+
+
+def _options(args, model: ModelSpec, w: Workload) -> tuple[Options, CalibrationEntry | None]:
+    if args.calibrated:
+        if args.k is not None or args.activation_model == "detailed":
+            raise ValueError("k: --calibrated takes k from the calibration file; drop --k / --activation-model")
+        cal = entry_for(model.family, w.attention, w.checkpointing)
+        overhead = comp.Overhead() if cal.context_bytes is None else comp.Overhead(cuda_context_bytes=int(cal.context_bytes))
+        return Options(overhead=overhead, activation_k=cal.k), cal
+    if args.k is not None:
+        if args.activation_model == "detailed":
+            raise ValueError("k: --k applies to --activation-model k, not detailed")
+        if not (math.isfinite(args.k) and 0 < args.k <= MAX_K):
+            raise ValueError(f"k: {args.k} is out of range; allowed 0 < k <= {MAX_K:g}")
+        return Options(activation_k=args.k), None
+    if args.activation_model == "k":
+        return Options(activation_k=DEFAULT_K[model.family]), None
+    return Options(), None
+
+
+def _verdict(total: int, gpu_bytes: int, interval: tuple[int, int] | None) -> str:
+    if interval is None:
+        return "fits" if total <= gpu_bytes else "oom"
+    lo, hi = interval
+    return "fits" if hi <= gpu_bytes else ("oom" if lo > gpu_bytes else "tight")
+
+
+def report(model: ModelSpec, est: Estimate, gpu: GPU | None, options: Options,
+           cal: CalibrationEntry | None) -> dict:
+    """Everything the CLI shows, as one JSON-ready dict (bytes are ints; GiB/GB only in the text view)."""
+    out = {
+        "model": model.name, "model_type": model.model_type, "family": model.family,
+        "params": est.params, "active_params": model.active_params, "trainable_params": est.trainable_params,
+        "workload": spec_dict(est.workload), "parallel": spec_dict(est.parallel),
+        "activation_model": "detailed" if options.activation_k is None else "k",
+        "activation_k": options.activation_k,
+        "total_bytes": est.total_bytes, "allocated_bytes": est.allocated_bytes,
+        "peak_stage": est.peak_stage, "pipeline_stage": est.pipeline_stage,
+        "components": est.components.as_dict(),
+        "stages": {name: {**b.as_dict(), "total_bytes": b.total} for name, b in est.stages},
+    }
+    interval = cal.interval(est.total_bytes) if cal else None
+    if cal:
+        out["calibration"] = {"family": cal.family, "k": cal.k, "k_ci_low": cal.k_ci_low, "k_ci_high": cal.k_ci_high,
+                              "residual_std_bytes": cal.residual_std_bytes, "n_points": cal.n_points,
+                              "created_at": cal.created_at.isoformat(), "attention": cal.attention,
+                              "checkpointing": cal.checkpointing, "context_bytes": cal.context_bytes}
+        out["interval_bytes"] = list(interval)
+    if gpu is not None:
+        cap = gpu.memory_bytes
+        w, p = est.workload, est.parallel
+        out.update(gpu=gpu.name, gpu_bytes=cap, fits=est.total_bytes <= cap, headroom_bytes=cap - est.total_bytes,
+                   verdict=_verdict(est.total_bytes, cap, interval),
+                   max_batch=max_batch(model, w, p, cap, options),
+                   max_seq=max_seq(model, w, p, cap, options, limit=max(model.max_positions, w.seq)),
+                   max_positions=model.max_positions)
+        if not out["fits"]:
+            out["advice"] = [_advice_dict(a) for a in advice(model, w, p, cap, options)]
+    return out
+
+
+def _advice_dict(a: Advice) -> dict:
+    change = {k: (",".join(v) if isinstance(v, tuple) else v) for k, v in a.change.items()}
+    return {"title": a.title, "change": change, "saving_bytes": a.saving_bytes,
+            "new_total_bytes": a.new_total_bytes, "fits": a.fits, "note": a.note}
+
+
+def _both(n: int) -> str:
+    return f"{fmt_bytes(n, 'GiB'):>12} {fmt_bytes(n, 'GB'):>12}"
+
+
+def _bar(n: int, scale: int) -> str:
+    return "#" * max(0, round(BAR_WIDTH * n / scale)) if scale > 0 else ""
+
+
+def render_text(r: dict) -> str:
+    w, p = r["workload"], r["parallel"]
+    lines = [f"{r['model']} ({r['model_type']}): {r['params']:,} params"
+             + (f", {r['active_params']:,} active per token" if r["active_params"] != r["params"] else "")
+             + f", {r['trainable_params']:,} trainable",
+             f"{w['mode']} {w['method']}, " + (f"recipe {w['recipe']} " if w["mode"] == "train" else "")
+             + f"{w['precision']}, weights {w['weight_format']}, "
+             f"batch {w['batch']} x seq {w['seq']}" + (f" + {w['gen_tokens']} generated" if w["gen_tokens"] else "")
+             + (f", {w['optimizer']} ({w['optimizer_impl']}), grad_accum {w['grad_accum']}, checkpointing "
+                f"{w['checkpointing']}" if w["mode"] == "train" else "") + f", attention {w['attention']}",
+             f"{p['gpus']} GPU(s), strategy {p['strategy']}; activation model {r['activation_model']}"
+             + (f" (k={r['activation_k']:.2f})" if r["activation_k"] is not None else ""), ""]
+    scale = max(r["total_bytes"], r.get("gpu_bytes", 0))
+    lines.append(f"Per GPU at the peak ({r['peak_stage']}" + (f", {r['pipeline_stage']} pipeline stage"
+                                                             if r["pipeline_stage"] != "only" else "") + "):")
+    lines.append(f"  {'component':<18}{'GiB (2^30)':>12} {'GB (10^9)':>12}")
+    for name in COMPONENTS:
+        n = r["components"][name]
+        if n:
+            lines.append(f"  {name:<18}{_both(n)}  {_bar(n, scale)}")
+    lines.append(f"  {'TOTAL':<18}{_both(r['total_bytes'])}  (torch allocated: {fmt_bytes(r['allocated_bytes'])})")
+    lines += ["", "Stages (waterfall):"]
+    for name, st in r["stages"].items():
+        mark = "  <- peak" if name == r["peak_stage"] else ""
+        lines.append(f"  {name:<18}{_both(st['total_bytes'])}  {_bar(st['total_bytes'], scale)}{mark}")
+    if "interval_bytes" in r:
+        lo, hi = r["interval_bytes"]
+        lines.append(f"\n95% prediction interval (calibrated k={r['calibration']['k']:.2f}, "
+                     f"n={r['calibration']['n_points']}): {fmt_bytes(lo)} .. {fmt_bytes(hi)}")
+    if "gpu" in r:
+        lines += ["", f"GPU {r['gpu']}: {fmt_bytes(r['gpu_bytes'])} = {fmt_bytes(r['gpu_bytes'], 'GB')}"]
+        head = r["headroom_bytes"]
+        verdict = {"fits": f"fits with {fmt_bytes(head)} ({fmt_bytes(head, 'GB')}) to spare",
+                   "oom": f"OOM by {fmt_bytes(-head)} ({fmt_bytes(-head, 'GB')})",
+                   "tight": f"tight: the interval crosses capacity (headroom {fmt_bytes(head)})"}[r["verdict"]]
+        lines.append(f"Verdict: {verdict}")
+        lines.append(f"Max micro-batch that fits: {r['max_batch']}; max seq that fits: {r['max_seq']} "
+                     f"(model context {r['max_positions']})")
+        if r.get("advice"):
+            lines += ["", "What would help (each alone, largest saving first):"]
+            shown = r["advice"][:7] + [a for a in r["advice"][7:] if a["title"].startswith("Combine")]
+            for a in shown:
+                lines.append(f"  - {a['title']}: saves {fmt_bytes(a['saving_bytes'])} -> "
+                             f"{fmt_bytes(a['new_total_bytes'])} ({'fits' if a['fits'] else 'still OOM'}). {a['note']}")
+    return "\n".join(lines)
+
+
+def _list_models() -> str:
+    rows = []
+    for name in preset_names():
+        m = from_hf_config(load_config(name)[1], name)
+        active = f" ({m.active_params / 1e9:,.2f} B active)" if m.is_moe else ""
+        rows.append(f"{name:<22} {m.model_type:<12} {m.params / 1e9:>9,.3f} B params{active}")
+    return "\n".join(rows)
+
+
+def _list_gpus() -> str:
+    return "\n".join(f"{g.name:<18} {g.display_name:<28} {fmt_bytes(g.memory_bytes):>11} = "
+                     f"{fmt_bytes(g.memory_bytes, 'GB'):>10} ({g.memory_source})" for g in load_gpus().values())
+
+
+def run(args) -> dict | str:
+    if args.list_models:
+        return _list_models()
+    if args.list_gpus:
+        return _list_gpus()
+    if not args.model:
+        raise ValueError("model: required; give a preset name (--list-models) or a config.json path")
+    name, cfg = load_config(args.model)
+    try:
+        model = from_hf_config(cfg, name)
+    except (TypeError, KeyError, ArithmeticError) as e:  # a config.json with wrongly typed fields
+        raise ValueError(f"model: cannot build {name!r} from its config ({type(e).__name__}: {e})") from None
+    w, p = _workload(args), _parallel(args)
+    gpu = get_gpu(args.gpu) if args.gpu else None
+    options, cal = _options(args, model, w)
+    return report(model, estimate(model, w, p, options), gpu, options, cal)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        result = run(args)
+    except ValueError as e:
+        print(f"python -m estimator: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    if isinstance(result, str):
+        print(result)
+    elif args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(render_text(result))
+    return 0

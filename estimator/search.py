@@ -1,0 +1,272 @@
+"""Searches over the estimate: the largest batch or sequence that fits, the fewest GPUs, and what to change.
+
+Every answer comes from re-running `estimate` on a changed spec (`dataclasses.replace`); nothing here knows a
+formula. `max_batch`/`max_seq` rely on memory growing monotonically with batch and seq (tests/test_properties.py
+checks it); `min_gpus` relies on it falling with the world size only for the ZeRO/FSDP strategies and scans
+the other strategies' valid sizes one by one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+
+from estimator.estimate import Options, estimate
+from estimator.model import ModelSpec
+from estimator.spec import MAX_BATCH, MAX_SEQ, STRATEGIES, Parallel, Workload, spec_dict
+
+# Strategies whose per-GPU memory never grows with the world size once it is >= 2 (the shard fraction 1/n
+# shrinks; nothing else depends on n), so the fewest GPUs can be found by bisection.
+MONOTONE_STRATEGIES = ("zero1", "zero2", "zero3", "fsdp", "fsdp-grad-op")
+
+
+def _fits(model, workload, parallel, gpu_bytes, options) -> bool:
+    return estimate(model, workload, parallel, options).total_bytes <= gpu_bytes
+
+
+def _largest(fits, hi: int) -> int:
+    """Largest n in 1..hi with fits(n), for a predicate true up to some n and false after; 0 if fits(1) fails.
+    Exponential search for the first failure, then bisection: O(log n) calls."""
+    if not fits(1):
+        return 0
+    lo, step = 1, 2
+    while step <= hi and fits(step):
+        lo, step = step, step * 2
+    high = min(step, hi + 1)  # first known failure (or one past the range)
+    while high - lo > 1:
+        mid = (lo + high) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            high = mid
+    return lo
+
+
+def max_batch(model: ModelSpec, workload: Workload, parallel: Parallel, gpu_bytes: int,
+              options: Options = Options()) -> int:
+    """Largest micro-batch per GPU whose step peak fits in gpu_bytes (0 if batch 1 does not)."""
+    return _largest(lambda b: _fits(model, replace(workload, batch=b), parallel, gpu_bytes, options), MAX_BATCH)
+
+
+def max_seq(model: ModelSpec, workload: Workload, parallel: Parallel, gpu_bytes: int,
+            options: Options = Options(), limit: int = MAX_SEQ) -> int:
+    """Longest sequence (prompt, for inference) that fits, up to `limit` (0 if seq 1 does not). Memory only:
+    the model's own context length (ModelSpec.max_positions) is a separate limit the caller may pass."""
+    return _largest(lambda s: _fits(model, replace(workload, seq=s), parallel, gpu_bytes, options), limit)
+
+
+def valid_world_sizes(model: ModelSpec, strategy: str, max_gpus: int = 1024) -> list[int]:
+    """World sizes `strategy` can use for `model`, ascending.
+
+    - single: 1. ddp/zero*/fsdp*: any n. hsdp: even n (two replicas, each sharded over n/2).
+    - tp: n dividing the attention heads, and the KV heads dividing n or n dividing them (Megatron requires
+      heads % tp == 0; vLLM replicates KV heads when tp > kv_heads).
+    - pp: n <= layers (every stage holds at least one layer).
+    - ep: n dividing the routed-expert count (MoE models only).
+    """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy: {strategy!r} is not allowed; choose one of {', '.join(STRATEGIES)}")
+    sizes = range(1, max_gpus + 1)
+    if strategy == "single":
+        return [1]
+    if strategy == "hsdp":
+        return [n for n in sizes if n % 2 == 0]
+    if strategy == "tp":
+        return [n for n in sizes if model.heads % n == 0 and (model.kv_heads % n == 0 or n % model.kv_heads == 0)]
+    if strategy == "pp":
+        return [n for n in sizes if n <= model.layers]
+    if strategy == "ep":
+        if not model.is_moe:
+            raise ValueError(f"strategy: 'ep' shards routed experts; {model.name} is not a mixture-of-experts model")
+        return [n for n in sizes if model.n_experts % n == 0]
+    return list(sizes)
+
+
+def min_gpus(model: ModelSpec, workload: Workload, strategy: str, gpu_bytes: int, max_gpus: int = 1024,
+             options: Options = Options()) -> int | None:
+    """Fewest GPUs (world size) with which `strategy` fits `workload` in gpu_bytes per GPU; None if no valid
+    size up to max_gpus does. ZeRO/FSDP sizes >= 2 are bisected (memory falls with n); others are scanned."""
+    sizes = valid_world_sizes(model, strategy, max_gpus)
+
+    def fits(n: int) -> bool:
+        return _fits(model, workload, Parallel(strategy=strategy, gpus=n), gpu_bytes, options)
+
+    if strategy == "ddp":
+        sizes = sizes[:2]  # every rank holds everything: n > 2 costs what n = 2 costs (NCCL buffers included)
+    if strategy in MONOTONE_STRATEGIES and len(sizes) > 2:
+        if fits(1):
+            return 1
+        if not fits(sizes[-1]):
+            return None
+        lo, hi = 2, sizes[-1]  # fits(hi) holds; find the smallest n >= 2 that fits
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if fits(mid):
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+    return next((n for n in sizes if fits(n)), None)
+
+
+@dataclass(frozen=True)
+class Advice:
+    """One change to the run and what the estimator says it would do."""
+
+    title: str                 # e.g. "Enable activation checkpointing (full)"
+    change: dict = field(hash=False)  # field of Workload/Parallel -> new value
+    saving_bytes: int          # current total - new total (per GPU)
+    new_total_bytes: int
+    fits: bool                 # new_total_bytes <= gpu_bytes
+    note: str                  # the trade-off
+
+
+def _candidates(model: ModelSpec, w: Workload, p: Parallel, gpu_bytes: int, options: Options):
+    """(title, workload changes, parallel changes, note) in the order of seed 002's OOM playbook."""
+    out = []
+    if w.seq > 1:
+        s = max_seq(model, w, p, gpu_bytes, options, limit=w.seq - 1) or w.seq // 2 or 1
+        out.append((f"Cut the sequence length to {s}", {"seq": s}, {},
+                    "Seed 002's first lever: activations and KV cache grow with seq (eager attention as seq^2). "
+                    "Longer documents must then be truncated or chunked."))
+    if w.training and w.batch > 1:
+        b = max(1, max_batch(model, w, p, gpu_bytes, options))
+        b = max(d for d in range(1, min(b, w.batch - 1) + 1) if w.batch % d == 0)  # keep the effective batch
+        out.append((f"Micro-batch {b} with gradient accumulation x{w.grad_accum * w.batch // b}",
+                    {"batch": b, "grad_accum": w.grad_accum * w.batch // b}, {},
+                    "Same effective batch (batch x grad_accum), fewer activations; more sequential steps."))
+    if not w.training and w.gen_tokens > 1:
+        out.append((f"Generate {w.gen_tokens // 2} tokens instead of {w.gen_tokens}", {"gen_tokens": w.gen_tokens // 2},
+                    {}, "The KV cache grows with every generated token; stop earlier or stream in chunks."))
+    if not w.training and w.batch > 1:
+        b = max(1, max_batch(model, w, p, gpu_bytes, options))
+        b = min(b, w.batch - 1)
+        out.append((f"Serve batch {b} at a time", {"batch": b}, {},
+                    "Smaller batches need less KV cache; throughput falls."))
+    if w.training and w.checkpointing != "full":
+        out.append(("Enable activation checkpointing (full)", {"checkpointing": "full"}, {},
+                    "Each layer keeps only its input and is recomputed in backward: about 30% more compute."))
+    if w.training and w.checkpointing == "none":
+        out.append(("Enable selective activation checkpointing", {"checkpointing": "selective"}, {},
+                    "Recomputes only the attention core (Korthikanti et al. 2022): a few % more compute."))
+    if w.training and w.optimizer in ("adam", "adamw"):
+        out.append(("Use 8-bit AdamW (bitsandbytes)", {"optimizer": "adamw-8bit", "optimizer_impl": "foreach"},
+                    {}, "Block-wise 8-bit states; test convergence before a long run (seed 002, tip 5)."))
+        out.append(("Use Adafactor", {"optimizer": "adafactor"}, {},
+                    "Factored second moment, no first moment; may need a different learning-rate schedule."))
+    if w.training and w.optimizer_impl == "foreach" and w.optimizer in ("adam", "adamw", "adafactor"):
+        out.append(("Use the fused optimizer step", {"optimizer_impl": "fused"}, {},
+                    "torch's fused kernel (fused=True) updates in place, no state-sized temporary; same math."))
+    out += _method_candidates(model, w)
+    out += _parallel_candidates(model, w, p, gpu_bytes, options)
+    if w.attention == "eager":
+        out.append(("Use SDPA attention instead of eager", {"attention": "sdpa"}, {},
+                    "attn_implementation='sdpa' never materialises the seq x seq scores; same results."))
+    out += _precision_candidates(w)
+    return out
+
+
+def _method_candidates(model: ModelSpec, w: Workload):
+    if not w.training or w.method != "full":
+        return []
+    targets = w.lora_targets
+    names = {lin.name.split(".")[-1] for _, lin in model.linears() if lin.role == "attn"}
+    if not set(targets) <= names:  # PEFT's q_proj,v_proj default does not exist in every architecture
+        targets = tuple(sorted(names))
+    lora = {"method": "lora", "lora_targets": targets, "weight_format": "auto"}
+    out = [(f"Fine-tune with LoRA (r={w.lora_rank}) instead of all weights", lora, {},
+            "Frozen base: no gradients or optimizer states for it; adapters train a subspace only.")]
+    if w.precision != "fp32":
+        out.append(("Fine-tune with QLoRA (4-bit NF4 base)", {**lora, "method": "qlora", "recipe": "pure"}, {},
+                    "Base weights in NF4 (~0.52 bytes/param); dequantisation slows each step."))
+    return out
+
+
+def _parallel_candidates(model: ModelSpec, w: Workload, p: Parallel, gpu_bytes: int, options: Options):
+    out = []
+    if p.gpus > 1 and p.strategy in ("ddp", "zero1", "zero2", "fsdp-grad-op") and w.training:
+        out.append((f"Shard parameters too: ZeRO-3 over the same {p.gpus} GPUs", {}, {"strategy": "zero3"},
+                    "Every layer's weights are gathered before use: more communication per step."))
+    if w.training and p.offload == "none" and p.strategy in ("single", "zero1", "zero2", "zero3", "fsdp"):
+        out.append(("Offload optimizer states to CPU (ZeRO-Offload)", {}, {"offload": "optimizer"},
+                    "States and the update live in host RAM; the step is bounded by PCIe and CPU speed."))
+    strategy = "fsdp" if w.training else "tp"
+    try:
+        n = min_gpus(model, w, strategy, gpu_bytes, options=options)
+    except ValueError:
+        n = None
+    if n is not None and n > p.gpus:
+        out.append((f"Use {n} GPUs with {strategy.upper()}", {}, spec_dict(Parallel(strategy=strategy, gpus=n)),
+                    "The fewest GPUs of this kind that fit; each costs money and adds communication."))
+    return out
+
+
+def _precision_candidates(w: Workload):
+    out = []
+    if w.training and w.recipe in ("fp32", "amp", "mixed") and w.method != "qlora":
+        out.append(("Train in pure bf16 (weights, grads and states in bf16)",
+                    {"recipe": "pure", "precision": "bf16"}, {},
+                    "No fp32 copy of anything; bf16 states can stall tiny updates (use Kahan summation or "
+                    "stochastic rounding for long runs)."))
+    if not w.training:
+        if w.precision == "fp32":
+            out.append(("Serve in bf16", {"precision": "bf16"}, {}, "Half the weight and KV bytes."))
+        if w.weight_format in ("auto", "fp32", "bf16", "fp16"):
+            out.append(("Quantize weights to 8-bit (LLM.int8)", {"weight_format": "int8"}, {},
+                        "About half the weight bytes of bf16; int8 matmuls are slower."))
+            out.append(("Quantize weights to 4-bit (NF4)", {"weight_format": "nf4"}, {},
+                        "About a quarter of bf16; some quality loss."))
+        if w.kv_dtype in ("auto", "fp32", "bf16", "fp16") and (w.precision != "fp32" or w.kv_dtype != "auto"):
+            out.append(("Store the KV cache in fp8", {"kv_dtype": "fp8"}, {},
+                        "Half the KV bytes of bf16 (vLLM kv_cache_dtype='fp8'); small accuracy cost."))
+    return out
+
+
+def advice(model: ModelSpec, workload: Workload, parallel: Parallel, gpu_bytes: int,
+           options: Options = Options()) -> list[Advice]:
+    """What to change to fit (or to gain headroom), each priced by re-running estimate, largest saving first.
+    Changes that save nothing are left out. When no single change fits, a last item combines changes
+    greedily (largest saving first, up to MAX_COMBINED of them) until the run fits, if it can."""
+    single = _single_advice(model, workload, parallel, gpu_bytes, options)
+    if single and not any(a.fits for a in single):
+        combined = _combined(model, workload, parallel, gpu_bytes, options, single)
+        if combined is not None:
+            single.append(combined)
+    return single
+
+
+MAX_COMBINED = 4
+
+
+def _combined(model, workload, parallel, gpu_bytes, options, first: list[Advice]) -> Advice | None:
+    w, p, steps, advices = workload, parallel, [], first
+    for _ in range(MAX_COMBINED):
+        best = advices[0]
+        wf = {k: v for k, v in best.change.items() if k in _WORKLOAD_FIELDS}
+        w, p = replace(w, **wf), replace(p, **{k: v for k, v in best.change.items() if k not in wf})
+        steps.append(best)
+        if best.fits:
+            change = {}
+            for a in steps:
+                change.update(a.change)
+            start = estimate(model, workload, parallel, options).total_bytes
+            return Advice("Combine: " + "; ".join(a.title for a in steps), change, start - best.new_total_bytes,
+                          best.new_total_bytes, True, "Each step was the largest single saving after the previous.")
+        advices = _single_advice(model, w, p, gpu_bytes, options)
+        if not advices:
+            return None
+    return None
+
+
+_WORKLOAD_FIELDS = tuple(f.name for f in fields(Workload))
+
+
+def _single_advice(model, workload, parallel, gpu_bytes, options) -> list[Advice]:
+    current = estimate(model, workload, parallel, options).total_bytes
+    out = []
+    for title, wc, pc, note in _candidates(model, workload, parallel, gpu_bytes, options):
+        try:
+            new = estimate(model, replace(workload, **wc), replace(parallel, **pc), options).total_bytes
+        except ValueError:
+            continue  # the change is not valid for this spec (e.g. LoRA targets the model lacks)
+        if new < current:
+            out.append(Advice(title, {**wc, **pc}, current - new, new, new <= gpu_bytes, note))
+    return sorted(out, key=lambda a: -a.saving_bytes)

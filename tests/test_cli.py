@@ -1,0 +1,229 @@
+"""`python -m estimator`: flags, JSON and text output, errors (exit 2, one line), --calibrated."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from estimator import cli
+from estimator.calibration_file import MISSING_HINT, load_calibration
+from estimator.estimate import COMPONENTS, estimate
+from estimator.gpus import get_gpu
+from estimator.presets import MODELS_DIR
+from estimator.spec import Workload
+from strategies import model
+
+ROOT = Path(__file__).resolve().parent.parent
+FLAGS = {"--model", "--mode", "--method", "--lora-rank", "--lora-targets", "--recipe", "--precision",
+         "--weight-format", "--optimizer", "--optimizer-impl", "--batch", "--seq", "--gen-tokens", "--grad-accum",
+         "--checkpointing", "--attention", "--kv-dtype", "--gpu", "--gpus", "--strategy", "--tp", "--pp", "--ep",
+         "--sequence-parallel", "--offload", "--activation-model", "--k", "--calibrated", "--json", "--list-models",
+         "--list-gpus"}
+
+
+def run_cli(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "estimator", *args], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=120)
+
+
+def run_json(capsys, *args) -> dict:
+    assert cli.main(list(args)) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_acceptance_llama31_8b_inference_subprocess():
+    r = run_cli("--model", "llama-3.1-8b", "--mode", "infer", "--batch", "4", "--seq", "2048", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["components"]["kv_cache"] == 4 * 2048 * 131072
+    assert out["components"]["weights"] == 2 * 8030261248
+
+
+def test_flags_are_exactly_the_documented_ones_and_all_have_help():
+    parser = cli.build_parser()
+    options = {s for a in parser._actions for s in a.option_strings if s.startswith("--")} - {"--help"}
+    assert options == FLAGS
+    for action in parser._actions:
+        if not isinstance(action, argparse._HelpAction):
+            assert action.help and len(action.help) > 10, action.option_strings
+
+
+def test_json_fields(capsys):
+    out = run_json(capsys, "--model", "mixtral-8x7b", "--gpu", "h100-sxm-80gb", "--method", "qlora", "--json")
+    for key in ("params", "trainable_params", "active_params", "total_bytes", "allocated_bytes", "peak_stage",
+                "components", "stages", "gpu", "gpu_bytes", "fits", "headroom_bytes", "max_batch", "max_seq"):
+        assert key in out, key
+    assert set(out["components"]) == set(COMPONENTS)
+    assert out["active_params"] == 12_879_925_248 < out["params"]
+    for st in out["stages"].values():
+        assert st["total_bytes"] == sum(st[c] for c in COMPONENTS)
+    assert out["total_bytes"] == out["stages"][out["peak_stage"]]["total_bytes"]
+    assert out["gpu_bytes"] == get_gpu("h100-sxm-80gb").memory_bytes
+    assert out["headroom_bytes"] == out["gpu_bytes"] - out["total_bytes"]
+    assert out["fits"] is True and out["verdict"] == "fits" and "advice" not in out
+
+
+def test_json_matches_library(capsys):
+    out = run_json(capsys, "--model", "llama-2-7b", "--method", "lora", "--batch", "2", "--seq", "1024", "--json")
+    e = estimate(model("llama-2-7b"), Workload(method="lora", batch=2, seq=1024))
+    assert out["total_bytes"] == e.total_bytes and out["trainable_params"] == 4_194_304
+    assert out["components"] == e.components.as_dict()
+
+
+def test_oom_gets_advice(capsys):
+    out = run_json(capsys, "--model", "llama-3.1-8b", "--gpu", "rtx-4090", "--batch", "4", "--json")
+    assert out["fits"] is False and out["verdict"] == "oom" and out["max_batch"] == 0
+    assert out["advice"] and all({"title", "change", "saving_bytes", "new_total_bytes", "fits", "note"} <= set(a)
+                                 for a in out["advice"])
+    assert any(a["fits"] for a in out["advice"])  # the combined plan
+
+
+def test_text_output(capsys):
+    assert cli.main(["--model", "llama-3.1-8b", "--gpu", "rtx-4090", "--batch", "4"]) == 0
+    text = capsys.readouterr().out
+    assert "GiB" in text and "GB" in text and "OOM by" in text and "<- peak" in text and "#" in text
+    assert cli.main(["--model", "qwen2.5-0.5b", "--mode", "infer", "--gpu", "l4"]) == 0
+    assert "fits with" in capsys.readouterr().out
+
+
+def test_config_json_path(capsys):
+    out = run_json(capsys, "--model", str(MODELS_DIR / "gpt2.json"), "--method", "lora", "--lora-targets",
+                   "c_attn", "--json")
+    assert out["params"] == 124_439_808
+
+
+def test_multi_gpu(capsys):
+    out = run_json(capsys, "--model", "llama-3.1-70b", "--strategy", "fsdp", "--gpus", "8", "--checkpointing",
+                   "full", "--json")
+    assert out["parallel"]["strategy"] == "fsdp" and out["parallel"]["gpus"] == 8
+    one = run_json(capsys, "--model", "llama-3.1-70b", "--strategy", "fsdp", "--gpus", "16", "--checkpointing",
+                   "full", "--json")
+    assert one["total_bytes"] < out["total_bytes"]
+
+
+def test_k_activation_model(capsys):
+    out = run_json(capsys, "--model", "llama-3.1-8b", "--k", "12", "--json")
+    assert out["activation_model"] == "k" and out["activation_k"] == 12.0
+    # seed 000's k form: 12 * b*s*h*L*bytes = 12 * 2048 * 4096 * 32 * 2
+    assert out["stages"]["forward"]["activations"] == 12 * 2048 * 4096 * 32 * 2
+    default = run_json(capsys, "--model", "llama-3.1-8b", "--activation-model", "k", "--json")
+    assert default["activation_k"] == 24.0
+
+
+@pytest.mark.parametrize("args, field", [
+    (["--model", "no-such-model"], "model"),
+    (["--model", "llama-3.1-8b", "--mode", "infer", "--method", "lora"], "method"),
+    (["--model", "llama-3.1-8b", "--method", "qlora", "--recipe", "fp32", "--precision", "fp32"], "recipe"),
+    (["--model", "llama-3.1-8b", "--method", "lora", "--lora-targets", "c_attn"], "lora_targets"),
+    (["--model", "llama-3.1-8b", "--gpus", "4"], "strategy"),
+    (["--model", "llama-3.1-8b", "--gpu", "h900"], "gpu"),
+    (["--model", "llama-3.1-8b", "--k", "-3"], "k"),
+    (["--model", "llama-3.1-8b", "--batch", "0"], "batch"),
+    (["--model", "llama-3.1-8b", "--strategy", "tp", "--gpus", "4", "--tp", "3"], "gpus"),
+    ([], "model"),
+])
+def test_bad_input_exits_2_with_one_line(capsys, args, field):
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert f"error: {field}: " in err
+
+
+@pytest.mark.parametrize("args, word", [(["--model", "x", "--mode", "fly"], "train, infer"),
+                                        (["--model", "x", "--batch", "two"], "invalid int"),
+                                        (["--model", "x", "--bogus"], "unrecognized")])
+def test_argparse_errors_exit_2_with_one_line(args, word):
+    r = run_cli(*args)
+    assert r.returncode == 2
+    assert len(r.stderr.strip().splitlines()) == 1 and word in r.stderr.replace("'", "")
+
+
+def test_lists(capsys):
+    assert cli.main(["--list-models"]) == 0
+    out = capsys.readouterr().out
+    assert "llama-3.1-8b" in out and "deepseek-v3" in out and "active" in out
+    assert cli.main(["--list-gpus"]) == 0
+    out = capsys.readouterr().out
+    assert "h100-sxm-80gb" in out and "GiB" in out and "GB" in out
+
+
+# ---------------------------------------------------------------- --calibrated
+
+def _write_calibration(path: Path, residual=2e8, k=20.0, **extra):
+    entry = {"family": "llama", "k": k, "k_ci_low": k - 1, "k_ci_high": k + 1, "residual_std_bytes": residual,
+             "n_points": 12, "created_at": "2025-06-01T12:00:00", "attention": "sdpa", "checkpointing": "none",
+             "r2": 0.99, **extra}
+    general = {**entry, "k": 30.0, "k_ci_low": 29.0, "k_ci_high": 31.0, "attention": None, "checkpointing": None,
+               "created_at": "2025-07-01T12:00:00"}
+    path.write_text(json.dumps({"version": 1, "calibrations": [entry, general]}))
+    return path
+
+
+def test_calibrated_interval_and_verdict(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("WILLITFIT_CALIBRATION", str(_write_calibration(tmp_path / "cal.json")))
+    out = run_json(capsys, "--model", "llama-3.1-8b", "--method", "qlora", "--calibrated", "--gpu", "l4", "--json")
+    assert out["activation_k"] == 20.0  # the sdpa/none fit beats the newer fit over all modes
+    lo, hi = out["interval_bytes"]
+    assert lo == int(out["total_bytes"] - 1.96 * 2e8) and hi >= out["total_bytes"] + 1.96 * 2e8 - 1
+    assert out["verdict"] == ("fits" if hi <= out["gpu_bytes"] else "oom" if lo > out["gpu_bytes"] else "tight")
+    eager = run_json(capsys, "--model", "llama-3.1-8b", "--method", "qlora", "--attention", "eager",
+                     "--calibrated", "--json")
+    assert eager["activation_k"] == 30.0  # only the fit over all modes applies to eager
+
+
+def test_calibrated_tight_verdict(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("WILLITFIT_CALIBRATION", str(_write_calibration(tmp_path / "cal.json", residual=0.0)))
+    base = run_json(capsys, "--model", "llama-3.1-8b", "--method", "qlora", "--calibrated", "--json")
+    gpu_bytes = get_gpu("l4").memory_bytes
+    # a residual std that puts capacity inside the interval
+    residual = abs(gpu_bytes - base["total_bytes"]) / 1.96 + 1e6
+    monkeypatch.setenv("WILLITFIT_CALIBRATION", str(_write_calibration(tmp_path / "cal2.json", residual=residual)))
+    out = run_json(capsys, "--model", "llama-3.1-8b", "--method", "qlora", "--calibrated", "--gpu", "l4", "--json")
+    assert out["verdict"] == "tight"
+
+
+def test_calibrated_context_bytes_replace_the_default(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("WILLITFIT_CALIBRATION",
+                       str(_write_calibration(tmp_path / "cal.json", context_bytes=300 * 2**20)))
+    out = run_json(capsys, "--model", "llama-3.1-8b", "--method", "qlora", "--calibrated", "--json")
+    assert out["components"]["overhead"] == 300 * 2**20 + 32 * 2**20
+
+
+def test_calibrated_missing_file_is_a_clear_error(tmp_path):
+    r = run_cli("--model", "llama-3.1-8b", "--calibrated", env={"WILLITFIT_CALIBRATION": str(tmp_path / "none.json")})
+    assert r.returncode == 2
+    assert len(r.stderr.strip().splitlines()) == 1 and MISSING_HINT in r.stderr
+
+
+@pytest.mark.parametrize("mutate, field", [
+    (lambda e: e.update(k=-1.0, k_ci_low=-2.0), "k"),
+    (lambda e: e.pop("residual_std_bytes"), "residual_std_bytes"),
+    (lambda e: e.update(family="mamba"), "family"),
+    (lambda e: e.update(created_at="yesterday"), "created_at"),
+    (lambda e: e.update(attention="xformers"), "attention"),
+    (lambda e: e.update(n_points=0), "n_points"),
+    (lambda e: e.update(k_ci_low=25.0), "k_ci_low"),
+])
+def test_calibration_file_validation(tmp_path, mutate, field):
+    entry = {"family": "llama", "k": 20.0, "k_ci_low": 19.0, "k_ci_high": 21.0, "residual_std_bytes": 1e8,
+             "n_points": 5, "created_at": "2025-06-01T12:00:00"}
+    mutate(entry)
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps({"version": 1, "calibrations": [entry]}))
+    with pytest.raises(ValueError, match=rf"^calibration\.{field}: "):
+        load_calibration(path)
+
+
+def test_calibration_file_bad_document(tmp_path):
+    path = tmp_path / "cal.json"
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match="^calibration: .* not valid JSON"):
+        load_calibration(path)
+    path.write_text(json.dumps({"version": 2, "calibrations": []}))
+    with pytest.raises(ValueError, match="^calibration: .*version=1"):
+        load_calibration(path)

@@ -1,0 +1,191 @@
+"""Hand-checkable numbers for each memory component; the derivation of every expected value is in a comment."""
+from __future__ import annotations
+
+import pytest
+
+from estimator import components as comp
+from estimator.model import from_hf_config
+from estimator.presets import load_config
+from estimator.spec import Workload
+from estimator.units import MiB, dtype_bytes
+
+N = 4096 * 4096  # 16,777,216 weights in a 4096 x 4096 matrix
+
+
+def _preset(name):
+    return from_hf_config(load_config(name)[1], name)
+
+
+TINY_LLAMA = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 100}
+
+
+def test_tiny_llama_params():
+    # head_dim 16, kv width 2*16 = 32. Per layer: q 64*64 = 4096, k 64*32 = 2048, v 2048, o 4096,
+    # gate/up/down 3 * 64*128 = 24,576, two RMSNorms 128 -> 36,992; x2 layers = 73,984.
+    # + embed 100*64 = 6,400 + final norm 64 + untied lm_head 6,400 = 86,848.
+    m = from_hf_config(TINY_LLAMA)
+    assert m.params == 86_848
+    assert m.linear_params == 2 * (4096 + 2048 + 2048 + 4096 + 24_576)
+
+
+# ---------------------------------------------------------------- quantized weights
+
+def test_nf4_double_quant_4096():
+    # bitsandbytes 4-bit: 2 weights per byte -> N/2 = 8,388,608; one absmax per 64 weights -> 262,144 blocks.
+    # Double quant: absmaxes as uint8 (262,144 B) + one fp32 absmax per 256 of them (1,024 * 4 = 4,096 B)
+    # + one fp32 offset (4 B): 8,388,608 + 262,144 + 4,096 + 4 = 8,654,852 (0.127 bits/param overhead).
+    assert comp.quantized_matrix_bytes(4096, 4096, "nf4") == 8_654_852
+    assert comp.quantized_matrix_bytes(4096, 4096, "fp4") == 8_654_852
+
+
+def test_nf4_without_double_quant_4096(monkeypatch):
+    # Plain 4-bit: 8,388,608 packed + 262,144 fp32 absmaxes * 4 B = 9,437,184 (4.5 bits/param).
+    monkeypatch.setattr(comp, "BNB4_DOUBLE_QUANT", False)
+    assert comp.quantized_matrix_bytes(4096, 4096, "nf4") == 9_437_184
+
+
+def test_gptq_and_awq_groupwise_4096():
+    # GPTQ 4-bit, group 128: qweight N*4/8 = 8,388,608; 32 groups x 4096 columns of fp16 scales = 262,144;
+    # packed 4-bit zeros 32*4096/2 = 65,536; g_idx int32 per input column 4*4096 = 16,384 -> 8,732,672.
+    assert comp.quantized_matrix_bytes(4096, 4096, "gptq-4bit") == 8_732_672
+    # AWQ: the same without g_idx -> 8,716,288.
+    assert comp.quantized_matrix_bytes(4096, 4096, "awq-4bit") == 8_716_288
+    # GPTQ 8-bit: 16,777,216 + 262,144 scales + 32*4096 = 131,072 zeros + 16,384 g_idx = 17,186,816.
+    assert comp.quantized_matrix_bytes(4096, 4096, "gptq-8bit") == 17_186_816
+
+
+def test_int8_fp8_gguf_4096():
+    # LLM.int8: one byte per weight + one fp32 scale per output row: 16,777,216 + 16,384 = 16,793,600.
+    assert comp.quantized_matrix_bytes(4096, 4096, "int8") == 16_793_600
+    # fp8: one byte per weight + one fp32 per-tensor scale.
+    assert comp.quantized_matrix_bytes(4096, 4096, "fp8") == N + 4
+    # GGUF Q4_0: block of 32 = 16 B of nibbles + fp16 scale = 18 B -> 4.5 bpw -> N*4.5/8 = 9,437,184.
+    assert comp.quantized_matrix_bytes(4096, 4096, "gguf-q4_0") == 9_437_184
+    # Q8_0: 34 B per 32 -> 8.5 bpw -> 17,825,792.
+    assert comp.quantized_matrix_bytes(4096, 4096, "gguf-q8_0") == 17_825_792
+
+
+def test_nf4_llama31_8b_whole_model():
+    # Per layer (DQ bytes per matrix = n/2 + n/64 + 4*ceil(n/16384) + 4):
+    #   q, o 4096x4096: 8,654,852 each; k, v 1024x4096 (n = 4,194,304): 2,097,152 + 65,536 + 1,024 + 4 = 2,163,716
+    #   gate, up, down 14336x4096 (n = 58,720,256): 29,360,128 + 917,504 + 14,336 + 4 = 30,291,972
+    #   = 2*8,654,852 + 2*2,163,716 + 3*30,291,972 = 112,513,052; x 32 layers = 3,600,417,664.
+    # Left in bf16: embed 525,336,576 + lm_head 525,336,576 + norms 32*2*4096 + 4096 = 266,240
+    #   -> 1,050,939,392 params * 2 B = 2,101,878,784. Total 5,702,296,448 B (5.31 GiB).
+    assert comp.weights_bytes(_preset("llama-3.1-8b"), "nf4", "bf16") == 5_702_296_448
+
+
+def test_float_weights_are_params_times_bytes():
+    m = _preset("llama-2-7b")
+    assert comp.weights_bytes(m, "bf16", "bf16") == 2 * 6_738_415_616
+    assert comp.weights_bytes(m, "fp32", "fp32") == 4 * 6_738_415_616
+
+
+# ---------------------------------------------------------------- LoRA
+
+def test_lora_r8_qv_llama2_7b():
+    # 32 layers x 2 modules x r*(in + out) = 32 * 2 * 8 * (4096 + 4096) = 4,194,304 (PEFT print_trainable_parameters)
+    assert comp.lora_params(_preset("llama-2-7b"), 8, ("q_proj", "v_proj")) == 4_194_304
+
+
+def test_lora_gqa_targets_use_real_shapes():
+    # Llama-3.1-8B k_proj is 4096 -> 1024: r=16 -> 32 * 16 * (4096 + 1024) = 2,621,440
+    assert comp.lora_params(_preset("llama-3.1-8b"), 16, ("k_proj",)) == 2_621_440
+
+
+def test_lora_bad_target_names_available_modules():
+    with pytest.raises(ValueError, match=r"^lora_targets: 'c_attn' matches no Linear.*available: .*q_proj"):
+        comp.lora_params(_preset("llama-2-7b"), 8, ("c_attn",))
+
+
+# ---------------------------------------------------------------- optimizer states and temporaries
+
+def test_adamw_8bit_states():
+    # bitsandbytes blockwise: 2 uint8 states (2*N) + one fp32 absmax per 2048-block each (2 * 4 * 8192):
+    # 2 * (16,777,216 + 32,768) = 33,619,968 -> 2.004 bytes/param instead of 8.
+    assert comp.optimizer_state_bytes([(1, 4096, 4096)], "adamw-8bit", "fp32") == 33_619_968
+    # Tensors under 4096 elements keep 32-bit states: 4095 * 8 = 32,760.
+    assert comp.optimizer_state_bytes([(1, 4095, 1)], "adamw-8bit", "fp32") == 32_760
+
+
+def test_adam_sgd_lion_state_counts():
+    shapes = [(3, 10, 20)]  # 3 copies of a 10x20 matrix: 600 elements
+    assert comp.optimizer_state_bytes(shapes, "adamw", "fp32") == 600 * 8    # exp_avg + exp_avg_sq
+    assert comp.optimizer_state_bytes(shapes, "adamw", "bf16") == 600 * 4    # pure bf16: zeros_like(param)
+    assert comp.optimizer_state_bytes(shapes, "sgd-momentum", "fp32") == 600 * 4
+    assert comp.optimizer_state_bytes(shapes, "lion", "fp32") == 600 * 4
+    assert comp.optimizer_state_bytes(shapes, "sgd", "fp32") == 0
+
+
+def test_adafactor_factored_states():
+    # torch.optim.Adafactor: a 4096 x 11008 matrix keeps a row (4096) and a column (11008) factor:
+    # (4096 + 11008) * 4 = 60,416 B instead of 2 * 45M * 4 for Adam. A vector keeps a full second moment.
+    assert comp.optimizer_state_bytes([(1, 4096, 11008)], "adafactor", "fp32") == 60_416
+    assert comp.optimizer_state_bytes([(1, 4096, 1)], "adafactor", "fp32") == 16_384
+
+
+def test_step_temporaries_foreach_fused_forloop():
+    shapes = [(2, 100, 10), (1, 50, 1)]  # 2 x 1000 + 50 = 2,050 elements
+    # foreach: _foreach_sqrt materialises one state-sized tensor per param at once: 2,050 * 4 = 8,200
+    assert comp.optimizer_step_temp_bytes(shapes, "adamw", "foreach", "fp32") == 8_200
+    # forloop: one param at a time, the largest (1,000 elements): 4,000
+    assert comp.optimizer_step_temp_bytes(shapes, "adamw", "forloop", "fp32") == 4_000
+    assert comp.optimizer_step_temp_bytes(shapes, "adamw", "fused", "fp32") == 0
+    assert comp.optimizer_step_temp_bytes(shapes, "sgd", "foreach", "fp32") == 0
+    assert comp.optimizer_step_temp_bytes(shapes, "adamw", "foreach", "bf16") == 4_100
+
+
+def test_unknown_optimizer_names_field():
+    with pytest.raises(ValueError, match="^optimizer:"):
+        comp.optimizer_state_bytes([(1, 2, 2)], "adagrad", "fp32")
+
+
+def test_recipe_dtypes_bytes_per_param():
+    # weights + grads + states (+ master), bytes per trainable param with AdamW
+    def per_param(recipe, precision):
+        rd = comp.recipe_dtypes(Workload(recipe=recipe, precision=precision))
+        return (dtype_bytes(rd.weight) + dtype_bytes(rd.grad) + 2 * dtype_bytes(rd.state)
+                + comp.master_weight_bytes(1, recipe))
+    assert per_param("pure", "bf16") == 2 + 2 + 4 == 8
+    assert per_param("amp", "bf16") == 4 + 4 + 8 == 16
+    assert per_param("mixed", "bf16") == 2 + 2 + 8 + 4 == 16
+    assert per_param("fp32", "fp32") == 16
+
+
+# ---------------------------------------------------------------- KV cache
+
+def test_kv_cache_gqa_vs_mha():
+    # Llama-2-7B (MHA): 2 * 32 layers * 32 KV heads * 128 * 2 B = 524,288 B per token.
+    assert comp.kv_cache_bytes(_preset("llama-2-7b"), 1, 1, "bf16") == 524_288
+    # Llama-3.1-8B (GQA, 8 KV heads): 2 * 32 * 8 * 128 * 2 = 131,072 -- 4x less than hidden_size suggests.
+    assert comp.kv_cache_bytes(_preset("llama-3.1-8b"), 1, 1, "bf16") == 131_072
+    # batch 4 x 2048 tokens: 4 * 2048 * 131,072 = 1 GiB exactly; fp8 halves it.
+    assert comp.kv_cache_bytes(_preset("llama-3.1-8b"), 4, 2048, "bf16") == 2**30
+    assert comp.kv_cache_bytes(_preset("llama-3.1-8b"), 4, 2048, "fp8") == 2**29
+
+
+def test_kv_cache_mqa_falcon():
+    # Falcon-7B multi-query: 1 KV head of 64 over 32 layers: 2 * 32 * 1 * 64 * 2 = 8,192 B per token.
+    assert comp.kv_cache_bytes(_preset("falcon-7b"), 1, 1, "bf16") == 8_192
+
+
+def test_kv_cache_mla_deepseek_v3():
+    # MLA caches the 512-wide latent + the 64-wide decoupled RoPE key per layer: 61 * (512 + 64) * 2 = 70,272 B
+    # per token, vs 2 * 61 * 128 heads * 192/128 dims * 2 = 4.9 MB for the expanded K/V.
+    assert comp.kv_cache_bytes(_preset("deepseek-v3"), 1, 1, "bf16") == 70_272
+
+
+# ---------------------------------------------------------------- overhead
+
+def test_overhead_bytes():
+    # 500 MiB context + 32 MiB cuBLAS workspace; + 512 MiB NCCL with more than one GPU
+    assert comp.overhead_bytes(1) == 532 * MiB
+    assert comp.overhead_bytes(8) == 1044 * MiB
+    with pytest.raises(ValueError, match="^cuda_context_bytes:"):
+        comp.Overhead(cuda_context_bytes=-1)
+
+
+def test_dtype_bytes_unknown():
+    with pytest.raises(ValueError, match="^dtype:"):
+        dtype_bytes("int4")
