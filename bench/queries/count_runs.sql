@@ -1,0 +1,2 @@
+-- Number of stored runs.
+SELECT count(*) AS n_runs FROM runs;
