@@ -1,0 +1,280 @@
+"""Allocation counters for traced runs: every live tensor storage, its bytes, and what it is for.
+
+`StorageCounter` is a TorchDispatchMode. Every op's outputs pass through it; each new untyped storage is
+recorded once (a view or an in-place result shares its base's storage and is not counted again) with
+`storage.nbytes()` bytes, and forgotten when `weakref.finalize` on the storage fires. This is an exact
+count of the bytes a caching allocator would be asked for, before its rounding (512-byte blocks on CUDA,
+c10/cuda/CUDACachingAllocator.cpp) and before fragmentation; a kernel's private workspace (cuBLAS, the
+flash-attention scratch) is not an op output and is not seen.
+
+Categories at the peak, exactly. Every storage lifetime is a record (bytes, alloc time, free time) on a
+logical clock that ticks once per allocation or free. Peaks store only their tick. A record's category is
+its *role*, learnt at the stage boundaries where the caller classifies what it holds: storages that are
+parameters -> "weights", that are some parameter's .grad -> "gradients", in optimizer.state ->
+"optimizer_states", in the KV cache -> "kv_cache", buffers and model inputs -> "other"; everything
+never classified is "activations" (saved activations and temporaries). The breakdown at a peak is then
+the sum over the records live at that tick, grouped by their final role, so a gradient that AccumulateGrad
+has not yet attached when the peak happens is still counted as a gradient. Cost: one small record per
+storage and one pass over the records per reported peak; no snapshot of the live set at each new peak.
+
+`memtracker_peak_bytes` reads the second, independent counter (torch's MemTracker) the same way, so
+tests can check the two agree to the byte.
+"""
+from __future__ import annotations
+
+import itertools
+import weakref
+from dataclasses import dataclass
+
+import torch
+from torch._guards import active_fake_mode
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._sharding_prop import ShardingPropagator
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+# "activations" is everything never given another role: saved activations and every temporary (the
+# optimizer step's foreach intermediates, FSDP's flat all-gather / reduce-scatter buffers included).
+CATEGORIES = ("weights", "gradients", "optimizer_states", "activations", "kv_cache", "comm_buffers", "other")
+NEVER_FREED = float("inf")
+_WAIT_TENSOR = torch.ops._c10d_functional.wait_tensor.default
+
+
+@dataclass
+class _Role:
+    """What one storage is for; shared by all its records, so a late classification covers its past."""
+
+    category: str = "activations"
+
+
+@dataclass
+class _Record:
+    """One lifetime of one storage at one size (a resize closes the record and opens a new one)."""
+
+    nbytes: int
+    t_alloc: int
+    role: _Role
+    t_free: float = NEVER_FREED
+
+
+@dataclass(frozen=True)
+class StagePeak:
+    stage: str
+    peak_bytes: int
+    breakdown: dict           # category -> bytes live at the peak; sums to peak_bytes
+
+
+@dataclass(frozen=True)
+class StageLog:
+    """Per-stage peaks (in run order) and the overall peak, each with its breakdown."""
+
+    stages: tuple[StagePeak, ...]
+    peak: StagePeak
+
+    def breakdown_json(self) -> dict:
+        return {"units": "bytes", "peak": self.peak.breakdown,
+                "stages": {s.stage: s.breakdown for s in self.stages}}
+
+
+def _storages(t: torch.Tensor) -> list[torch.UntypedStorage]:
+    """The storages behind a tensor; DTensor (FSDP2's sharded parameters) holds its local shard."""
+    if isinstance(t, DTensor):
+        t = t._local_tensor
+    return [t.untyped_storage()]
+
+
+class StorageCounter(TorchDispatchMode):
+    """Counts live storage bytes; keeps the current total, the peak, and a peak per stage window.
+
+    Use as a context manager around the traced work, `track(...)` tensors that exist before it (weights,
+    inputs), and call `mark_stage(name)` at each stage boundary: the stage's peak is the maximum between
+    the previous boundary and this one. A stage that repeats (forward of step 1 and step 2) keeps the max.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._records: list[_Record] = []
+        self._live: dict[int, _Record] = {}       # id(storage) -> its open record
+        self._clock = itertools.count(1)
+        self._now = 0
+        self.current_bytes = 0
+        self.peak_bytes = 0
+        self._peak_tick = 0
+        self._window_bytes = 0
+        self._window_tick = 0
+        self._stage_ticks: dict[str, tuple[int, int]] = {}   # stage -> (peak bytes, tick)
+        self._orig_resize = None
+        self._orig_propagate = None
+        self._paused = False
+
+    # -- recording --------------------------------------------------------------------------------
+    def _tick(self) -> int:
+        self._now = next(self._clock)
+        return self._now
+
+    def _open(self, st: torch.UntypedStorage) -> _Record:
+        rec = _Record(st.nbytes(), self._tick(), _Role())
+        self._records.append(rec)
+        key = id(st)
+        self._live[key] = rec
+        # The finalizer holds the key, not the storage; torch keeps one Python object per live storage,
+        # so it fires when the storage itself dies.
+        fin = weakref.finalize(st, self._close, key, rec)
+        fin.atexit = False
+        self._grow(rec.nbytes)
+        return rec
+
+    def _close(self, key: int, rec: _Record) -> None:
+        if self._live.get(key) is rec:
+            del self._live[key]
+        if rec.t_free == NEVER_FREED:
+            rec.t_free = self._tick()
+            self.current_bytes -= rec.nbytes
+
+    def _grow(self, nbytes: int) -> None:
+        self.current_bytes += nbytes
+        if self.current_bytes > self._window_bytes:
+            self._window_bytes, self._window_tick = self.current_bytes, self._now
+            if self.current_bytes > self.peak_bytes:
+                self.peak_bytes, self._peak_tick = self.current_bytes, self._now
+
+    def _see(self, st: torch.UntypedStorage) -> _Record:
+        rec = self._live.get(id(st))
+        if rec is None:
+            return self._open(st)
+        if rec.nbytes != st.nbytes():          # resized in place (aten.resize_, set_, storage.resize_)
+            self._resize(st, rec)
+            rec = self._live[id(st)]
+        return rec
+
+    def _resize(self, st: torch.UntypedStorage, rec: _Record) -> None:
+        rec.t_free = self._tick()
+        self.current_bytes -= rec.nbytes
+        new = _Record(st.nbytes(), self._tick(), rec.role)
+        self._records.append(new)
+        self._live[id(st)] = new
+        # A second finalizer closes the new record; the first one will find its record closed already.
+        weakref.finalize(st, self._close, id(st), new).atexit = False
+        self._grow(new.nbytes)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        # Let DTensor desugar into ops on its local tensors first; those come back through here.
+        if any(t is DTensor for t in types):
+            return NotImplemented
+        if func is _WAIT_TENSOR and active_fake_mode() is not None:
+            # Eager wait_tensor returns its input; the fake kernel returns a new tensor, which would add
+            # a copy of every all-gather that a GPU never makes (MemTracker does the same).
+            return args[0]
+        out = func(*args, **(kwargs or {}))
+        if self._paused:
+            return out
+        if isinstance(out, torch.Tensor):
+            self._see(out.untyped_storage())
+        else:
+            for t in tree_leaves(out):
+                if isinstance(t, torch.Tensor):
+                    self._see(t.untyped_storage())
+        return out
+
+    def __enter__(self):
+        self._patch_sharding_propagation()
+        # FSDP2 frees and re-allocates unsharded parameters with UntypedStorage.resize_, which is not an op.
+        self._orig_resize = orig = torch.UntypedStorage.resize_
+        counter = self
+
+        def resize_(st, size):
+            out = orig(st, size)
+            rec = counter._live.get(id(st))
+            if rec is not None and rec.nbytes != st.nbytes():
+                counter._resize(st, rec)
+            return out
+
+        torch.UntypedStorage.resize_ = resize_
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        torch.UntypedStorage.resize_ = self._orig_resize
+        ShardingPropagator._propagate_tensor_meta_non_cached = self._orig_propagate
+        return super().__exit__(*exc)
+
+    def _patch_sharding_propagation(self) -> None:
+        """Do not count DTensor's sharding propagation: the first time it meets an op and shape it runs
+        the op on global-shape fake tensors, in the active FakeTensorMode, only to read the output's
+        shape (torch/distributed/tensor/_sharding_prop.py). Those tensors are not part of the run."""
+        self._orig_propagate = orig = ShardingPropagator._propagate_tensor_meta_non_cached
+        counter = self
+
+        def propagate(prop, op_schema):
+            counter._paused = True
+            try:
+                return orig(prop, op_schema)
+            finally:
+                counter._paused = False
+
+        ShardingPropagator._propagate_tensor_meta_non_cached = propagate
+
+    # -- classification ---------------------------------------------------------------------------
+    def track(self, tensors, category: str) -> None:
+        """Record tensors that already exist (or set the role of tracked ones) under `category`.
+
+        A storage keeps the first role other than "activations" it is given. classify_model gives
+        weights first, then gradients, then optimizer state; no PyTorch optimizer stores a parameter or
+        a gradient in its state, so in practice no storage is offered two roles.
+        """
+        if category not in CATEGORIES:
+            raise ValueError(f"category: {category!r} is not one of {', '.join(CATEGORIES)}")
+        for t in tensors:
+            if not isinstance(t, torch.Tensor):
+                continue
+            for st in _storages(t):
+                role = self._see(st).role
+                if role.category == "activations":
+                    role.category = category
+
+    def classify_model(self, model: torch.nn.Module, optimizer=None) -> None:
+        """Give roles to parameters, buffers, gradients and optimizer state that are alive now."""
+        params = list(model.parameters())
+        self.track(params, "weights")
+        self.track(model.buffers(), "other")
+        self.track((p.grad for p in params if p.grad is not None), "gradients")
+        if optimizer is not None:
+            self.track(optimizer_state_tensors(optimizer), "optimizer_states")
+
+    # -- reading ----------------------------------------------------------------------------------
+    def mark_stage(self, stage: str) -> None:
+        """Close the current window as `stage`: its peak is the max since the previous mark."""
+        best = self._stage_ticks.get(stage)
+        if best is None or self._window_bytes > best[0]:
+            self._stage_ticks[stage] = (self._window_bytes, self._window_tick)
+        self._window_bytes, self._window_tick = self.current_bytes, self._now
+
+    def breakdown_at(self, tick: int) -> dict:
+        """Bytes per category of the storages live at `tick` (allocated at or before it, freed after)."""
+        out = dict.fromkeys(CATEGORIES, 0)
+        for rec in self._records:
+            if rec.t_alloc <= tick < rec.t_free:
+                out[rec.role.category] += rec.nbytes
+        return out
+
+    def log(self) -> StageLog:
+        """Peaks with their breakdowns; computed once, after the run, from the records."""
+        stages = tuple(StagePeak(s, b, self.breakdown_at(t)) for s, (b, t) in self._stage_ticks.items())
+        return StageLog(stages, StagePeak("overall", self.peak_bytes, self.breakdown_at(self._peak_tick)))
+
+
+def optimizer_state_tensors(optimizer) -> list[torch.Tensor]:
+    """Every tensor in optimizer.state, including a wrapped inner optimizer's (mixed precision)."""
+    out = []
+    for opt in (optimizer, getattr(optimizer, "inner", None)):
+        if opt is None:
+            continue
+        for state in opt.state.values():
+            out.extend(v for v in state.values() if isinstance(v, torch.Tensor))
+        out.extend(getattr(opt, "master_params", ()))
+    return out
+
+
+def memtracker_peak_bytes(tracker) -> int:
+    """Overall peak of torch's MemTracker (torch/distributed/_tools/mem_tracker.py), summed over devices."""
+    snap = tracker.get_tracker_snapshot("peak")
+    return sum(dev_snap["Total"] for dev_snap in snap.values())

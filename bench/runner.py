@@ -1,0 +1,367 @@
+"""Build a Hugging Face model from a config dict and run a workload's stages on it.
+
+This is the one place that knows how a `Workload` becomes a model, an optimizer, inputs and a sequence of
+stages. It does not count memory: `run_stages` calls `on_stage(name)` at every stage boundary and the
+caller reads whatever counter it uses there (`bench.trace` reads a dispatch-mode counter on fake CPU
+tensors, `bench.measure` reads torch.cuda's peak statistics on a real GPU).
+
+What each training recipe keeps in which dtype (what this module implements):
+- pure:  weights, gradients and optimizer states in `precision`; compute in `precision`.
+- amp:   fp32 weights, gradients and optimizer states; forward under torch.autocast(precision)
+         (autocast caches the half-precision weight copies for the forward, as it does on a GPU).
+         fp16 amp would add a GradScaler: one scale tensor and in-place unscaling, no extra buffers
+         worth counting, so it is not run.
+- mixed: half-precision weights and gradients, fp32 master weights and fp32 optimizer states in the
+         optimizer (the 2+2+12 bytes/param of ZeRO, arXiv 1910.02054 Section 3.1). `MasterWeightsOptimizer`
+         upcasts the gradients to fp32 for the step, as DeepSpeed's bf16 optimizer does.
+- fp32:  everything fp32.
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+import sys
+import warnings
+from collections.abc import Callable
+
+import torch
+
+from estimator.spec import Workload
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# Encoder-only model types: built with a masked-LM head; inference is one forward pass with no KV cache.
+ENCODER_TYPES = ("bert", "roberta", "xlm-roberta", "distilbert", "albert", "electra", "modernbert")
+LEARNING_RATE = 1e-5  # any value; it does not change memory
+
+
+def weight_dtype(workload: Workload) -> torch.dtype:
+    """dtype the model's (base) weights are stored in."""
+    if workload.weight_format != "auto":
+        if workload.weight_format not in DTYPES:
+            raise ValueError(
+                f"weight_format: {workload.weight_format!r} needs quantization kernels (bitsandbytes, GPTQ, GGUF) "
+                "that bench.runner does not build; use fp32, bf16 or fp16 (or the analytic estimate)")
+        return DTYPES[workload.weight_format]
+    if workload.mode == "infer" or workload.recipe in ("pure", "mixed"):
+        return DTYPES[workload.precision]
+    return torch.float32  # amp and fp32 keep fp32 weights
+
+
+def attn_implementation(workload: Workload, device: str) -> str:
+    """HF attn_implementation for the workload. 'flash' means FlashAttention-2 where it is installed on a
+    GPU; elsewhere it falls back to SDPA, whose flash backend saves the same tensors (out + logsumexp)."""
+    if workload.attention == "eager":
+        return "eager"
+    if workload.attention == "flash" and str(device).startswith("cuda"):
+        try:
+            import flash_attn  # noqa: F401
+            return "flash_attention_2"
+        except ImportError:
+            pass
+    return "sdpa"
+
+
+def _selective_attention(base: str) -> str:
+    """Register (once) an attention function that checkpoints the attention core only.
+
+    'selective' checkpointing follows Megatron's selective recompute (arXiv 2205.05198 Section 4.2): the
+    QK^T / softmax / attention-over-V core is recomputed in backward, the projections and MLP keep their
+    activations. Here the whole HF attention interface call (after RoPE, before o_proj) is wrapped in
+    non-reentrant torch.utils.checkpoint, so only q, k, v are saved for it.
+    """
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
+
+    name = f"willitfit_selective_{base}"
+    if name in ALL_ATTENTION_FUNCTIONS:
+        return name
+
+    def attention(module, *args, **kwargs):
+        if base == "eager":  # eager attention is defined per model file, not in the registry
+            fn = sys.modules[type(module).__module__].eager_attention_forward
+        else:
+            fn = ALL_ATTENTION_FUNCTIONS[base]
+        return torch.utils.checkpoint.checkpoint(fn, module, *args, use_reentrant=False, **kwargs)
+
+    AttentionInterface.register(name, attention)
+    return name
+
+
+def _hf_config(config: dict):
+    from huggingface_hub.errors import StrictDataclassError
+    from transformers import AutoConfig
+
+    if "model_type" not in config:
+        raise ValueError("config: model_type is missing; a config.json names its model_type")
+    rest = {k: v for k, v in config.items() if k not in ("model_type", "auto_map")}  # auto_map = remote code
+    try:
+        return AutoConfig.for_model(config["model_type"], **rest)
+    except (ValueError, KeyError, TypeError, StrictDataclassError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"config: transformers rejects this {config['model_type']!r} config ({first})") from None
+
+
+def _model_class(hf_config):
+    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
+
+    if getattr(hf_config, "is_encoder_decoder", False):
+        raise ValueError(f"model_type: {hf_config.model_type!r} is encoder-decoder; only decoder and encoder "
+                         "models are traced")
+    return AutoModelForMaskedLM if hf_config.model_type in ENCODER_TYPES else AutoModelForCausalLM
+
+
+def build_model(config: dict, workload: Workload, device: str = "cpu", *, meta_then_empty: bool = False,
+                seed: int = 0) -> torch.nn.Module:
+    """A randomly initialised HF model for `config`; no weights are downloaded, no remote code runs.
+
+    With meta_then_empty the model is built on the meta device and then given uninitialised storage on
+    `device` (fast for big models). Values, RoPE inv_freq included, are then uninitialised, which changes
+    no tensor's size. Tied tensors (input/output embeddings) stay tied.
+    """
+    if workload.method == "qlora":
+        raise ValueError("method: qlora needs bitsandbytes 4-bit layers, which bench.runner does not build; "
+                         "use lora (or the analytic estimate)")
+    hf_config = _hf_config(config)
+    cls = _model_class(hf_config)
+    attn = attn_implementation(workload, device)
+    if workload.checkpointing == "selective":
+        attn = _selective_attention(attn if attn in ("sdpa", "eager") else "sdpa")
+    dtype = weight_dtype(workload)
+    torch.manual_seed(seed)
+    old_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # module.to(dtype) fails in swap_tensors under fake mode
+    try:
+        with torch.device("meta" if meta_then_empty else device):
+            model = _from_config(cls, hf_config, dtype, attn)
+            if workload.method == "lora":
+                model = _add_lora(model, workload)
+    finally:
+        torch.set_default_dtype(old_dtype)
+    if meta_then_empty:
+        _materialize(model, device)
+    if workload.mode == "infer":
+        model.eval()
+        model.requires_grad_(False)
+    else:
+        model.train()
+        if workload.checkpointing == "full":
+            enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+            enable()
+    return model
+
+
+def _from_config(cls, hf_config, dtype: torch.dtype, attn: str):
+    try:
+        return cls.from_config(hf_config, dtype=dtype, attn_implementation=attn)
+    except ValueError as e:  # HF refuses e.g. SDPA for Gemma-2; name the field the user can change
+        first = str(e).split(". ")[0]
+        field = "attention" if "attention implementation" in str(e) else "config"
+        raise ValueError(f"{field}: {first} (attn_implementation={attn!r})") from None
+
+
+def _materialize(model: torch.nn.Module, device: str) -> None:
+    """Give every meta parameter and buffer uninitialised storage on `device`, keeping ties.
+
+    Like nn.Module.to_empty, but without its tensor swap: _apply swaps fake parameters
+    (torch.utils.swap_tensors), which refuses tensors FakeTensorMode holds weak references to, and
+    to_empty would also untie shared parameters. Each tensor is replaced once and reused where shared.
+    """
+    new: dict[int, torch.Tensor] = {}
+    for module in model.modules():
+        for name, p in module._parameters.items():
+            if p is not None:
+                if id(p) not in new:
+                    new[id(p)] = torch.nn.Parameter(torch.empty_like(p, device=device), requires_grad=p.requires_grad)
+                module._parameters[name] = new[id(p)]
+        for name, b in module._buffers.items():
+            if b is not None:
+                if id(b) not in new:
+                    new[id(b)] = torch.empty_like(b, device=device)
+                module._buffers[name] = new[id(b)]
+
+
+def _add_lora(model, workload: Workload):
+    from peft import LoraConfig, get_peft_model
+
+    task = "CAUSAL_LM" if model.config.model_type not in ENCODER_TYPES else None
+    # PEFT freezes the base model and, by default (autocast_adapter_dtype=True), keeps adapters in fp32.
+    lora = LoraConfig(r=workload.lora_rank, target_modules=list(workload.lora_targets), lora_dropout=0.0,
+                      task_type=task)
+    try:
+        with warnings.catch_warnings():  # PEFT still calls transformers' deprecated is_gradient_checkpointing
+            warnings.simplefilter("ignore", FutureWarning)
+            return get_peft_model(model, lora)
+    except ValueError as e:
+        raise ValueError(f"lora_targets: {', '.join(workload.lora_targets)} do not match this model ({e})") from None
+
+
+class MasterWeightsOptimizer:
+    """'mixed' recipe: the model keeps half-precision weights and grads; `inner` steps fp32 master copies.
+
+    step(): upcast every grad into its master's .grad, step the inner optimizer, copy masters back into the
+    half-precision weights, drop the fp32 grads. Master weights count as optimizer state (ZeRO's K=12).
+    """
+
+    def __init__(self, params: list[torch.Tensor], make_inner: Callable[[list], torch.optim.Optimizer]):
+        self.params = params
+        self.master_params = [p.detach().to(torch.float32, copy=True) for p in params]
+        self.inner = make_inner(self.master_params)
+        self.state: dict = {}
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for p, m in zip(self.params, self.master_params):
+            m.grad = None if p.grad is None else p.grad.to(torch.float32)
+        self.inner.step()
+        for p, m in zip(self.params, self.master_params):
+            p.copy_(m)
+            m.grad = None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            p.grad = None
+
+
+def _impl_kwargs(workload: Workload, name: str, fused_ok: bool) -> dict:
+    if workload.optimizer_impl == "fused":
+        if not fused_ok:
+            raise ValueError(f"optimizer_impl: torch has no fused {name}; use foreach or forloop")
+        return {"fused": True}
+    return {"foreach": workload.optimizer_impl == "foreach"}
+
+
+def _optimizer_factory(workload: Workload) -> Callable[[list], torch.optim.Optimizer]:
+    opt = workload.optimizer
+    if opt == "lion":
+        raise ValueError("optimizer: lion is not available in torch; use adamw, adam, sgd, sgd-momentum "
+                         "or adafactor (or the analytic estimate)")
+    if opt == "adamw-8bit":
+        try:
+            import bitsandbytes as bnb
+        except ImportError:
+            raise ValueError("optimizer: adamw-8bit needs bitsandbytes, which is not installed") from None
+        # bitsandbytes has one 8-bit AdamW kernel: foreach and forloop build the same optimizer
+        return lambda ps: bnb.optim.AdamW8bit(ps, lr=LEARNING_RATE)
+    if opt in ("adamw", "adam"):
+        cls = torch.optim.AdamW if opt == "adamw" else torch.optim.Adam
+        kw = _impl_kwargs(workload, opt, fused_ok=True)
+        return lambda ps: cls(ps, lr=LEARNING_RATE, **kw)
+    if opt in ("sgd", "sgd-momentum"):
+        kw = _impl_kwargs(workload, opt, fused_ok=True)
+        momentum = 0.9 if opt == "sgd-momentum" else 0.0
+        return lambda ps: torch.optim.SGD(ps, lr=LEARNING_RATE, momentum=momentum, **kw)
+    if opt == "adafactor":
+        kw = _impl_kwargs(workload, opt, fused_ok=False)
+        return lambda ps: torch.optim.Adafactor(ps, lr=LEARNING_RATE, **kw)
+    raise ValueError(f"optimizer: {opt!r} is not handled by the runner")
+
+
+def make_optimizer(model: torch.nn.Module, workload: Workload):
+    """The workload's optimizer over the trainable parameters, or None for inference.
+
+    foreach -> foreach=True (forced, also on CPU where torch would default to the loop), forloop ->
+    foreach=False, fused -> fused=True (torch has fused Adam/AdamW/SGD kernels for CPU and CUDA).
+    """
+    if workload.mode != "train":
+        return None
+    make = _optimizer_factory(workload)
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError("method: the model has no trainable parameters")
+    if workload.recipe == "mixed":
+        return MasterWeightsOptimizer(params, make)
+    return make(params)
+
+
+def make_inputs(config: dict, workload: Workload, device: str) -> dict:
+    """Token ids of shape (batch, seq), plus labels (the same ids; HF shifts them) for training."""
+    vocab = int(config.get("vocab_size") or 0)
+    if vocab < 1:
+        raise ValueError("config: vocab_size must be a positive integer")
+    input_ids = torch.randint(0, vocab, (workload.batch, workload.seq), device=device)  # (B, T)
+    if workload.mode == "train":
+        return {"input_ids": input_ids, "labels": input_ids.clone()}
+    return {"input_ids": input_ids}
+
+
+def _autocast(workload: Workload, model: torch.nn.Module):
+    if workload.mode == "train" and workload.recipe == "amp":
+        device_type = next(model.parameters()).device.type
+        return torch.autocast(device_type=device_type, dtype=DTYPES[workload.precision])
+    return contextlib.nullcontext()
+
+
+def run_stages(model, optimizer, workload: Workload, inputs: dict, on_stage: Callable[[str], None],
+               steps: int = 2, live: dict | None = None) -> None:
+    """Run the workload, calling on_stage(stage) at the end of every stage.
+
+    A stage name repeats (forward of every micro-batch and step, decode of every token); callers keep
+    the max. Training runs `steps` optimizer steps (default 2: Adam creates its states in step 1, so
+    step 2 is the steady state). The caller calls on_stage("load") itself after building and inputs.
+    `live`, if given, receives the objects the stages create that a counter may want to classify at
+    on_stage (inference: the KV cache under "kv_cache").
+    """
+    if steps < 1:
+        raise ValueError(f"steps: must be at least 1, got {steps}")
+    if workload.mode == "train":
+        _train(model, optimizer, workload, inputs, on_stage, steps)
+    else:
+        _infer(model, workload, inputs, on_stage, {} if live is None else live)
+
+
+def _train(model, optimizer, workload, inputs, on_stage, steps) -> None:
+    for _ in range(steps):
+        for _ in range(workload.grad_accum):
+            with _autocast(workload, model):
+                # Keep only the loss, as a training loop does: the logits die here, not after backward.
+                # use_cache=False: otherwise HF builds a DynamicCache (a copy of every layer's K and V)
+                # that training never reads.
+                loss = model(**inputs, use_cache=False).loss  # HF upcasts the logits to fp32 in the loss
+                if workload.grad_accum > 1:
+                    loss = loss / workload.grad_accum
+            on_stage("forward")
+            loss.backward()
+            del loss
+            on_stage("backward")
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        on_stage("optimizer")
+
+
+def _infer(model, workload, inputs, on_stage, live: dict) -> None:
+    input_ids = inputs["input_ids"]
+    if model.config.model_type in ENCODER_TYPES:
+        if workload.gen_tokens:
+            raise ValueError(f"gen_tokens: {model.config.model_type} is an encoder and cannot generate; use 0")
+        with torch.no_grad():
+            model(input_ids=input_ids)
+        on_stage("prefill")
+        return
+    from transformers import DynamicCache
+
+    # generate() computes only the last position's logits during decoding (logits_to_keep=1).
+    keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+    with torch.no_grad():
+        cache = live["kv_cache"] = DynamicCache(config=model.config)
+        out = model(input_ids=input_ids, past_key_values=cache, use_cache=True, **keep)
+        next_ids = _next_token(out.logits)
+        del out
+        on_stage("prefill")
+        for _ in range(workload.gen_tokens):
+            out = model(input_ids=next_ids, past_key_values=cache, use_cache=True, **keep)
+            next_ids = _next_token(out.logits)
+            del out
+            on_stage("decode")
+
+
+def _next_token(logits: torch.Tensor) -> torch.Tensor:
+    # generate() copies the last logits to fp32 before the logits processors (generation/utils.py)
+    last = logits[:, -1, :].to(copy=True, dtype=torch.float32)  # (B, V)
+    return last.argmax(dim=-1, keepdim=True)  # (B, 1)
+
+
+def kv_cache_tensors(cache) -> list[torch.Tensor]:
+    """The tensors an HF Cache holds (DynamicCache keeps keys/values per layer)."""
+    out = []
+    for layer in getattr(cache, "layers", ()):
+        out.extend(v for v in vars(layer).values() if isinstance(v, torch.Tensor))
+    return out
