@@ -15,7 +15,7 @@ COMMANDS = {
     "measure": "bench.cmd_measure",
     "ingest": "bench.cmd_db",
     "export": "bench.cmd_db",
-    "build-db": "bench.cmd_trace",
+    "build-db": "bench.build_db",
     "report": "bench.cmd_trace",
     "calibrate": "bench.cmd_calibrate",
 }

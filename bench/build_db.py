@@ -1,0 +1,160 @@
+"""The shipped database's traced grid, and the one command that rebuilds it.
+
+    python -m bench build-db --jobs 2            # trace every missing case into build/traced/, then ingest
+    python -m bench build-db --list              # print the grid without tracing
+    python -m bench report                       # traced vs analytic, per row and summarised
+
+The grid (issue "Benchmark harness and DuckDB database", item 6):
+- every shipped dense preset up to 13B parameters, plus one MoE (qwen1.5-moe-a2.7b: the one MoE preset
+  whose trace fits this machine's time budget), each for training full, training LoRA and inference;
+- batch {1,2,4,8} x seq {512,1024,2048,4096};
+- two recipes for training (`pure` bf16 and `amp` bf16 autocast), two attention kernels for inference
+  (`sdpa`, `eager`: the s^2 term is what differs; the recipe does not apply to inference);
+- FSDP2 at world sizes {1,2,4,8} for llama-2-7b and llama-3.1-8b (pure bf16, batch {1,4} x seq {512,2048}).
+Gemma-2 refuses SDPA in transformers 5, so it runs eager throughout. LoRA targets are PEFT's per-architecture
+defaults (peft/utils/constants.py TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING).
+
+Tracing is resumable (run_ids already in the shard files or the database are skipped) and `--jobs N` runs N
+shards in parallel subprocesses. Rows are plain JSONL under build/traced/ (git-ignored), then ingested in one
+transaction per file, so the database only ever holds whole files.
+"""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from estimator.model import from_hf_config
+from estimator.presets import load_config, preset_names
+from estimator.spec import Parallel, Workload
+
+REPO = Path(__file__).resolve().parent.parent
+BUILD_DIR = REPO / "build" / "traced"
+MAX_DENSE_PARAMS = 13_500_000_000   # "up to 13B": llama-2-13b has 13.02e9
+MOE_PRESET = "qwen1.5-moe-a2.7b"
+BATCHES = (1, 2, 4, 8)
+SEQS = (512, 1024, 2048, 4096)
+FSDP_MODELS = ("llama-2-7b", "llama-3.1-8b")
+FSDP_WORLD = (1, 2, 4, 8)
+LORA_TARGETS = {  # PEFT defaults per model_type
+    "gpt2": ("c_attn",), "gpt_neox": ("query_key_value",), "falcon": ("query_key_value",),
+    "bert": ("query", "value"), "phi3": ("qkv_proj",),
+}
+EAGER_ONLY = ("gemma2",)
+
+
+def grid_models() -> list[str]:
+    """Dense presets up to 13B parameters, smallest first, then the MoE."""
+    dense = []
+    for name in preset_names():
+        spec = from_hf_config(load_config(name)[1], name)
+        if not spec.is_moe and spec.params <= MAX_DENSE_PARAMS:
+            dense.append((spec.params, name))
+    return [n for _, n in sorted(dense)] + [MOE_PRESET]
+
+
+def model_cases(name: str) -> list[tuple[Workload, Parallel]]:
+    config = load_config(name)[1]
+    mt = config["model_type"]
+    attn = "eager" if mt in EAGER_ONLY else "sdpa"
+    targets = LORA_TARGETS.get(mt, ("q_proj", "v_proj"))
+    out = []
+    for b in BATCHES:
+        for s in SEQS:
+            base = Workload(batch=b, seq=s, attention=attn)
+            for recipe in ("pure", "amp"):
+                out.append((replace(base, recipe=recipe), Parallel()))
+                out.append((replace(base, recipe=recipe, method="lora", lora_targets=targets), Parallel()))
+            for a in ("sdpa", "eager") if attn == "sdpa" else ("eager",):
+                if mt == "bert":
+                    out.append((replace(base, mode="infer", attention=a), Parallel()))
+                else:
+                    out.append((replace(base, mode="infer", attention=a, gen_tokens=16), Parallel()))
+    return out
+
+
+def fsdp_cases() -> list[tuple[str, Workload, Parallel]]:
+    out = []
+    for name in FSDP_MODELS:
+        for n in FSDP_WORLD:
+            for b in (1, 4):
+                for s in (512, 2048):
+                    par = Parallel(strategy="fsdp", gpus=n) if n > 1 else Parallel()
+                    out.append((name, Workload(batch=b, seq=s), par))
+    return out
+
+
+def all_cases() -> list[tuple[str, Workload, Parallel]]:
+    """Every case, the core slice first (batch {1,4} x seq {512,2048} for every model, and FSDP), so that an
+    interrupted build still covers every model and strategy; the rest of the grid follows."""
+    cases = [(name, w, p) for name in grid_models() for w, p in model_cases(name)] + fsdp_cases()
+    core = [c for c in cases if c[1].batch in (1, 4) and c[1].seq in (512, 2048)]
+    return core + [c for c in cases if not (c[1].batch in (1, 4) and c[1].seq in (512, 2048))]
+
+
+def _trace_shard(shard: int, jobs: int, db_path: str | None) -> int:
+    """Trace every `jobs`-th case starting at `shard` into build/traced/shard-<shard>.jsonl (resumable)."""
+    from bench import grid
+    from bench.cmd_trace import _done_run_ids, _trace_all
+    from bench.trace import case_run_id
+
+    BUILD_DIR.mkdir(parents=True, exist_ok=True)
+    out = BUILD_DIR / f"shard-{shard}.jsonl"
+    done = set()
+    for f in BUILD_DIR.glob("shard-*.jsonl"):
+        done |= _done_run_ids(str(f), None)
+    done |= _done_run_ids(None, db_path)
+    mine = [c for i, c in enumerate(all_cases()) if i % jobs == shard]
+    cases = []
+    for name, w, p in mine:
+        config = load_config(name)[1]
+        if case_run_id(config, w, p) not in done:
+            cases.append(grid.Case(name, config, w, p))
+    print(f"shard {shard}/{jobs}: {len(cases)} case(s) to trace, {len(mine) - len(cases)} already done",
+          file=sys.stderr)
+    args = argparse.Namespace(out=str(out), timeout_per_case=900.0, steps=2, check=False)
+    failures = _trace_all(cases, args, single=False)
+    return 1 if failures else 0
+
+
+def run_build(args: argparse.Namespace) -> int:
+    if args.list:
+        for name, w, p in all_cases():
+            print(name, w.mode, w.method, w.recipe, w.attention, w.batch, w.seq, p.strategy, p.gpus)
+        print(f"{len(all_cases())} cases", file=sys.stderr)
+        return 0
+    if args.jobs < 1:
+        print(f"error: jobs: must be at least 1, got {args.jobs}", file=sys.stderr)
+        return 2
+    if args.shard is not None:
+        return _trace_shard(args.shard, args.jobs, args.db)
+    if not args.ingest_only:
+        cmd = [sys.executable, "-m", "bench", "build-db", "--jobs", str(args.jobs)]
+        if args.db:
+            cmd += ["--db", args.db]
+        procs = [subprocess.Popen(cmd + ["--shard", str(i)]) for i in range(args.jobs)]
+        codes = [p.wait() for p in procs]
+        if any(codes):
+            print("some cases failed (see above); ingesting what was traced", file=sys.stderr)
+    from bench import cmd_db
+
+    files = sorted(str(f) for f in BUILD_DIR.glob("shard-*.jsonl"))
+    if not files:
+        print("error: build: nothing traced under build/traced/", file=sys.stderr)
+        return 2
+    return cmd_db.run_ingest(argparse.Namespace(files=files, db=args.db, skip_invalid=False,
+                                                wait=cmd_db.DEFAULT_WAIT_S))
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("build-db", help="rebuild the shipped database's traced grid (resumable)",
+                              description=__doc__.split("\n\n")[0])
+    p.add_argument("--db", default=None, help="DuckDB file (default: $WILLITFIT_DB, else data/benchmarks.duckdb)")
+    p.add_argument("--jobs", type=int, default=2, help="parallel tracing processes (default 2)")
+    p.add_argument("--shard", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--list", action="store_true", help="print the grid's cases and their count, trace nothing")
+    p.add_argument("--ingest-only", action="store_true",
+                   help="skip tracing; ingest what build/traced/ already holds")
+    p.set_defaults(func=run_build)
