@@ -1,0 +1,138 @@
+"""Benchmarks: browse the stored runs (measured, traced, published), one run's full record, and downloads."""
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import streamlit as st
+
+from bench import app_data
+from bench.rows import STAGES
+from estimator.units import GiB
+from pages import _common as ui
+
+PAGE = "bench"
+FILTER_LABELS = {"source": "Source", "gpu_name": "GPU", "model_name": "Model", "mode": "Mode", "method": "Method",
+                 "precision": "Precision"}
+OOM_CHOICES = {"all": "all runs", "oom": "OOM only", "ok": "no OOM"}
+DETAIL_CHOICES = 200  # runs offered in the detail selector (a longer list is slow to build and to scroll)
+GIB_COLUMNS = ("peak_alloc_gib", "peak_reserved_gib", "nvml_used_gib", "gpu_total_gib")
+
+
+def filters_sidebar() -> dict:
+    """Sidebar filters -> {column: [values] or bool}; an empty choice means no filter on that column."""
+    values = ui.filter_values()
+    st.sidebar.header("Filter runs")
+    filters = {}
+    for col, label in FILTER_LABELS.items():
+        chosen = st.sidebar.multiselect(label, values[col], key=f"{PAGE}:{col}",
+                                        help=f"Show only runs with these {label.lower()} values; empty = all.")
+        filters[col] = chosen or None
+    oom = st.sidebar.radio("Out of memory", list(OOM_CHOICES), format_func=OOM_CHOICES.get, key=f"{PAGE}:oom",
+                           help="OOM runs are data too: they mark where the memory cliff is.")
+    filters["oom"] = {"all": None, "oom": True, "ok": False}[oom]
+    return {k: v for k, v in filters.items() if v is not None}
+
+
+def summary(filters: dict) -> int:
+    df = ui.counts(filters)
+    total = int(df["n_runs"].sum()) if len(df) else 0
+    c = st.columns(4)
+    c[0].metric("Runs", f"{total:,}", help="Runs matching the filters.")
+    c[1].metric("OOM runs", f"{int(df['n_oom'].sum()) if len(df) else 0:,}")
+    for i, source in enumerate(("measured", "traced"), start=2):
+        n = int(df.loc[df["source"] == source, "n_runs"].sum()) if len(df) else 0
+        c[i].metric(f"{source.capitalize()} runs", f"{n:,}")
+    if len(df):
+        st.dataframe(df.rename(columns={"n_runs": "runs", "n_oom": "OOM runs", "n_gpus": "GPUs",
+                                        "n_models": "models", "last_created_at": "newest run (UTC)"}),
+                     hide_index=True)
+    return total
+
+
+def runs_section(filters: dict, total: int) -> pd.DataFrame:
+    df = ui.runs_table(filters)
+    if total > len(df):
+        st.caption(f"Showing the newest {len(df):,} of {total:,} runs; the download below has them all.")
+    config = {c: st.column_config.NumberColumn(c.replace("_gib", " (GiB)"), format="%.3f",
+                                               help="GiB = 2^30 bytes") for c in GIB_COLUMNS}
+    config["params"] = st.column_config.NumberColumn("params", format="localized")
+    config["created_at"] = st.column_config.DatetimeColumn("created (UTC)")
+    st.dataframe(df, hide_index=True, column_config=config)
+    return df
+
+
+def detail_section(df: pd.DataFrame) -> None:
+    st.subheader("One run in full")
+    if df.empty:
+        return
+    top = df.head(DETAIL_CHOICES).astype({"batch": str, "seq": str, "gpu_name": str})
+    labels = dict(zip(top["run_id"], top["source"] + " · " + top["model_name"] + " · " + top["mode"] + " b="
+                      + top["batch"] + " s=" + top["seq"] + " · " + top["gpu_name"] + " · " + top["run_id"].str[:12]))
+    run_id = st.selectbox("Run", list(labels), format_func=labels.get, key=f"{PAGE}:run",
+                          help=f"One of the newest {DETAIL_CHOICES} filtered runs (narrow the filters to reach "
+                               "others): every column of the stored row, provenance, per-stage peaks, config.")
+    row = ui.run_detail(run_id)
+    if row is None:
+        st.warning("That run is no longer in the database (it changed since the table was read); reload.")
+        return
+    stages = pd.DataFrame([{"stage": s, "peak allocated (GiB)": _gib(row.get(f"{s}_peak_alloc_bytes")),
+                            "peak reserved (GiB)": _gib(row.get(f"{s}_peak_reserved_bytes"))} for s in STAGES])
+    stages = stages.dropna(how="all", subset=["peak allocated (GiB)", "peak reserved (GiB)"])
+    left, right = st.columns(2)
+    with left:
+        st.markdown("**Provenance and workload**")
+        skip = {"config_json", "breakdown_json", "per_rank_json"} | {c for c in row if c.endswith("_peak_alloc_bytes")
+                                                                    or c.endswith("_peak_reserved_bytes")}
+        st.dataframe(pd.DataFrame({"column": [k for k in row if k not in skip],
+                                   "value": [_show(row[k]) for k in row if k not in skip]}),
+                     hide_index=True, height=420)
+    with right:
+        st.markdown("**Peaks per stage**")
+        st.dataframe(stages, hide_index=True, column_config={
+            c: st.column_config.NumberColumn(format="%.3f") for c in stages.columns[1:]})
+        for col, title in (("config_json", "config.json"), ("breakdown_json", "Breakdown at the peak (bytes)"),
+                           ("per_rank_json", "Per-rank peaks (bytes)")):
+            text = row.get(col)
+            if isinstance(text, str) and text:
+                with st.expander(title, expanded=col == "config_json"):
+                    st.json(json.loads(text), expanded=1)
+
+
+def _gib(v):
+    return None if v is None or pd.isna(v) else v / GiB
+
+
+def _show(v) -> str:
+    return "" if v is None or (not isinstance(v, str) and pd.isna(v)) else str(v)
+
+
+def download_section(filters: dict) -> None:
+    st.subheader("Download")
+    fmt = st.radio("Format", app_data.EXPORT_FORMATS, horizontal=True, key=f"{PAGE}:fmt",
+                   help="Every column of `runs`, so the file can be ingested again (python -m bench ingest).")
+    path = str(ui.db_path())
+    st.download_button(f"Download the filtered runs as {fmt.upper()}",
+                       data=lambda: app_data.export_bytes(path, filters, fmt),  # built only when clicked
+                       file_name=f"willitfit-runs.{fmt}",
+                       mime="text/csv" if fmt == "csv" else "application/vnd.apache.parquet",
+                       icon=":material/download:", key=f"{PAGE}:download")
+
+
+def main() -> None:
+    st.title("Benchmarks")
+    st.caption("Runs stored in the database: **measured** on a GPU, **traced** on fake CPU tensors, or "
+               "**published**. Sizes in GiB (2^30 bytes).")
+    if ui.empty_db_notice():
+        return
+    filters = filters_sidebar()
+    total = summary(filters)
+    if total == 0:
+        st.info("No run matches these filters; clear some in the sidebar.")
+        return
+    df = runs_section(filters, total)
+    detail_section(df)
+    download_section(filters)
+
+
+ui.run_page(main)

@@ -1,0 +1,136 @@
+"""Curves: the analytic peak against batch size and against sequence length, with stored runs on top.
+
+The lines are `estimator.estimate` at each x; measured and traced runs of the same model and workload are drawn
+as points (OOM runs as red crosses on the GPU's line, the cliff), and the residuals table sets each run beside
+the estimate for its own settings.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pandas as pd
+import streamlit as st
+
+from bench import app_data
+from estimator import search
+from estimator.estimate import estimate
+from estimator.gpus import get_gpu
+from estimator.model import from_hf_config
+from estimator.presets import load_config
+from estimator.spec import MAX_BATCH, MAX_SEQ, Parallel
+from estimator.units import GB, GiB, fmt_bytes
+from pages import _charts as charts
+from pages import _common as ui
+
+PAGE = "curves"
+# Workload columns a stored run must share with the chosen workload to sit on these curves (batch and seq vary).
+TRAIN_MATCH = ("mode", "method", "recipe", "precision", "optimizer", "checkpointing", "attention", "grad_accum")
+LORA_MATCH = ("lora_rank", "weight_format")
+INFER_MATCH = ("mode", "precision", "weight_format", "attention", "gen_tokens", "kv_dtype")
+
+
+def match_filters(w, par) -> dict:
+    """{runs column: value} a stored run must have to be a point on these curves."""
+    names = INFER_MATCH if w.mode == "infer" else TRAIN_MATCH + (LORA_MATCH if w.method != "full" else ())
+    return {**{c: getattr(w, c) for c in names}, "strategy": par.strategy, "world_size": par.gpus}
+
+
+def axis(lo: int, hi: int) -> list[int]:
+    """Powers of two from lo to hi, with the half-way points 1.5 * 2^k, so the cliff is not missed."""
+    out, x = [], lo
+    while x <= hi:
+        out.append(x)
+        if x * 3 // 2 <= hi and x * 3 // 2 > x:
+            out.append(x * 3 // 2)
+        x *= 2
+    return sorted(set(out))
+
+
+def analytic(model, w, par, xs: list[int], x: str) -> pd.DataFrame:
+    """Estimate at each x: the per-GPU total (vs the GPU) and torch's allocated peak (vs stored runs)."""
+    rows = []
+    for v in xs:
+        est = estimate(model, replace(w, **{x: v}), par)
+        rows += [{x: v, "series": "estimate: total per GPU", "gib": est.total_bytes / GiB, "gb": est.total_bytes / GB},
+                 {x: v, "series": "estimate: torch allocated", "gib": est.allocated_bytes / GiB,
+                  "gb": est.allocated_bytes / GB}]
+    return pd.DataFrame(rows)
+
+
+def stored(pts: pd.DataFrame, x: str) -> pd.DataFrame:
+    """The columns the chart draws (a chart's data travels to the browser: keep it narrow)."""
+    return pd.DataFrame({x: pts[x], "source": pts["source"], "gpu_name": pts["gpu_name"], "run_id": pts["run_id"],
+                         "gib": pts["peak_alloc_bytes"] / GiB, "gb": pts["peak_alloc_bytes"] / GB,
+                         "oom": pts["oom"].astype(bool), "oom_stage": pts["oom_stage"]})
+
+
+def residuals(model, pts: pd.DataFrame) -> None:
+    st.subheader("Residuals")
+    if pts.empty:
+        st.caption("No stored run matches this model and workload (any batch, any sequence length).")
+        return
+    df = app_data.with_estimates(pts, model)
+    table = pd.DataFrame({
+        "source": df["source"], "GPU": df["gpu_name"], "batch": df["batch"], "seq": df["seq"],
+        "stored peak alloc (GiB)": df["peak_alloc_bytes"] / GiB,
+        "estimate (GiB)": df["est_allocated_bytes"].astype("Float64") / GiB,
+        "stored - estimate (GiB)": (df["peak_alloc_bytes"] - df["est_allocated_bytes"]).astype("Float64") / GiB,
+        "relative error": df["rel_error"], "OOM": df["oom"], "run_id": df["run_id"]})
+    by_source = df.dropna(subset=["rel_error"]).groupby("source")["rel_error"]
+    cols = st.columns(max(1, len(by_source)))
+    for c, (source, errs) in zip(cols, by_source):
+        c.metric(f"{source}: median |relative error|", f"{errs.abs().median():.1%}",
+                 help=f"{len(errs)} runs; relative error = (stored - estimate) / estimate, allocated bytes.")
+    fmt = st.column_config.NumberColumn(format="%.3f")
+    st.dataframe(table, hide_index=True, column_config={
+        "stored peak alloc (GiB)": fmt, "estimate (GiB)": fmt, "stored - estimate (GiB)": fmt,
+        "relative error": st.column_config.NumberColumn(format="percent")})
+
+
+def main() -> None:
+    f = {x.name: x for x in ui.workload_fields() + ui.hardware_fields()}
+    f["model"] = ui.model_field()
+    ui.init_state(PAGE, list(f.values()))
+    st.title("Curves")
+    st.caption("The analytic peak as batch or sequence length grows, stored runs on top, and where the GPU's "
+               "memory runs out. Sizes in GiB (2^30 bytes).")
+    shown = {"model", "gpu", "strategy", "gpus"}
+    name = ui.widget(PAGE, f["model"], st.sidebar)
+    gpu_name = ui.widget(PAGE, f["gpu"], st.sidebar, format_func=ui.gpu_label)
+    strategy = ui.widget(PAGE, f["strategy"], st.sidebar)
+    gpus = ui.widget(PAGE, f["gpus"], st.sidebar, disabled=strategy == "single")
+    _, config = load_config(name)
+    model = from_hf_config(config, name)
+    ui.prepare_lora_targets(PAGE, ui.lora_target_options(model))
+    f["lora_targets"] = replace(f["lora_targets"], choices=tuple(ui.lora_target_options(model)))
+    values, w_shown = ui.workload_inputs(PAGE, f, st.sidebar)
+    ui.write_url(PAGE, list(f.values()), shown | set(w_shown))
+    w = ui.workload_from_dict(values)
+    par = Parallel(strategy=strategy, gpus=1 if strategy == "single" else gpus)
+    gpu = get_gpu(gpu_name)
+    cap = f"{gpu.display_name}: {fmt_bytes(gpu.memory_bytes, 'GiB')}"
+
+    pts = ui.or_error(lambda: pd.DataFrame() if ui.empty_db_notice()
+                      else ui.points(config, name, w.batch, w.seq, match_filters(w, par)), pd.DataFrame())
+    b_max = search.max_batch(model, w, par, gpu.memory_bytes)
+    s_max = search.max_seq(model, w, par, gpu.memory_bytes, limit=min(MAX_SEQ, 4 * model.max_positions))
+    # x runs a little past the cliff (or past the stored runs), so the line's crossing stays readable
+    top_b = max([16, 4 * b_max, *(pts["batch"].tolist() if len(pts) else [])])
+    top_s = max([4 * w.seq, 4 * s_max, *(pts["seq"].tolist() if len(pts) else [])])
+    c1, c2 = st.columns(2)
+    c1.metric(f"Largest micro-batch at seq {w.seq:,}", f"{b_max:,}")
+    c2.metric(f"Longest sequence at batch {w.batch}", f"{s_max:,} tokens")
+
+    st.subheader(f"Peak vs micro-batch size (seq {w.seq:,})")
+    on_b = stored(pts[pts["seq"] == w.seq], "batch") if len(pts) else pts
+    charts.show(charts.curve_chart(analytic(model, w, par, axis(1, min(top_b, MAX_BATCH)), "batch"),
+                                       on_b, "batch", "Micro-batch size (sequences per GPU)",
+                                       gpu.memory_bytes, cap))
+    st.subheader(f"Peak vs sequence length (batch {w.batch})")
+    on_s = stored(pts[pts["batch"] == w.batch], "seq") if len(pts) else pts
+    charts.show(charts.curve_chart(analytic(model, w, par, axis(128, min(top_s, MAX_SEQ)), "seq"),
+                                       on_s, "seq", "Sequence length (tokens)", gpu.memory_bytes, cap))
+    residuals(model, pts)
+
+
+ui.run_page(main)

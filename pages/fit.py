@@ -1,0 +1,276 @@
+"""Will it fit? The home page: one model, one workload, one GPU type -> the verdict, and why.
+
+Every input lives in the URL (st.query_params), so a copied link reproduces the view. The numbers all come
+from `estimator.estimate`, `estimator.search` and `bench.app_data`; this page only draws them.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pandas as pd
+import streamlit as st
+
+from bench import app_data
+from bench.hub import OfflineError, fetch_config, validate_model_id
+from estimator import search
+from estimator.calibration_file import entry_for
+from estimator.estimate import COMPONENTS, Options, estimate
+from estimator.gpus import get_gpu
+from estimator.model import from_hf_config
+from estimator.presets import MAX_CONFIG_BYTES, load_config, parse_config_text
+from estimator.spec import Parallel
+from estimator.units import GB, GiB, fmt_bytes
+from pages import _charts as charts
+from pages import _common as ui
+
+PAGE = "fit"
+SOURCES = {"preset": "Preset", "upload": "Upload config.json", "paste": "Paste config.json",
+           "hub": "Hugging Face model id"}
+
+
+def fields() -> dict[str, ui.Field]:
+    out = {f.name: f for f in ui.workload_fields() + ui.hardware_fields()}
+    out["source"] = ui.Field("source", "choice", "preset", tuple(SOURCES), label="Model from",
+                             help="A shipped preset, your own config.json (uploaded or pasted), or a model id "
+                                  "whose config.json is fetched from the Hugging Face hub (needs network).")
+    out["model"] = ui.model_field()
+    out["hf"] = ui.Field("hf", "text", "", label="Hugging Face model id",
+                         help="e.g. Qwen/Qwen2.5-0.5B. Only config.json is downloaded: no weights, no code.")
+    out["calibrated"] = ui.Field("calibrated", "bool", False, label="Use calibrated k",
+                                 help="Activations as k * b*s*h*L*bytes with k fitted on stored runs of this "
+                                      "model family (Calibrate page), instead of the detailed per-tensor model.")
+    return out
+
+
+# ---------------------------------------------------------------- the model
+
+def _hub_config(model_id: str) -> dict:
+    """config.json of a hub model, fetched once per session per id; a failure is remembered too (so a dead
+    network costs one timeout, not one per rerun) until the user presses Retry."""
+    fetched = st.session_state.setdefault("_hub_configs", {})
+    if model_id not in fetched:
+        with st.spinner(f"Fetching {model_id}/config.json from the Hugging Face hub"):
+            try:
+                fetched[model_id] = fetch_config(model_id)
+            except (OfflineError, ValueError) as e:
+                fetched[model_id] = e
+    result = fetched[model_id]
+    if isinstance(result, Exception):
+        if st.sidebar.button("Retry the download", key=f"{PAGE}:hub_retry"):
+            del fetched[model_id]
+            st.rerun()
+        raise result
+    return result
+
+
+def choose_model(f: dict[str, ui.Field], shown: set[str]) -> tuple[str, dict, str | None] | None:
+    """Sidebar model inputs -> (display name, config dict, preset name or None), or None with a message."""
+    source = ui.widget(PAGE, f["source"], st.sidebar, format_func=SOURCES.get)
+    shown.add("source")
+    if source == "preset":
+        name = ui.widget(PAGE, f["model"], st.sidebar)
+        shown.add("model")
+        return (*load_config(name), name)
+    if source == "upload":
+        up = st.sidebar.file_uploader("config.json", type=["json"], key=f"{PAGE}:upload",
+                                      help=f"A Hugging Face config.json, at most {MAX_CONFIG_BYTES // 1024} KiB. "
+                                           "An uploaded file cannot be put in a link.")
+        if up is None:
+            st.info("Upload a config.json in the sidebar, or pick a preset.")
+            return None
+        if up.size > MAX_CONFIG_BYTES:
+            st.error(f"{up.name} is {up.size:,} bytes; a config.json is at most {MAX_CONFIG_BYTES:,} bytes.")
+            return None
+        try:
+            text = up.getvalue().decode("utf-8")
+        except UnicodeDecodeError:
+            st.error(f"{up.name} is not UTF-8 text; a config.json is JSON text.")
+            return None
+        return _parsed(text, up.name.removesuffix(".json"))
+    if source == "paste":
+        text = st.sidebar.text_area("config.json text", key=f"{PAGE}:paste", max_chars=MAX_CONFIG_BYTES, height=150,
+                                    help="Paste the JSON of a config.json. Pasted text cannot be put in a link.")
+        if not text.strip():
+            st.info("Paste a config.json in the sidebar, or pick a preset.")
+            return None
+        return _parsed(text, "pasted config")
+    model_id = ui.widget(PAGE, f["hf"], st.sidebar).strip()
+    shown.add("hf")
+    if not model_id:
+        st.info("Type a Hugging Face model id in the sidebar (e.g. Qwen/Qwen2.5-0.5B).")
+        return None
+    try:
+        model_id = validate_model_id(model_id)
+        return model_id, _hub_config(model_id), None
+    except (OfflineError, ValueError) as e:  # both messages say what to do instead
+        st.error(str(e))
+    return None
+
+
+def _parsed(text: str, name: str):
+    try:
+        return name, parse_config_text(text), None
+    except ValueError as e:
+        st.error(f"{e}. Fix the file and try again.")
+        return None
+
+
+# ---------------------------------------------------------------- results
+
+def verdict(est, gpu) -> None:
+    spare = gpu.memory_bytes - est.total_bytes
+    where = f"peak in the **{est.peak_stage}** stage" + (
+        f" of the {est.pipeline_stage} pipeline stage" if est.pipeline_stage != "only" else "")
+    each = "each" if est.parallel.gpus > 1 else "one"
+    if spare >= 0:
+        st.success(f"**Fits** on {each} {gpu.display_name}: {ui.both_units(est.total_bytes)} per GPU, "
+                   f"**{ui.both_units(spare)} to spare** ({where}).", icon=":material/check_circle:")
+    else:
+        st.error(f"**Out of memory** on {each} {gpu.display_name}: needs {ui.both_units(est.total_bytes)} per GPU, "
+                 f"**OOM by {ui.both_units(-spare)}** ({where}).", icon=":material/error:")
+    c1, c2, c3, c4 = st.columns(4)
+    c1.metric("Peak per GPU", fmt_bytes(est.total_bytes, "GiB"), help=f"{fmt_bytes(est.total_bytes, 'GB')}; "
+              "everything on the GPU incl. CUDA context: compare with the GPU's memory.")
+    c2.metric("GPU memory", fmt_bytes(gpu.memory_bytes, "GiB"),
+              help=f"{fmt_bytes(gpu.memory_bytes, 'GB')}; {gpu.memory_reported}. Sold as {gpu.marketing_memory}.")
+    c3.metric("Headroom" if spare >= 0 else "Over by", fmt_bytes(abs(spare), "GiB"),
+              help=fmt_bytes(abs(spare), "GB"))
+    c4.metric("torch peak allocated", fmt_bytes(est.allocated_bytes, "GiB"),
+              help="What torch.cuda.max_memory_allocated() would report: no CUDA context or NCCL buffers.")
+
+
+def breakdown_section(est, gpu) -> None:
+    cap = f"{gpu.display_name}: {fmt_bytes(gpu.memory_bytes, 'GiB')}"
+    st.subheader("Memory at the peak")
+    left, right = st.columns([1, 2])
+    charts.show(charts.peak_chart(est.components, f"peak ({est.peak_stage})", gpu.memory_bytes, cap), left)
+    parts = est.components.as_dict()
+    right.dataframe(pd.DataFrame({"GiB": [parts[c] / GiB for c in COMPONENTS], "GB": [parts[c] / GB for c in COMPONENTS],
+                                  "share": [parts[c] / est.total_bytes for c in COMPONENTS]}, index=list(COMPONENTS)),
+                    column_config={"GiB": st.column_config.NumberColumn(format="%.2f"),
+                                   "GB": st.column_config.NumberColumn(format="%.2f"),
+                                   "share": st.column_config.NumberColumn(format="percent")})
+    st.subheader("Stage by stage")
+    st.caption("The step as seed 000's waterfall: what is on the GPU at the peak of each stage.")
+    charts.show(charts.stages_chart(est.stages, gpu.memory_bytes, cap))
+    table = pd.DataFrame([{**{c: bd.as_dict()[c] / GiB for c in COMPONENTS}, "total": bd.total / GiB}
+                          for _, bd in est.stages], index=[name for name, _ in est.stages])
+    table = table.loc[:, (table != 0).any(axis=0)]
+    st.dataframe(table.style.format("{:,.2f}"), column_config={"_index": "stage (GiB)"})
+
+
+def limits_section(model, w, par, gpu, options) -> None:
+    st.subheader(f"Limits on the {gpu.display_name}")
+    b = search.max_batch(model, w, par, gpu.memory_bytes, options)
+    s = search.max_seq(model, w, par, gpu.memory_bytes, options)
+    c1, c2 = st.columns(2)
+    c1.metric("Largest micro-batch that fits", f"{b:,}", help=f"At sequence length {w.seq:,}; 0 = not even batch 1.")
+    c2.metric("Longest sequence that fits", f"{s:,} tokens", help=f"At micro-batch {w.batch}; 0 = not even 1 token.")
+    if s > model.max_positions:
+        st.caption(f"The model itself is configured for {model.max_positions:,} positions "
+                   "(max_position_embeddings); memory is not the limit beyond that.")
+
+
+def advice_section(model, w, par, gpu, options) -> None:
+    st.subheader("What to change")
+    items = search.advice(model, w, par, gpu.memory_bytes, options)
+    if not items:
+        st.caption("None of the usual levers lowers the peak for this configuration.")
+        return
+    st.dataframe(pd.DataFrame([{"change": a.title, "saves (GiB)": a.saving_bytes / GiB,
+                                "new peak (GiB)": a.new_total_bytes / GiB, "fits": a.fits, "trade-off": a.note}
+                               for a in items]),
+                 hide_index=True, column_config={
+                     "saves (GiB)": st.column_config.NumberColumn(format="%.2f"),
+                     "new peak (GiB)": st.column_config.NumberColumn(format="%.2f")})
+
+
+def closest_section(model, config, preset, w, par, options) -> None:
+    st.subheader("Closest runs in the database")
+    if ui.empty_db_notice():
+        return
+    df = ui.closest_runs(config, preset, w, par)
+    if df.empty:
+        st.info("No measured or traced run of this model in the database yet. Trace one with "
+                "`python -m bench trace`, or measure one (Contribute page).")
+        return
+    df = app_data.with_estimates(df, model, options)
+    show = pd.DataFrame({
+        "source": df["source"], "GPU": df["gpu_name"], "batch": df["batch"], "seq": df["seq"],
+        "strategy": df["strategy"], "GPUs": df["world_size"], "differs in": df["n_differences"],
+        "stored peak alloc (GiB)": df["peak_alloc_bytes"] / GiB,
+        "estimate for that run (GiB)": df["est_allocated_bytes"].astype("Float64") / GiB,
+        "error vs estimate": df["rel_error"], "OOM": df["oom"], "run_id": df["run_id"]})
+    st.caption("Nearest first: fewest differing settings, then fewest doublings of batch, seq and GPU count. "
+               "Each run is set beside the estimate for its own settings (allocated bytes, as torch counts them).")
+    st.dataframe(show, hide_index=True, column_config={
+        "stored peak alloc (GiB)": st.column_config.NumberColumn(format="%.3f"),
+        "estimate for that run (GiB)": st.column_config.NumberColumn(format="%.3f"),
+        "error vs estimate": st.column_config.NumberColumn(format="percent")})
+
+
+def calibrated_options(model, w, f, shown) -> Options:
+    """Options with the calibrated k when the toggle is on and a fit exists for this family."""
+    try:
+        entry = entry_for(model.family, w.attention, w.checkpointing)
+    except ValueError as e:
+        st.sidebar.toggle(f["calibrated"].label, value=False, disabled=True, key=f"{PAGE}:calibrated_off",
+                          help=f"{e}")
+        return Options()
+    on = ui.widget(PAGE, f["calibrated"], st.sidebar)
+    shown.add("calibrated")
+    if on:
+        st.caption(f"Activations use calibrated k = {entry.k:.2f} for the {model.family} family "
+                   f"(95% CI {entry.k_ci_low:.2f}..{entry.k_ci_high:.2f}, {entry.n_points} runs).")
+        return Options(activation_k=entry.k)
+    return Options()
+
+
+def main() -> None:
+    f = fields()
+    ui.init_state(PAGE, list(f.values()))
+    st.title("Will it fit?")
+    shown: set[str] = set()
+    try:
+        body(f, shown)
+    finally:  # even when the inputs stop short of a result, the link reproduces them
+        ui.write_url(PAGE, list(f.values()), shown)
+
+
+def body(f: dict[str, ui.Field], shown: set[str]) -> None:
+    st.sidebar.header("Model")
+    chosen = choose_model(f, shown)
+    st.sidebar.header("GPU")
+    gpu_name = ui.widget(PAGE, f["gpu"], st.sidebar, format_func=ui.gpu_label)
+    strategy = ui.widget(PAGE, f["strategy"], st.sidebar)
+    gpus = ui.widget(PAGE, f["gpus"], st.sidebar, disabled=strategy == "single")
+    shown |= {"gpu", "strategy", "gpus"}
+    st.sidebar.header("Workload")
+    if chosen is None:
+        return
+    name, config, preset = chosen
+    try:
+        model = from_hf_config(config, name)
+    except (ValueError, KeyError, TypeError) as e:
+        st.error(f"This config.json cannot be used: {e}. Use a supported architecture or fix the file.")
+        return
+    ui.prepare_lora_targets(PAGE, ui.lora_target_options(model))
+    f["lora_targets"] = replace(f["lora_targets"], choices=tuple(ui.lora_target_options(model)))
+    values, w_shown = ui.workload_inputs(PAGE, f, st.sidebar)
+    shown |= set(w_shown)
+    w = ui.workload_from_dict(values)
+    par = Parallel(strategy=strategy, gpus=1 if strategy == "single" else gpus)
+    gpu = get_gpu(gpu_name)
+    options = calibrated_options(model, w, f, shown)
+    est = estimate(model, w, par, options)
+    st.caption(f"**{name}** ({model.model_type}, family {model.family}): {est.params:,} parameters, "
+               f"{est.trainable_params:,} trainable. {w.mode} · batch {w.batch} · seq {w.seq:,} · "
+               f"{par.strategy} on {par.gpus} GPU(s).")
+    verdict(est, gpu)
+    breakdown_section(est, gpu)
+    limits_section(model, w, par, gpu, options)
+    advice_section(model, w, par, gpu, options)
+    ui.or_error(lambda: closest_section(model, config, preset, w, par, options), None)
+
+
+ui.run_page(main)

@@ -1,0 +1,158 @@
+"""Multi-GPU: per-GPU memory against the GPU count for each parallelism strategy, and two strategies side by side.
+
+Every bar is `estimator.estimate` at that strategy and world size; the fewest GPUs per strategy is
+`estimator.search.min_gpus`; traced FSDP2 runs from the database are drawn on top where they exist.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pandas as pd
+import streamlit as st
+
+from estimator import search
+from estimator.estimate import COMPONENTS, estimate
+from estimator.gpus import get_gpu
+from estimator.model import from_hf_config
+from estimator.presets import load_config
+from estimator.spec import STRATEGIES, Parallel
+from estimator.units import GB, GiB, fmt_bytes
+from pages import _charts as charts
+from pages import _common as ui
+
+PAGE = "multi"
+MULTI = tuple(s for s in STRATEGIES if s != "single")
+DEFAULT_STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp", "tp", "pp")
+GPU_COUNTS = (1, 2, 4, 8, 16, 32, 64)
+MAX_SEARCH_GPUS = 1024
+TRACED_STRATEGIES = ("fsdp", "zero3", "fsdp-grad-op")  # what `python -m bench trace` runs with FSDP2
+
+
+def fields() -> dict[str, ui.Field]:
+    f = {x.name: x for x in ui.workload_fields()}
+    f["model"] = ui.model_field()
+    f["gpu"] = ui.hardware_fields()[0]
+    f["compare_a"] = ui.Field("compare_a", "choice", "zero3", MULTI, label="Strategy A",
+                              help="First strategy of the side-by-side comparison.")
+    f["compare_b"] = ui.Field("compare_b", "choice", "tp", MULTI, label="Strategy B",
+                              help="Second strategy of the side-by-side comparison.")
+    f["compare_n"] = ui.Field("compare_n", "int", 8, lo=1, hi=MAX_SEARCH_GPUS, label="GPUs for the comparison",
+                              help="World size at which the two strategies are compared.")
+    return f
+
+
+def sweep_rows(model, w, strategies, counts) -> pd.DataFrame:
+    """Long table (strategy, gpus, component, bytes, gib, gb) of the peak breakdown at each valid world size."""
+    rows = []
+    for s in strategies:
+        try:
+            valid = set(search.valid_world_sizes(model, s, max(counts)))
+        except ValueError as e:  # e.g. expert parallelism on a dense model
+            st.caption(f"{s}: {e}")
+            continue
+        for n in counts:
+            if n not in valid:
+                continue
+            peak = estimate(model, w, Parallel(strategy=s, gpus=n)).components
+            rows += [{"strategy": s, "gpus": n, "component": c, "bytes": b, "gib": b / GiB, "gb": b / GB}
+                     for c, b in peak.as_dict().items() if b]
+    return pd.DataFrame(rows, columns=["strategy", "gpus", "component", "bytes", "gib", "gb"])
+
+
+def traced_points(config, name, w) -> pd.DataFrame:
+    """Traced FSDP2 runs of this model and workload: per-rank peak allocated against the world size."""
+    if ui.empty_db_notice():
+        return pd.DataFrame()
+    match = {"source": "traced", "strategy": list(TRACED_STRATEGIES), "mode": w.mode, "method": w.method,
+             "precision": w.precision, "recipe": w.recipe, "batch": w.batch, "seq": w.seq}
+    pts = ui.points(config, name, w.batch, w.seq, match)
+    pts = pts[pts["peak_alloc_bytes"].notna()] if len(pts) else pts
+    if pts.empty:
+        return pts
+    return pts.assign(gpus=pts["world_size"], gib=pts["peak_alloc_bytes"] / GiB, gb=pts["peak_alloc_bytes"] / GB)
+
+
+def min_gpus_table(model, w, strategies, gpu) -> None:
+    st.subheader(f"Fewest {gpu.display_name} GPUs that fit")
+    rows = []
+    for s in strategies:
+        try:
+            n = search.min_gpus(model, w, s, gpu.memory_bytes, max_gpus=MAX_SEARCH_GPUS)
+        except ValueError as e:  # e.g. expert parallelism on a dense model
+            rows.append({"strategy": s, "fewest GPUs": None, "peak per GPU (GiB)": None, "note": str(e)})
+            continue
+        peak = estimate(model, w, Parallel(strategy=s, gpus=n)).total_bytes if n else None
+        rows.append({"strategy": s, "fewest GPUs": n, "peak per GPU (GiB)": peak / GiB if peak else None,
+                     "note": "" if n else f"does not fit on up to {MAX_SEARCH_GPUS} GPUs"})
+    st.dataframe(pd.DataFrame(rows), hide_index=True, column_config={
+        "fewest GPUs": st.column_config.NumberColumn(format="%d"),
+        "peak per GPU (GiB)": st.column_config.NumberColumn(format="%.2f")})
+
+
+def compare(model, w, gpu, f) -> None:
+    st.subheader("Side by side")
+    c = st.columns(3)
+    a = ui.widget(PAGE, f["compare_a"], c[0])
+    b = ui.widget(PAGE, f["compare_b"], c[1])
+    n = ui.widget(PAGE, f["compare_n"], c[2])
+    cap = f"{gpu.display_name}: {fmt_bytes(gpu.memory_bytes, 'GiB')}"
+    cols = st.columns(2)
+    for col, s in zip(cols, (a, b)):
+        with col:
+            st.markdown(f"**{s}** on {n} GPU(s)")
+            try:
+                valid = n in search.valid_world_sizes(model, s, n)
+            except ValueError:
+                valid = False
+            if not valid:
+                st.warning(f"{s} cannot use {n} GPUs with {model.name} (see estimator.search.valid_world_sizes); "
+                           "pick another GPU count.")
+                continue
+            est = estimate(model, w, Parallel(strategy=s, gpus=n))
+            spare = gpu.memory_bytes - est.total_bytes
+            st.metric("Peak per GPU", fmt_bytes(est.total_bytes, "GiB"),
+                      delta=f"{fmt_bytes(abs(spare), 'GiB')} {'to spare' if spare >= 0 else 'over'}",
+                      delta_color="normal" if spare >= 0 else "inverse", help=fmt_bytes(est.total_bytes, "GB"))
+            left, right = st.columns([1, 1])
+            charts.show(charts.peak_chart(est.components, f"peak ({est.peak_stage})", gpu.memory_bytes, cap), left)
+            right.dataframe(pd.DataFrame({"GiB": [est.components.as_dict()[k] / GiB for k in COMPONENTS]},
+                                         index=list(COMPONENTS)).style.format("{:,.2f}"))
+
+
+def main() -> None:
+    f = fields()
+    ui.init_state(PAGE, list(f.values()))
+    st.title("Multi-GPU")
+    st.caption("Memory per GPU as the world size grows, for each way of splitting the run. "
+               "Sizes in GiB (2^30 bytes); the dashed line is the chosen GPU's memory.")
+    name = ui.widget(PAGE, f["model"], st.sidebar)
+    gpu = get_gpu(ui.widget(PAGE, f["gpu"], st.sidebar, format_func=ui.gpu_label))
+    strategies = st.sidebar.multiselect("Strategies", MULTI, default=list(DEFAULT_STRATEGIES), key=f"{PAGE}:strategies",
+                                        help="ddp replicates; zero1/2/3 shard states / +grads / +weights; fsdp = "
+                                             "ZeRO-3; tp splits matrices; pp splits layers; ep splits experts.")
+    counts = st.sidebar.multiselect("GPU counts", GPU_COUNTS, default=list(GPU_COUNTS[:5]), key=f"{PAGE}:counts",
+                                    help="World sizes to draw; a strategy skips sizes it cannot use.")
+    _, config = load_config(name)
+    model = from_hf_config(config, name)
+    ui.prepare_lora_targets(PAGE, ui.lora_target_options(model))
+    f["lora_targets"] = replace(f["lora_targets"], choices=tuple(ui.lora_target_options(model)))
+    values, shown = ui.workload_inputs(PAGE, f, st.sidebar)
+    try:
+        w = ui.workload_from_dict(values)
+        if not strategies or not counts:
+            st.info("Pick at least one strategy and one GPU count in the sidebar.")
+            return
+        df = sweep_rows(model, w, strategies, sorted(counts))
+        traced = ui.or_error(lambda: traced_points(config, name, w), pd.DataFrame())
+        cap = f"{gpu.display_name}: {fmt_bytes(gpu.memory_bytes, 'GiB')}"
+        charts.show(charts.strategy_chart(df, gpu.memory_bytes, cap, traced if len(traced) else None))
+        if len(traced):
+            st.caption(f"Black diamonds: {len(traced)} traced FSDP2 run(s), per-rank peak allocated "
+                       "(tensors only: no CUDA context or NCCL buffers).")
+        min_gpus_table(model, w, strategies, gpu)
+        compare(model, w, gpu, f)
+    finally:
+        ui.write_url(PAGE, list(f.values()), {"model", "gpu", "compare_a", "compare_b", "compare_n", *shown})
+
+
+ui.run_page(main)

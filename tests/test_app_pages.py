@@ -1,0 +1,377 @@
+"""Every page of the Streamlit app, run from app.py with AppTest, on a temporary database.
+
+Each test changes a widget and checks that the number on screen is the library's answer for the same inputs,
+computed here by calling `estimator` / `bench` (never re-derived). No test touches the shipped database
+(WILLITFIT_DB points at a temp copy), the shipped calibration file (WILLITFIT_CALIBRATION) or the network
+(HF_HUB_OFFLINE=1).
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from bench import app_data, calibrate, db
+from bench.calibrate import parallel_from_row, workload_from_row
+from bench.ingest import ingest_files
+from estimator import search
+from estimator.estimate import Options, estimate
+from estimator.gpus import get_gpu
+from estimator.model import from_hf_config
+from estimator.presets import load_config
+from estimator.spec import Parallel, Workload
+from estimator.units import GiB, fmt_bytes
+from rowfactory import make_row
+
+APP = str(Path(__file__).resolve().parent.parent / "app.py")
+PAGES = ("pages/fit.py", "pages/benchmarks.py", "pages/curves.py", "pages/calibrate.py", "pages/multi_gpu.py",
+         "pages/contribute.py")
+MODEL = "llama-3.2-1b"
+H100 = "h100-sxm-80gb"
+TIMEOUT_S = 60
+NO_STAGE_PEAKS = {f"{st}_peak_alloc_bytes": None for st in ("load", "forward", "backward", "optimizer")}
+
+
+def model_rows() -> list[dict]:
+    """Traced and measured rows of MODEL: batch x seq, an OOM, and traced FSDP runs at 2 and 4 GPUs.
+
+    Their peaks are the estimator's allocated bytes scaled by a per-source factor, so fits and residuals are
+    non-trivial but known; the numbers the tests check come from calling the library on these rows."""
+    name, cfg = load_config(MODEL)
+    model = from_hf_config(cfg, name)
+    rows = []
+    for source, factor, gpu in (("traced", 0.97, "fake-cpu"), ("measured", 1.04, "NVIDIA H100 80GB HBM3")):
+        for i, (b, s) in enumerate((b, s) for b in (1, 2, 4, 8) for s in (512, 1024, 2048)):
+            est = estimate(model, Workload(batch=b, seq=s))
+            peak = int(est.allocated_bytes * (factor + 0.005 * (i % 3)))
+            rows.append(make_row(config=cfg, model_name=name, params=model.params, trainable_params=model.params,
+                                 source=source, gpu_name=gpu, batch=b, seq=s, peak_alloc_bytes=peak,
+                                 forward_peak_alloc_bytes=peak, backward_peak_alloc_bytes=peak,
+                                 optimizer_peak_alloc_bytes=None, load_peak_alloc_bytes=None,
+                                 peak_reserved_bytes=peak + 2**30, breakdown_json=None,
+                                 gpu_total_bytes=get_gpu(H100).memory_bytes if source == "measured" else None))
+    rows.append(make_row(config=cfg, model_name=name, params=model.params, source="measured", batch=64, seq=2048,
+                         gpu_name="NVIDIA H100 80GB HBM3", oom=True, oom_stage="forward", peak_alloc_bytes=None,
+                         **NO_STAGE_PEAKS))
+    for n in (2, 4):
+        est = estimate(model, Workload(batch=4, seq=1024), Parallel(strategy="fsdp", gpus=n))
+        rows.append(make_row(config=cfg, model_name=name, params=model.params, strategy="fsdp", world_size=n,
+                             gpu_count=n, batch=4, seq=1024, peak_alloc_bytes=est.allocated_bytes,
+                             breakdown_json=None, **NO_STAGE_PEAKS))
+    return rows + [make_row()]  # and one row of the tiny test model
+
+
+def write_jsonl(path: Path, rows: list) -> Path:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def built_db(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("appdb")
+    path = tmp / "bench.duckdb"
+    report = ingest_files([write_jsonl(tmp / "rows.jsonl", model_rows())], path)
+    assert report.written and report.n_rejected == 0
+    return path
+
+
+@pytest.fixture
+def env(monkeypatch, tmp_path, built_db) -> Path:
+    """A private copy of the database; calibration JSON in tmp; the hub switched off."""
+    path = tmp_path / "bench.duckdb"
+    shutil.copy(built_db, path)
+    monkeypatch.setenv("WILLITFIT_DB", str(path))
+    monkeypatch.setenv("WILLITFIT_CALIBRATION", str(tmp_path / "calibration.json"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return path
+
+
+def app(page: str | None = None, query: dict | None = None) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT_S)
+    if query:
+        at.query_params.update(query)
+    at.run()
+    if page:
+        at.switch_page(page).run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def metric(at: AppTest, label: str) -> str:
+    found = [m.value for m in at.metric if m.label == label]
+    assert found, f"no metric {label!r}; have {[m.label for m in at.metric]}"
+    return found[0]
+
+
+def gib(n_bytes: int) -> str:
+    return fmt_bytes(n_bytes, "GiB")
+
+
+def the_model(name: str = MODEL):
+    n, cfg = load_config(name)
+    return from_hf_config(cfg, n)
+
+
+# ---------------------------------------------------------------- Will it fit?
+
+def test_fit_default_view_is_the_library_answer(env):
+    at = app()
+    model, gpu = the_model("llama-3.1-8b"), get_gpu(H100)
+    est = estimate(model, Workload(), Parallel())
+    assert metric(at, "Peak per GPU") == gib(est.total_bytes)
+    assert metric(at, "GPU memory") == gib(gpu.memory_bytes)
+    assert metric(at, "torch peak allocated") == gib(est.allocated_bytes)
+    assert metric(at, "Largest micro-batch that fits") == f"{search.max_batch(model, Workload(), Parallel(), gpu.memory_bytes):,}"
+    assert metric(at, "Longest sequence that fits") == f"{search.max_seq(model, Workload(), Parallel(), gpu.memory_bytes):,} tokens"
+    advice = search.advice(model, Workload(), Parallel(), gpu.memory_bytes)
+    table = next(d.value for d in at.dataframe if "change" in d.value.columns)
+    assert table["change"].tolist() == [a.title for a in advice]
+    assert at.query_params["model"] == "llama-3.1-8b" and at.query_params["batch"] == "1"
+
+
+def test_fit_changing_batch_flips_the_verdict_and_the_url(env):
+    at = app()
+    assert at.success and "Fits" in at.success[0].value
+    at.number_input(key="fit:batch").set_value(64).run()
+    est = estimate(the_model("llama-3.1-8b"), Workload(batch=64), Parallel())
+    over = est.total_bytes - get_gpu(H100).memory_bytes
+    assert over > 0
+    verdict = next(e.value for e in at.error if "Out of memory" in e.value)
+    assert f"OOM by {fmt_bytes(over, 'GiB')} ({fmt_bytes(over, 'GB')})" in verdict
+    assert metric(at, "Peak per GPU") == gib(est.total_bytes)
+    assert metric(at, "Over by") == gib(over)
+    assert at.query_params["batch"] == "64"
+
+
+def test_fit_link_reproduces_the_view_and_bad_values_fall_back(env):
+    query = {"model": "qwen2.5-7b", "mode": "infer", "seq": "8192", "gen_tokens": "512", "batch": "4",
+             "kv_dtype": "fp8", "gpu": "l40s", "strategy": "tp", "gpus": "2", "precision": "nope", "attention": "1"}
+    at = app(query=query)
+    warning = " ".join(w.value for w in at.warning)
+    assert "precision: 'nope'" in warning and "attention: '1'" in warning
+    w = Workload(mode="infer", seq=8192, gen_tokens=512, batch=4, kv_dtype="fp8")  # precision, attention: defaults
+    est = estimate(the_model("qwen2.5-7b"), w, Parallel(strategy="tp", gpus=2))
+    assert metric(at, "Peak per GPU") == gib(est.total_bytes)
+    assert metric(at, "GPU memory") == gib(get_gpu("l40s").memory_bytes)
+    assert at.query_params["precision"] == "bf16" and at.query_params["kv_dtype"] == "fp8"
+    assert "method" not in at.query_params  # inference shows no training inputs
+
+
+def test_fit_lora_and_multi_gpu_inputs(env):
+    at = app()
+    at.selectbox(key="fit:model").set_value(MODEL).run()
+    at.selectbox(key="fit:method").set_value("lora").run()
+    at.number_input(key="fit:lora_rank").set_value(64).run()
+    at.multiselect(key="fit:lora_targets").set_value(["q_proj", "k_proj", "v_proj", "o_proj"]).run()
+    at.selectbox(key="fit:strategy").set_value("zero3").run()
+    at.number_input(key="fit:gpus").set_value(4).run()
+    w = Workload(method="lora", lora_rank=64, lora_targets=("q_proj", "k_proj", "v_proj", "o_proj"))
+    est = estimate(the_model(), w, Parallel(strategy="zero3", gpus=4))
+    assert metric(at, "Peak per GPU") == gib(est.total_bytes)
+    assert at.query_params["lora_targets"] == "q_proj,k_proj,v_proj,o_proj"
+    assert not at.exception
+
+
+def test_fit_contradictory_inputs_show_an_error_not_a_traceback(env):
+    at = app()
+    at.selectbox(key="fit:method").set_value("qlora").run()
+    at.selectbox(key="fit:precision").set_value("fp32").run()
+    assert not at.exception
+    assert any("recipe" in e.value or "precision" in e.value for e in at.error)
+
+
+def test_fit_custom_configs_untrusted(env):
+    at = app()
+    at.selectbox(key="fit:source").set_value("paste").run()
+    at.text_area(key="fit:paste").set_value('{"model_type": "llama", ').run()
+    assert any("not valid JSON" in e.value for e in at.error)
+    at.text_area(key="fit:paste").set_value('{"model_type": "mamba"}').run()
+    assert any("not supported" in e.value for e in at.error)
+    _, cfg = load_config("gpt2")
+    at.text_area(key="fit:paste").set_value(json.dumps(cfg)).run()
+    assert metric(at, "Peak per GPU") == gib(estimate(from_hf_config(cfg, "x"), Workload(), Parallel()).total_bytes)
+    at.selectbox(key="fit:source").set_value("upload").run()
+    at.file_uploader(key="fit:upload").set_value(("config.json", b" " * (2 << 20), "application/json")).run()
+    assert any("at most" in e.value for e in at.error)
+    assert not at.exception
+
+
+def test_fit_hub_offline_says_what_to_do(env):
+    at = app(query={"source": "hub", "hf": "Qwen/Qwen2.5-0.5B"})
+    assert any("Could not reach the Hugging Face hub" in e.value and "upload it" in e.value for e in at.error)
+    at.text_input(key="fit:hf").set_value("not a valid id!").run()
+    assert any("not a Hugging Face model id" in e.value for e in at.error)
+    assert not at.exception
+
+
+def test_fit_closest_runs_sit_beside_their_estimates(env):
+    at = app(query={"model": MODEL, "batch": "2", "seq": "1024"})
+    table = next(d.value for d in at.dataframe if "estimate for that run (GiB)" in d.value.columns)
+    _, cfg = load_config(MODEL)
+    expected = app_data.closest_runs(env, cfg, MODEL, Workload(batch=2, seq=1024), Parallel())
+    assert table["run_id"].tolist() == expected["run_id"].tolist()
+    first = expected.iloc[0].to_dict()
+    assert (first["batch"], first["seq"]) == (2, 1024)
+    est = estimate(the_model(), workload_from_row(first), parallel_from_row(first))
+    expected_gib = app_data.comparable_allocated_bytes(est, first["source"]) / GiB
+    assert table["estimate for that run (GiB)"].iloc[0] == pytest.approx(expected_gib, rel=1e-12)
+    assert table["stored peak alloc (GiB)"].iloc[0] == pytest.approx(first["peak_alloc_bytes"] / GiB)
+
+
+def test_fit_calibrated_k_toggle_uses_the_saved_fit(env):
+    at = app(query={"model": MODEL})
+    assert at.toggle[0].disabled  # nothing saved yet
+    points = calibrate.collect_points(env, "llama", ("traced",))
+    pts = points[points["attention"] == "sdpa"]
+    fit = calibrate.fit_family(pts)
+    calibrate.save_calibration(fit, pts, env)
+    at = app(query={"model": MODEL, "calibrated": "true"})
+    assert not at.toggle(key="fit:calibrated").disabled and at.toggle(key="fit:calibrated").value
+    est = estimate(the_model(), Workload(), Parallel(), Options(activation_k=fit.k))
+    assert metric(at, "Peak per GPU") == gib(est.total_bytes)
+    at.toggle(key="fit:calibrated").set_value(False).run()
+    assert metric(at, "Peak per GPU") == gib(estimate(the_model(), Workload(), Parallel()).total_bytes)
+
+
+# ---------------------------------------------------------------- the other pages
+
+def test_every_page_handles_a_missing_database_without_creating_it(monkeypatch, tmp_path):
+    missing = tmp_path / "nowhere" / "none.duckdb"
+    monkeypatch.setenv("WILLITFIT_DB", str(missing))
+    monkeypatch.setenv("WILLITFIT_CALIBRATION", str(tmp_path / "calibration.json"))
+    at = app()
+    for page in PAGES[1:]:
+        at.switch_page(page).run()
+        assert not at.exception, (page, [e.value for e in at.exception])
+        assert not at.error, (page, [e.value for e in at.error])
+    assert not missing.exists()
+    assert any("No benchmark database" in i.value for i in app("pages/benchmarks.py").info)
+
+
+def test_a_corrupt_database_is_an_error_message_and_the_estimates_still_show(monkeypatch, tmp_path):
+    bad = tmp_path / "corrupt.duckdb"
+    bad.write_bytes(b"this is not a DuckDB file" * 100)
+    monkeypatch.setenv("WILLITFIT_DB", str(bad))
+    at = app()
+    assert metric(at, "Peak per GPU") == gib(estimate(the_model("llama-3.1-8b"), Workload(), Parallel()).total_bytes)
+    assert any("Could not read the database" in e.value for e in at.error)
+    for page in PAGES[1:-1]:  # Contribute reads the database only when inserting
+        at.switch_page(page).run()
+        assert not at.exception, page
+        assert any("Could not read the database" in e.value for e in at.error), page
+
+
+def test_benchmarks_counts_filters_detail_and_download(env):
+    at = app("pages/benchmarks.py")
+    counts = app_data.counts(env)
+    assert metric(at, "Runs") == f"{counts['n_runs'].sum():,}"
+    assert metric(at, "OOM runs") == f"{counts['n_oom'].sum():,}"
+    at.multiselect(key="bench:source").set_value(["measured"]).run()
+    measured = app_data.counts(env, {"source": ["measured"]})
+    assert metric(at, "Runs") == f"{measured['n_runs'].sum():,}" and metric(at, "Traced runs") == "0"
+    at.radio(key="bench:oom").set_value("oom").run()
+    assert metric(at, "Runs") == "1"
+    run_id = at.selectbox(key="bench:run").value
+    assert app_data.run_detail(env, run_id)["oom"]
+    assert any(j.value for j in at.json)  # the config.json of the run
+    assert at.get("download_button")
+    csv = app_data.export_bytes(env, {"source": ["measured"], "oom": True}, "csv").decode()
+    assert len(csv.strip().splitlines()) == 2 and run_id in csv
+
+
+def test_curves_limits_points_and_residuals(env):
+    at = app("pages/curves.py", query={"model": MODEL, "seq": "1024"})
+    model, gpu = the_model(), get_gpu(H100)
+    w = Workload(seq=1024)
+    assert metric(at, "Largest micro-batch at seq 1,024") == f"{search.max_batch(model, w, Parallel(), gpu.memory_bytes):,}"
+    table = next(d.value for d in at.dataframe if "relative error" in d.value.columns)
+    pts = app_data.points(env, load_config(MODEL)[1], MODEL, 1, 1024, {"mode": "train", "method": "full", "recipe": "pure",
+                                                              "precision": "bf16", "optimizer": "adamw",
+                                                              "checkpointing": "none", "attention": "sdpa",
+                                                              "grad_accum": 1, "strategy": "single", "world_size": 1})
+    expected = app_data.with_estimates(pts, model)
+    assert sorted(table["run_id"]) == sorted(expected["run_id"])
+    med = expected.dropna(subset=["rel_error"]).groupby("source")["rel_error"].apply(lambda e: e.abs().median())
+    assert metric(at, "measured: median |relative error|") == f"{med['measured']:.1%}"
+    at.number_input(key="curves:batch").set_value(8).run()
+    s = search.max_seq(model, Workload(batch=8, seq=1024), Parallel(), gpu.memory_bytes,
+                       limit=4 * model.max_positions)
+    assert metric(at, "Longest sequence at batch 8") == f"{s:,} tokens"
+
+
+def test_calibrate_fits_and_saves(env, tmp_path):
+    at = app("pages/calibrate.py")
+    points = calibrate.collect_points(env, "llama", ("measured", "traced"))
+    fit = calibrate.fit_family(points[(points.attention == "sdpa") & (points.checkpointing == "none")])
+    assert metric(at, "Fitted k") == f"{fit.k:.3f}"
+    assert metric(at, "Runs used") == str(fit.n_points)
+    at.multiselect(key="calib:sources").set_value(["traced"]).run()
+    traced = calibrate.fit_family(calibrate.collect_points(env, "llama", ("traced",)))
+    assert metric(at, "Fitted k") == f"{traced.k:.3f}"
+    assert db.latest_calibrations(db_path=env) == []
+    at.button(key="calib:save").click().run()
+    assert not at.exception and at.success
+    saved = db.latest_calibrations(db_path=env)
+    assert len(saved) == 1 and saved[0].k == pytest.approx(traced.k) and saved[0].n_points == traced.n_points
+    assert json.loads((tmp_path / "calibration.json").read_text())["calibrations"][0]["k"] == pytest.approx(traced.k)
+
+
+def test_multi_gpu_fewest_gpus_and_comparison(env):
+    at = app("pages/multi_gpu.py", query={"model": "llama-3.1-70b", "compare_a": "zero3", "compare_b": "tp",
+                                          "compare_n": "8"})
+    model, gpu, w = the_model("llama-3.1-70b"), get_gpu(H100), Workload()
+    table = next(d.value for d in at.dataframe if "fewest GPUs" in d.value.columns)
+    for row in table.to_dict("records"):
+        n = search.min_gpus(model, w, row["strategy"], gpu.memory_bytes, max_gpus=1024)
+        assert (None if row["fewest GPUs"] != row["fewest GPUs"] else row["fewest GPUs"]) == n, row
+    shown = [m.value for m in at.metric if m.label == "Peak per GPU"]
+    assert shown == [gib(estimate(model, w, Parallel(strategy=s, gpus=8)).total_bytes) for s in ("zero3", "tp")]
+    at.number_input(key="multi:compare_n").set_value(16).run()
+    shown = [m.value for m in at.metric if m.label == "Peak per GPU"]
+    assert shown == [gib(estimate(model, w, Parallel(strategy=s, gpus=16)).total_bytes) for s in ("zero3", "tp")]
+
+
+def test_multi_gpu_overlays_traced_fsdp_points(env):
+    at = app("pages/multi_gpu.py", query={"model": MODEL, "batch": "4", "seq": "1024"})
+    assert any("2 traced FSDP2 run(s)" in c.value for c in at.caption)
+
+
+def test_contribute_bad_file_changes_nothing_good_file_adds_its_rows(env):
+    at = app("pages/contribute.py")
+    assert "python -m bench measure --model llama-3.2-1b" in at.code[0].value
+    before = db.count_runs(env)
+    good = [make_row(batch=b, seq=4096) for b in (3, 5, 7)]
+    bad = good + [{**make_row(batch=9), "optimizer": "adamx"}]
+    at.file_uploader(key="contrib:upload").set_value(("runs.jsonl", write_bytes(bad), "application/json")).run()
+    assert any("invalid" in e.value for e in at.error)
+    assert metric(at, "Invalid") == "1" and at.button(key="contrib:insert").disabled
+    assert db.count_runs(env) == before
+    at.file_uploader(key="contrib:upload").set_value(("runs.jsonl", b"\x00garbage{", "application/json")).run()
+    assert at.error and not at.exception and db.count_runs(env) == before
+    at.file_uploader(key="contrib:upload").set_value(("runs.jsonl", write_bytes(good), "application/json")).run()
+    assert metric(at, "Valid") == "3"
+    at.button(key="contrib:insert").click().run()
+    assert any("Inserted 3 new row(s)" in s.value for s in at.success)
+    assert db.count_runs(env) == before + 3
+    at.switch_page("pages/benchmarks.py").run()  # the new rows show up (the cache follows the file)
+    assert metric(at, "Runs") == f"{before + 3:,}"
+
+
+def test_contribute_command_is_built_and_checked_by_bench_grid(env):
+    at = app("pages/contribute.py")
+    at.selectbox(key="contrib:strategy").set_value("fsdp").run()
+    at.text_input(key="contrib:gpus").set_value("2,4").run()
+    at.text_input(key="contrib:batches").set_value("1,2").run()
+    cmd = at.code[0].value
+    assert cmd.startswith("python -m bench measure --model llama-3.2-1b --mode train --method full")
+    assert "--strategy fsdp" in cmd and "--batch 1,2" in cmd and "--gpus 2,4" in cmd and cmd.endswith("--out runs.jsonl")
+    assert any(c.value.startswith("4 case(s).") for c in at.caption)  # 2 batches x 2 GPU counts
+    at.text_input(key="contrib:batches").set_value("1,two").run()
+    assert any("batch: 'two' is not an integer" in e.value for e in at.error) and not at.exception
+
+
+def write_bytes(rows: list[dict]) -> bytes:
+    return "".join(json.dumps(r) + "\n" for r in rows).encode()
