@@ -140,7 +140,7 @@ def test_v_runs_gib_columns_and_family(filled_db):
     assert df.loc[0, "peak_alloc_gib"] == 3.0      # 3 * 2**30 bytes / 2**30
     assert df.loc[0, "peak_reserved_gib"] == 4.0
     assert df.loc[0, "family"] == "llama"
-    assert db.fetch_runs({"batch": 2}, filled_db).loc[0, "family"] == "qwen"  # qwen2_moe -> qwen
+    assert db.fetch_runs({"batch": 2}, filled_db).loc[0, "family"] == "moe"  # qwen2_moe -> moe (FAMILIES)
     measured = db.fetch_runs({"source": "measured"}, filled_db)
     assert measured.loc[0, "gpu_total_gib"] == 85_520_809_984 / 2**30  # 79.65 GiB: the "80 GB" H100
 
@@ -219,3 +219,19 @@ def test_calibration_validation(bad, message):
     fields = dict(architecture="llama", k=1.0, n_points=1, run_ids=("a",), method="ols")
     with pytest.raises(ValueError, match=message):
         db.Calibration(**{**fields, **bad})
+
+
+def test_v_runs_family_matches_estimator_families(tmp_path):
+    """The view's family column groups model types exactly as estimator.model.FAMILIES does."""
+    from estimator.model import FAMILIES
+    from tests.rowfactory import make_row
+
+    from bench import ingest
+
+    path = tmp_path / "fam.duckdb"
+    rows = [make_row(model_type=mt, model_name=f"m-{mt}", batch=i + 1) for i, mt in enumerate(sorted(FAMILIES))]
+    report = ingest.ingest_rows(rows, path)
+    assert report.inserted == len(FAMILIES)
+    with db.connect(path, read_only=True) as con:
+        got = dict(con.execute("SELECT model_type, family FROM v_runs").fetchall())
+    assert got == FAMILIES
