@@ -60,16 +60,19 @@ def model_cases(name: str) -> list[tuple[Workload, Parallel]]:
     mt = config["model_type"]
     attn = "eager" if mt in EAGER_ONLY else "sdpa"
     targets = LORA_TARGETS.get(mt, ("q_proj", "v_proj"))
+    spec = from_hf_config(config, name)
     out = []
     for b in BATCHES:
         for s in SEQS:
+            if spec.learned_positions and s > spec.max_positions:
+                continue  # GPT-2 (1024) and BERT (512) have no position embedding past max_positions
             base = Workload(batch=b, seq=s, attention=attn)
             for recipe in ("pure", "amp"):
                 out.append((replace(base, recipe=recipe), Parallel()))
                 out.append((replace(base, recipe=recipe, method="lora", lora_targets=targets), Parallel()))
             for a in ("sdpa", "eager") if attn == "sdpa" else ("eager",):
-                if mt == "bert":
-                    out.append((replace(base, mode="infer", attention=a), Parallel()))
+                if mt == "bert" or (spec.learned_positions and s + 16 > spec.max_positions):
+                    out.append((replace(base, mode="infer", attention=a), Parallel()))  # prefill only
                 else:
                     out.append((replace(base, mode="infer", attention=a, gen_tokens=16), Parallel()))
     return out

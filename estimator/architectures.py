@@ -23,6 +23,14 @@ def _common(cfg: dict) -> dict:
     )
 
 
+def _rotary_dim(cfg: dict, head_dim: int, default_factor: float = 1.0, legacy_key: str = "partial_rotary_factor") -> int:
+    """RoPE-rotated dims per head: head_dim * partial_rotary_factor (transformers 5 keeps it in rope_parameters;
+    older configs carry it at top level, GPT-NeoX as rotary_pct)."""
+    rope = _get(cfg, "rope_parameters", "rope_scaling", default={}) or {}
+    factor = _get(rope, "partial_rotary_factor", default=_get(cfg, legacy_key, default=default_factor))
+    return int(head_dim * factor)
+
+
 def _gated_mlp(h: int, inter: int, bias: bool = False, role: str = "mlp", count: int = 1) -> tuple[Linear, ...]:
     return (Linear("gate_proj", h, inter, bias, count, role), Linear("up_proj", h, inter, bias, count, role),
             Linear("down_proj", inter, h, bias, count, role))
@@ -51,11 +59,19 @@ def llama_like(cfg: dict, name: str) -> ModelSpec:
     norms = {"gemma2": 4}.get(mt, 2) * h + (2 * hd if mt == "qwen3" else 0)
     layer = LayerSpec(_gqa_attn(h, heads, kv, hd, qkv_bias, o_bias) + _gated_mlp(h, inter, mlp_bias), norms)
     tie = bool(_get(cfg, "tie_word_embeddings", default=mt in ("gemma", "gemma2")))
+    act_default = "gelu_pytorch_tanh" if mt in ("gemma", "gemma2") else "silu"
+    act = _get(cfg, "hidden_activation", "hidden_act", default=act_default) if mt == "gemma2" else \
+        _get(cfg, "hidden_act", default=act_default)
+    if mt == "gemma" and act == "gelu":  # GemmaConfig maps the legacy "gelu" to the tanh approximation
+        act = "gelu_pytorch_tanh"
+    softcap = {k: mt == "gemma2" and _get(cfg, k, default=d) is not None
+               for k, d in (("attn_logit_softcapping", 50.0), ("final_logit_softcapping", 30.0))}
     return ModelSpec(
         name=name, model_type=mt, v_head_dim=hd, intermediate=inter, tie_embeddings=tie, gated_mlp=True,
         layer_groups=((c["layers"], layer),), embed_params=c["vocab"] * h,
         head_params=h + (0 if tie else c["vocab"] * h), attn_dropout=float(_get(cfg, "attention_dropout", default=0.0)),
-        **c)
+        act=act, rotary_dim=hd, attn_softcap=softcap["attn_logit_softcapping"],
+        logit_softcap=softcap["final_logit_softcapping"], **c)
 
 
 def phi3(cfg: dict, name: str) -> ModelSpec:
@@ -71,7 +87,9 @@ def phi3(cfg: dict, name: str) -> ModelSpec:
                      gated_mlp=True, layer_groups=((c["layers"], layer),), embed_params=c["vocab"] * h,
                      head_params=h + (0 if tie else c["vocab"] * h),
                      attn_dropout=float(_get(cfg, "attention_dropout", default=0.0)),
-                     hidden_dropout=float(_get(cfg, "resid_pdrop", default=0.0)), **c)
+                     hidden_dropout=float(_get(cfg, "resid_pdrop", default=0.0)),
+                     act=_get(cfg, "hidden_act", default="silu"), rotary_dim=_rotary_dim(cfg, hd),
+                     embed_dropout=float(_get(cfg, "embd_pdrop", default=0.0)), **c)
 
 
 def gpt2(cfg: dict, name: str) -> ModelSpec:
@@ -84,9 +102,11 @@ def gpt2(cfg: dict, name: str) -> ModelSpec:
                       4 * h)
     return ModelSpec(name=name, model_type="gpt2", v_head_dim=c["head_dim"], intermediate=inter, tie_embeddings=True,
                      gated_mlp=False, layer_groups=((c["layers"], layer),),
-                     embed_params=(c["vocab"] + c["max_positions"]) * h, head_params=2 * h, norm_kind="layer",
+                     embed_params=(c["vocab"] + c["max_positions"]) * h, head_params=2 * h, norm_kind="layer", learned_positions=True,
                      attn_dropout=float(_get(cfg, "attn_pdrop", default=0.1)),
-                     hidden_dropout=float(_get(cfg, "resid_pdrop", default=0.1)), **c)
+                     hidden_dropout=float(_get(cfg, "resid_pdrop", default=0.1)),
+                     act=_get(cfg, "activation_function", default="gelu_new"),
+                     embed_dropout=float(_get(cfg, "embd_pdrop", default=0.1)), **c)
 
 
 def gpt_neox(cfg: dict, name: str) -> ModelSpec:
@@ -104,7 +124,9 @@ def gpt_neox(cfg: dict, name: str) -> ModelSpec:
                      embed_params=c["vocab"] * h, head_params=2 * h + (0 if tie else c["vocab"] * h),
                      norm_kind="layer", parallel_residual=bool(_get(cfg, "use_parallel_residual", default=True)),
                      attn_dropout=float(_get(cfg, "attention_dropout", default=0.0)),
-                     hidden_dropout=float(_get(cfg, "hidden_dropout", default=0.0)), **c)
+                     hidden_dropout=float(_get(cfg, "hidden_dropout", default=0.0)),
+                     act=_get(cfg, "hidden_act", default="gelu"),
+                     rotary_dim=_rotary_dim(cfg, c["head_dim"], 0.25, "rotary_pct"), **c)
 
 
 def falcon(cfg: dict, name: str) -> ModelSpec:
@@ -129,7 +151,8 @@ def falcon(cfg: dict, name: str) -> ModelSpec:
                      gated_mlp=False, layer_groups=((c["layers"], layer),), embed_params=c["vocab"] * h,
                      head_params=2 * h + (0 if tie else c["vocab"] * h), norm_kind="layer",
                      parallel_residual=parallel, attn_dropout=float(_get(cfg, "attention_dropout", default=0.0)),
-                     hidden_dropout=float(_get(cfg, "hidden_dropout", default=0.0)), **c)
+                     hidden_dropout=float(_get(cfg, "hidden_dropout", default=0.0)),
+                     act="gelu", rotary_dim=0 if _get(cfg, "alibi", default=False) else hd, **c)  # FalconMLP: nn.GELU()
 
 
 def opt(cfg: dict, name: str) -> ModelSpec:
@@ -150,9 +173,10 @@ def opt(cfg: dict, name: str) -> ModelSpec:
     return ModelSpec(name=name, model_type="opt", v_head_dim=c["head_dim"], intermediate=inter, tie_embeddings=tie,
                      gated_mlp=False, layer_groups=((c["layers"], layer),),
                      embed_params=c["vocab"] * proj + (c["max_positions"] + 2) * h + project,
-                     head_params=final_ln + (0 if tie else c["vocab"] * proj), norm_kind="layer",
+                     head_params=final_ln + (0 if tie else c["vocab"] * proj), norm_kind="layer", learned_positions=True,
                      attn_dropout=float(_get(cfg, "attention_dropout", default=0.0)),
-                     hidden_dropout=float(_get(cfg, "dropout", default=0.1)), **c)
+                     hidden_dropout=float(_get(cfg, "dropout", default=0.1)),
+                     act=_get(cfg, "activation_function", default="relu"), **c)
 
 
 def mixtral(cfg: dict, name: str) -> ModelSpec:
@@ -167,7 +191,9 @@ def mixtral(cfg: dict, name: str) -> ModelSpec:
     return ModelSpec(name=name, model_type="mixtral", v_head_dim=hd, intermediate=inter, tie_embeddings=tie,
                      gated_mlp=True, layer_groups=((c["layers"], layer),), embed_params=c["vocab"] * h,
                      head_params=h + (0 if tie else c["vocab"] * h), n_experts=e,
-                     experts_per_token=_req_int(cfg, "num_experts_per_tok"), **c)
+                     experts_per_token=_req_int(cfg, "num_experts_per_tok"),
+                     attn_dropout=float(_get(cfg, "attention_dropout", default=0.0)),
+                     act=_get(cfg, "hidden_act", default="silu"), rotary_dim=hd, norm_topk=True, **c)
 
 
 def qwen_moe(cfg: dict, name: str) -> ModelSpec:
@@ -195,7 +221,10 @@ def qwen_moe(cfg: dict, name: str) -> ModelSpec:
     tie = bool(_get(cfg, "tie_word_embeddings", default=False))
     return ModelSpec(name=name, model_type=mt, v_head_dim=hd, intermediate=inter, tie_embeddings=tie, gated_mlp=True,
                      layer_groups=groups, embed_params=c["vocab"] * h, head_params=h + (0 if tie else c["vocab"] * h),
-                     n_experts=e, experts_per_token=_req_int(cfg, "num_experts_per_tok"), **c)
+                     n_experts=e, experts_per_token=_req_int(cfg, "num_experts_per_tok"),
+                     attn_dropout=float(_get(cfg, "attention_dropout", default=0.0)),
+                     act=_get(cfg, "hidden_act", default="silu"), rotary_dim=hd,
+                     norm_topk=bool(_get(cfg, "norm_topk_prob", default=False)), **c)
 
 
 def deepseek(cfg: dict, name: str) -> ModelSpec:
@@ -236,7 +265,9 @@ def deepseek(cfg: dict, name: str) -> ModelSpec:
     return ModelSpec(name=name, model_type=mt, v_head_dim=vhd, intermediate=inter, tie_embeddings=tie, gated_mlp=True,
                      layer_groups=groups, embed_params=c["vocab"] * h, head_params=h + (0 if tie else c["vocab"] * h),
                      n_experts=e, experts_per_token=_req_int(cfg, "num_experts_per_tok"), kv_lora_rank=kvr,
-                     qk_rope_head_dim=rope, **c)
+                     qk_rope_head_dim=rope, attn_dropout=float(_get(cfg, "attention_dropout", default=0.0)),
+                     act=_get(cfg, "hidden_act", default="silu"), rotary_dim=rope,
+                     norm_topk=bool(_get(cfg, "norm_topk_prob", default=True)), **c)
 
 
 def bert(cfg: dict, name: str) -> ModelSpec:
@@ -252,9 +283,11 @@ def bert(cfg: dict, name: str) -> ModelSpec:
     return ModelSpec(name=name, model_type="bert", v_head_dim=c["head_dim"], intermediate=inter, tie_embeddings=True,
                      gated_mlp=False, layer_groups=((c["layers"], layer),),
                      embed_params=(v + c["max_positions"] + types) * h + 2 * h,
-                     head_params=h * h + h + 2 * h + v, norm_kind="layer", causal=False,
+                     head_params=h * h + h + 2 * h + v, norm_kind="layer", causal=False, learned_positions=True,
                      attn_dropout=float(_get(cfg, "attention_probs_dropout_prob", default=0.1)),
-                     hidden_dropout=float(_get(cfg, "hidden_dropout_prob", default=0.1)), **c)
+                     hidden_dropout=float(_get(cfg, "hidden_dropout_prob", default=0.1)),
+                     act=_get(cfg, "hidden_act", default="gelu"),
+                     embed_dropout=float(_get(cfg, "hidden_dropout_prob", default=0.1)), **c)
 
 
 BUILDERS = {

@@ -18,6 +18,7 @@ from estimator.activations import DEFAULT_K
 from estimator.calibration_file import CalibrationEntry, entry_for
 from estimator.estimate import COMPONENTS, Estimate, Options, estimate
 from estimator.gpus import GPU, get_gpu, load_gpus
+from estimator.model import check_context
 from estimator.model import ModelSpec, from_hf_config
 from estimator.presets import load_config, preset_names
 from estimator.search import Advice, advice, max_batch, max_seq
@@ -253,6 +254,7 @@ def run(args) -> dict | str:
     w, p = _workload(args), _parallel(args)
     gpu = get_gpu(args.gpu) if args.gpu else None
     options, cal = _options(args, model, w)
+    check_context(model, w.seq, w.gen_tokens)
     return report(model, estimate(model, w, p, options), gpu, options, cal)
 
 

@@ -82,6 +82,14 @@ class ModelSpec:
     kv_lora_rank: int = 0      # MLA latent width (DeepSeek); 0 = ordinary K/V cache
     qk_rope_head_dim: int = 0  # MLA decoupled RoPE key width, cached beside the latent
     dtype: str = "bf16"        # dtype the checkpoint ships in (informational)
+    learned_positions: bool = False  # absolute position embeddings (GPT-2, OPT, BERT): no run past max_positions
+    # What the layers keep for backward depends on these too (estimator/layer_saved.py):
+    act: str = "silu"          # MLP activation, a transformers ACT2FN key (gelu_new saves 4 tensors, relu 0)
+    rotary_dim: int = 0        # RoPE-rotated dims per head (partial rotary: NeoX 0.25 * head_dim); 0 = no RoPE
+    attn_softcap: bool = False  # Gemma-2 tanh soft-capping of attention scores (eager saves the tanh)
+    logit_softcap: bool = False  # Gemma-2 tanh soft-capping of the final logits (saves the tanh, V wide)
+    norm_topk: bool = False    # MoE router renormalises its top-k weights (saves their sum)
+    embed_dropout: float = 0.0  # dropout on the summed embeddings (GPT-2 embd_pdrop, BERT hidden dropout)
 
     def __hash__(self) -> int:  # dataclass keeps an explicit __hash__; specs key lru_caches on every estimate()
         return self._hash
@@ -146,6 +154,14 @@ class ModelSpec:
         if self.is_mla:
             return self.layers * (self.kv_lora_rank + self.qk_rope_head_dim)
         return self.layers * self.kv_heads * (self.head_dim + self.v_head_dim)
+
+
+def check_context(model: ModelSpec, seq: int, gen_tokens: int = 0) -> None:
+    """Raise ValueError when a run cannot exist: a model with learned absolute position embeddings has no
+    embedding for positions past max_positions (RoPE/ALiBi models run longer, at their own quality risk)."""
+    if model.learned_positions and seq + gen_tokens > model.max_positions:
+        raise ValueError(f"seq: {seq + gen_tokens} tokens exceed {model.name}'s {model.max_positions} learned "
+                         f"position embeddings; allowed seq + gen_tokens <= {model.max_positions}")
 
 
 def _get(cfg: dict, *keys, default=None):

@@ -16,7 +16,7 @@ from estimator import search
 from estimator.calibration_file import entry_for
 from estimator.estimate import COMPONENTS, Options, estimate
 from estimator.gpus import get_gpu
-from estimator.model import from_hf_config
+from estimator.model import check_context, from_hf_config
 from estimator.presets import MAX_CONFIG_BYTES, load_config, parse_config_text
 from estimator.spec import Parallel
 from estimator.units import GB, GiB, fmt_bytes
@@ -262,6 +262,11 @@ def body(f: dict[str, ui.Field], shown: set[str]) -> None:
     par = Parallel(strategy=strategy, gpus=1 if strategy == "single" else gpus)
     gpu = get_gpu(gpu_name)
     options = calibrated_options(model, w, f, shown)
+    try:
+        check_context(model, w.seq, w.gen_tokens)
+    except ValueError as e:
+        st.error(f"{e}. Lower the sequence length (and generated tokens).")
+        return
     est = estimate(model, w, par, options)
     st.caption(f"**{name}** ({model.model_type}, family {model.family}): {est.params:,} parameters, "
                f"{est.trainable_params:,} trainable. {w.mode} · batch {w.batch} · seq {w.seq:,} · "

@@ -192,6 +192,10 @@ def test_fit_custom_configs_untrusted(env):
     assert any("not supported" in e.value for e in at.error)
     _, cfg = load_config("gpt2")
     at.text_area(key="fit:paste").set_value(json.dumps(cfg)).run()
+    # the default 2048 tokens exceed GPT-2's 1024 learned positions: an error naming seq, not a number
+    assert any("seq:" in e.value and "1024" in e.value for e in at.error)
+    _, cfg = load_config("qwen2.5-0.5b")
+    at.text_area(key="fit:paste").set_value(json.dumps(cfg)).run()
     assert metric(at, "Peak per GPU") == gib(estimate(from_hf_config(cfg, "x"), Workload(), Parallel()).total_bytes)
     at.selectbox(key="fit:source").set_value("upload").run()
     at.file_uploader(key="fit:upload").set_value(("config.json", b" " * (2 << 20), "application/json")).run()

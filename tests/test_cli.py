@@ -93,8 +93,15 @@ def test_text_output(capsys):
 
 def test_config_json_path(capsys):
     out = run_json(capsys, "--model", str(MODELS_DIR / "gpt2.json"), "--method", "lora", "--lora-targets",
-                   "c_attn", "--json")
+                   "c_attn", "--seq", "1024", "--json")
     assert out["params"] == 124_439_808
+
+
+def test_sequence_past_learned_positions_is_refused(capsys):
+    """GPT-2 has 1024 learned position embeddings: a 2048-token run cannot exist, so it is an input error."""
+    assert cli.main(["--model", "gpt2", "--seq", "2048", "--json"]) == 2
+    err = capsys.readouterr().err
+    assert "seq:" in err and "1024" in err
 
 
 def test_multi_gpu(capsys):
