@@ -16,7 +16,8 @@ COMMANDS = {
     "ingest": "bench.cmd_db",
     "export": "bench.cmd_db",
     "build-db": "bench.build_db",
-    "report": "bench.cmd_trace",
+    "report": "bench.cmd_accuracy",
+    "accuracy": "bench.cmd_accuracy",
     "calibrate": "bench.cmd_calibrate",
 }
 

@@ -1,0 +1,207 @@
+"""`bench.accuracy` and the `report` / `accuracy` commands, on temporary databases.
+
+Two databases: a few rowfactory rows (synthetic peaks, traced and measured) whose errors are recomputed here
+by hand from estimate() and the peers, and ten real traced runs of the tiny configs in tests/data/tiny
+(three families, so that every leave-one-architecture-out fit has other families to learn from).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+
+import numpy as np
+import pytest
+
+from bench import accuracy, cmd_accuracy
+from bench.__main__ import COMMANDS, main
+from bench.ingest import ingest_files
+from estimator import peers
+from estimator.estimate import estimate
+from estimator.model import from_hf_config
+from estimator.spec import Workload
+from rowfactory import TINY_LLAMA_CONFIG, make_row
+
+TINY = "tests/data/tiny"
+
+
+def _ingest(tmp_path, rows, name="runs") -> str:
+    path = tmp_path / f"{name}.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    db_path = tmp_path / f"{name}.duckdb"
+    ingest_files([path], db_path)
+    return str(db_path)
+
+
+def _synthetic_rows() -> list[dict]:
+    """Three traced rows of the tiny Llama (batch 1, 2, 4) and one measured row, plus an OOM row."""
+    rows = [make_row(batch=b, peak_alloc_bytes=p, forward_peak_alloc_bytes=p - 100_000)
+            for b, p in ((1, 2_500_000), (2, 3_100_000), (4, 4_000_000))]
+    rows.append(make_row(source="measured", gpu_name="NVIDIA H100 80GB HBM3", batch=2, peak_alloc_bytes=40_000_000,
+                         peak_reserved_bytes=44_040_192, nvml_used_bytes=600_000_000, forward_peak_alloc_bytes=39_000_000))
+    rows.append(make_row(batch=8, oom=True, oom_stage="forward", peak_alloc_bytes=None))
+    return rows
+
+
+@pytest.fixture(scope="module")
+def synthetic_db(tmp_path_factory):
+    return _ingest(tmp_path_factory.mktemp("acc_syn"), _synthetic_rows())
+
+
+@pytest.fixture(scope="module")
+def traced_db(tmp_path_factory):
+    """Ten real traced runs: tiny Llama (full, LoRA, inference) and tiny GPT-2 / GPT-NeoX (full)."""
+    d = tmp_path_factory.mktemp("acc_traced")
+    out, db_path = str(d / "runs.jsonl"), str(d / "traced.duckdb")
+    common = ["--batch", "1,2", "--seq", "32", "--out", out, "--db", db_path]
+    assert main(["trace", "--model", f"{TINY}/t-llama.json", "--mode", "train,infer", "--method", "full,lora",
+                 *common]) == 0
+    assert main(["trace", "--model", f"{TINY}/t-gpt2.json,{TINY}/t-neox.json", *common, "--ingest"]) == 0
+    return db_path
+
+
+# ------------------------------------------------------------------------------------------ numbers
+
+
+def test_summary_equals_a_direct_computation(synthetic_db):
+    ev = accuracy.evaluate(accuracy.load_runs(synthetic_db))
+    model = from_hf_config(TINY_LLAMA_CONFIG, "tiny-llama")
+    # traced tier: ours = total - overhead (no context, no cuBLAS workspace); truth = peak_alloc_bytes
+    errs = []
+    for b, truth in ((1, 2_500_000), (2, 3_100_000), (4, 4_000_000)):
+        est = estimate(model, Workload(batch=b, seq=128))
+        errs.append(abs((est.total_bytes - est.components.overhead - truth) / truth))
+    s = accuracy.summarize(ev.errors)
+    row = s[(s.method == "ours") & (s.tier == "traced") & (s["mode"] == "train-full")].iloc[0]
+    assert row.n == 3  # the OOM row is left out
+    assert row["median"] == pytest.approx(np.median(errs), rel=1e-12)
+    assert row["worst"] == pytest.approx(max(errs), rel=1e-12)
+    assert row["p90"] == pytest.approx(np.percentile(errs, 90), rel=1e-12)
+    # a peer, recomputed from its rule: seed 000 at batch 1
+    seed = ev.errors[(ev.errors.method == "seed000") & (ev.errors.batch == 1)].iloc[0]
+    pred = peers.seed000_will_it_fit_bytes(model.params, "bf16", True, "adam", 1, 128, 64, 2)
+    assert seed.pred_bytes == pred and seed.rel_err == pytest.approx((pred - 2_500_000) / 2_500_000, rel=1e-12)
+
+
+def test_measured_row_is_scored_in_three_tiers(synthetic_db):
+    ev = accuracy.evaluate(accuracy.load_runs(synthetic_db))
+    m = ev.errors[(ev.errors.source == "measured") & (ev.errors.method == "ours")].set_index("tier")
+    est = estimate(from_hf_config(TINY_LLAMA_CONFIG), Workload(batch=2, seq=128))
+    allocated = est.total_bytes - est.components.overhead + est.allocator_overhead_bytes  # + cuBLAS workspace
+    assert m.loc["measured-allocated", "pred_bytes"] == allocated
+    assert m.loc["measured-allocated", "truth_bytes"] == 40_000_000
+    assert m.loc["measured-reserved", "pred_bytes"] == allocated
+    assert m.loc["measured-reserved", "truth_bytes"] == 44_040_192
+    assert m.loc["measured-device", "pred_bytes"] == est.total_bytes
+    assert m.loc["measured-device", "truth_bytes"] == 600_000_000
+    # one family only: no other family to learn k from, so no calibrated prediction at all
+    assert all(f.fit is None and f.run_ids == () for f in ev.fits.values())
+    assert "ours-calibrated" not in set(ev.errors.method)
+
+
+def test_loao_never_uses_the_held_out_family(traced_db):
+    runs = accuracy.load_runs(traced_db)
+    ev = accuracy.evaluate(runs)
+    family_of = dict(zip(ev.errors.run_id, ev.errors.family))
+    assert {f.family for f in ev.fits.values()} == {"llama", "gpt2", "gpt_neox"}
+    for (fam, _, _), fit in ev.fits.items():
+        assert fit.fit is not None and fit.run_ids
+        used = {family_of[r] for r in fit.run_ids}
+        assert fam not in used and used  # only the other families' runs
+        assert len(fit.run_ids) == sum(1 for r in family_of if family_of[r] != fam
+                                       and (ev.errors[ev.errors.run_id == r]["mode"] != "infer").all())
+    # the calibrated estimate of a llama run uses exactly the k fitted on gpt2 + gpt_neox
+    cases, _ = accuracy.cases_of(runs)
+    pts = accuracy.points_of(cases)
+    others = pts[pts.family != "llama"]
+    k = float(np.dot(others.x, others.y) / np.dot(others.x, others.x))
+    assert ev.fits[("llama", "sdpa", "none")].fit.k == pytest.approx(k, rel=1e-9)
+
+
+def test_coverage_counts_truths_inside_the_interval(traced_db):
+    ev = accuracy.evaluate(accuracy.load_runs(traced_db))
+    cal = ev.errors[ev.errors.method == "ours-calibrated"]
+    cov = accuracy.coverage(ev.errors)
+    inside = ((cal.pi_low_bytes <= cal.truth_bytes) & (cal.truth_bytes <= cal.pi_high_bytes)).sum()
+    assert cov["n"].sum() == len(cal) and cov["inside"].sum() == inside
+    assert (cal.pi_high_bytes > cal.pred_bytes).all() and (cal.pi_low_bytes < cal.pred_bytes).all()
+
+
+def test_known_cause_flags_sdpa_dropout_traces(traced_db):
+    ev = accuracy.evaluate(accuracy.load_runs(traced_db))
+    ours = ev.errors[ev.errors.method == "ours"]
+    flagged = set(ours[ours.cause == "cpu-math-sdpa"].model_name)
+    assert flagged == {"t-gpt2"}  # GPT-2's default attn_pdrop is 0.1; t-llama and t-neox have no attention dropout
+    t = accuracy.targets(ev.errors)
+    assert set(t.met) <= {"yes", "no", "no data"}
+    assert (t[t.tier.str.startswith("measured")].met == "no data").all()
+
+
+def test_accuracy_summary_for_the_app(traced_db):
+    s = accuracy.accuracy_summary(traced_db)
+    assert tuple(s.columns) == accuracy.SUMMARY_COLUMNS
+    assert set(s.tier) == {"traced"} and {"ours", "ours-calibrated", "seed000", "accelerate"} <= set(s.method)
+
+
+# ------------------------------------------------------------------------------------------ the commands
+
+
+def _strip_date(text: str) -> str:
+    return re.sub(r"on \d{4}-\d{2}-\d{2} \(UTC\)", "on DATE (UTC)", text)
+
+
+def test_doc_is_regenerated_identically(traced_db, tmp_path, capsys):
+    a, b, j = tmp_path / "a.md", tmp_path / "b.md", tmp_path / "s.json"
+    assert main(["accuracy", "--db", traced_db, "--out", str(a), "--json", str(j)]) == 0
+    assert main(["accuracy", "--db", traced_db, "--out", str(b)]) == 0
+    text = a.read_text()
+    assert _strip_date(text) == _strip_date(b.read_text())
+    assert text.count("no measured rows yet") == 3  # measured-allocated, -reserved, -device
+    assert "## Worst" in text and "## Appendix" in text and "10 runs by source: traced 10" in text
+    data = json.loads(j.read_text())
+    assert {"summary", "targets", "coverage", "fits"} <= set(data) and data["n_runs"] == 10
+    assert data["summary"][0]["method"] == "ours"
+
+
+def test_doc_shows_measured_tiers_when_present(synthetic_db, tmp_path):
+    out = tmp_path / "m.md"
+    assert main(["accuracy", "--db", synthetic_db, "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "no measured rows yet" not in text and "### measured-reserved" in text
+
+
+def test_report_prints_stages_and_worst(traced_db, capsys):
+    assert main(["report", "--db", traced_db, "--worst", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "forward" in out and "optimizer" in out and "prefill" in out and "worst 3 runs" in out
+    assert main(["report", "--db", traced_db, "--family", "gpt2", "--worst", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "\ngpt2 " in out and "llama" not in out.split("\n", 1)[1] and "by |peak error|" not in out
+
+
+def test_cli_exit_codes(traced_db, tmp_path, capsys):
+    assert main(["report", "--db", traced_db, "--family", "nope"]) == 2
+    assert "family: 'nope' is not known" in capsys.readouterr().err
+    assert main(["report", "--db", traced_db, "--worst", "-1"]) == 2
+    assert main(["report", "--db", str(tmp_path / "absent.duckdb")]) == 2
+    assert "no database" in capsys.readouterr().err and not (tmp_path / "absent.duckdb").exists()
+    assert main(["report", "--db", traced_db, "--source", "measured"]) == 1  # no measured runs
+    assert main(["accuracy", "--db", traced_db, "--out", str(tmp_path / "x.md"), "--wait", "-1"]) == 2
+    empty = _ingest(tmp_path, [make_row(oom=True, oom_stage="forward", peak_alloc_bytes=None)], "empty")
+    assert main(["accuracy", "--db", empty, "--out", str(tmp_path / "e.md")]) == 1
+    assert not (tmp_path / "e.md").exists()
+    with pytest.raises(SystemExit) as e:
+        main(["report", "--source", "published"])
+    assert e.value.code == 2
+
+
+def test_every_option_has_help_and_commands_route_here():
+    assert COMMANDS["report"] == COMMANDS["accuracy"] == "bench.cmd_accuracy"
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers()
+    cmd_accuracy.register(sub)
+    for name in ("report", "accuracy"):
+        p = sub.choices[name]
+        assert p.description
+        for action in p._actions:
+            assert action.help, f"{name} {action.option_strings} has no help text"
