@@ -7,7 +7,7 @@ Inference goes load -> prefill -> decode. Each stage is a Breakdown whose total 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 
 from estimator import activations as act
 from estimator import components as comp
@@ -117,22 +117,43 @@ def _model_states(model: ModelSpec, w: Workload, par: Parallel, sh: Share) -> di
     return out
 
 
+def _embedding_bytes_per_param(w: Workload) -> float:
+    """Bytes per parameter of the embedding / lm_head as stored: the trained dtype in full fine-tuning; else the
+    float dtype quantizers leave them in, or GGUF's Q6_K/Q8_0 (estimator.components.weights_bytes)."""
+    if w.mode == "train" and w.method == "full":
+        return dtype_bytes(comp.recipe_dtypes(w).weight)
+    fmt = comp.weight_format(w)
+    if fmt in comp.GGUF_BPW:
+        return comp.GGUF_BPW["gguf-q8_0" if fmt == "gguf-q8_0" else "gguf-q6_k"] / 8
+    return dtype_bytes(fmt if fmt in ("fp32", "bf16", "fp16") else w.precision)
+
+
 def _working_set(model: ModelSpec, w: Workload, par: Parallel, sh: Share) -> int:
-    """ZeRO-3/FSDP: a gathered (unsharded) layer being computed plus the next one prefetched, and in backward
-    the unsharded gradient of one layer before reduce-scatter (DeepSpeed: 4 * largest_layer_params bytes)."""
+    """ZeRO-3/FSDP: what is gathered (unsharded) on top of this GPU's shards during forward and backward.
+
+    - a layer being computed plus the next one prefetched (FSDP2 implicit prefetch on CUDA streams; DeepSpeed's
+      `estimate_zero3_model_states_mem_needs` counts the largest layer's params + grads, 4 * largest_layer_params);
+    - in backward, that layer's unsharded gradient before reduce-scatter;
+    - FSDP2's root module (`fully_shard(model)`: embedding, final norm, untied lm_head): torch does not reshard the
+      root after forward, so it stays gathered through forward and backward (traced: llama-3.1-8b at 8 GPUs holds
+      sharded weights + 2 x 1002 MiB root + one 416 MiB layer in forward).
+    """
     if par.strategy not in SHARD_PARAMS or sh.weight_frac == 1.0:
         return 0
     b = dtype_bytes(comp.recipe_dtypes(w).weight)
-    return 2 * sh.largest_layer_params * b + (sh.largest_layer_params * b if w.mode == "train" else 0)
+    root = 0
+    if sh.stage == "only":
+        root = int((model.embed_params + model.head_params) // par.tp_size * _embedding_bytes_per_param(w)
+                   * (1 - sh.weight_frac))
+    layers = 2 * sh.largest_layer_params * b
+    return root + layers + (sh.largest_layer_params * b if w.mode == "train" else 0)
 
 
-def _autocast_copies(model: ModelSpec, w: Workload, sh: Share) -> int:
-    """AMP: autocast casts each fp32 Linear weight to half once per forward and caches the copy
-    (torch/csrc/autograd autocast weight cache); matmuls save it for backward, so it lives through backward."""
-    if w.recipe != "amp" or w.mode != "train":
-        return 0
-    return int((model.linear_params + model.lm_head_params + (model.embedding_params if model.tie_embeddings else 0))
-               * dtype_bytes(w.precision) * sh.params_local / model.params)
+def _autocast_copies(model: ModelSpec, w: Workload, sh: Share) -> tuple[int, int, int]:
+    """AMP: the half weight copies autocast caches and the matmuls keep for backward, (forward, backward
+    start, the first layer's backward), this GPU's share (activations.autocast_weight_bytes says which)."""
+    frac = sh.params_local / model.params
+    return tuple(int(x * frac) for x in act.autocast_weight_bytes(model, w))
 
 
 def _train_moments(model, w: Workload, par: Parallel, sh: Share, opts: Options, overhead: int):
@@ -142,12 +163,13 @@ def _train_moments(model, w: Workload, par: Parallel, sh: Share, opts: Options, 
     tp, sp = par.tp_size, par.sequence_parallel
     in_flight = min(par.pp_size, w.grad_accum) if par.pp_size > 1 and sh.stage == "first" else 1
     prof = act.activation_profile(model, w, sh.layers_local, tp, sp, in_flight)
-    saved = prof.per_layer_bytes * prof.layers + (prof.head_bytes if sh.stage != "first" else 0)
+    saved = (prof.per_layer_bytes * prof.layers + (prof.head_bytes if sh.stage != "first" else 0)
+             + (prof.first_stage_bytes if sh.stage != "last" else 0))
     if opts.activation_k is not None:
         saved = act.activation_bytes_k(model, w, opts.activation_k) * sh.layers_local // model.layers
     head_transients = sh.stage != "first"
     ws = _working_set(model, w, par, sh)
-    cast = _autocast_copies(model, w, sh)
+    cast, cast_bwd, cast_last = _autocast_copies(model, w, sh)
     base = dict(weights=ms["weights"], optimizer_states=ms["optimizer_states"],
                 master_weights=ms["master_weights"], overhead=overhead)
     acc_grads = ms["gradients"] if w.grad_accum > 1 else 0
@@ -155,34 +177,58 @@ def _train_moments(model, w: Workload, par: Parallel, sh: Share, opts: Options, 
     first_grad = 0
     if w.method == "full" and head_transients:
         first_grad = int(model.vocab * model.hidden // tp * dtype_bytes(comp.recipe_dtypes(w).grad) * sh.grad_frac)
+    # FSDP/ZeRO-2/3: the root module's gradients (lm_head, then the embedding) stay unsharded until the root's
+    # post-backward reduce-scatter at the very end of backward (torch FSDP2 `FSDPParamGroup.post_backward`).
+    root_g = 0
+    if w.method == "full" and sh.grad_frac < 1.0 and sh.stage == "only":
+        root_g = int(model.vocab * model.hidden // tp * dtype_bytes(comp.recipe_dtypes(w).grad) * (1 - sh.grad_frac))
     fwd = Breakdown(**base, gradients=acc_grads, activations=saved,
                     temporaries=ws + cast + (prof.forward_transient_bytes if head_transients else 0))
     # Backward's first moment: every activation saved, plus the fp32 gradients of nll and log_softmax (the peak
     # is inside LogSoftmaxBackward, before lm_head's weight gradient exists).
     bwd_start = Breakdown(**base, gradients=acc_grads, activations=saved,
-                          temporaries=ws + cast + (prof.backward_transient_bytes if head_transients else 0))
+                          temporaries=ws + cast_bwd + (prof.backward_transient_bytes if head_transients else 0))
     # Then lm_head's backward: log_softmax's output is freed, the half logits-gradient and the V x h weight
     # gradient are live. Larger than the first moment only for few tokens (b*s below about h/5).
     bwd_head = Breakdown(**base, gradients=acc_grads + first_grad,
                          activations=saved - (prof.logits_saved_bytes if head_transients else 0),
-                         temporaries=ws + cast + (prof.logits_grad_bytes if head_transients else 0))
-    one_layer = prof.per_layer_bytes if prof.layers else 0
+                         temporaries=ws + root_g + cast_bwd + (prof.logits_grad_bytes if head_transients else 0))
+    # The first layer's MLP backward (the last layer backward reaches): every other layer's gradients exist,
+    # this layer's only for its MLP output projection (and an untied input embedding's not yet).
+    gbytes = dtype_bytes(comp.recipe_dtypes(w).grad)
+    layer0, layer0_out = act.first_layer_trainable_params(model, w)
+    pending = 0 if w.grad_accum > 1 else int((layer0 - layer0_out) * gbytes * sh.params_local / model.params
+                                             * sh.grad_frac)
+    if w.method == "full" and w.grad_accum == 1 and sh.stage != "last":  # the input embeddings' come last (a tied
+        embed = model.embed_params - (model.embedding_params if model.tie_embeddings else 0)  # one has lm_head's)
+        pending += int(embed * gbytes * sh.grad_frac)
+    # The last layer's MLP backward (the first layer backward reaches): only the head's gradients exist (and, in
+    # full fine-tuning, that layer's MLP output projection's); every layer's activations are still there.
+    top_grads = acc_grads
+    if w.method == "full" and w.grad_accum == 1 and sh.stage != "first":
+        head = model.head_params + (model.embedding_params if model.tie_embeddings else 0)
+        top_grads = int((head * gbytes + layer0_out * gbytes * sh.params_local / model.params) * sh.grad_frac)
+    bwd_top = Breakdown(**base, gradients=top_grads, activations=prof.first_backward_bytes if prof.layers else 0,
+                        temporaries=ws + root_g + cast_last)
+    bwd_layer = Breakdown(**base, gradients=ms["gradients"] - pending,
+                          activations=prof.last_layer_bytes if prof.layers else 0, temporaries=ws + root_g + cast_last)
     # Tied embeddings: the autograd engine holds lm_head's and the embedding's gradient contributions and
     # their sum at once before AccumulateGrad (traced: 2 * V * h * grad bytes over the final gradients).
     tied = 0
     if w.method == "full" and model.tie_embeddings and sh.stage == "only":
         tied = int(2 * model.vocab * model.hidden // tp * dtype_bytes(comp.recipe_dtypes(w).grad) * sh.grad_frac)
-    bwd_end = Breakdown(**base, gradients=ms["gradients"], activations=one_layer if not tied else 0,
-                        temporaries=ws + tied)
+    bwd_end = Breakdown(**base, gradients=ms["gradients"], activations=prof.end_bytes,
+                        temporaries=ws + tied + (2 * root_g if not model.tie_embeddings else root_g))
     opt = Breakdown(**base, gradients=ms["gradients"], temporaries=ms["opt_temp"])
     load = Breakdown(weights=ms["weights"], overhead=overhead)
     return (("load", load), ("forward", fwd), ("backward_start", bwd_start), ("backward_head", bwd_head),
-            ("backward_end", bwd_end), ("optimizer", opt))
+            ("backward_first_layer", bwd_top), ("backward_last_layer", bwd_layer), ("backward_end", bwd_end),
+            ("optimizer", opt))
 
 
 def _train_stages(model, w: Workload, par: Parallel, sh: Share, opts: Options, overhead: int):
-    load, fwd, (_, bwd_start), (_, bwd_head), (_, bwd_end), opt = _train_moments(model, w, par, sh, opts, overhead)
-    return (load, fwd, ("backward", max(bwd_start, bwd_head, bwd_end, key=lambda b: b.total)), opt)
+    load, fwd, *backward, opt = _train_moments(model, w, par, sh, opts, overhead)
+    return (load, fwd, ("backward", max((b for _, b in backward), key=lambda b: b.total)), opt)
 
 
 def _infer_stages(model, w: Workload, par: Parallel, sh: Share, overhead: int):
@@ -190,7 +236,7 @@ def _infer_stages(model, w: Workload, par: Parallel, sh: Share, overhead: int):
     tp = par.tp_size
     frac = sh.layers_local / model.layers / tp
     kvd = comp.kv_dtype(w)
-    kv_prompt = int(comp.kv_cache_bytes(model, w.batch, w.seq, kvd) * frac)
+    kv_prompt = int(comp.kv_cache_bytes(model, w.batch, w.seq, kvd) * frac) if model.causal else 0  # encoders keep none
     ws = _working_set(model, w, par, sh)
     load = Breakdown(weights=ms["weights"], overhead=overhead)
     prefill = Breakdown(weights=ms["weights"], overhead=overhead, kv_cache=kv_prompt,
@@ -198,12 +244,14 @@ def _infer_stages(model, w: Workload, par: Parallel, sh: Share, overhead: int):
     stages = [("load", load), ("prefill", prefill)]
     if w.gen_tokens:
         kv_full = int(comp.kv_cache_bytes(model, w.batch, w.seq + w.gen_tokens, kvd) * frac)
-        one_token = replace(w, seq=1)
-        # torch.cat in DynamicCache.update holds old and new copies of one layer's K and V at once
-        cat_copy = kv_full // max(1, sh.layers_local)
+        # torch.cat in DynamicCache.update holds one layer's old keys (then values) beside the new ones
+        old = comp.kv_cache_bytes(model, w.batch, w.seq + w.gen_tokens - 1, kvd) * frac / max(1, sh.layers_local)
+        k_share = (model.kv_lora_rank / (model.kv_lora_rank + model.qk_rope_head_dim) if model.is_mla
+                   else model.head_dim / (model.head_dim + model.v_head_dim))
+        cat_copy = int(old * max(k_share, 1 - k_share))
         stages.append(("decode", Breakdown(weights=ms["weights"], overhead=overhead, kv_cache=kv_full,
-                                           activations=act.prefill_transient_bytes(model, one_token, tp),
-                                           temporaries=ws + cat_copy)))
+                                           activations=act.decode_transient_bytes(model, w, tp, cat_copy),
+                                           temporaries=ws)))
     return tuple(stages)
 
 

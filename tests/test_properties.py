@@ -51,11 +51,18 @@ def test_memory_never_falls_as_bytes_per_value_grow(case):
         # KV cache fp8 -> bf16 -> fp32; weights nf4 -> int8 -> bf16 -> fp32; compute bf16 -> fp32
         kv = [estimate(m, replace(w, kv_dtype=d), p).total_bytes for d in ("fp8", "bf16", "fp32")]
         assert kv == sorted(kv)
-        wf = [estimate(m, replace(w, weight_format=f), p).total_bytes for f in ("nf4", "int8", "bf16", "fp32")]
-        assert wf == sorted(wf)
+        if w.precision != "fp32":
+            # Quantizers keep embeddings, lm_head and norms in `precision`; with precision fp32 an int8 model's
+            # fp32 embeddings can outweigh a bf16 model's (more so gathered as FSDP's root), so the order
+            # nf4 < int8 < bf16 holds only when the unquantized parts are half precision.
+            wf = [estimate(m, replace(w, weight_format=f), p).total_bytes for f in ("nf4", "int8", "bf16", "fp32")]
+            assert wf == sorted(wf)
         if w.precision != "fp32":
             assert estimate(m, replace(w, precision="fp32"), p).total_bytes >= base
-    elif w.method != "qlora" and w.recipe == "pure" and w.precision != "fp32":
+    elif w.method != "qlora" and w.recipe == "pure" and w.precision != "fp32" and w.attention != "eager":
+        # Not for eager attention: transformers' eager softmax runs in fp32 and keeps a half copy for the
+        # matmul with V (4 + 2 B per score), while in fp32 the copy is a no-op (4 B): there, bf16 really
+        # saves more per score than fp32 does (traced), so "more bytes per value" is not monotone.
         assert estimate(m, replace(w, precision="fp32"), p).total_bytes >= base
         assert estimate(m, replace(w, recipe="fp32", precision="fp32"), p).total_bytes >= base
 
