@@ -164,11 +164,8 @@ def points_of(cases: list[Case]) -> pd.DataFrame:
 
 
 def _cpu_math_sdpa(c: Case) -> bool:
-    """A traced training run with SDPA and attention dropout: on CPU, SDPA with dropout_p > 0 runs the math
-    kernel, which materialises and saves the (b, heads, s, s) probabilities and the dropout mask; a GPU's
-    flash / memory-efficient kernel saves neither, and the estimator follows the GPU (sdpa: q, k, v, out, lse)."""
-    w = c.workload
-    return c.row["source"] == "traced" and w.mode == "train" and w.attention == "sdpa" and c.model.attn_dropout > 0
+    """bench.calibrate.cpu_math_sdpa: traced SDPA + attention dropout ran the CPU math kernel."""
+    return calibrate.cpu_math_sdpa(c.row["source"], c.model, c.workload)
 
 
 # (key, rule on a case, what it means): the doc lists the rows each rule matches and their errors

@@ -148,13 +148,21 @@ def family_model_types(family: str) -> list[str]:
     return types
 
 
+def cpu_math_sdpa(source: str, model: ModelSpec, workload: Workload) -> bool:
+    """A traced training run with SDPA and attention dropout: on CPU, SDPA with dropout_p > 0 runs the math
+    kernel, which materialises and saves the (b, heads, s, s) probabilities and the dropout mask; a GPU's
+    flash / memory-efficient kernel saves neither, and the estimator follows the GPU (sdpa: q, k, v, out, lse).
+    Such traced peaks are CPU-specific, so calibration leaves them out and the accuracy report flags them."""
+    return source == "traced" and workload.mode == "train" and workload.attention == "sdpa" and model.attn_dropout > 0
+
+
 def collect_points(db_path=None, family: str | None = None, sources=("measured", "traced"),
                    attention: str | None = None, checkpointing: str | None = None,
                    wait_s: float = db.DEFAULT_WAIT_S) -> pd.DataFrame:
     """Calibration points (columns POINT_COLUMNS) of the stored training runs without OOM.
 
     Rows that cannot be used are counted, not raised: `df.attrs["skipped"]` maps a reason
-    ('config', 'workload', 'no activation stage') to a count.
+    ('config', 'workload', 'no activation stage', 'cpu-math-sdpa': a CPU-only kernel artefact) to a count.
     """
     bad = [s for s in sources if s not in SOURCES]
     if bad or not sources:
@@ -163,8 +171,12 @@ def collect_points(db_path=None, family: str | None = None, sources=("measured",
                "checkpointing": checkpointing, "model_type": family_model_types(family) if family else None}
     runs = db.fetch_runs(filters, db_path=db_path, limit=None, wait_s=wait_s)
     points, skipped = [], {}
+    models: dict[str, ModelSpec] = {}  # one ModelSpec per distinct config
     for row in runs.to_dict("records"):
-        point, why = point_from_row(row)
+        model = models.get(row.get("config_hash"))
+        point, why = point_from_row(row, model)
+        if point is not None and row.get("config_hash"):
+            models.setdefault(row["config_hash"], model or model_from_row(row))
         if point is None:
             skipped[why] = skipped.get(why, 0) + 1
         else:
@@ -176,13 +188,16 @@ def collect_points(db_path=None, family: str | None = None, sources=("measured",
 
 def point_from_row(row: dict, model: ModelSpec | None = None) -> tuple[dict | None, str]:
     """(the point, with every POINT_COLUMNS column, "") of one run row, or (None, why it is skipped:
-    'config', 'workload' or 'no activation stage'). Pass `model` to reuse one built from the same config."""
+    'config', 'workload', 'cpu-math-sdpa' or 'no activation stage'). Pass `model` to reuse one built from the
+    same config."""
     try:
         model = model or model_from_row(row)
     except ValueError:
         return None, "config"
     try:  # estimate() itself refuses e.g. LoRA targets that match no module of this model
         workload, parallel = workload_from_row(row), parallel_from_row(row)
+        if cpu_math_sdpa(row["source"], model, workload):
+            return None, "cpu-math-sdpa"
         point = activation_bytes_from_row(row, model, workload, parallel)
     except (ValueError, TypeError):
         return None, "workload"
