@@ -135,15 +135,17 @@ class LoaoFit:
     pooled: bool              # no other family has this (attention, checkpointing): fitted on all their points
 
 
-def loao_fits(points: pd.DataFrame) -> dict[tuple[str, str, str], LoaoFit]:
-    """One LoaoFit per (family, attention, checkpointing) among `points` (bench.calibrate.POINT_COLUMNS).
+def loao_fits(points: pd.DataFrame, wanted=None) -> dict[tuple[str, str, str], LoaoFit]:
+    """One LoaoFit per (family, attention, checkpointing) in `wanted` (default: the groups among `points`,
+    bench.calibrate.POINT_COLUMNS). A family whose own runs give no points (e.g. only CPU-artefact traces)
+    still gets a held-out k: it never needed its own points.
 
     bench.calibrate fits one k per (family, attention, checkpointing), since eager attention and checkpointing
     change what k means; the held-out fit keeps that split and pools the other families' points only when
     none of them has the group (e.g. Gemma-2 trains with eager attention and nothing else in the grid does).
     """
     out = {}
-    for fam, attn, ckpt in calibrate.groups(points):
+    for fam, attn, ckpt in sorted(wanted if wanted is not None else calibrate.groups(points)):
         others = points[points["family"] != fam]
         same = others[(others["attention"] == attn) & (others["checkpointing"] == ckpt)]
         pooled = len(same) < 2
@@ -205,9 +207,9 @@ def _calibrated(c: Case, fits: dict) -> tuple[Estimate, float | None, bool] | No
     if lf is None or lf.fit is None or lf.fit.k <= 0:
         return None
     est = estimate(c.model, c.workload, c.parallel, Options(activation_k=lf.fit.k))
-    if c.point is None:
-        return est, None, lf.pooled
-    low, high = lf.fit.prediction_interval(c.point["x"])
+    x = c.point["x"] if c.point is not None else calibrate.activation_x(c.model, c.workload, c.parallel,
+                                                                          c.est.pipeline_stage)
+    low, high = lf.fit.prediction_interval(x)
     return est, (high - low) / 2, lf.pooled
 
 
@@ -243,7 +245,9 @@ class Evaluation:
 def evaluate(runs: pd.DataFrame) -> Evaluation:
     cases, skipped = cases_of(runs)
     points = points_of(cases)
-    fits = loao_fits(points)
+    wanted = {(c.model.family, c.workload.attention, c.workload.checkpointing) for c in cases
+              if c.workload.mode == "train"}
+    fits = loao_fits(points, wanted)
     records = [rec for c in cases for rec in case_errors(c, fits)]
     errors = pd.DataFrame(records, columns=list(ROW_COLUMNS))
     errors = errors.sort_values(["tier", "family", "model_name", "mode", "recipe", "attention", "batch", "seq",

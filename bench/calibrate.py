@@ -129,9 +129,7 @@ def activation_bytes_from_row(row: dict, model: ModelSpec, workload: Workload, p
     if found is None:
         return None
     stage, peak = found
-    layers_local = next(sh.layers_local for sh in shares(model, parallel) if sh.stage == est.pipeline_stage)
-    # the regressor exactly as estimate() scales the seeds' form to this GPU's layers
-    x = activation_bytes_k(model, workload, 1) * layers_local // model.layers
+    x = activation_x(model, workload, parallel, est.pipeline_stage)
     detailed = est.stage(stage).activations
     total = row.get("nvml_used_bytes")
     return {"stage": stage, "x": x, "y": peak - _allocated_besides_activations(est, stage, str(row["source"])),
@@ -146,6 +144,14 @@ def family_model_types(family: str) -> list[str]:
     if not types:
         raise ValueError(f"family: {family!r} is not known; choose one of {', '.join(sorted(set(FAMILIES.values())))}")
     return types
+
+
+def activation_x(model: ModelSpec, workload: Workload, parallel: Parallel, pipeline_stage: str = "only") -> int:
+    """x = b*s*h*L*bytes for the layers on this GPU (of `pipeline_stage`), exactly as estimate() scales the
+    seeds' form: the regressor the k fit is made on."""
+    layers_local = next((sh.layers_local for sh in shares(model, parallel) if sh.stage == pipeline_stage),
+                        shares(model, parallel)[0].layers_local)
+    return activation_bytes_k(model, workload, 1) * layers_local // model.layers
 
 
 def cpu_math_sdpa(source: str, model: ModelSpec, workload: Workload) -> bool:

@@ -108,8 +108,11 @@ def test_loao_never_uses_the_held_out_family(traced_db):
         assert fit.fit is not None and fit.run_ids
         used = {family_of[r] for r in fit.run_ids}
         assert fam not in used and used  # only the other families' runs
+        # every other family's training run except CPU-artefact traces (bench.calibrate.cpu_math_sdpa)
         assert len(fit.run_ids) == sum(1 for r in family_of if family_of[r] != fam
-                                       and (ev.errors[ev.errors.run_id == r]["mode"] != "infer").all())
+                                       and (ev.errors[ev.errors.run_id == r]["mode"] != "infer").all()
+                                       and not (ev.errors[ev.errors.run_id == r]["cause"]
+                                                .str.contains("cpu-math-sdpa")).any())
     # the calibrated estimate of a llama run uses exactly the k fitted on gpt2 + gpt_neox
     cases, _ = accuracy.cases_of(runs)
     pts = accuracy.points_of(cases)
