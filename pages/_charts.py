@@ -179,3 +179,21 @@ def residual_chart(points: pd.DataFrame) -> alt.Chart:
                  alt.Tooltip("resid_gb:Q", title="residual (GB)", format=",.3f"), alt.Tooltip("run_id:N")])
     zero = alt.Chart(pd.DataFrame({"y": [0.0]})).mark_rule(color="gray").encode(y="y:Q")
     return (resid + zero).properties(title="Residuals", height=320)
+
+
+def accuracy_chart(summary: pd.DataFrame) -> alt.Chart:
+    """Median and p90 |relative error| per method (bars: median; ticks: p90), one row per mode; log scale."""
+    df = summary.assign(median_pct=summary["median"] * 100, p90_pct=summary["p90"] * 100,
+                        worst_pct=summary["worst"] * 100)
+    tips = [alt.Tooltip("method:N", title="method"), alt.Tooltip("mode:N", title="mode"),
+            alt.Tooltip("n:Q", title="runs"), alt.Tooltip("median_pct:Q", title="median |error| (%)", format=".3g"),
+            alt.Tooltip("p90_pct:Q", title="p90 |error| (%)", format=".3g"),
+            alt.Tooltip("worst_pct:Q", title="worst |error| (%)", format=".3g")]
+    x = alt.X("median_pct:Q", title="median |relative error| (%, log scale)",
+              scale=alt.Scale(type="log", domainMin=0.001, clamp=True))
+    bars = alt.Chart(df).mark_bar().encode(x=x, y=alt.Y("method:N", title=None, sort="x"),
+                                            color=alt.Color("method:N", legend=None), tooltip=tips)
+    ticks = alt.Chart(df).mark_tick(color="black", thickness=2).encode(
+        x=alt.X("p90_pct:Q", scale=alt.Scale(type="log", domainMin=0.001, clamp=True)),
+        y=alt.Y("method:N", sort="x"), tooltip=tips)
+    return alt.layer(bars, ticks, data=df).facet(row=alt.Row("mode:N", title="mode")).resolve_scale(y="independent")

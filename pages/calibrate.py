@@ -36,6 +36,39 @@ def _latest(path: str, fp: tuple) -> pd.DataFrame:
                           "saved (UTC)": c.created_at} for c in cals])
 
 
+@st.cache_data(show_spinner="Scoring every stored run against every method", max_entries=4)
+def _accuracy(path: str, fp: tuple) -> pd.DataFrame:
+    from bench.accuracy import accuracy_summary  # imported on demand: the scoring is the page's slow part
+
+    return accuracy_summary(path)
+
+
+def accuracy_section() -> None:
+    """The summary table of docs/accuracy.md (`python -m bench accuracy`), computed from this database."""
+    st.subheader("Accuracy: every method against every stored run")
+    st.caption("Relative error (prediction − truth) / truth of our estimate, our estimate with a leave-one-family-out "
+               "calibrated k, and the peer formulas (the seeds, accelerate, DeepSpeed, Korthikanti), as in "
+               "docs/accuracy.md. Traced truths are allocator-exact peaks; measured ones come from GPUs.")
+    if not st.toggle("Compute the accuracy table", key=f"{PAGE}:accuracy",
+                     help="Scores every traced and measured row with every method: a few seconds on the shipped "
+                          "database, then cached until the database changes."):
+        return
+    summary = _accuracy(str(ui.db_path()), ui.fingerprint())
+    if summary.empty:
+        st.info("No traced or measured run to score yet.")
+        return
+    tiers = sorted(summary["tier"].unique())
+    tier = st.selectbox("Truth", tiers, index=tiers.index("traced") if "traced" in tiers else 0,
+                        key=f"{PAGE}:tier", help="Which stored number each method is compared with.")
+    sub = summary[summary["tier"] == tier]
+    ch.show(ch.accuracy_chart(sub), alt_text="median and p90 |relative error| per method and mode")
+    table = sub.assign(**{c: sub[c] * 100 for c in ("median", "p90", "worst")}).rename(
+        columns={"median": "median |err| (%)", "p90": "p90 |err| (%)", "worst": "worst |err| (%)"})
+    st.dataframe(table, hide_index=True)
+    st.download_button("Download the table (CSV)", table.to_csv(index=False).encode(), "accuracy.csv", "text/csv",
+                       key=f"{PAGE}:accuracy_csv")
+
+
 def pick_group(points: pd.DataFrame) -> pd.DataFrame | None:
     """Attention/checkpointing of the fit: each combination gets its own k (eager adds an s^2 term)."""
     groups = calibrate.groups(points)
@@ -139,6 +172,7 @@ def main() -> None:
         st.caption("None yet.")
     else:
         st.dataframe(latest, hide_index=True)
+    accuracy_section()
 
 
 ui.run_page(main)

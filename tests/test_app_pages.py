@@ -323,6 +323,21 @@ def test_calibrate_fits_and_saves(env, tmp_path):
     assert json.loads((tmp_path / "calibration.json").read_text())["calibrations"][0]["k"] == pytest.approx(traced.k)
 
 
+def test_calibrate_accuracy_table_is_the_library_summary(env):
+    """The accuracy section shows bench.accuracy.accuracy_summary for the chosen truth tier, in percent."""
+    from bench.accuracy import accuracy_summary
+
+    at = app("pages/calibrate.py")
+    assert not [d for d in at.dataframe if "median |err| (%)" in d.value.columns]  # off until asked
+    at.toggle(key="calib:accuracy").set_value(True).run()
+    assert not at.exception
+    table = next(d.value for d in at.dataframe if "median |err| (%)" in d.value.columns)
+    expected = accuracy_summary(env)
+    expected = expected[expected.tier == "traced"].reset_index(drop=True)
+    assert table["method"].tolist() == expected["method"].tolist()
+    assert table["median |err| (%)"].tolist() == pytest.approx((expected["median"] * 100).tolist())
+
+
 def test_multi_gpu_fewest_gpus_and_comparison(env):
     at = app("pages/multi_gpu.py", query={"model": "llama-3.1-70b", "compare_a": "zero3", "compare_b": "tp",
                                           "compare_n": "8"})
