@@ -2,35 +2,40 @@
 
 The detailed model follows Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
 Models" (arXiv 2205.05198, sec. 4 and Table 2: 34*s*b*h + 5*a*s^2*b per layer for GPT with fp16 and dropout),
-rebuilt tensor by tensor for what PyTorch autograd actually saves in the transformers 5 modules:
-- RMSNorm (LlamaRMSNorm) saves the fp32 upcast of its input and, if its weight trains, the normalised tensor;
-  LayerNorm saves its input plus fp32 mean/rstd.
-- A Linear saves its input only when its weight trains (frozen LoRA bases don't), so LoRA saves less.
-- SwiGLU saves gate, silu(gate), up (and the product when down_proj trains): 4*I, not the 2*4h of GPT's MLP.
-- SDPA/flash saves q, k, v, the output and an fp32 logsumexp; GQA keys/values stay at kv_heads
-  (transformers `use_gqa_in_sdpa`). Eager materialises repeated K/V, the fp32 softmax (b*heads*s^2*4 bytes)
-  and its half-precision copy, and a dropout mask when attention dropout > 0.
-- The loss upcasts logits to fp32 (transformers `ForCausalLMLoss`: `logits.float()`), and log_softmax saves
-  its fp32 output: b*s*V*4 bytes, gigabytes for a 128k vocabulary (seeds 000-003 omit this).
-Each function returns bytes per token (multiply by batch*seq) unless it says otherwise.
+rebuilt tensor by tensor for what PyTorch autograd saves in the transformers 5 modules of each family
+(rules: estimator/layer_saved.py; per family: estimator/layer_families.py; op-by-op working sets without
+saved tensors: estimator/layer_forward.py; docs/activations.md has the per-family tables and the checks
+against the traced tier):
+- Layers: norms, the q/k/v/o copies each family's attention layout makes, SDPA's logsumexp or eager's softmax,
+  the MLP or the routed experts, LoRA adapters, dropout masks. Under LoRA the first layer saves less, its
+  input (the frozen embedding) needing no gradient.
+- Outside the layers: the final norm, the LM head's input, the loss's fp32 log-softmax output (b*s*V*4 bytes,
+  gigabytes for a 128k vocabulary; seeds 000-003 omit it), RoPE's cos/sin, index tensors of trainable
+  position embeddings.
+- Transients: the logits and their fp32 copy at the loss, the shifted labels, the last hidden state; in
+  backward the fp32 gradients of the loss and log-softmax, then the half gradient of the logits; the MLP
+  gradients of the first and last layers backward reaches (the other moments estimate() compares).
+- Full checkpointing keeps each layer's input and recomputes one layer at a time; inference (prefill,
+  decode) is the op-by-op working set of one layer's forward.
+Bytes are for one micro-batch on one GPU; functions ending in _per_token return bytes per token.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from estimator import layer_forward as lf
+from estimator import layer_families as fam
 from estimator.model import ModelSpec
 from estimator.spec import Workload
 from estimator.units import dtype_bytes
 
-# Default activation constant for the seeds' form, per family: what the detailed model gives per layer in units
-# of h*bytes for a typical config (see docs/seed-errata.md). The calibration issue replaces these with fits.
-DEFAULT_K = {"llama": 24.0, "gemma": 30.0, "moe": 24.0, "deepseek": 40.0, "gpt2": 34.0, "gpt_neox": 24.0,
-             "falcon": 22.0, "opt": 22.0, "bert": 30.0}
+# Default activation constant for the seeds' form, per family: implied_k of the detailed model at batch 1,
+# seq 2048, full fine-tuning, recipe pure bf16, SDPA, on the family's shipped presets (the median where a
+# family has several; docs/activations.md "DEFAULT_K" lists each). Falcon's is large because its multi-query
+# SDPA runs the math kernel and keeps the fp32 s x s softmax. The calibration issue replaces these with fits.
+DEFAULT_K = {"llama": 25.2, "gemma": 42.7, "moe": 46.3, "deepseek": 52.9, "gpt2": 40.2, "gpt_neox": 20.2,
+             "falcon": 82.0, "opt": 15.2, "bert": 18.5}
 SEED_K = 12.0  # seed 000's flat constant
-
-# Activation functions that save more than their input (transformers `ACT2FN`): GPT-2's default "gelu_new" is the
-# Python tanh formula (NewGELUActivation), which saves x, tanh(..), 0.5*x and (1 + tanh(..)).
-_ACT_SAVED = {"gelu_new": 4, "gelu_pytorch_tanh": 1, "gelu": 1, "relu": 0, "silu": 1}
 
 
 @dataclass(frozen=True)
@@ -39,168 +44,101 @@ class ActivationProfile:
 
     per_layer_bytes: int        # saved for backward by one transformer layer (whole micro-batch)
     layers: int                 # layers held on this GPU
-    head_bytes: int             # saved outside the layers: final norm, lm_head input, fp32 log-softmax, embeddings
+    head_bytes: int             # saved after the layers (last pipeline stage): final norm, lm_head input, log-softmax
     forward_transient_bytes: int  # extra live at the forward peak (logits + their fp32 copy during the loss)
-    backward_transient_bytes: int  # extra live at the backward peak (gradients of the logits, one layer recomputed)
-    logits_saved_bytes: int = 0   # part of head_bytes: log_softmax's fp32 output, freed once its backward ran
+    backward_transient_bytes: int  # extra live inside log_softmax's backward: the loss's and its fp32 gradients
+    logits_saved_bytes: int = 0   # part of head_bytes: log_softmax's output, freed once its backward ran
     logits_grad_bytes: int = 0    # the half-precision gradient of the logits that feeds lm_head's backward
+    first_stage_bytes: int = 0    # saved before/instead of the layers on the first pipeline stage: RoPE cos/sin,
+                                  # embedding-side tensors, and the (negative) LoRA first-layer difference
+    last_layer_bytes: int = 0     # live during the first layer's MLP backward (the last layer backward reaches):
+                                  # its saved tensors (recomputed under full checkpointing), the gradient coming
+                                  # in, the MLP's gradient transients, RoPE cos/sin; no other layer's
+    end_bytes: int = 0            # live at the embedding's backward: the gradient of the embedding output
+    first_backward_bytes: int = 0  # live during the last layer's MLP backward (the first layer backward reaches):
+                                   # every layer's saved set (kept inputs under full checkpointing, and the last
+                                   # layer's recomputed set), the incoming gradient, the MLP's transients
 
     @property
     def saved_bytes(self) -> int:
-        return self.per_layer_bytes * self.layers + self.head_bytes
+        return self.per_layer_bytes * self.layers + self.head_bytes + self.first_stage_bytes
 
 
-def _trains(workload: Workload, module: str) -> bool:
-    """Does this Linear's weight train (so that the Linear saves its input)?"""
-    if workload.method == "full":
-        return True
-    return module in workload.lora_targets
-
-
-def _residual_bytes(workload: Workload) -> int:
-    """Residual-stream dtype: fp32 when the weights are fp32 (amp: linears emit half, the add promotes to fp32)."""
-    return 4 if workload.recipe in ("amp", "fp32") else dtype_bytes(workload.precision)
-
-
-def norm_saved_per_token(model: ModelSpec, workload: Workload, width: int) -> int:
-    """Bytes one norm saves per token (excluding its output, which the consumer saves)."""
-    r = _residual_bytes(workload)
-    if model.norm_kind == "rms":
-        trained = workload.method == "full"
-        return 4 * width + 4 + (r * width if trained else 0)   # fp32 upcast, rsqrt, normalised (if weight trains)
-    in_bytes = 4 if workload.recipe == "amp" else r  # autocast runs layer_norm in fp32
-    return in_bytes * width + 8                       # input + fp32 mean and rstd
-
-
-def attention_saved_per_token(model: ModelSpec, workload: Workload, seq: int, tp: int = 1) -> int:
-    """Bytes the attention core saves per token (q/k/v after RoPE, output, softmax statistics)."""
-    a = dtype_bytes(workload.precision)
-    nh = model.heads // tp if model.heads >= tp else 1
-    q = nh * model.head_dim
-    kv_heads = max(1, model.kv_heads // tp)
-    k = kv_heads * model.head_dim
-    v = kv_heads * model.v_head_dim
-    o = nh * model.v_head_dim
-    if model.is_mla:  # latent path: q (and q_a), kv_a, normed latent, expanded k/v from kv_b_proj
-        k, v = q, nh * model.v_head_dim
-        extra = (4 + a) * (model.kv_lora_rank + model.qk_rope_head_dim)
-    else:
-        extra = 0
-    if workload.attention == "eager" or (workload.mode == "train" and model.attn_dropout > 0 and model.model_type == "bert"):
-        # eager_attention_forward: repeat_kv copies, fp32 softmax, its half copy, dropout, output transpose copy
-        kv_rep = nh * (model.head_dim + model.v_head_dim)
-        drop = (1 + a) if (workload.mode == "train" and model.attn_dropout > 0) else 0
-        # the half copy is saved only when the matmul with V reads it; dropout reads it instead and saves just
-        # its mask and output (measured with saved_tensors_hooks on GPTNeoXLayer eager: 7 B/score, not 9)
-        probs = 4 + (a if a != 4 and not drop else 0)
-        ctx = 0 if workload.checkpointing == "selective" else (probs + drop) * nh * seq
-        # the output's transpose(1, 2).contiguous() copy is saved only by a training o_proj
-        return a * (q + kv_rep + (o if workload.method == "full" else 0)) + ctx + extra
-    lse = 0 if workload.checkpointing == "selective" else 4 * nh
-    return a * (q + k + v + o) + lse + extra
-
-
-def mlp_saved_per_token(model: ModelSpec, workload: Workload, tp: int = 1, act: str | None = None) -> int:
-    """Bytes the MLP (or the routed experts + shared expert) saves per token."""
-    a = dtype_bytes(workload.precision)
-    if model.gated_mlp:
-        down = "down_proj"
-        if model.is_moe:
-            width = _moe_width(model)
-        else:
-            width = model.intermediate
-        width //= tp
-        return a * width * (3 + (1 if _trains(workload, down) else 0))
-    width = model.intermediate // tp
-    act = act or {"gpt2": "gelu_new", "opt": "relu"}.get(model.model_type, "gelu")
-    out_saved = 1 if (_trains(workload, "c_proj") or workload.method == "full") else 0
-    if act == "relu":  # relu saves its output, which is also fc2's input
-        return a * width
-    return a * width * (_ACT_SAVED[act] + out_saved)
-
-
-def _moe_width(model: ModelSpec) -> int:
-    """Intermediate width a token passes through in an MoE layer: top-k routed experts + shared experts."""
-    for _, ls in model.layer_groups:
-        routed = [lin for lin in ls.linears if lin.role == "expert" and lin.name == "gate_proj"]
-        shared = [lin for lin in ls.linears if lin.role == "shared" and lin.name == "gate_proj"]
-        if routed:
-            return model.experts_per_token * routed[0].out_features + sum(s.out_features for s in shared)
-    return model.intermediate
-
-
-_QKV_NAMES = ("q_proj", "k_proj", "v_proj", "qkv_proj", "c_attn", "query_key_value", "query", "key", "value",
-              "q_a_proj", "kv_a_proj_with_mqa")
-_UP_NAMES = ("gate_proj", "up_proj", "gate_up_proj", "c_fc", "fc1", "dense_h_to_4h", "intermediate.dense")
-
-
-def _norm_consumer_inputs(model: ModelSpec, workload: Workload, names: tuple[str, ...]) -> int:
-    """How many copies of a norm's output the Linears reading it save (full fine-tuning).
-
-    In `pure` the consumers share one tensor. Under autocast (`amp`) the norm emits fp32 and *each* Linear call
-    casts its own half copy (autocast caches only leaf weights, torch/csrc/autograd autocast_mode.cpp), so
-    q, k and v save three copies and gate and up two."""
-    if workload.method != "full":
-        return 0
-    if workload.recipe != "amp":
-        return 1
-    names_here = {lin.name for _, lin in model.linears()}
-    return sum(1 for n in names if n in names_here) or 1
-
-
-def lora_saved_per_token(model: ModelSpec, workload: Workload, tp: int = 1) -> int:
-    """What the LoRA adapters of one layer save per token. PEFT casts the input to the fp32 adapter dtype
-    (`LoraLayer._cast_input_dtype`) and lora_A saves that copy, lora_B saves lora_A's fp32 output (r wide).
-    When compute is already fp32 the cast is a no-op and the shared input is counted by the norm's consumers."""
-    if workload.method == "full":
-        return 0
-    a = dtype_bytes(workload.precision)
-    seen, total = set(), 0
-    for _, lin in model.linears():
-        if lin.role == "expert" or lin.name in seen or lin.name.split(".")[-1] not in workload.lora_targets:
-            continue
-        seen.add(lin.name)
-        if workload.recipe == "amp":  # autocast runs lora_A/lora_B in half: a half copy of the input, r-wide output
-            total += a * lin.in_features // tp + a * workload.lora_rank
-        else:
-            total += (4 * lin.in_features // tp if a != 4 else 0) + 4 * workload.lora_rank
-    if a == 4:  # fp32 compute: adapters read the (shared) norm output; count it once per norm
-        total += 4 * model.hidden * (any(n in workload.lora_targets for n in _QKV_NAMES)
-                                     + any(n in workload.lora_targets for n in _UP_NAMES))
-    return total
+def _sum(items, tokens: int) -> int:
+    return sum(s.per_token for s in items) * tokens + sum(s.fixed for s in items)
 
 
 def layer_saved_per_token(model: ModelSpec, workload: Workload, seq: int, tp: int = 1, sp: bool = False) -> int:
-    """Bytes one transformer layer saves for backward, per token (Korthikanti Table 2, tensor by tensor)."""
-    a = dtype_bytes(workload.precision)
-    h = model.hidden
-    shard = tp if sp else 1  # sequence parallelism shards the norm/residual part over tp too
-    norms = 1 if model.parallel_residual and model.model_type == "falcon" else 2
-    qkv_in = _norm_consumer_inputs(model, workload, _QKV_NAMES)
-    mlp_in = _norm_consumer_inputs(model, workload, _UP_NAMES) if not model.parallel_residual else 0
-    saved = norms * norm_saved_per_token(model, workload, h) // shard
-    saved += (a * h // shard) * (qkv_in + mlp_in)
-    saved += attention_saved_per_token(model, workload, seq, tp)
-    saved += mlp_saved_per_token(model, workload, tp)
-    saved += lora_saved_per_token(model, workload, tp)
-    if model.is_moe:  # router logits (half) and fp32 softmax over experts
-        saved += (a + 4) * model.n_experts
-    if workload.mode == "train" and model.hidden_dropout > 0:  # residual dropouts: bool mask only, x2 (the
-        saved += 2 * h // shard                                  # output feeds an add, which saves nothing)
-    return saved
+    """Bytes one transformer layer saves for backward, per token, averaged over the model's layer types
+    (dense and MoE layers differ; layer_families.layer_inventory lists the tensors)."""
+    total = sum(n * sum(s.per_token for s in fam.layer_inventory(model, workload, seq, tp, sp, group=i))
+                for i, (n, _) in enumerate(model.layer_groups))
+    return total // model.layers
+
+
+def _layer_fixed_bytes(model: ModelSpec, workload: Workload, tp: int) -> int:
+    """Per-layer bytes that do not scale with tokens (Gemma's 1 + weight, MoE offsets), averaged over layers."""
+    total = sum(n * sum(s.fixed for s in fam.layer_inventory(model, workload, workload.seq, tp, group=i))
+                for i, (n, _) in enumerate(model.layer_groups))
+    return total // model.layers
+
+
+def _first_layer_delta(model: ModelSpec, workload: Workload, tp: int, sp: bool) -> int:
+    """First layer minus an ordinary one: negative under LoRA (frozen embeddings: no gradient flows into the
+    first layer's input, so its first norm and whatever only serves the input's gradient save nothing)."""
+    if workload.method == "full":
+        return 0
+    tokens = workload.batch * workload.seq
+    first = fam.layer_inventory(model, workload, workload.seq, tp, sp, first=True)
+    other = fam.layer_inventory(model, workload, workload.seq, tp, sp)
+    return _sum(first, tokens) - _sum(other, tokens)
+
+
+def _checkpointed_forward(model: ModelSpec, workload: Workload, tp: int, layers: int, residual: int,
+                          embed: int) -> int:
+    """Activations at the last layer's forward under full checkpointing: every layer's kept input, RoPE and
+    position ids, eager's causal mask(s), and the layer's own working set (layer_forward). Replayed for the
+    Llama family in pure/fp32 recipes (autocast's per-op casts are not replayed): 0 elsewhere."""
+    if workload.recipe == "amp":
+        return 0
+    f = lf.Fwd(a=dtype_bytes(workload.precision), b=workload.batch, q=workload.seq, kv=workload.seq,
+               eager=workload.attention == "eager", tp=tp, cached=False)
+    peak = lf.checkpointed_layer_peak(model, f)
+    if not peak:
+        return 0
+    base = lf.model_base(model, f) - 2 * f.a * f.t * model.hidden  # less the inference embeds + layer input
+    return residual * layers + embed + base + peak
+
+
+def _last_layer_bytes(model: ModelSpec, workload: Workload, tp: int, sp: bool) -> int:
+    """The first layer's saved tensors (its LoRA form) plus its MLP's backward transients, whole micro-batch."""
+    tokens = workload.batch * workload.seq
+    first = fam.layer_inventory(model, workload, workload.seq, tp, sp, first=True)
+    return _sum(first, tokens) + fam.mlp_backward_extra(model, workload, tp) * tokens
 
 
 def head_saved_per_token(model: ModelSpec, workload: Workload, tp: int = 1) -> int:
-    """Bytes saved outside the layers: final norm, lm_head input, the loss's fp32 log-softmax output."""
+    """Bytes saved after the layers, per token: final norm, lm_head input, the loss's log-softmax output."""
+    return sum(s.per_token for s in fam.head_inventory(model, workload, tp))
+
+
+def _last_hidden_kept(model: ModelSpec, workload: Workload) -> bool:
+    """Does the head save the last hidden state itself? (Else the model output still holds it at the loss.)"""
+    return workload.method == "full" and workload.recipe != "amp"
+
+
+def _transients(model: ModelSpec, workload: Workload, tp: int) -> tuple[int, int, int, int]:
+    """(forward extra at the loss, backward extra at log_softmax's backward, log_softmax output, logits grad)."""
     a = dtype_bytes(workload.precision)
-    v = model.vocab // tp
-    lm_trains = workload.method == "full"
-    saved = norm_saved_per_token(model, workload, model.hidden) + (a * model.hidden if lm_trains else 0)
-    if model.causal:
-        saved += 4 * v  # log_softmax output (fp32)
-    else:
-        saved += 4 * v + (a + 4 + 8) * model.hidden  # MLM head: dense + gelu + LayerNorm, then log_softmax
-    return saved
+    tokens, v = workload.batch * workload.seq, model.vocab // tp
+    lsm = 4 if model.causal or workload.recipe == "amp" else a  # MLM loss: no upcast except autocast's
+    r = 4 if workload.recipe in ("amp", "fp32") else a
+    fwd = a * v + (4 * v if lsm == 4 and a != 4 else 0)  # logits and their fp32 copy
+    fwd += 0 if _last_hidden_kept(model, workload) else r * model.hidden
+    fwd *= tokens
+    if model.causal:  # ForCausalLMLoss: labels padded by one (b, s+1) and shifted into a contiguous copy (b, s)
+        fwd += 8 * workload.batch * (2 * workload.seq + 1)
+    return fwd, 2 * lsm * v * tokens, lsm * v * tokens, a * v * tokens
 
 
 def activation_profile(model: ModelSpec, workload: Workload, layers: int | None = None, tp: int = 1,
@@ -209,20 +147,29 @@ def activation_profile(model: ModelSpec, workload: Workload, layers: int | None 
     micro-batches held by a 1F1B first stage: Megatron `theoretical_memory_usage.py` compute_activation_memory)."""
     tokens = workload.batch * workload.seq
     L = model.layers if layers is None else layers
-    a = dtype_bytes(workload.precision)
     layer = layer_saved_per_token(model, workload, workload.seq, tp, sp) * tokens
-    v = model.vocab // tp
-    head = head_saved_per_token(model, workload, tp) * tokens
-    fwd_transient = (a + (4 if a != 4 else 0)) * v * tokens   # logits and their fp32 copy during log_softmax
-    bwd_transient = 8 * v * tokens                            # grads of nll and of log_softmax, both fp32
-    logits_saved = 4 * v * tokens if model.causal else 0
-    logits_grad = a * v * tokens                              # ToCopyBackward: fp32 grad cast back to half
+    layer += _layer_fixed_bytes(model, workload, tp)
+    head = _sum(fam.head_inventory(model, workload, tp), tokens)
+    first = _sum(fam.embed_inventory(model, workload, tp), tokens) + _first_layer_delta(model, workload, tp, sp)
+    fwd, bwd, logits_saved, logits_grad = _transients(model, workload, tp)
+    r = 4 if workload.recipe in ("amp", "fp32") else dtype_bytes(workload.precision)
+    residual = r * model.hidden * tokens // (tp if sp else 1)
+    embed = _sum(fam.embed_inventory(model, workload, tp), tokens)
+    last = _last_layer_bytes(model, workload, tp, sp) + embed + residual  # + the gradient of its output
+    end = residual if workload.method == "full" else 0                  # LoRA: nothing flows into the embedding
+    mlp_extra = fam.mlp_backward_extra(model, workload, tp) * tokens
     if workload.checkpointing == "full":
-        # HF gradient checkpointing: each layer keeps only its input; backward recomputes one layer at a time.
-        kept = _residual_bytes(workload) * model.hidden * tokens // (tp if sp else 1)
-        return ActivationProfile(kept * in_flight, L, head, fwd_transient, max(bwd_transient, layer),
-                                 logits_saved, logits_grad)
-    return ActivationProfile(layer * in_flight, L, head, fwd_transient, bwd_transient, logits_saved, logits_grad)
+        # HF gradient checkpointing (non-reentrant): each layer keeps only its input; backward recomputes one
+        # layer at a time, so the first layer's recomputed set sits beside its kept input (the same tensor
+        # under amp, where RMSNorm/LayerNorm save the fp32 residual itself).
+        kept_input = 0 if workload.recipe == "amp" else residual
+        top = embed + residual * (L + 1) + layer - (residual if workload.recipe == "amp" else 0) + mlp_extra
+        fwd = max(fwd, _checkpointed_forward(model, workload, tp, L, residual, embed) - residual * L - head - embed)
+        return ActivationProfile(residual * in_flight, L, head, fwd, bwd, logits_saved, logits_grad,
+                                 embed * in_flight, last + kept_input, end, top)
+    top = first + layer * L + residual + mlp_extra
+    return ActivationProfile(layer * in_flight, L, head, fwd, bwd, logits_saved, logits_grad, first * in_flight,
+                             last, end, top)
 
 
 def activation_bytes(model: ModelSpec, workload: Workload) -> int:
@@ -241,18 +188,59 @@ def implied_k(model: ModelSpec, workload: Workload) -> float:
     return activation_bytes(model, workload) / denom
 
 
-def prefill_transient_bytes(model: ModelSpec, workload: Workload, tp: int = 1) -> int:
-    """Peak working set of a no-grad forward over the prompt (HF generate prefill), beyond weights and cache:
-    the residual stream, one layer's attention or MLP intermediates, and the last position's logits
-    (generate passes logits_to_keep=1 and upcasts them to fp32)."""
+def first_layer_trainable_params(model: ModelSpec, workload: Workload) -> tuple[int, int]:
+    """(trainable parameters of the first layer, of which its MLP output projection's)."""
+    return fam.first_layer_trainable(model, workload)
+
+
+def autocast_weight_bytes(model: ModelSpec, workload: Workload) -> tuple[int, int, int]:
+    """Half-precision weight copies autocast makes ('amp'): (live at the forward peak, at the start of
+    backward, during the first layer's MLP backward).
+
+    Autocast caches its cast of a leaf that requires grad until the autocast region exits (weight cache,
+    aten/src/ATen/autocast_mode.cpp); a Linear keeps its weight cast for the input's gradient until its
+    backward ran. Full fine-tuning: every Linear weight and bias (and the LM head, or the tied embedding it
+    reads) is cached. LoRA: frozen weights are cast per call and kept only where the input needs a gradient
+    (not the first layer's projections of the frozen embedding); adapters are cached. Routed experts are not
+    cast: transformers' grouped_mm experts run in the weights' own dtype. Under full checkpointing the layers
+    keep nothing, so only the LM head's cast outlives the forward; the first layer's recompute casts again."""
+    if workload.recipe != "amp" or workload.mode != "train":
+        return 0, 0, 0
     a = dtype_bytes(workload.precision)
-    b, s, h = workload.batch, workload.seq, model.hidden
-    nh = max(1, model.heads // tp)
-    resid = 2 * a * h + 4 * h                                  # residual, norm output, fp32 upcast
-    attn = a * (nh * model.head_dim * 2 + 2 * max(1, model.kv_heads // tp) * model.head_dim)
-    if workload.attention == "eager":
-        attn += (a + 4) * nh * s                               # scores and their fp32 softmax
-    width = (_moe_width(model) if model.is_moe else model.intermediate) // tp
-    mlp = 3 * a * width
-    logits = (a + 4) * (model.vocab // tp) * b
-    return b * s * (resid + max(attn, mlp)) + logits
+    weights = bias = 0
+    for n, lin in model.linears():
+        if lin.role != "expert":
+            weights += n * lin.count * lin.in_features * lin.out_features
+            bias += n * lin.count * lin.out_features if lin.bias else 0
+    head = model.lm_head_params + (model.embedding_params if model.tie_embeddings else 0)
+    head += model.hidden * model.hidden if not model.causal else 0  # BERT's MLM transform.dense
+    layer0, down0 = fam.first_layer_weights(model)
+    ckpt = workload.checkpointing == "full"
+    if workload.method == "full":
+        return a * (weights + bias + head), a * (head if ckpt else weights + head), a * (layer0 - down0)
+    adapters, first_a = fam.lora_adapter_params(model, workload)
+    adapters0 = first_layer_trainable_params(model, workload)[0]
+    skipped = fam.first_layer_frozen_inputs(model, workload)
+    kept = a * (weights - skipped + head + adapters)
+    last = a * (layer0 - skipped - down0 + adapters0 - first_a)
+    if ckpt:
+        return a * (head + adapters), a * head, last
+    return kept, kept - a * first_a, last
+
+
+def prefill_transient_bytes(model: ModelSpec, workload: Workload, tp: int = 1) -> int:
+    """Peak working set of a no-grad forward over the prompt (HF generate prefill), beyond weights and KV cache:
+    the largest op-by-op live set inside one layer plus what the model keeps beside it, or the end (final norm,
+    the last position's logits and their fp32 copy). estimator/layer_forward.py replays the op order."""
+    f = lf.Fwd(a=dtype_bytes(workload.precision), b=workload.batch, q=workload.seq, kv=workload.seq,
+               eager=workload.attention == "eager", tp=tp)
+    return lf.inference_peak(model, f)
+
+
+def decode_transient_bytes(model: ModelSpec, workload: Workload, tp: int = 1, cache_copy: int = 0) -> int:
+    """The same for the last generated token, attending to seq + gen_tokens keys. `cache_copy`: bytes of one
+    layer's old keys that DynamicCache.update's torch.cat keeps beside the new ones while it copies them; it
+    is live only during the update, so it joins the peak there rather than being added on top."""
+    f = lf.Fwd(a=dtype_bytes(workload.precision), b=workload.batch, q=1, kv=workload.seq + workload.gen_tokens,
+               eager=workload.attention == "eager", tp=tp, cat=cache_copy)
+    return lf.inference_peak(model, f)

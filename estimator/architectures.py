@@ -23,7 +23,8 @@ def _common(cfg: dict) -> dict:
     )
 
 
-def _rotary_dim(cfg: dict, head_dim: int, default_factor: float = 1.0, legacy_key: str = "partial_rotary_factor") -> int:
+def _rotary_dim(cfg: dict, head_dim: int, default_factor: float = 1.0,
+                legacy_key: str = "partial_rotary_factor") -> int:
     """RoPE-rotated dims per head: head_dim * partial_rotary_factor (transformers 5 keeps it in rope_parameters;
     older configs carry it at top level, GPT-NeoX as rotary_pct)."""
     rope = _get(cfg, "rope_parameters", "rope_scaling", default={}) or {}
