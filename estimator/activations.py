@@ -22,6 +22,7 @@ Bytes are for one micro-batch on one GPU; functions ending in _per_token return 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from estimator import layer_forward as lf
 from estimator import layer_families as fam
@@ -141,6 +142,7 @@ def _transients(model: ModelSpec, workload: Workload, tp: int) -> tuple[int, int
     return fwd, 2 * lsm * v * tokens, lsm * v * tokens, a * v * tokens
 
 
+@lru_cache(maxsize=8192)  # pure in frozen specs; the app and search re-ask the same configs
 def activation_profile(model: ModelSpec, workload: Workload, layers: int | None = None, tp: int = 1,
                        sp: bool = False, in_flight: int = 1) -> ActivationProfile:
     """Training activations of one micro-batch on one GPU (`layers` on this pipeline stage; `in_flight`

@@ -289,3 +289,16 @@ def moments(model: ModelSpec, workload: Workload, parallel: Parallel = Parallel(
             stages = _infer_stages(model, workload, parallel, sh, overhead)
         out += [(sh.stage, name, b) for name, b in stages]
     return tuple(out)
+
+
+def clear_caches() -> None:
+    """Empty every memo the estimator keeps per frozen spec (functools.lru_cache), e.g. to time a cold call."""
+    import functools
+    import sys
+
+    for name, mod in list(sys.modules.items()):
+        if not name.startswith("estimator") or mod is None:
+            continue
+        for obj in vars(mod).values():
+            if isinstance(obj, functools._lru_cache_wrapper):
+                obj.cache_clear()

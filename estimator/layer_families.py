@@ -7,6 +7,8 @@ docs/activations.md are these lists, evaluated per token per layer.
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 from estimator.layer_saved import (LAYOUTS, Ctx, Saved, _heads, attention, context, dense_mlp, dropout_mask,
                                    gated_mlp, layer_norm, linear_inputs, moe, rms_norm, routed_width,
                                    shared_width)
@@ -203,6 +205,7 @@ FAMILY_LAYERS = {"llama": llama_layer, "mistral": llama_layer, "qwen2": llama_la
                  "deepseek_v2": deepseek_layer, "deepseek_v3": deepseek_layer}
 
 
+@lru_cache(maxsize=8192)  # pure in frozen, hashable specs: estimate() asks for the same inventories per moment
 def layer_inventory(model: ModelSpec, w: Workload, seq: int, tp: int = 1, sp: bool = False, first: bool = False,
                     group: int = 0) -> tuple[Saved, ...]:
     """Every tensor one layer of layer group `group` saves for backward (zero-byte entries dropped).
@@ -219,6 +222,7 @@ def layer_inventory(model: ModelSpec, w: Workload, seq: int, tp: int = 1, sp: bo
 _FINAL_NORM = {"gpt_neox": "final_layer_norm", "falcon": "ln_f", "opt": "final_layer_norm", "gpt2": "ln_f"}
 
 
+@lru_cache(maxsize=8192)  # pure in frozen, hashable specs: estimate() asks for the same inventories per moment
 def head_inventory(model: ModelSpec, w: Workload, tp: int = 1) -> tuple[Saved, ...]:
     """What the last pipeline stage saves after the layers: the final norm, the LM head's input, Gemma-2's
     logit soft-capping and the loss's log-softmax output (fp32 for causal LMs: ForCausalLMLoss upcasts the
@@ -246,6 +250,7 @@ def _mlm_head(model: ModelSpec, ctx: Ctx) -> list[Saved]:
     return out + [Saved("log_softmax output", (4 if ctx.amp else a) * v)]
 
 
+@lru_cache(maxsize=8192)  # pure in frozen, hashable specs: estimate() asks for the same inventories per moment
 def embed_inventory(model: ModelSpec, w: Workload, tp: int = 1) -> tuple[Saved, ...]:
     """What the first pipeline stage saves before the layers, when the embeddings train (full fine-tuning):
     position/token-type index tensors, BERT's embedding LayerNorm, embedding dropout; plus RoPE's cos and
@@ -301,6 +306,7 @@ def lora_adapter_params(model: ModelSpec, w: Workload) -> tuple[int, int]:
     return total, first_a
 
 
+@lru_cache(maxsize=8192)  # pure in frozen, hashable specs: estimate() asks for the same inventories per moment
 def mlp_backward_extra(model: ModelSpec, w: Workload, tp: int = 1) -> int:
     """Bytes per token the first layer's MLP backward adds over its saved tensors at its peak: the MLP of the
     last layer backward reaches, with every later layer's gradients already accumulated.

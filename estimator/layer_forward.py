@@ -12,6 +12,7 @@ RoPE cos/sin, the eager causal mask) is the tape's base. Sizes are bytes for the
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from estimator.layer_saved import routed_width, shared_width
 from estimator.model import ModelSpec
@@ -360,6 +361,7 @@ def deepseek_forward(m: ModelSpec, f: Fwd, ls) -> int:
 _TWO_MASKS = ("gemma2", "qwen2_moe")  # build a full and a sliding-window causal mask, both materialised in eager
 
 
+@lru_cache(maxsize=8192)  # pure in the frozen model and Fwd
 def model_base(m: ModelSpec, f: Fwd) -> int:
     """Alive beside a (non-first) layer: the embedding output(s) the model keeps, the layer's input held by
     the model loop, position ids, RoPE cos/sin (1, s, rotary_dim) each, and the causal mask(s) eager (and
@@ -393,12 +395,14 @@ LAYER_FORWARD = {**{mt: llama_forward for mt in ("llama", "mistral", "qwen2", "q
                  "bert": bert_forward, "deepseek_v2": deepseek_forward, "deepseek_v3": deepseek_forward}
 
 
+@lru_cache(maxsize=8192)  # pure in the frozen model and Fwd
 def inference_peak(m: ModelSpec, f: Fwd) -> int:
     """Largest working set of one no-grad forward step beyond weights and KV cache."""
     layer = max(LAYER_FORWARD[m.model_type](m, f, ls) for _, ls in m.layer_groups)
     return max(model_base(m, f) + layer, _end(m, f))
 
 
+@lru_cache(maxsize=8192)  # pure in the frozen model and Fwd
 def checkpointed_layer_peak(m: ModelSpec, f: Fwd) -> int:
     """The working set of one layer's forward under full activation checkpointing (nothing saved), for the
     families whose forward is replayed here in training form (Llama family); 0 for the others."""

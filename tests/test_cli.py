@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from estimator.activations import DEFAULT_K
+
 from estimator import cli
 from estimator.calibration_file import MISSING_HINT, load_calibration
 from estimator.estimate import COMPONENTS, estimate
@@ -119,7 +121,7 @@ def test_k_activation_model(capsys):
     # seed 000's k form: 12 * b*s*h*L*bytes = 12 * 2048 * 4096 * 32 * 2
     assert out["stages"]["forward"]["activations"] == 12 * 2048 * 4096 * 32 * 2
     default = run_json(capsys, "--model", "llama-3.1-8b", "--activation-model", "k", "--json")
-    assert default["activation_k"] == 24.0
+    assert default["activation_k"] == DEFAULT_K["llama"]
 
 
 @pytest.mark.parametrize("args, field", [
