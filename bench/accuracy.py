@@ -167,7 +167,7 @@ def points_of(cases: list[Case]) -> pd.DataFrame:
 
 def _cpu_math_sdpa(c: Case) -> bool:
     """bench.calibrate.cpu_math_sdpa: traced SDPA + attention dropout ran the CPU math kernel."""
-    return calibrate.cpu_math_sdpa(c.row["source"], c.model, c.workload)
+    return calibrate.cpu_math_sdpa(c.row["source"], c.model, c.workload, c.row.get("notes"))
 
 
 # (key, rule on a case, what it means): the doc lists the rows each rule matches and their errors

@@ -154,11 +154,14 @@ def activation_x(model: ModelSpec, workload: Workload, parallel: Parallel, pipel
     return activation_bytes_k(model, workload, 1) * layers_local // model.layers
 
 
-def cpu_math_sdpa(source: str, model: ModelSpec, workload: Workload) -> bool:
-    """A traced training run with SDPA and attention dropout: on CPU, SDPA with dropout_p > 0 runs the math
-    kernel, which materialises and saves the (b, heads, s, s) probabilities and the dropout mask; a GPU's
-    flash / memory-efficient kernel saves neither, and the estimator follows the GPU (sdpa: q, k, v, out, lse).
+def cpu_math_sdpa(source: str, model: ModelSpec, workload: Workload, notes: str | None = None) -> bool:
+    """A traced training run with SDPA and attention dropout, traced before the tracer turned attention dropout
+    off (bench.trace.NOTE_ATTN_DROPOUT_OFF): on CPU, SDPA with dropout_p > 0 runs the math kernel, which
+    materialises and saves the (b, heads, s, s) probabilities and the dropout mask; a GPU's flash /
+    memory-efficient kernel saves neither, and the estimator follows the GPU (sdpa: q, k, v, out, lse).
     Such traced peaks are CPU-specific, so calibration leaves them out and the accuracy report flags them."""
+    if notes and "attention-probability dropout traced off" in notes:
+        return False
     return source == "traced" and workload.mode == "train" and workload.attention == "sdpa" and model.attn_dropout > 0
 
 
@@ -202,7 +205,7 @@ def point_from_row(row: dict, model: ModelSpec | None = None) -> tuple[dict | No
         return None, "config"
     try:  # estimate() itself refuses e.g. LoRA targets that match no module of this model
         workload, parallel = workload_from_row(row), parallel_from_row(row)
-        if cpu_math_sdpa(row["source"], model, workload):
+        if cpu_math_sdpa(row["source"], model, workload, row.get("notes")):
             return None, "cpu-math-sdpa"
         point = activation_bytes_from_row(row, model, workload, parallel)
     except (ValueError, TypeError):

@@ -41,6 +41,34 @@ NOTES = ("traced on fake CPU tensors: exact bytes of every tensor storage the op
          "rounding, no fragmentation, no CUDA context, no kernel workspaces (cuBLAS, attention scratch)")
 
 
+# Config keys of the attention-probability dropout (GPT-2, BERT, and the generic one).
+ATTN_DROPOUT_KEYS = ("attn_pdrop", "attention_probs_dropout_prob", "attention_dropout")
+NOTE_ATTN_DROPOUT_OFF = ("attention-probability dropout traced off: on a GPU, flash/memory-efficient SDPA applies it "
+                         "inside the kernel and saves no mask, while CPU SDPA with dropout falls back to the math "
+                         "kernel that saves the s x s probabilities; residual/MLP dropout is kept")
+
+
+def gpu_attention_config(config: dict, workload: Workload) -> tuple[dict, str | None]:
+    """The config to trace so that CPU SDPA saves what a GPU's SDPA saves, and the note that says so.
+
+    Only training with sdpa/flash and a non-zero attention dropout is changed; the row keeps the original
+    config (config_json, config_hash): the model measured on a GPU is the original one."""
+    from estimator.model import from_hf_config
+
+    if workload.mode != "train" or workload.attention == "eager":
+        return config, None
+    if from_hf_config(config).attn_dropout <= 0:  # the spec knows each family's default (GPT-2, BERT: 0.1)
+        return config, None
+    return {**config, **{k: 0.0 for k in ATTN_DROPOUT_KEYS}}, NOTE_ATTN_DROPOUT_OFF
+
+
+def check_learned_positions(config: dict, name: str, workload: Workload) -> None:
+    """Fake tensors never check an index, so a run past learned position embeddings would 'trace': refuse it."""
+    from estimator.model import check_context, from_hf_config
+
+    check_context(from_hf_config(config, name), workload.seq, workload.gen_tokens)
+
+
 @dataclass
 class Trace:
     """What one traced run counted, before it becomes a row."""
@@ -83,15 +111,19 @@ def trace_case(config: dict, name: str, workload: Workload, parallel: Parallel =
     which changes when FSDP frees its buffers; nested, the counters would not be counting the same run.
     """
     check_traceable(workload, parallel)
+    check_learned_positions(config, name, workload)
     if check:
         check_checkable(workload, parallel)
+    traced_config, note = gpu_attention_config(config, workload)
     start = time.perf_counter()
     with _unpacked_sequences():
-        with _prepared(config, workload, parallel) as case:
+        with _prepared(traced_config, workload, parallel) as case:
             counter = _run(case, steps)
             trace = Trace(counter.log(), *_param_counts(case.model), case.notes, case.per_rank)
+            if note:
+                trace.notes.append(note)
         if check:
-            theirs, name_, categories = _torch_tracker_peak(config, workload, parallel, steps)
+            theirs, name_, categories = _torch_tracker_peak(traced_config, workload, parallel, steps)
             if theirs != counter.peak_bytes:
                 raise RuntimeError(f"counters disagree: StorageCounter peak {counter.peak_bytes} B, "
                                    f"{name_} {theirs} B")

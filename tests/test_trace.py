@@ -307,3 +307,30 @@ def test_cli_ingest_then_resume_from_database(tiny_path, tmp_path, capsys):
     assert main([*argv, "--out", str(tmp_path / "b.jsonl")]) == 0  # a fresh --out: the database knows the run
     assert "nothing to trace" in capsys.readouterr().err
     assert not (tmp_path / "b.jsonl").exists() or (tmp_path / "b.jsonl").read_text() == ""
+
+
+def test_runs_past_learned_positions_are_refused_before_tracing():
+    """Fake tensors never check an index: GPT-2 (1024 learned positions) at 2048 tokens must not 'trace'."""
+    from bench import trace as tr
+    from estimator.presets import load_config
+
+    _, cfg = load_config("gpt2")
+    with pytest.raises(ValueError, match="seq: 2048 tokens exceed"):
+        tr.trace_case(cfg, "gpt2", Workload(batch=1, seq=2048))
+
+
+def test_attention_dropout_is_traced_as_a_gpu_kernel_applies_it():
+    """Training with SDPA and attention dropout: the traced config turns attention-probability dropout off (a GPU
+    flash kernel saves no mask; CPU SDPA with dropout would run the math kernel); eager, inference and models
+    without attention dropout are traced as they are, and the row keeps the original config."""
+    from bench import trace as tr
+    from estimator.presets import load_config
+
+    _, gpt2 = load_config("gpt2")
+    traced, note = tr.gpu_attention_config(gpt2, Workload(seq=1024))
+    assert note == tr.NOTE_ATTN_DROPOUT_OFF and all(traced[k] == 0.0 for k in tr.ATTN_DROPOUT_KEYS)
+    assert gpt2.get("attn_pdrop", 0.1) == 0.1  # the input is not modified
+    assert tr.gpu_attention_config(gpt2, Workload(seq=1024, attention="eager")) == (gpt2, None)
+    assert tr.gpu_attention_config(gpt2, Workload(mode="infer", seq=1024)) == (gpt2, None)
+    _, llama = load_config("llama-3.2-1b")
+    assert tr.gpu_attention_config(llama, Workload()) == (llama, None)
