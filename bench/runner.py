@@ -18,6 +18,8 @@ What each training recipe keeps in which dtype (what this module implements):
 """
 from __future__ import annotations
 
+import copy
+
 import contextlib
 import inspect
 import sys
@@ -92,7 +94,9 @@ def _hf_config(config: dict):
 
     if "model_type" not in config:
         raise ValueError("config: model_type is missing; a config.json names its model_type")
-    rest = {k: v for k, v in config.items() if k not in ("model_type", "auto_map")}  # auto_map = remote code
+    # deep copy: transformers' config classes edit nested dicts in place (rope_scaling gains rope_theta), which
+    # would change the caller's config and so its config_hash between the run_id and the row
+    rest = copy.deepcopy({k: v for k, v in config.items() if k not in ("model_type", "auto_map")})  # auto_map: remote code
     try:
         return AutoConfig.for_model(config["model_type"], **rest)
     except (ValueError, KeyError, TypeError, StrictDataclassError) as e:
