@@ -126,3 +126,18 @@ def test_mixed_recipe_steps_fp32_masters_and_copies_back():
     assert all(torch.equal(p, m.to(p.dtype)) for p, m in zip(optimizer.params, optimizer.master_params))
     assert any(not torch.equal(b, p) for b, p in zip(before, optimizer.params))
     assert all(p.grad is None for p in model.parameters())
+
+
+def test_building_the_hf_config_leaves_the_callers_config_untouched():
+    """transformers edits nested dicts in place (rope_scaling gains rope_theta); the runner must hand it a copy,
+    or a row's config_hash would differ from the run_id computed before the run and resume would never match."""
+    import copy
+
+    from bench import runner
+    from bench.rows import config_hash
+    from estimator.presets import load_config
+
+    _, cfg = load_config("llama-3.2-1b")
+    before = copy.deepcopy(cfg)
+    runner._hf_config(cfg)
+    assert cfg == before and config_hash(cfg) == config_hash(before)
