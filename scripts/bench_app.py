@@ -19,7 +19,6 @@ import argparse
 import datetime as dt
 import os
 import platform
-import re
 import statistics
 import sys
 import tempfile
@@ -28,6 +27,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from scripts.perf_doc import replace_section  # noqa: E402
 sys.path.insert(0, str(REPO / "tests"))
 
 import duckdb  # noqa: E402
@@ -162,18 +163,6 @@ def load_average() -> str:
     return f"load average {one:.1f} (1 min) / {five:.1f} (5 min) on {os.cpu_count()} cores while it ran"
 
 
-def write_doc(section: str, doc: Path) -> None:
-    """Replace the '## App' section of docs/performance.md (up to the next '## '), keeping the rest."""
-    text = doc.read_text() if doc.exists() else "# Performance\n"
-    pattern = re.compile(r"^## App\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section, text)
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    doc.parent.mkdir(parents=True, exist_ok=True)
-    doc.write_text(text)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=1_000_000, help="runs in the synthetic database")
@@ -223,7 +212,7 @@ def main() -> None:
     print()
     print(section)
     if not args.no_doc:
-        write_doc(section, Path(args.doc))
+        replace_section("## App", section, Path(args.doc))
         print(f"updated {args.doc}")
 
 

@@ -15,7 +15,6 @@ import argparse
 import datetime as dt
 import os
 import platform
-import re
 import statistics
 import sys
 import tempfile
@@ -24,6 +23,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from scripts.perf_doc import replace_section  # noqa: E402
 
 import duckdb  # noqa: E402
 
@@ -147,18 +148,6 @@ def machine() -> str:
             f"{dt.date.today().isoformat()}")
 
 
-def write_doc(section: str, doc: Path) -> None:
-    """Replace the '## Database' section of docs/performance.md (up to the next '## '), keeping the rest."""
-    text = doc.read_text() if doc.exists() else "# Performance\n"
-    pattern = re.compile(r"^## Database\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section, text)
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    doc.parent.mkdir(parents=True, exist_ok=True)
-    doc.write_text(text)
-
-
 def load_average() -> str:
     one, five, _ = os.getloadavg()
     return f"{one:.1f} (1 min) / {five:.1f} (5 min)"
@@ -238,7 +227,7 @@ def main() -> None:
     print()
     print(section)
     if not args.no_doc:
-        write_doc(section, Path(args.doc))
+        replace_section("## Database", section, Path(args.doc))
         print(f"updated {args.doc}")
 
 

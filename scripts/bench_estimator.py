@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import re
 import statistics
 import sys
 import time
@@ -23,6 +22,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from scripts.perf_doc import replace_section  # noqa: E402
 from estimator.estimate import clear_caches, estimate  # noqa: E402
 from estimator.model import from_hf_config  # noqa: E402
 from estimator.presets import load_config  # noqa: E402
@@ -140,17 +140,6 @@ def render(est, sw, searches) -> str:
     return "\n".join(lines)
 
 
-def write_section(text: str, path: Path = PERF_DOC) -> None:
-    """Replace (or append) the `## Estimator` section, leaving every other section untouched."""
-    doc = path.read_text() if path.exists() else "# Performance\n\n"
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(doc):
-        doc = pattern.sub(lambda _: text.rstrip("\n") + "\n\n", doc, count=1)
-    else:
-        doc = doc.rstrip("\n") + "\n\n" + text
-    path.write_text(doc.rstrip("\n") + "\n")
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--no-write", action="store_true", help="print only; leave docs/performance.md alone")
@@ -158,7 +147,7 @@ def main() -> int:
     text = render(bench_estimate(), bench_sweep(), bench_searches())
     print(text)
     if not args.no_write:
-        write_section(text)
+        replace_section(SECTION, text, PERF_DOC)
         print(f"wrote the {SECTION!r} section of {PERF_DOC.relative_to(ROOT)}")
     return 0
 
