@@ -99,6 +99,12 @@ def weights_bytes(model: ModelSpec, fmt: str, float_dtype: str) -> int:
 
 # ---------------------------------------------------------------- trainable parameters (full, LoRA)
 
+def lora_target_names(model: ModelSpec) -> list[str]:
+    """Module names a LoRA target can name in this model: its Linear modules except fused routed experts
+    (PEFT matches the last component of the module name; experts in transformers 5 are 3-D Parameters)."""
+    return sorted({lin.name.split(".")[-1] for _, lin in model.linears() if lin.role != "expert"})
+
+
 def lora_target_shapes(model: ModelSpec, targets: tuple[str, ...]) -> list[tuple[int, int, int]]:
     """(layers x count, in, out) of every Linear a LoRA target name matches (PEFT matches on the module name's
     last component, peft/tuners/tuners_utils.py `check_target_module_exists`). Routed experts stored as fused
@@ -109,13 +115,12 @@ def lora_target_shapes(model: ModelSpec, targets: tuple[str, ...]) -> list[tuple
 @lru_cache(maxsize=4096)  # per (frozen model, targets): estimate() asks several times per call, sweeps thousands
 def _lora_target_shapes(model: ModelSpec, targets: tuple[str, ...]) -> tuple[tuple[int, int, int], ...]:
     shapes = []
-    known = sorted({lin.name.split(".")[-1] for _, lin in model.linears() if lin.role != "expert"})
     for t in targets:
         hits = [(n * lin.count, lin.in_features, lin.out_features) for n, lin in model.linears()
                 if lin.role != "expert" and (lin.name == t or lin.name.split(".")[-1] == t)]
         if not hits:
             raise ValueError(f"lora_targets: {t!r} matches no Linear module of {model.model_type}; "
-                             f"available: {', '.join(known)}")
+                             f"available: {', '.join(lora_target_names(model))}")
         shapes += hits
     return tuple(shapes)
 

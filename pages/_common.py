@@ -14,6 +14,7 @@ from pathlib import Path
 import streamlit as st
 
 from bench import app_data, db
+from estimator import components as comp
 from estimator import spec
 from estimator.gpus import gpu_names, load_gpus
 from estimator.model import ModelSpec
@@ -340,8 +341,8 @@ def model_field() -> Field:
 
 
 def lora_target_options(model: ModelSpec) -> list[str]:
-    """Names PEFT can target in this model: its non-expert Linear modules (see components.lora_target_shapes)."""
-    return sorted({lin.name.split(".")[-1] for _, lin in model.linears() if lin.role != "expert"})
+    """Names PEFT can target in this model (estimator.components.lora_target_names)."""
+    return comp.lora_target_names(model)
 
 
 def shown_workload_fields(mode: str, method: str) -> list[str]:
