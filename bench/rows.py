@@ -96,6 +96,18 @@ COLUMNS: tuple[Column, ...] = tuple([
     Column("breakdown_json", "json", max_len=MAX_JSON, doc="bytes per category at the peak (traced runs)"),
     Column("per_rank_json", "json", max_len=MAX_JSON, doc="per-rank peaks for multi-GPU runs"),
     Column("notes", "text", max_len=MAX_NOTES),
+    # migration 004: the training-loop and recipe knobs of the workload, the tracer's kernels, the allocator
+    Column("loop", "text", allowed=spec.LOOPS, doc="what the training loop keeps alive: the loss, or the whole output"),
+    Column("loss", "text", allowed=spec.LOSSES, doc="full, chunked or fused-linear cross-entropy"),
+    Column("loss_chunks", "int", lo=1, hi=spec.MAX_LOSS_CHUNKS, doc="chunks of a chunked loss"),
+    Column("optimizer_in_backward", "bool", doc="optimizer step fused into backward, per parameter"),
+    Column("activation_offload", "bool", doc="saved activations offloaded to CPU"),
+    Column("quantize_scope", "text", allowed=spec.QUANTIZE_SCOPES, doc="QLoRA: which Linears are 4-bit"),
+    Column("double_quant", "bool", doc="QLoRA: 4-bit scales quantized again"),
+    Column("float8", "bool", doc="torchao float8 training"),
+    Column("compile", "bool", doc="torch.compile'd model"),
+    Column("kernels", "text", allowed=("cuda", "cpu"), doc="traced rows: CUDA's kernels emulated, or the CPU's own"),
+    Column("alloc_conf", "text", doc="PYTORCH_CUDA_ALLOC_CONF of a measured run (empty: torch's defaults)"),
 ])
 COLUMN_NAMES: tuple[str, ...] = tuple(c.name for c in COLUMNS)
 BY_NAME = {c.name: c for c in COLUMNS}
@@ -107,6 +119,13 @@ IDENTITY_FIELDS = (
     "optimizer_impl", "batch", "seq", "gen_tokens", "grad_accum", "checkpointing", "attention", "kv_dtype",
     "strategy", "world_size",
 )
+# Identity fields added after rows existed (migration 004): they join the hash only when they differ from
+# their default, so every run_id computed before them stays the same.
+LATER_IDENTITY_DEFAULTS = {
+    "loop": "loss-only", "loss": "full", "loss_chunks": 8, "optimizer_in_backward": False,
+    "activation_offload": False, "quantize_scope": "all", "double_quant": True, "float8": False,
+    "compile": False, "kernels": "cuda", "alloc_conf": "",
+}
 
 
 def canonical_json(obj) -> str:
@@ -120,4 +139,6 @@ def config_hash(config: dict) -> str:
 def compute_run_id(row: dict) -> str:
     """sha256 over the identity fields; missing fields hash as null so it can be computed before the run."""
     ident = {k: row.get(k) for k in IDENTITY_FIELDS}
+    ident.update({k: row[k] for k, default in LATER_IDENTITY_DEFAULTS.items()
+                  if row.get(k) is not None and row[k] != default})
     return hashlib.sha256(canonical_json(ident).encode()).hexdigest()

@@ -74,7 +74,19 @@ CREATE TABLE runs (
     step_time_s                   DOUBLE    CHECK (step_time_s >= 0),
     breakdown_json                JSON,
     per_rank_json                 JSON,
-    notes                         VARCHAR
+    notes                         VARCHAR,
+    -- from migration 004: workload knobs, the tracer's kernels, a measured run's allocator settings
+    loop                          VARCHAR,
+    loss                          VARCHAR,
+    loss_chunks                   BIGINT,   -- >= 1 (bench/validate.py; an added column takes no CHECK)
+    optimizer_in_backward         BOOLEAN,
+    activation_offload            BOOLEAN,
+    quantize_scope                VARCHAR,
+    double_quant                  BOOLEAN,
+    float8                        BOOLEAN,
+    compile                       BOOLEAN,
+    kernels                       VARCHAR,
+    alloc_conf                    VARCHAR
 );
 
 -- calibrations and the views (from migration 002).

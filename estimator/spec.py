@@ -10,7 +10,10 @@ from dataclasses import dataclass, field, fields
 
 MODES = ("train", "infer")
 METHODS = ("full", "lora", "qlora")
-RECIPES = ("pure", "amp", "mixed", "fp32")
+# pure: everything in --precision; amp: fp32 weights/grads/states + autocast; mixed: half weights and grads +
+# fp32 master and states (DeepSpeed, Megatron); fp32; fsdp-mp: FSDP2 MixedPrecisionPolicy(param_dtype=half,
+# reduce_dtype=fp32): fp32 sharded weights, grads and states, half gathered weights for compute.
+RECIPES = ("pure", "amp", "mixed", "fp32", "fsdp-mp")
 PRECISIONS = ("bf16", "fp16", "fp32")
 # Weight storage formats. "auto" = the recipe's weight dtype (training) or --precision (inference).
 WEIGHT_FORMATS = (
@@ -19,13 +22,29 @@ WEIGHT_FORMATS = (
     "gptq-4bit", "gptq-8bit", "awq-4bit",  # group-wise integer
     "gguf-q8_0", "gguf-q6_k", "gguf-q5_k_m", "gguf-q4_k_m", "gguf-q4_0", "gguf-q3_k_m", "gguf-q2_k",
 )
-OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adamw-8bit", "adafactor", "lion")
+OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adamw-8bit", "adafactor", "lion",
+              "paged-adamw", "paged-adamw-8bit")  # paged: bitsandbytes PagedAdamW(8bit), states in CUDA unified memory
+PAGED_OPTIMIZERS = ("paged-adamw", "paged-adamw-8bit")
 OPTIMIZER_IMPLS = ("foreach", "fused", "forloop")
-CHECKPOINTING = ("none", "full", "selective")
+# full: every decoder layer (HF gradient_checkpointing_enable); selective: the attention core (Megatron,
+# arXiv 2205.05198 sec. 4.2); op-sac: torchtitan's per-op policy (save matmul outputs every other mm, SDPA and
+# collective outputs; torchtitan/models/llama3/infra/parallelize.py `_save_list`)
+CHECKPOINTING = ("none", "full", "selective", "op-sac")
 ATTENTION = ("sdpa", "flash", "eager")
 KV_DTYPES = ("auto", "fp32", "bf16", "fp16", "fp8", "int8")
 STRATEGIES = ("single", "ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp-grad-op", "hsdp", "tp", "pp", "ep")
 OFFLOADS = ("none", "optimizer", "optimizer+params")
+# What the training loop keeps alive: HF Trainer and torchtune keep only the loss; seed 000's harness and
+# litgpt's loops keep the model output (logits) through backward and the optimizer step.
+LOOPS = ("loss-only", "keep-output")
+# The loss: full cross-entropy on materialised logits (HF ForCausalLMLoss); chunked (torchtune
+# CEWithChunkedOutputLoss, litgpt chunked_cross_entropy: the lm_head output and its fp32 upcast per chunk);
+# fused-linear (Liger LigerFusedLinearCrossEntropyLoss: logits never materialised beyond one chunk).
+LOSSES = ("full", "chunked", "fused-linear")
+# Which Linears QLoRA stores in 4-bit: every Linear of the decoder blocks (bitsandbytes replace_with_bnb_linear,
+# as litgpt and PEFT load them) or only the Linears that carry LoRA adapters (torchtune lora_*_qlora builders).
+QUANTIZE_SCOPES = ("all", "adapted")
+MAX_LOSS_CHUNKS = 4096
 
 # Bounds keep sweeps and contributed rows sane; they are far above any real run.
 MAX_BATCH = 1 << 20
@@ -66,6 +85,15 @@ class Workload:
     checkpointing: str = "none"         # activation checkpointing: none, full (per layer) or selective (attention)
     attention: str = "sdpa"             # eager materialises the s x s scores; sdpa/flash do not
     kv_dtype: str = "auto"              # KV-cache dtype; "auto" = precision
+    loop: str = "loss-only"             # what the training loop keeps alive through backward and the step
+    loss: str = "full"                  # full | chunked | fused-linear cross-entropy (LOSSES)
+    loss_chunks: int = 8                # chunks of the sequence for loss='chunked' (torchtune num_output_chunks=8)
+    optimizer_in_backward: bool = False  # step each parameter in its post-accumulate-grad hook, free its grad
+    activation_offload: bool = False    # saved activations moved to CPU (torchtune OffloadActivations)
+    quantize_scope: str = "all"         # QLoRA: 4-bit on every block Linear (all) or the adapted ones only
+    double_quant: bool = True           # QLoRA: quantize the 4-bit absmax scales again (arXiv 2305.14314 sec. 3)
+    float8: bool = False                # torchao float8 training of the block Linears (tensorwise scaling)
+    compile: bool = False               # torch.compile'd model (what AOTAutograd saves is not modelled)
 
     def __post_init__(self) -> None:
         _check_choice("mode", self.mode, MODES)
@@ -78,6 +106,13 @@ class Workload:
         _check_choice("checkpointing", self.checkpointing, CHECKPOINTING)
         _check_choice("attention", self.attention, ATTENTION)
         _check_choice("kv_dtype", self.kv_dtype, KV_DTYPES)
+        _check_choice("loop", self.loop, LOOPS)
+        _check_choice("loss", self.loss, LOSSES)
+        _check_choice("quantize_scope", self.quantize_scope, QUANTIZE_SCOPES)
+        _check_int("loss_chunks", self.loss_chunks, 1, MAX_LOSS_CHUNKS)
+        for name in ("optimizer_in_backward", "activation_offload", "double_quant", "float8", "compile"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}: must be true or false, got {getattr(self, name)!r}")
         _check_int("batch", self.batch, 1, MAX_BATCH)
         _check_int("seq", self.seq, 1, MAX_SEQ)
         _check_int("gen_tokens", self.gen_tokens, 0, MAX_SEQ)
@@ -95,6 +130,12 @@ class Workload:
                 raise ValueError("grad_accum: gradient accumulation needs mode='train'")
             if self.checkpointing != "none":
                 raise ValueError("checkpointing: activation checkpointing needs mode='train'")
+            for name in ("optimizer_in_backward", "activation_offload", "float8"):
+                if getattr(self, name):
+                    raise ValueError(f"{name}: needs mode='train'")
+            if self.loop != "loss-only" or self.loss != "full":
+                raise ValueError("loop: the training loop and loss settings need mode='train'; inference uses "
+                                 "loop='loss-only', loss='full'")
         else:
             if self.gen_tokens != 0:
                 raise ValueError("gen_tokens: generated tokens need mode='infer'")
@@ -109,10 +150,21 @@ class Workload:
                 "use method='lora'/'qlora' or a float format (fp32, bf16, fp16)")
         if self.recipe == "fp32" and self.precision != "fp32":
             raise ValueError("precision: recipe 'fp32' needs precision='fp32'")
-        if self.recipe in ("amp", "mixed") and self.precision == "fp32":
+        if self.recipe in ("amp", "mixed", "fsdp-mp") and self.precision == "fp32":
             raise ValueError(f"precision: recipe {self.recipe!r} needs a half precision (bf16 or fp16)")
-        if self.optimizer == "adamw-8bit" and self.optimizer_impl == "fused":
-            raise ValueError("optimizer_impl: bitsandbytes 8-bit AdamW has no 'fused' variant; use foreach or forloop")
+        if self.optimizer in ("adamw-8bit", *PAGED_OPTIMIZERS) and self.optimizer_impl == "fused":
+            raise ValueError(f"optimizer_impl: bitsandbytes {self.optimizer} has no 'fused' variant; use foreach or forloop")
+        if self.loss_chunks != 8 and self.loss != "chunked":
+            raise ValueError("loss_chunks: sets the chunks of loss='chunked'; leave it at 8 for other losses")
+        if self.optimizer_in_backward and self.grad_accum != 1:
+            raise ValueError("optimizer_in_backward: steps in backward, so it cannot accumulate gradients; "
+                             "use grad_accum=1 (torchtune refuses the combination too)")
+        if self.quantize_scope != "all" and self.method != "qlora":
+            raise ValueError("quantize_scope: chooses which Linears QLoRA quantizes; needs method='qlora'")
+        if self.float8 and self.method != "full":
+            raise ValueError("float8: torchao float8 training converts trainable Linears; needs method='full'")
+        if self.float8 and self.precision != "bf16":
+            raise ValueError("float8: torchao float8 training computes in bf16; needs precision='bf16'")
 
     @property
     def training(self) -> bool:
