@@ -156,7 +156,7 @@ def activation_x(model: ModelSpec, workload: Workload, parallel: Parallel, pipel
 
 def cpu_math_sdpa(source: str, model: ModelSpec, workload: Workload, notes: str | None = None) -> bool:
     """A traced training run with SDPA and attention dropout, traced before the tracer turned attention dropout
-    off (bench.trace.NOTE_ATTN_DROPOUT_OFF): on CPU, SDPA with dropout_p > 0 runs the math kernel, which
+    off (estimator.trace.session.NOTE_ATTN_DROPOUT_OFF): on CPU, SDPA with dropout_p > 0 runs the math kernel, which
     materialises and saves the (b, heads, s, s) probabilities and the dropout mask; a GPU's flash /
     memory-efficient kernel saves neither, and the estimator follows the GPU (sdpa: q, k, v, out, lse).
     Such traced peaks are CPU-specific, so calibration leaves them out and the accuracy report flags them."""

@@ -90,7 +90,7 @@ class Case:
 def check_measurable(workload: Workload, parallel: Parallel) -> None:
     """Raise ValueError for a case the worker cannot run as labelled (the analytic tier still estimates it).
 
-    Other refusals (an optimizer torch lacks, bitsandbytes missing) come from bench.runner inside the
+    Other refusals (an optimizer torch lacks, bitsandbytes missing) come from estimator.trace.runner inside the
     worker and are reported as that case's failure.
     """
     if parallel.strategy not in MEASURED_STRATEGIES:
@@ -105,7 +105,7 @@ def check_measurable(workload: Workload, parallel: Parallel) -> None:
         raise ValueError(f"kv_dtype: {workload.kv_dtype!r} is not measured; the runner's KV cache has the "
                          "model's dtype (kv_dtype 'auto')")
     if workload.method == "qlora" or workload.weight_format not in ("auto", "fp32", "bf16", "fp16"):
-        raise ValueError("weight_format: bench.runner builds float weights only (auto, fp32, bf16, fp16); "
+        raise ValueError("weight_format: the runner builds float weights only (auto, fp32, bf16, fp16); "
                          "quantized weights and qlora are estimated analytically")
 
 

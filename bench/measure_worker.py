@@ -38,7 +38,8 @@ from pathlib import Path
 
 import torch
 
-from bench import env, runner
+from bench import env
+from estimator.trace import runner
 from bench.measure import Case, build_row
 from bench.rows import MAX_NOTES
 
@@ -125,7 +126,7 @@ def make_backend(device: str, local_rank: int):
 
 
 def _next_stage(last: str, workload, micro_done: int) -> str:
-    """The stage that runs after `last`, in bench.runner.run_stages's order (names the stage an OOM hit)."""
+    """The stage that runs after `last`, in estimator.trace.runner.run_stages's order (names the stage an OOM hit)."""
     if workload.mode == "infer":
         return "prefill" if last == "load" else "decode"
     if last == "forward":

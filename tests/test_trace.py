@@ -12,7 +12,7 @@ import torch
 
 from bench import grid, trace
 from bench.__main__ import main
-from bench.counters import StorageCounter
+from estimator.trace.counters import StorageCounter
 from bench.validate import validate_row
 from estimator.spec import Parallel, Workload
 
@@ -323,8 +323,8 @@ def test_attention_dropout_is_traced_as_a_gpu_kernel_applies_it():
     """Training with SDPA and attention dropout: the traced config turns attention-probability dropout off (a GPU
     flash kernel saves no mask; CPU SDPA with dropout would run the math kernel); eager, inference and models
     without attention dropout are traced as they are, and the row keeps the original config."""
-    from bench import trace as tr
     from estimator.presets import load_config
+    from estimator.trace import session as tr
 
     _, gpt2 = load_config("gpt2")
     traced, note = tr.gpu_attention_config(gpt2, Workload(seq=1024))

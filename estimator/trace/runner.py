@@ -42,7 +42,7 @@ def weight_dtype(workload: Workload) -> torch.dtype:
         if workload.weight_format not in DTYPES:
             raise ValueError(
                 f"weight_format: {workload.weight_format!r} needs quantization kernels (bitsandbytes, GPTQ, GGUF) "
-                "that bench.runner does not build; use fp32, bf16 or fp16 (or the analytic estimate)")
+                "that the runner does not build; use fp32, bf16 or fp16 (or the analytic estimate)")
         return DTYPES[workload.weight_format]
     if workload.mode == "infer" or workload.recipe in ("pure", "mixed"):
         return DTYPES[workload.precision]
@@ -122,7 +122,7 @@ def build_model(config: dict, workload: Workload, device: str = "cpu", *, meta_t
     no tensor's size. Tied tensors (input/output embeddings) stay tied.
     """
     if workload.method == "qlora":
-        raise ValueError("method: qlora needs bitsandbytes 4-bit layers, which bench.runner does not build; "
+        raise ValueError("method: qlora needs bitsandbytes 4-bit layers, which the runner does not build; "
                          "use lora (or the analytic estimate)")
     hf_config = _hf_config(config)
     cls = _model_class(hf_config)

@@ -1,0 +1,11 @@
+"""The traced tier's engine: a transformers model built from its config, run on fake CPU tensors, every
+allocation counted. torch and transformers live here and only here in `estimator/`; nothing that evaluates an
+estimate imports this package (tests/test_imports.py checks it): it runs to derive a model's inventory and
+memory profile (`estimator.profile.derive`), and for `python -m bench trace` / `measure`.
+
+- `runner`: a `Workload` becomes a model, optimizer, inputs and a sequence of stages (used on fake tensors and,
+  by `bench.measure`, on a real GPU).
+- `counters`: the allocation counter (every storage's bytes, lifetime and role) and its event stream.
+- `session`: one traced run: build the case inside FakeTensorMode (single GPU, DDP buckets, FSDP2 with a fake
+  process group), run it, read the counter.
+"""

@@ -1,0 +1,307 @@
+"""One traced run: a real HF model on fake CPU tensors, every allocation counted.
+
+    trace = run_traced(config, Workload(batch=4, seq=512), Parallel())   # -> Trace (log, params, notes)
+
+The model is built from its config.json by `estimator.trace.runner` inside FakeTensorMode: tensors carry shapes,
+dtypes and storages but no data, so a 70B model traces on a laptop. `estimator.trace.counters.StorageCounter` counts
+the bytes of every live storage, per stage and per category. Fake CUDA tensors abort this CPU-only torch
+build, so the fake device is "cpu"; what is counted is the same op-level allocation a GPU run asks its
+allocator for (`NOTES` says what that leaves out).
+
+Multi-GPU, rank 0 of N is traced with torch's fake process group (collectives do nothing):
+- fsdp / zero3 / fsdp-grad-op: FSDP2 `fully_shard` on every decoder layer then the root, built on the meta
+  device and materialised with to_empty inside FakeTensorMode. fsdp-grad-op keeps parameters unsharded
+  between forward and backward (reshard_after_forward=False, ZeRO-2-like). FSDP2 pads every shard to the
+  same size, so all ranks hold the same bytes and rank 0 stands for all.
+- ddp: DDP's C++ Reducer reads tensor data (parameter verification, bucket rebuilding), which fake
+  tensors do not have, so DDP itself cannot run. Its one memory effect on a rank is the gradient buckets
+  it allocates at construction (torch/csrc/distributed/c10d/reducer.cpp, initialize_buckets; with the
+  default gradient_as_bucket_view=False they are separate from .grad); the trace allocates them as one
+  flat buffer per dtype, counted as "comm_buffers", on top of the single-GPU run.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from estimator.spec import Parallel, Workload
+from estimator.trace import runner
+from estimator.trace.counters import StageLog, StorageCounter, memtracker_peak_bytes
+
+FSDP_STRATEGIES = ("fsdp", "zero3", "fsdp-grad-op")
+TRACED_STRATEGIES = ("single", "ddp", *FSDP_STRATEGIES)
+
+
+# Config keys of the attention-probability dropout (GPT-2, BERT, and the generic one).
+ATTN_DROPOUT_KEYS = ("attn_pdrop", "attention_probs_dropout_prob", "attention_dropout")
+NOTE_ATTN_DROPOUT_OFF = ("attention-probability dropout traced off: on a GPU, flash/memory-efficient SDPA applies it "
+                         "inside the kernel and saves no mask, while CPU SDPA with dropout falls back to the math "
+                         "kernel that saves the s x s probabilities; residual/MLP dropout is kept")
+
+
+def gpu_attention_config(config: dict, workload: Workload) -> tuple[dict, str | None]:
+    """The config to trace so that CPU SDPA saves what a GPU's SDPA saves, and the note that says so.
+
+    Only training with sdpa/flash and a non-zero attention dropout is changed; the row keeps the original
+    config (config_json, config_hash): the model measured on a GPU is the original one."""
+    from estimator.model import from_hf_config
+
+    if workload.mode != "train" or workload.attention == "eager":
+        return config, None
+    if from_hf_config(config).attn_dropout <= 0:  # the spec knows each family's default (GPT-2, BERT: 0.1)
+        return config, None
+    return {**config, **{k: 0.0 for k in ATTN_DROPOUT_KEYS}}, NOTE_ATTN_DROPOUT_OFF
+
+
+def check_learned_positions(config: dict, name: str, workload: Workload) -> None:
+    """Fake tensors never check an index, so a run past learned position embeddings would 'trace': refuse it."""
+    from estimator.model import check_context, from_hf_config
+
+    check_context(from_hf_config(config, name), workload.seq, workload.gen_tokens)
+
+
+@dataclass
+class Trace:
+    """What one traced run counted, before it becomes a row."""
+
+    log: StageLog                  # per-stage peaks and breakdowns of the traced rank
+    params: int
+    trainable_params: int
+    notes: list[str] = field(default_factory=list)
+    per_rank: dict | None = None
+    seconds: float = 0.0
+
+
+def check_traceable(workload: Workload, parallel: Parallel) -> None:
+    """Raise ValueError for what the traced tier cannot run (the analytic tier still estimates it)."""
+    if parallel.strategy not in TRACED_STRATEGIES:
+        raise ValueError(f"strategy: {parallel.strategy!r} is not traced; traced strategies are "
+                         f"{', '.join(TRACED_STRATEGIES)}")
+    if parallel.tp_size > 1 or parallel.pp_size > 1 or parallel.ep_size > 1:
+        raise ValueError("tp: tensor, pipeline and expert parallelism are not traced; use tp=pp=ep=1")
+    if parallel.offload != "none":
+        raise ValueError("offload: CPU offload is not traced (every fake tensor is already on the CPU)")
+    if workload.kv_dtype != "auto":
+        raise ValueError(f"kv_dtype: {workload.kv_dtype!r} is not traced; the traced KV cache has the model's "
+                         "dtype (kv_dtype 'auto')")
+    if workload.optimizer == "adafactor":
+        raise ValueError("optimizer: adafactor reads tensor values (.item() of norms) and cannot run on fake "
+                         "tensors; use the analytic estimate or measure it on a GPU")
+    if workload.method == "qlora":
+        raise ValueError("method: qlora needs bitsandbytes 4-bit weights, which cannot run on fake CPU tensors")
+    runner.weight_dtype(workload)  # raises for quantized weight formats
+
+
+@contextlib.contextmanager
+def _unpacked_sequences():
+    """Tell HF the inputs hold one sequence per row, as they do.
+
+    Without an attention mask HF reads position_ids to detect packed sequences
+    (transformers/masking_utils.py, find_packed_sequence_indices); it cannot read fake tensors, so it
+    assumes packing and builds a (batch, 1, seq, seq) mask, which also turns off SDPA's is_causal path and
+    repeats K/V for GQA. A real run of these inputs has neither, so the detection is answered here.
+    """
+    from transformers import masking_utils
+
+    original = masking_utils.find_packed_sequence_indices
+    masking_utils.find_packed_sequence_indices = lambda position_ids: None
+    try:
+        yield
+    finally:
+        masking_utils.find_packed_sequence_indices = original
+
+
+def check_checkable(workload: Workload, parallel: Parallel) -> None:
+    """MemTracker hooks every parameter's gradient, so it needs single-GPU full fine-tuning (no frozen
+    parameters, no no_grad inference); FSDPMemTracker hooks FSDP itself and takes any FSDP case."""
+    if parallel.strategy in FSDP_STRATEGIES:
+        return
+    if (workload.mode, workload.method, parallel.strategy) != ("train", "full", "single"):
+        raise ValueError("check: torch's MemTracker cross-checks single-GPU full fine-tuning only (it hooks "
+                         "every parameter's gradient), and FSDPMemTracker FSDP cases; trace this case "
+                         "without --check")
+
+
+def _fake_mode():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    # allow_non_fake_inputs: meta tensors (the model before materialising) and Python scalars may meet fake ones
+    return FakeTensorMode(allow_non_fake_inputs=True)
+
+
+@dataclass
+class _Case:
+    """A built case, alive inside fake mode: what the stages run on, and what to classify up front."""
+
+    model: torch.nn.Module
+    optimizer: object
+    inputs: dict
+    workload: Workload
+    roles: list = field(default_factory=list)      # (tensors, category) tracked before the run
+    notes: list = field(default_factory=list)
+    per_rank: dict | None = None
+
+
+@contextlib.contextmanager
+def _prepared(config: dict, workload: Workload, parallel: Parallel):
+    """Yield the built _Case inside fake mode (and, for FSDP, a fake process group torn down after)."""
+    if parallel.strategy in FSDP_STRATEGIES:
+        with _fsdp_model(config, workload, parallel) as model, _fake_mode():
+            model.to_empty(device="cpu")  # FSDP2's documented meta-device init; shards become fake
+            case = _Case(model, runner.make_optimizer(model, workload), runner.make_inputs(config, workload, "cpu"),
+                         workload, per_rank={"world_size": parallel.gpus, "traced_rank": 0})
+            case.notes.append(f"fsdp2 rank 0 of {parallel.gpus} traced with a fake process group "
+                              "(collectives do nothing)")
+            yield case
+        return
+    with _fake_mode():
+        # Built on meta, then given fake storage by runner._materialize: building under fake mode directly
+        # fails in PEFT, whose adapter .to() swaps fake parameters ("Cannot swap ... weakref").
+        model = runner.build_model(config, workload, "cpu", meta_then_empty=True)
+        case = _Case(model, runner.make_optimizer(model, workload), runner.make_inputs(config, workload, "cpu"),
+                     workload)
+        if parallel.strategy == "ddp":
+            case.roles.append((_ddp_buckets(model), "comm_buffers"))
+            case.notes.append("ddp: gradient buckets allocated as DDP's Reducer does; DDP itself cannot run "
+                              "on fake tensors")
+        yield case
+
+
+@contextlib.contextmanager
+def _fsdp_model(config: dict, workload: Workload, parallel: Parallel):
+    """The model on the meta device, fully_shard-ed per decoder layer and at the root, in a fake world."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        raise RuntimeError("a process group is already initialised; FSDP tracing needs its own fake one")
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=parallel.gpus)
+    try:
+        model = runner.build_model(config, workload, device="meta")
+        reshard = parallel.strategy != "fsdp-grad-op"
+        for layer in _decoder_layers(model):
+            fully_shard(layer, reshard_after_forward=reshard)
+        fully_shard(model, reshard_after_forward=reshard)
+        yield model
+    finally:
+        dist.destroy_process_group()
+
+
+def _run(case: _Case, steps: int) -> StorageCounter:
+    """Count the stages of a built case; roles are (re)assigned at every stage boundary."""
+    counter = StorageCounter()
+    counter.track(case.inputs.values(), "other")
+    for tensors, role in case.roles:
+        counter.track(tensors, role)
+    live: dict = {}
+
+    def on_stage(stage: str) -> None:
+        counter.classify_model(case.model, case.optimizer)
+        counter.track(_fsdp_unsharded(case.model), "weights")
+        if "kv_cache" in live:
+            counter.track(runner.kv_cache_tensors(live["kv_cache"]), "kv_cache")
+        counter.mark_stage(stage)
+
+    on_stage("load")
+    with counter:
+        runner.run_stages(case.model, case.optimizer, case.workload, case.inputs, on_stage, steps=steps, live=live)
+    return counter
+
+
+def _torch_tracker_peak(config, workload, parallel, steps) -> tuple[int, str, dict]:
+    """(overall peak, tracker name, its categories at the peak) of torch's tracker on its own run."""
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    with _prepared(config, workload, parallel) as case:
+        inner = getattr(case.optimizer, "inner", case.optimizer)   # mixed: the torch optimizer over fp32 masters
+        masters = list(getattr(case.optimizer, "master_params", ()))
+        if parallel.strategy in FSDP_STRATEGIES:
+            tracker, name = FSDPMemTracker(case.model, inner), "FSDPMemTracker"
+            tracker.track_inputs((case.inputs, masters))  # it has no track_external; masters predate it too
+        else:
+            tracker, name = MemTracker(), "MemTracker"
+            tracker.track_external(case.model, inner, case.inputs, *masters)
+
+        def on_stage(stage: str) -> None:
+            if stage != "forward":  # the trackers refuse a second forward without a reset
+                tracker.reset_mod_stats()
+
+        with tracker:
+            runner.run_stages(case.model, case.optimizer, workload, case.inputs, on_stage, steps=steps)
+    snap = tracker.get_tracker_snapshot("peak")
+    categories = {str(getattr(k, "value", k)): v for dev in snap.values() for k, v in dev.items()}
+    return memtracker_peak_bytes(tracker), name, categories
+
+
+def _param_counts(model) -> tuple[int, int]:
+    params = list(model.parameters())  # deduplicated, so tied embeddings count once
+    return sum(p.numel() for p in params), sum(p.numel() for p in params if p.requires_grad)
+
+
+def _ddp_buckets(model) -> list[torch.Tensor]:
+    """One flat buffer per gradient dtype, the bytes DDP's Reducer allocates for its buckets."""
+    numel: dict[torch.dtype, int] = {}
+    for p in model.parameters():
+        if p.requires_grad:
+            numel[p.dtype] = numel.get(p.dtype, 0) + p.numel()
+    return [torch.empty(n, dtype=dt) for dt, n in numel.items()]
+
+
+def _fsdp_unsharded(model) -> list[torch.Tensor]:
+    """FSDP2's unsharded parameters live in each FSDPParam's all_gather_outputs (fsdp/_fully_shard/_fsdp_param.py)."""
+    out = []
+    for module in model.modules():
+        state = getattr(module, "_get_fsdp_state", None)
+        group = state()._fsdp_param_group if state else None
+        if group is not None:
+            for fsdp_param in group.fsdp_params:
+                out.extend(fsdp_param.all_gather_outputs)
+    return out
+
+
+def _decoder_layers(model) -> list[torch.nn.Module]:
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    if not layers:
+        raise ValueError(f"model_type: {model.config.model_type!r} has no decoder layers FSDP can wrap")
+    return layers
+
+
+
+
+def run_traced(config: dict, workload: Workload, parallel: Parallel = Parallel(), *, steps: int = 2,
+               check: bool = False, name: str = "model") -> Trace:
+    """Trace one case: per-stage peaks and breakdowns, parameter counts, notes.
+
+    check=True traces the case a second time, counted by torch's own tracker alone (MemTracker for
+    single-GPU full fine-tuning, FSDPMemTracker for FSDP), and raises if its overall peak is not
+    the same to the byte. The two runs are separate because FSDPMemTracker re-registers FSDP's hooks,
+    which changes when FSDP frees its buffers; nested, the counters would not be counting the same run.
+    """
+    check_traceable(workload, parallel)
+    check_learned_positions(config, name, workload)
+    if check:
+        check_checkable(workload, parallel)
+    traced_config, note = gpu_attention_config(config, workload)
+    start = time.perf_counter()
+    with _unpacked_sequences():
+        with _prepared(traced_config, workload, parallel) as case:
+            counter = _run(case, steps)
+            trace = Trace(counter.log(), *_param_counts(case.model), case.notes, case.per_rank)
+            if note:
+                trace.notes.append(note)
+        if check:
+            theirs, name_, categories = _torch_tracker_peak(traced_config, workload, parallel, steps)
+            if theirs != counter.peak_bytes:
+                raise RuntimeError(f"counters disagree: StorageCounter peak {counter.peak_bytes} B, "
+                                   f"{name_} {theirs} B")
+            trace.notes.append(f"{name_} agrees to the byte ({theirs} B)")
+            if trace.per_rank is not None:
+                trace.per_rank["fsdp_mem_tracker_peak"] = categories
+    trace.seconds = time.perf_counter() - start
+    return trace
