@@ -106,6 +106,8 @@ class StorageCounter(TorchDispatchMode):
         self._orig_resize = None
         self._orig_propagate = None
         self._paused = False
+        self.marks: list[tuple[int, str]] = []       # (tick, stage) at every mark_stage: the stage that just ended
+        self.blocks: list[tuple[int, object]] = []   # (tick, block) whenever the running decoder layer changes
 
     # -- recording --------------------------------------------------------------------------------
     def _tick(self) -> int:
@@ -241,8 +243,31 @@ class StorageCounter(TorchDispatchMode):
             self.track(optimizer_state_tensors(optimizer), "optimizer_states")
 
     # -- reading ----------------------------------------------------------------------------------
+    def set_block(self, block) -> None:
+        """Record that the ticks after now belong to `block` (a decoder layer's position, or None outside)."""
+        self.blocks.append((self._now, block))
+
+    def timeline(self) -> "Timeline":
+        """Every tick of the run as arrays (after the run, once roles are final); see `Timeline`."""
+        import numpy as np
+
+        n = self._now
+        kind = np.zeros(n + 1, dtype=np.int8)
+        nbytes = np.zeros(n + 1, dtype=np.int64)
+        cat = np.zeros(n + 1, dtype=np.int8)
+        rec_of = np.full(n + 1, -1, dtype=np.int64)
+        index = {c: i for i, c in enumerate(CATEGORIES)}
+        for i, rec in enumerate(self._records):
+            c = index[rec.role.category]
+            kind[rec.t_alloc], nbytes[rec.t_alloc], cat[rec.t_alloc], rec_of[rec.t_alloc] = 1, rec.nbytes, c, i
+            if rec.t_free != NEVER_FREED:
+                t = int(rec.t_free)
+                kind[t], nbytes[t], cat[t], rec_of[t] = -1, rec.nbytes, c, i
+        return Timeline(kind, nbytes, cat, rec_of, tuple(self.marks), tuple(self.blocks))
+
     def mark_stage(self, stage: str) -> None:
         """Close the current window as `stage`: its peak is the max since the previous mark."""
+        self.marks.append((self._now, stage))
         best = self._stage_ticks.get(stage)
         if best is None or self._window_bytes > best[0]:
             self._stage_ticks[stage] = (self._window_bytes, self._window_tick)
@@ -260,6 +285,28 @@ class StorageCounter(TorchDispatchMode):
         """Peaks with their breakdowns; computed once, after the run, from the records."""
         stages = tuple(StagePeak(s, b, self.breakdown_at(t)) for s, (b, t) in self._stage_ticks.items())
         return StageLog(stages, StagePeak("overall", self.peak_bytes, self.breakdown_at(self._peak_tick)))
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """A counted run tick by tick. Tick t (1..T) is one allocation (kind +1) or one free (kind -1) of
+    `nbytes[t]` bytes of a storage whose final role is `CATEGORIES[cat[t]]` (record `rec[t]`); tick 0 is the
+    empty start. `marks` are (tick, stage that ended there); `blocks` are (tick, decoder-layer block or None)."""
+
+    kind: object      # np.ndarray[int8]
+    nbytes: object    # np.ndarray[int64]
+    cat: object       # np.ndarray[int8]
+    rec: object       # np.ndarray[int64]
+    marks: tuple
+    blocks: tuple
+
+    def live(self):
+        """(len(CATEGORIES), T + 1) int64 array: bytes live per category after each tick."""
+        import numpy as np
+
+        out = np.zeros((len(CATEGORIES), len(self.kind)), dtype=np.int64)
+        np.add.at(out, (self.cat.astype(np.int64), np.arange(len(self.kind))), self.kind * self.nbytes)
+        return np.cumsum(out, axis=1)
 
 
 def optimizer_state_tensors(optimizer) -> list[torch.Tensor]:

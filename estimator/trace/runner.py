@@ -114,12 +114,13 @@ def _model_class(hf_config):
 
 
 def build_model(config: dict, workload: Workload, device: str = "cpu", *, meta_then_empty: bool = False,
-                seed: int = 0) -> torch.nn.Module:
+                seed: int = 0, layers: list[int] | None = None) -> torch.nn.Module:
     """A randomly initialised HF model for `config`; no weights are downloaded, no remote code runs.
 
     With meta_then_empty the model is built on the meta device and then given uninitialised storage on
     `device` (fast for big models). Values, RoPE inv_freq included, are then uninitialised, which changes
-    no tensor's size. Tied tensors (input/output embeddings) stay tied.
+    no tensor's size. Tied tensors (input/output embeddings) stay tied. `layers` keeps only those decoder
+    layers (reduced depth, estimator.trace.depth.reduce_depth), before any adapter is added.
     """
     if workload.method == "qlora":
         raise ValueError("method: qlora needs bitsandbytes 4-bit layers, which the runner does not build; "
@@ -136,6 +137,9 @@ def build_model(config: dict, workload: Workload, device: str = "cpu", *, meta_t
     try:
         with torch.device("meta" if meta_then_empty else device):
             model = _from_config(cls, hf_config, dtype, attn)
+            if layers is not None:
+                from estimator.trace.depth import reduce_depth
+                reduce_depth(model, layers)
             if workload.method == "lora":
                 model = _add_lora(model, workload)
     finally:

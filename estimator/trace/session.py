@@ -145,10 +145,11 @@ class _Case:
 
 
 @contextlib.contextmanager
-def _prepared(config: dict, workload: Workload, parallel: Parallel):
-    """Yield the built _Case inside fake mode (and, for FSDP, a fake process group torn down after)."""
+def _prepared(config: dict, workload: Workload, parallel: Parallel, layers: list[int] | None = None):
+    """Yield the built _Case inside fake mode (and, for FSDP, a fake process group torn down after).
+    `layers`: keep only these decoder layers (reduced depth; estimator.trace.depth)."""
     if parallel.strategy in FSDP_STRATEGIES:
-        with _fsdp_model(config, workload, parallel) as model, _fake_mode():
+        with _fsdp_model(config, workload, parallel, layers) as model, _fake_mode():
             model.to_empty(device="cpu")  # FSDP2's documented meta-device init; shards become fake
             case = _Case(model, runner.make_optimizer(model, workload), runner.make_inputs(config, workload, "cpu"),
                          workload, per_rank={"world_size": parallel.gpus, "traced_rank": 0})
@@ -159,7 +160,7 @@ def _prepared(config: dict, workload: Workload, parallel: Parallel):
     with _fake_mode():
         # Built on meta, then given fake storage by runner._materialize: building under fake mode directly
         # fails in PEFT, whose adapter .to() swaps fake parameters ("Cannot swap ... weakref").
-        model = runner.build_model(config, workload, "cpu", meta_then_empty=True)
+        model = runner.build_model(config, workload, "cpu", meta_then_empty=True, layers=layers)
         case = _Case(model, runner.make_optimizer(model, workload), runner.make_inputs(config, workload, "cpu"),
                      workload)
         if parallel.strategy == "ddp":
@@ -170,7 +171,7 @@ def _prepared(config: dict, workload: Workload, parallel: Parallel):
 
 
 @contextlib.contextmanager
-def _fsdp_model(config: dict, workload: Workload, parallel: Parallel):
+def _fsdp_model(config: dict, workload: Workload, parallel: Parallel, layers: list[int] | None = None):
     """The model on the meta device, fully_shard-ed per decoder layer and at the root, in a fake world."""
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
@@ -180,7 +181,7 @@ def _fsdp_model(config: dict, workload: Workload, parallel: Parallel):
         raise RuntimeError("a process group is already initialised; FSDP tracing needs its own fake one")
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=parallel.gpus)
     try:
-        model = runner.build_model(config, workload, device="meta")
+        model = runner.build_model(config, workload, device="meta", layers=layers)
         reshard = parallel.strategy != "fsdp-grad-op"
         for layer in _decoder_layers(model):
             fully_shard(layer, reshard_after_forward=reshard)
@@ -190,9 +191,12 @@ def _fsdp_model(config: dict, workload: Workload, parallel: Parallel):
         dist.destroy_process_group()
 
 
-def _run(case: _Case, steps: int) -> StorageCounter:
-    """Count the stages of a built case; roles are (re)assigned at every stage boundary."""
+def _run(case: _Case, steps: int, observe_layers: bool = False) -> StorageCounter:
+    """Count the stages of a built case; roles are (re)assigned at every stage boundary. With
+    `observe_layers` the counter also records which decoder layer runs at every tick (`_observe_layers`)."""
     counter = StorageCounter()
+    if observe_layers:
+        _observe_layers(case.model, counter)
     counter.track(case.inputs.values(), "other")
     for tensors, role in case.roles:
         counter.track(tensors, role)
@@ -209,6 +213,48 @@ def _run(case: _Case, steps: int) -> StorageCounter:
     with counter:
         runner.run_stages(case.model, case.optimizer, case.workload, case.inputs, on_stage, steps=steps, live=live)
     return counter
+
+
+def _observe_layers(model, counter: StorageCounter) -> None:
+    """Tag every tick with the decoder layer running it (its position in the layer list) or None.
+
+    Forward: a pre-hook (prepended, so before FSDP's all-gather) opens the layer's block, a post-hook closes it.
+    Backward: a gradient hook on the layer's output opens its block when the gradient reaches it (after the next
+    layer's backward); one on the first layer's input closes the last block. transformers checkpoints a layer's
+    `forward`, not `__call__` (modeling_layers.GradientCheckpointingLayer), so a recompute in backward fires no
+    module hook and stays inside the layer's backward block.
+    """
+    from estimator.trace.depth import decoder_layer_list
+
+    _, _, layers = decoder_layer_list(model)
+
+    def first_tensor(x):
+        if isinstance(x, torch.Tensor):
+            return x
+        if isinstance(x, (tuple, list)) and x and isinstance(x[0], torch.Tensor):
+            return x[0]
+        return None
+
+    def on_grad(block):
+        def hook(grad):
+            counter.set_block(block)
+        return hook
+
+    for pos, layer in enumerate(layers):
+        def pre(module, args, kwargs, pos=pos):
+            counter.set_block(pos)
+            x = first_tensor(args) if args else kwargs.get("hidden_states")
+            if pos == 0 and isinstance(x, torch.Tensor) and x.requires_grad:
+                x.register_hook(on_grad(None))
+
+        def post(module, args, output, pos=pos):
+            counter.set_block(None)
+            y = first_tensor(output)
+            if isinstance(y, torch.Tensor) and y.requires_grad:
+                y.register_hook(on_grad(pos))
+
+        layer.register_forward_pre_hook(pre, prepend=True, with_kwargs=True)
+        layer.register_forward_hook(post)
 
 
 def _torch_tracker_peak(config, workload, parallel, steps) -> tuple[int, str, dict]:

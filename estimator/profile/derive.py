@@ -1,0 +1,546 @@
+"""Derive a model's memory profile from traces of its own code (torch; imported only to derive a profile).
+
+    profile = derive_profile(config, Workload(method="lora"), Parallel(), progress=print)
+
+The method, for one config and one workload class:
+
+1. **Reduced depth.** The model is built on the meta device and its decoder layers are told apart by type
+   (`estimator.trace.depth.layer_infos`). R1 keeps the first layer, the first middle layer of every type and the
+   last layer; for every middle type that occurs more than once, R2_T is R1 with one more layer of that type
+   right after its first one. A uniform 32-layer Llama is traced with 3 and 4 layers.
+2. **Sizes.** Each reduced model is traced at batch 1, 2 x three sequence lengths (and, for FSDP, a second world
+   size; for inference, two generated tokens), every tick of the step counted (`estimator.trace.session`), and
+   the ticks that can hold a peak (an allocation followed by a free) kept. Their live bytes per category are fit
+   exactly as polynomials in (b, s[, g][, 1/n]) (`estimator.profile.poly`); a further traced size must agree to
+   the byte, or the derivation stops with the moment that disagrees. Sliding-window and chunked attention make
+   memory piecewise in s: each piece between window sizes is fit on its own.
+3. **Full depth.** Ticks outside the decoder layers (embedding, head, loss, optimizer step) extend linearly in the
+   number of layers of each type: c_full = c_R1 + sum_T (n_T - 1) (c_R2T - c_R1). A tick inside a middle layer of
+   type T at full position j sees the layers before and after it: c_R1 plus, per type T', the extra layers before
+   j times the effect of one more T' layer before (measured where R2 puts it before) and likewise after. Every
+   middle position is a candidate; dominated candidates are dropped.
+The result is a `Profile` (pure data, JSON) that `estimator.estimate` evaluates without torch.
+"""
+from __future__ import annotations
+
+import gc
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from fractions import Fraction
+
+import numpy as np
+
+from estimator.profile import poly
+from estimator.profile.profile import CATEGORIES, Moment, Piece, Profile
+from estimator.spec import Parallel, Workload
+
+FSDP_STRATEGIES = ("fsdp", "zero3", "fsdp-grad-op")
+# Batch 1 is its own region: with one sequence, size-1 dimensions make some copies unnecessary (a sliced
+# (1, s+1) label tensor is already contiguous, so the loss's .contiguous() copies nothing), so bytes at b = 1 are not
+# the b >= 2 polynomial's value. Each region: (batches fit, batch verified, b_lo, b_hi).
+BATCH_REGIONS = (((1,), 1, 1, 1), ((2, 3), 4, 2, None))
+GEN_TOKENS = 2                      # decode windows traced per inference point (g = 1, 2)
+UNITS = (256, 128, 64, 32)          # sequence steps tried, largest first; 32 keeps CUDA's padded shapes exact
+FSDP_WORLD = (2, 4, 8)              # fit at 2 (all sizes) and 4 (one size), verify at 8
+WINDOW_KEYS = ("window", "chunk_size")  # config keys whose integer values bend memory in s (sliding, chunked)
+TRACER_CATEGORIES = ("weights", "gradients", "optimizer_states", "activations", "kv_cache", "comm_buffers",
+                     "other")
+
+
+# ------------------------------------------------------------------------------------------------- plan
+
+@dataclass(frozen=True)
+class Plan:
+    """Which layers each reduced model keeps, and the full model's layer types."""
+
+    n_layers: int
+    types: tuple[int, ...]           # per full layer: -1 first, -2 last, else the middle type id
+    variants: tuple[tuple[int, ...], ...]   # variants[0] = R1; then one R2_T per repeated middle type
+    extra_type: tuple[int | None, ...]      # per variant: the type whose extra layer it adds (None for R1)
+    full: bool                       # R1 is the whole model: nothing to extend
+
+    def position_types(self, v: int) -> list[int]:
+        return [self._type_in(v, i, pos) for pos, i in enumerate(self.variants[v])]
+
+    def _type_in(self, v: int, i: int, pos: int) -> int:
+        keep = self.variants[v]
+        if pos == 0:
+            return -1
+        if pos == len(keep) - 1 and not self.full:
+            return -2
+        return self.types[i] if self.types[i] >= 0 else (-1 if i == 0 else -2)
+
+
+def plan_layers(signatures: list[str]) -> Plan:
+    """Reduced-depth variants for a model whose layers have these type signatures (in order)."""
+    n = len(signatures)
+    mid_types: dict[str, int] = {}
+    types = []
+    for i, sig in enumerate(signatures):
+        if i == 0:
+            types.append(-1)
+        elif i == n - 1:
+            types.append(-2)
+        else:
+            types.append(mid_types.setdefault(sig, len(mid_types)))
+    first_of = {t: types.index(t) for t in mid_types.values()}
+    r1 = sorted({0, n - 1, *first_of.values()})
+    if len(r1) == n or n <= 3:
+        return Plan(n, tuple(types), (tuple(range(n)),), (None,), True)
+    variants, extra = [tuple(r1)], [None]
+    for t, first in sorted(first_of.items()):
+        keep = list(r1)
+        keep.insert(keep.index(first) + 1, first)  # a second copy of the type's layer, right after it
+        variants.append(tuple(keep))
+        extra.append(t)
+    return Plan(n, tuple(types), tuple(variants), tuple(extra), False)
+
+
+def pieces_for(hf_config, max_positions: int, infer: bool) -> list[tuple[int, int | None, tuple[int, ...], int]]:
+    """(s_lo, s_hi, fit seqs, verify seq) per piece of s, split at the config's attention window sizes."""
+    cuts = sorted({v for v in _window_values(hf_config) if 0 < v < max_positions})
+    bounds = [0, *cuts]
+    out = []
+    for k, lo in enumerate(bounds):
+        hi = bounds[k + 1] if k + 1 < len(bounds) else None
+        cap = min(hi if hi is not None else max_positions, max_positions) - (GEN_TOKENS if infer else 0)
+        unit = next((u for u in UNITS if lo + 4 * u <= cap), None)
+        if unit is None:
+            continue  # a piece too narrow to fit: the neighbouring pieces still answer, see Profile.piece_for
+        out.append((lo, hi, (lo + unit, lo + 2 * unit, lo + 3 * unit), lo + 4 * unit))
+    if not out:
+        raise ValueError(f"seq: the model's context ({max_positions} positions) is too short to derive a profile")
+    return out
+
+
+def _window_values(cfg) -> list[int]:
+    vals = []
+    for c in (cfg, getattr(cfg, "text_config", None)):
+        if c is None:
+            continue
+        for k, v in vars(c).items():
+            if any(w in k for w in WINDOW_KEYS) and isinstance(v, int) and not isinstance(v, bool):
+                vals.append(v)
+    return vals
+
+
+# ------------------------------------------------------------------------------------------------- one trace
+
+@dataclass
+class Ticks:
+    """The candidate peak ticks of one traced run: keys and bytes per profile category."""
+
+    keys: list[tuple]                # (stage, segment, block position or None, local index)
+    gs: list[int]                    # per key: the decode window (tokens generated so far), 0 elsewhere
+    values: np.ndarray               # (len(keys), len(CATEGORIES)) int64
+
+
+def trace_ticks(config: dict, workload: Workload, parallel: Parallel, layers: list[int]) -> Ticks:
+    """Trace one reduced model at one size and keep the ticks that can be a peak."""
+    from estimator.trace import session
+
+    steps = 2 if workload.mode == "train" else 1
+    gc.disable()  # frees happen at refcount zero; a collector pass at a random tick would break the alignment
+    try:
+        with session._unpacked_sequences():
+            with session._prepared(config, workload, parallel, layers) as case:
+                counter = session._run(case, steps, observe_layers=True)
+            tl = counter.timeline()
+    finally:
+        gc.enable()
+    return _candidates(tl, workload.mode == "train")
+
+
+def _stage_of_ticks(tl) -> list[tuple[int, int, str, int]]:
+    """(first tick, last tick, stage, window ordinal) per stage window, in order."""
+    out, prev, seen = [], 0, {}
+    for t, st in tl.marks:
+        seen[st] = seen.get(st, 0) + 1
+        out.append((prev + 1, t, st, seen[st]))
+        prev = t
+    return out
+
+
+def _candidates(tl, train: bool) -> Ticks:
+    live = tl.live()                                    # (tracer categories, T + 1)
+    T = len(tl.kind) - 1
+    block = np.full(T + 2, -1, dtype=np.int64)
+    for t, b in sorted(tl.blocks, key=lambda x: x[0]):
+        block[t + 1:] = -1 if b is None else int(b)
+    windows = _stage_of_ticks(tl)
+    if train:  # the steady state: the last step (its micro-batches and its optimizer step)
+        opt_ends = [i for i, w in enumerate(windows) if w[2] == "optimizer"]
+        start = opt_ends[-2] + 1 if len(opt_ends) >= 2 else 1
+        keep = [windows[0]] + windows[start:]
+    else:
+        keep = windows
+    keys, gs, rows = [], [], []
+    act = TRACER_CATEGORIES.index("activations")
+    for lo, hi, stage, ordinal in keep:
+        g = ordinal if stage == "decode" else 0
+        if stage == "load":
+            keys.append(("load", 0, None, 0))
+            gs.append(0)
+            rows.append(_row(live[:, hi], 0))
+            continue
+        ticks = [t for t in range(lo, hi + 1) if tl.kind[t] == 1 and
+                 (t == hi or tl.kind[t + 1] == -1 or block[t + 1] != block[t])]
+        if stage == "optimizer":  # the step's temporaries differ between its ticks by constants: keep the largest
+            base = live[act, lo - 1]
+            t = max(ticks, key=lambda t: int(live[:, t].sum())) if ticks else hi
+            keys.append(("optimizer", 0, None, 0))
+            gs.append(0)
+            rows.append(_row(live[:, t], int(live[act, t] - base)))
+            continue
+        seg, prev_block, local = 0, None, {}
+        for t in ticks:
+            b = None if block[t] < 0 else int(block[t])
+            if b is None and prev_block is not None:
+                seg += 1
+            prev_block = b
+            group = (stage, seg if b is None else 0, b)
+            local[group] = local.get(group, -1) + 1
+            keys.append((*group, local[group]))
+            gs.append(g)
+            rows.append(_row(live[:, t], 0))
+    return Ticks(keys, gs, np.array(rows, dtype=np.int64).reshape(len(rows), len(CATEGORIES)))
+
+
+def _row(col, opt_step: int) -> list[int]:
+    by = dict(zip(TRACER_CATEGORIES, (int(x) for x in col)))
+    by["activations"] -= opt_step
+    by["optimizer_step"] = opt_step
+    return [by.get(c, 0) for c in CATEGORIES]
+
+
+# ------------------------------------------------------------------------------------------------- fit
+
+@dataclass
+class Fit:
+    """One reduced model's ticks as polynomials: key -> numerators (categories x monomials) over `den[key]`."""
+
+    keys: list[tuple]
+    num: dict                        # key -> np.ndarray(object) of shape (len(CATEGORIES), len(monomials))
+    den: dict                        # key -> int
+    monomials: dict                  # key -> monomial tuple
+
+
+def _points(batches, seqs, world: tuple[int, ...]) -> list[tuple[int, int, int]]:
+    """(b, s, n) trace points: every batch x seq at the first world size, one more point per other size."""
+    pts = [(b, s, world[0]) for b in batches for s in seqs]
+    pts += [(batches[0], seqs[0], n) for n in world[1:]]
+    return pts
+
+
+def _monomials(decode: bool, fsdp: bool, one_batch: bool) -> tuple:
+    monos = poly.DECODE_MONOMIALS if decode else poly.STEP_MONOMIALS
+    if one_batch:  # b fixed at 1: b's monomials coincide with b-free ones
+        monos = tuple(m for m in monos if m[0] == 0)
+    return monos + ((poly.INV_N,) if fsdp else ())
+
+
+def fit_variant(traces: dict[tuple, Ticks], fsdp: bool, one_batch: bool = False) -> Fit:
+    """Fit every candidate tick of one reduced model over its traced points; keys must agree between points."""
+    pts = list(traces)
+    first = traces[pts[0]]
+    ref = list(zip(first.keys, first.gs))
+    for p in pts[1:]:
+        got = list(zip(traces[p].keys, traces[p].gs))
+        if got != ref:
+            diff = next((i for i, (a, b) in enumerate(zip(ref, got)) if a != b), min(len(ref), len(got)))
+            raise ValueError(f"fit: the traced step changes shape with the sizes (b, s, n) = {p} at tick "
+                             f"{diff} ({ref[diff] if diff < len(ref) else 'end'} vs "
+                             f"{got[diff] if diff < len(got) else 'end'}); its memory is not one polynomial")
+    keys = list(dict.fromkeys(k for k, _ in ref))
+    index = {kg: i for i, kg in enumerate(ref)}
+    out = Fit(keys, {}, {}, {})
+    for decode in (False, True):
+        group = [k for k in keys if (k[0] == "decode") == decode]
+        if not group:
+            continue
+        members = set(group)
+        gvals = sorted({g for k, g in ref if k in members})
+        design, cols = [], []
+        for (b, s, n) in pts:
+            for g in gvals:
+                design.append((b, s, g, Fraction(1, n)))
+                cols.append([traces[(b, s, n)].values[index[(k, g)]] for k in group])
+        values = [[int(x) for row in r for x in row] for r in cols]  # point x (key, category)
+        monos = _monomials(decode, fsdp, one_batch)
+        nums, den = poly.fit_columns(monos, design, values)
+        C = len(CATEGORIES)
+        for j, k in enumerate(group):
+            arr = np.empty((C, len(monos)), dtype=object)
+            for c in range(C):
+                for i in range(len(monos)):
+                    arr[c, i] = nums[i][j * C + c]
+            out.num[k], out.den[k], out.monomials[k] = arr, den, monos
+    return out
+
+
+def verify(fit: Fit, ticks: Ticks, point: tuple[int, int, int]) -> None:
+    """Every fitted tick must reproduce a trace at sizes the fit did not use, to the byte."""
+    b, s, n = point
+    got = {(k, g): row for k, g, row in zip(ticks.keys, ticks.gs, ticks.values)}
+    for (k, g), row in got.items():
+        if k not in fit.num:
+            raise ValueError(f"fit: tick {k} appears at (b, s, n) = {point} but not at the fitted sizes")
+        mv = [poly.monomial_value(m, (b, s, g, Fraction(1, n))) for m in fit.monomials[k]]
+        for c, cat in enumerate(CATEGORIES):
+            pred = sum(x * v for x, v in zip(fit.num[k][c], mv))
+            if pred != fit.den[k] * int(row[c]):
+                raise ValueError(f"fit: not exact at (b, s, n) = {point}: {cat} at {k} is {int(row[c])} B, the fit "
+                                 f"says {pred / fit.den[k]:.0f} B; refusing this profile")
+
+
+# ------------------------------------------------------------------------------------------------- depth
+
+def _remap(key: tuple, pos: int | None) -> tuple:
+    return (key[0], key[1], pos, key[3])
+
+
+def extend(plan: Plan, fits: list[Fit]) -> list[tuple[str, str, tuple, int, np.ndarray]]:
+    """Full-depth candidate moments (stage, label, monomials, den, numerators) from the reduced fits."""
+    r1, f1 = plan.variants[0], fits[0]
+    if plan.full:
+        return [(k[0], _label(k, None if k[2] is None else r1[k[2]], plan.n_layers), f1.monomials[k], f1.den[k],
+                 f1.num[k]) for k in f1.keys]
+    counts = {t: sum(1 for x in plan.types if x == t) for t in set(plan.types) if t >= 0}
+    a_pos = {}  # variant -> (position of its type's first layer in R1, type)
+    for v in range(1, len(plan.variants)):
+        t = plan.extra_type[v]
+        a_pos[v] = (r1.index(plan.types.index(t)), t)
+
+    def map_pos(v: int, q: int | None) -> int | None:
+        if q is None:
+            return None
+        return q if q <= a_pos[v][0] else q + 1
+
+    def delta(v: int, key: tuple, pos: int | None):
+        k2 = _remap(key, pos)
+        if k2 not in fits[v].num:
+            raise ValueError(f"depth: tick {key} has no counterpart with one more layer; the step's structure "
+                             "changes with depth, so this model cannot be extended from a reduced trace")
+        return fits[v].num[k2] - f1.num[key]
+
+    out = []
+    last = len(r1) - 1
+    for key in f1.keys:
+        q = key[2]
+        base = f1.num[key]
+        if q is None or q == 0 or q == last:
+            c = base.copy()
+            for v in a_pos:
+                c = c + (counts[a_pos[v][1]] - 1) * delta(v, key, map_pos(v, q))
+            full_index = None if q is None else (0 if q == 0 else plan.n_layers - 1)
+            out.append((key[0], _label(key, full_index, plan.n_layers), f1.monomials[key], f1.den[key], c))
+            continue
+        t = plan.types[r1[q]]
+        out += _middle_candidates(plan, fits, key, t, a_pos, counts, delta, map_pos)
+    return out
+
+
+def _middle_candidates(plan, fits, key, t, a_pos, counts, delta, map_pos):
+    """A tick inside the first middle layer of type t in R1, at every full position of that type."""
+    f1, r1 = fits[0], plan.variants[0]
+    q = key[2]
+    effects = {}  # type -> (before effect, after effect, R1 count before, R1 count after)
+    for v, (pa, tv) in a_pos.items():
+        if tv == t:
+            effects[tv] = (delta(v, key, pa + 1), delta(v, key, pa), 0, 0)
+            continue
+        direct = delta(v, key, map_pos(v, q))
+        before_in_r1 = pa < q
+        other = _type_effect(fits, v, pa, key[0], before=not before_in_r1)
+        bef, aft = (direct, other) if before_in_r1 else (other, direct)
+        effects[tv] = (bef, aft, 1 if before_in_r1 else 0, 0 if before_in_r1 else 1)
+    path = []
+    mids = [i for i in range(1, plan.n_layers - 1)]
+    for j in (i for i in mids if plan.types[i] == t):
+        c = f1.num[key].copy()
+        for tv, (bef, aft, b1, a1) in effects.items():
+            before = sum(1 for i in mids if i < j and plan.types[i] == tv)
+            after = counts[tv] - before - (1 if tv == t else 0)
+            c = c + (before - b1) * bef + (after - a1) * aft
+        path.append((j, c))
+    return [(key[0], _label(key, j, plan.n_layers), f1.monomials[key], f1.den[key], c) for j, c in _vertices(path)]
+
+
+def _vertices(path: list[tuple[int, np.ndarray]]) -> list[tuple[int, np.ndarray]]:
+    """The points of a tick's path over layer positions that are not on the straight line between their
+    neighbours: bytes affine in the position between two points are never above both (for any non-negative
+    weighting of the categories), so only the path's corners can hold a peak."""
+    kept = list(path)
+    i = 1
+    while i < len(kept) - 1:
+        (j0, c0), (j1, c1), (j2, c2) = kept[i - 1], kept[i], kept[i + 1]
+        if np.all((j2 - j0) * c1 == (j2 - j1) * c0 + (j1 - j0) * c2):
+            del kept[i]
+        else:
+            i += 1
+    return kept
+
+
+def _type_effect(fits, v: int, pa: int, stage: str, before: bool):
+    """Effect of one more layer of variant v's type on a tick of that type's own layer, in `stage`: measured on
+    the first tick of its B block (one more before) or A block (one more after); the same for every tick of the
+    stage when a layer's contribution is constant there (saved activations, gradients, weights)."""
+    f1, fv = fits[0], fits[v]
+    k1 = next((k for k in f1.keys if k[0] == stage and k[2] == pa), None)
+    if k1 is None:
+        return 0
+    return fv.num[_remap(k1, pa + 1 if before else pa)] - f1.num[k1]
+
+
+def _label(key: tuple, full_index: int | None, n_layers: int) -> str:
+    stage, seg, _, local = key
+    if full_index is None:
+        where = {("forward", 0): "before the layers", ("forward", 1): "head and loss",
+                 ("backward", 0): "head and loss backward", ("backward", 1): "embedding backward",
+                 ("prefill", 0): "before the layers", ("prefill", 1): "head",
+                 ("decode", 0): "before the layers", ("decode", 1): "head"}.get((stage, seg), f"segment {seg}")
+    else:
+        where = f"layer {full_index}" + (" (first)" if full_index == 0 else
+                                         " (last)" if full_index == n_layers - 1 else "")
+    return f"{stage}: {where}, tick {local}"
+
+
+def prune(cands):
+    """Drop candidates another candidate of the same stage bounds in every category and monomial (all monomials
+    are non-negative for b, s, g >= 0 and n >= 1, so a dominated tick is never the peak)."""
+    kept = []
+    by_stage: dict[str, list] = {}
+    for c in cands:
+        by_stage.setdefault(c[0], []).append(c)
+    for stage, group in by_stage.items():
+        vecs = [(_as_key(c)) for c in group]
+        order = sorted(range(len(group)), key=lambda i: -sum(vecs[i][1]))
+        survivors: list[int] = []
+        for i in order:
+            mono_i, vi = vecs[i]
+            if any(vecs[j][0] == mono_i and all(a <= b for a, b in zip(vi, vecs[j][1])) for j in survivors):
+                continue
+            survivors.append(i)
+        kept += [group[i] for i in sorted(survivors)]
+    return kept
+
+
+def _as_key(c):
+    """(monomials, flattened numerators scaled to a common reference denominator) for dominance tests."""
+    _, _, monos, den, num = c
+    return monos, [Fraction(int(x), den) for x in num.flatten()]
+
+
+# ------------------------------------------------------------------------------------------------- driver
+
+def _max_positions(hf_config) -> int:
+    from estimator.trace.depth import text_config
+
+    cfg = text_config(hf_config)
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        v = getattr(cfg, key, None)
+        if isinstance(v, int) and v > 0:
+            return v
+    return 1 << 17
+
+
+def _signatures(config: dict, workload: Workload) -> tuple[list[str], object]:
+    from estimator.trace import runner
+    from estimator.trace.depth import layer_infos
+
+    base = replace(workload, method="full") if workload.method == "lora" else workload
+    model = runner.build_model(config, base, device="meta")
+    return [li.signature for li in layer_infos(model)], model.config
+
+
+def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parallel(),
+                   progress: Callable[[int, int, str], None] | None = None, config_hash: str = "") -> Profile:
+    """Trace the model at reduced depth and a few sizes, fit, verify and extend: see the module docstring.
+
+    `workload` and `parallel` fix the class; their sizes (batch, seq, gen_tokens, gpus) are ignored. Raises
+    ValueError (one line) when the case cannot be traced or the fit is not exact."""
+    from estimator.trace import session
+
+    start = time.perf_counter()
+    infer = workload.mode == "infer"
+    w0 = replace(workload, batch=1, seq=1, gen_tokens=GEN_TOKENS if infer else 0)
+    fsdp = parallel.strategy in FSDP_STRATEGIES
+    world = FSDP_WORLD if fsdp else ((2,) if parallel.strategy == "ddp" else (1,))
+    session.check_traceable(w0, replace(parallel, gpus=world[0]) if parallel.gpus != world[0] else parallel)
+    sigs, hf_config = _signatures(config, w0)
+    plan = plan_layers(sigs)
+    pieces = pieces_for(hf_config, _max_positions(hf_config), infer)
+    fit_world = world[:2] if fsdp else world
+    regions = [(pi, r) for pi in range(len(pieces)) for r in BATCH_REGIONS]
+    n_jobs = sum(len(_points(r[0], pieces[pi][2], fit_world)) + 1 for pi, r in regions) * len(plan.variants)
+    done = 0
+    out_pieces = []
+    for pi, (batches, vbatch, b_lo, b_hi) in regions:
+        lo, hi, seqs, vseq = pieces[pi]
+        vpoint = (vbatch, vseq, world[-1])
+        fits = []
+        for keep in plan.variants:
+            traces = {}
+            for pt in _points(batches, seqs, fit_world) + [vpoint]:
+                b, s, n = pt
+                if progress:
+                    progress(done, n_jobs, f"tracing {len(keep)} of {plan.n_layers} layers at batch {b}, seq {s}"
+                                           + (f", {n} GPUs" if n > 1 else ""))
+                par = replace(parallel, gpus=n) if parallel.strategy != "single" else parallel
+                traces[pt] = trace_ticks(config, replace(w0, batch=b, seq=s), par, list(keep))
+                done += 1
+            check = traces.pop(vpoint)
+            fit = fit_variant(traces, fsdp, one_batch=len(batches) == 1)
+            verify(fit, check, vpoint)
+            fits.append(fit)
+        cands = prune(extend(plan, fits))
+        out_pieces.append(Piece(lo, hi, tuple(_moment(c) for c in cands), b_lo, b_hi))
+    jobs = range(n_jobs)
+    if progress:
+        progress(len(jobs), len(jobs), "done")
+    import torch
+    import transformers
+
+    prov = {"torch": torch.__version__, "transformers": transformers.__version__, "kernels": "cuda",
+            "python": platform.python_version(), "traces": len(jobs), "seconds": round(time.perf_counter() - start, 2),
+            "reduced_depths": [list(v) for v in plan.variants], "derived_at": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                                                          time.gmtime())}
+    return Profile(config_hash, str(config.get("model_type")), workload_class(workload),
+                   parallel_class(parallel), plan.n_layers, tuple(out_pieces), prov)
+
+
+def _moment(c) -> Moment:
+    stage, label, monos, den, num = c
+    nums = {}
+    for ci, cat in enumerate(CATEGORIES):
+        row = tuple(int(x) for x in num[ci])
+        if any(row):
+            nums[cat] = row
+    g = 0
+    for row in nums.values():
+        for x in row:
+            g = _gcd_int(g, abs(x))
+    g = _gcd_int(g, den) or 1
+    return Moment(stage, label, monos, den // g, {c: tuple(x // g for x in r) for c, r in nums.items()})
+
+
+def _gcd_int(a: int, b: int) -> int:
+    while b:
+        a, b = b, a % b
+    return a
+
+
+SIZE_FIELDS = ("batch", "seq", "gen_tokens")
+
+
+def workload_class(w: Workload) -> dict:
+    """The workload less its sizes: what a profile is derived for."""
+    from estimator.spec import spec_dict
+
+    return {k: v for k, v in spec_dict(w).items() if k not in SIZE_FIELDS}
+
+
+def parallel_class(p: Parallel) -> dict:
+    return {"strategy": p.strategy}

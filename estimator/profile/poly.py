@@ -1,0 +1,135 @@
+"""Exact polynomials in the workload's sizes: the form every traced moment's live bytes takes.
+
+Every tensor of a transformer step has numel = (a product of batch b, sequence s or the cache length, and
+model constants), so the bytes live at one moment of a step are a polynomial in the sizes with rational
+coefficients: b*s (activations), s^2 and b*s^2 (eager attention scores, materialised masks), b (per-sequence
+scalars), constants (weights, optimizer states). Decoding adds g, the tokens generated so far (the KV cache grows
+by b*g). FSDP/ZeRO add 1/n, the shard of each parameter on one of n ranks.
+
+Coefficients are found from traces at a few sizes by solving the linear system exactly in rationals
+(`fit_exact`); one more traced size must then agree to the byte, or the fit is refused.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+from functools import lru_cache
+
+VARIABLES = ("b", "s", "g", "inv_n")   # batch, sequence (prompt), generated tokens, 1 / world size
+
+# Monomials as exponent tuples over VARIABLES.
+ONE, B, S, BS, S2, BS2 = (0, 0, 0, 0), (1, 0, 0, 0), (0, 1, 0, 0), (1, 1, 0, 0), (0, 2, 0, 0), (1, 2, 0, 0)
+G, BG, INV_N = (0, 0, 1, 0), (1, 0, 1, 0), (0, 0, 0, 1)
+STEP_MONOMIALS = (ONE, B, S, BS, S2, BS2)           # a training step or a prefill
+DECODE_MONOMIALS = STEP_MONOMIALS + (G, BG)         # one decoding step after g generated tokens
+
+
+def monomial_name(m: tuple[int, ...]) -> str:
+    parts = [v if e == 1 else f"{v}^{e}" for v, e in zip(VARIABLES, m) if e]
+    return "*".join(parts) or "1"
+
+
+def monomial_value(m: tuple[int, ...], point: tuple) -> Fraction | int:
+    """Value of a monomial at a point (b, s, g, inv_n); inv_n is a Fraction."""
+    out = 1
+    for e, x in zip(m, point):
+        if e:
+            out = out * x ** e
+    return out
+
+
+def _solve(matrix: list[list[Fraction]], rhs: list[list[Fraction]]) -> list[list[Fraction]]:
+    """Solve A X = R exactly (Gauss-Jordan over Fractions); A square and invertible; R has several columns."""
+    n = len(matrix)
+    a = [row[:] + r[:] for row, r in zip(matrix, rhs)]
+    for col in range(n):
+        pivot = next((r for r in range(col, n) if a[r][col] != 0), None)
+        if pivot is None:
+            raise ValueError("sizes: the traced sizes do not determine the polynomial (singular design)")
+        a[col], a[pivot] = a[pivot], a[col]
+        p = a[col][col]
+        a[col] = [x / p for x in a[col]]
+        for r in range(n):
+            if r != col and a[r][col] != 0:
+                f = a[r][col]
+                a[r] = [x - f * y for x, y in zip(a[r], a[col])]
+    return [row[n:] for row in a]
+
+
+@lru_cache(maxsize=64)
+def _pseudo_inverse(monomials: tuple, points: tuple) -> tuple[tuple[Fraction, ...], ...]:
+    """(M^T M)^-1 M^T for the design matrix M[point][monomial], exact; with as many points as monomials it is
+    M^-1. Least squares over exact data is exact interpolation whenever the data is a polynomial of this form."""
+    m = [[Fraction(monomial_value(mono, p)) for mono in monomials] for p in points]
+    k = len(monomials)
+    mtm = [[sum(m[r][i] * m[r][j] for r in range(len(points))) for j in range(k)] for i in range(k)]
+    mt = [[m[r][i] for r in range(len(points))] for i in range(k)]
+    return tuple(tuple(row) for row in _solve(mtm, mt))
+
+
+def fit_columns(monomials: tuple, points: list[tuple], values) -> tuple[list[list[int]], int]:
+    """Fit every column of `values` (points x columns, integers) at once, exactly.
+
+    Returns (numerators[monomial][column], den): coefficient = numerator / den, with one common denominator.
+    Raises ValueError naming the first column that its polynomial does not reproduce at every point."""
+    pinv = _pseudo_inverse(tuple(monomials), tuple(points))
+    den = 1
+    for row in pinv:
+        for x in row:
+            den = den * x.denominator // _gcd(den, x.denominator)
+    p_int = [[int(x * den) for x in row] for row in pinv]
+    cols = [[int(v) for v in col] for col in zip(*[list(r) for r in values])]  # per column: values over points
+    nums = [[sum(pr * v for pr, v in zip(p_row, col)) for col in cols] for p_row in p_int]
+    mvals = [[monomial_value(m, pt) for m in monomials] for pt in points]
+    for j, col in enumerate(cols):
+        for pt, mv, v in zip(points, mvals, col):
+            if sum(nums[i][j] * mv[i] for i in range(len(monomials))) != den * v:
+                raise ValueError(f"fit: column {j} is not a polynomial of this form in the sizes (at {pt})")
+    return nums, den
+
+
+def fit_exact(monomials: tuple, points: list[tuple], values: list[list[int]]) -> list[list[Fraction]]:
+    """Coefficients (one list per value column) of the polynomial over `monomials` through every point.
+
+    values[p][j] is column j's value at points[p]. Raises ValueError if a column is not reproduced exactly at
+    every point by its fitted polynomial (the data is not such a polynomial)."""
+    pinv = _pseudo_inverse(tuple(monomials), tuple(points))
+    ncols = len(values[0])
+    coeffs = [[sum(pinv[i][p] * values[p][j] for p in range(len(points))) for i in range(len(monomials))]
+              for j in range(ncols)]
+    for p, point in enumerate(points):
+        mv = [monomial_value(mono, point) for mono in monomials]
+        for j in range(ncols):
+            if sum(c * x for c, x in zip(coeffs[j], mv)) != values[p][j]:
+                raise ValueError("fit: the traced bytes are not a polynomial of this form in the sizes")
+    return coeffs
+
+
+@dataclass(frozen=True)
+class Poly:
+    """sum(num[i] * monomial[i]) // den: integer numerators over one common denominator."""
+
+    monomials: tuple
+    num: tuple[int, ...]
+    den: int = 1
+
+    @staticmethod
+    def from_fractions(monomials: tuple, coeffs: list[Fraction]) -> "Poly":
+        den = 1
+        for c in coeffs:
+            den = den * c.denominator // _gcd(den, c.denominator)
+        return Poly(tuple(monomials), tuple(int(c * den) for c in coeffs), den)
+
+    def __call__(self, b: int, s: int, g: int = 0, n: int = 1) -> int:
+        total = 0
+        for m, c in zip(self.monomials, self.num):
+            if c:
+                v = c * (b ** m[0]) * (s ** m[1]) * (g ** m[2])
+                total += v if not m[3] else Fraction(v, n ** m[3])
+        return int(total // self.den) if not isinstance(total, Fraction) else int(total / self.den)
+
+
+def _gcd(a: int, b: int) -> int:
+    while b:
+        a, b = b, a % b
+    return a

@@ -1,0 +1,111 @@
+"""Decoder layers of a transformers model: find them, tell their types apart, keep a subset (reduced depth).
+
+A profile is derived from traces of a *reduced-depth* model: the model's own first and last decoder layers and
+one or two middle layers of each distinct type (dense / MoE, sliding / global attention, attention / Mamba...),
+then extended to the full depth (`estimator.profile.derive`). Nothing here knows a model family: the layers are
+the `GradientCheckpointingLayer` modules transformers builds (modeling_layers.py; every decoder and encoder layer
+of the causal- and masked-LM models in 5.x derives from it), and a layer's type is what it holds and what the
+config says about its index.
+
+`reduce_depth(model, keep)` keeps the layers at the given indices, in order, inside an already built (meta)
+model: the decoder's ModuleList is replaced, every `layer_idx` attribute inside a kept layer is renumbered to
+its new position (DynamicCache and the attention modules index by it), and the config's per-layer lists
+(`layer_types`, `layers_block_type`, ...: any list as long as the layer count) are cut to the kept entries,
+with `num_hidden_layers` set to the new depth. Models that loop over `self.layers[: config.num_hidden_layers]`
+or index `config.layer_types[i]` by the loop position then run exactly the kept layers with their own types.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+LAYER_INDEX_ATTRS = ("layer_idx", "layer_id", "layer_number")
+
+
+def _gc_layer_class():
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    return GradientCheckpointingLayer
+
+
+def decoder_layer_list(model: torch.nn.Module) -> tuple[torch.nn.Module, str, torch.nn.ModuleList]:
+    """(parent module, attribute name, ModuleList) of the model's decoder (or encoder) layers: the ModuleList
+    whose items are GradientCheckpointingLayer modules; the longest one if a model has several (a vision
+    tower's blocks inside a multimodal model are shorter than the text stack, or not such layers at all)."""
+    cls = _gc_layer_class()
+    best = None
+    for parent in model.modules():
+        for name, child in parent.named_children():
+            if isinstance(child, torch.nn.ModuleList) and len(child) and all(isinstance(m, cls) for m in child):
+                if best is None or len(child) > len(best[2]):
+                    best = (parent, name, child)
+    if best is None:
+        raise ValueError(f"model_type: {getattr(model.config, 'model_type', '?')!r} has no decoder layers "
+                         "(GradientCheckpointingLayer modules) to trace layer by layer")
+    return best
+
+
+def text_config(config):
+    """The config that holds the decoder's layer count: the model's own, or its nested text_config."""
+    inner = getattr(config, "text_config", None)
+    return inner if inner is not None and hasattr(inner, "num_hidden_layers") else config
+
+
+def per_layer_lists(config, n_layers: int) -> dict[str, list]:
+    """Config attributes that hold one entry per layer (lists exactly n_layers long)."""
+    out = {}
+    for key, value in vars(config).items():
+        if isinstance(value, (list, tuple)) and len(value) == n_layers and not key.startswith("_"):
+            out[key] = list(value)
+    return out
+
+
+@dataclass(frozen=True)
+class LayerInfo:
+    """One decoder layer: its index, its type signature and its parameter count."""
+
+    index: int
+    signature: str      # class + parameter shapes + the config's per-layer entries for this index
+    params: int
+
+
+def layer_infos(model: torch.nn.Module) -> list[LayerInfo]:
+    """Every decoder layer in order, with a signature that is equal exactly for layers of the same type."""
+    _, _, layers = decoder_layer_list(model)
+    cfg = text_config(model.config)
+    lists = per_layer_lists(cfg, len(layers))
+    out = []
+    for i, layer in enumerate(layers):
+        shapes = sorted((n, tuple(p.shape), str(p.dtype)) for n, p in layer.named_parameters())
+        entries = sorted((k, repr(v[i])) for k, v in lists.items())
+        sig = repr((type(layer).__name__, shapes, entries))
+        out.append(LayerInfo(i, sig, sum(p.numel() for _, p in layer.named_parameters())))
+    return out
+
+
+def reduce_depth(model: torch.nn.Module, keep: list[int]) -> None:
+    """Keep only the decoder layers at indices `keep`, in place, run in the given order; an index given twice
+    keeps a deep copy of that layer too (built on meta: a second layer of the same type, its own parameters).
+    See the module docstring for what is renumbered."""
+    import copy
+
+    parent, name, layers = decoder_layer_list(model)
+    n = len(layers)
+    if not keep or any(not 0 <= i < n for i in keep):
+        raise ValueError(f"layers: indices {keep} out of range for {n} layers")
+    kept, seen = [], set()
+    for i in keep:
+        kept.append(copy.deepcopy(layers[i]) if i in seen else layers[i])
+        seen.add(i)
+    for new, (old, layer) in enumerate(zip(keep, kept)):
+        for module in layer.modules():
+            for attr in LAYER_INDEX_ATTRS:
+                if getattr(module, attr, None) == old:
+                    setattr(module, attr, new)
+    setattr(parent, name, torch.nn.ModuleList(kept))
+    for cfg in {id(c): c for c in (model.config, text_config(model.config))}.values():
+        if getattr(cfg, "num_hidden_layers", None) == n:
+            for key, values in per_layer_lists(cfg, n).items():
+                setattr(cfg, key, [values[i] for i in keep])
+            cfg.num_hidden_layers = len(keep)
