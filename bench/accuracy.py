@@ -22,7 +22,7 @@ from bench import calibrate, db
 from bench.app_data import comparable_allocated_bytes
 from estimator.calibration import KFit, fit_k
 from estimator.estimate import Estimate, Options, estimate
-from estimator.model import ModelSpec
+from estimator.model import Model
 from estimator.peers import PEERS, peer_predictions
 from estimator.spec import Parallel, Workload
 
@@ -86,7 +86,7 @@ class Case:
     """One usable run row with what every method needs from it, computed once."""
 
     row: dict
-    model: ModelSpec
+    model: Model
     workload: Workload
     parallel: Parallel
     est: Estimate
@@ -94,8 +94,8 @@ class Case:
 
 
 def cases_of(runs: pd.DataFrame) -> tuple[list[Case], dict[str, int]]:
-    """A Case per usable row, one ModelSpec per config_hash; unusable rows counted by reason."""
-    models: dict[str, ModelSpec | None] = {}
+    """A Case per usable row, one Model per config_hash; unusable rows counted by reason."""
+    models: dict[str, Model | None] = {}
     cases, skipped = [], {}
     for row in runs.to_dict("records"):
         chash = row["config_hash"]

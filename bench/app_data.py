@@ -21,7 +21,7 @@ from bench.ingest import export, read_rows
 from bench.rows import config_hash
 from bench.validate import validate_row
 from estimator.estimate import Estimate, Options, estimate
-from estimator.model import FAMILIES, ModelSpec
+from estimator.model import FAMILIES, Model
 from estimator.spec import Parallel, Workload
 
 # Columns the Benchmarks page filters on; all are columns of `runs` (bench.db.FILTER_COLUMNS allows them).
@@ -140,7 +140,7 @@ def comparable_allocated_bytes(est: Estimate, source: str) -> int:
     return est.allocated_bytes - (est.allocator_overhead_bytes if source == "traced" else 0)
 
 
-def _estimate_or_none(model: ModelSpec, key, options: Options) -> Estimate | None:
+def _estimate_or_none(model: Model, key, options: Options) -> Estimate | None:
     """The estimate for a stored run's (workload, parallel), or None when the row's settings do not apply to
     this model (e.g. LoRA targets it lacks) or contradict each other."""
     if key is None:
@@ -151,7 +151,7 @@ def _estimate_or_none(model: ModelSpec, key, options: Options) -> Estimate | Non
         return None
 
 
-def with_estimates(df: pd.DataFrame, model: ModelSpec, options: Options = Options()) -> pd.DataFrame:
+def with_estimates(df: pd.DataFrame, model: Model, options: Options = Options()) -> pd.DataFrame:
     """Add the analytic numbers for each run's own settings beside its measured/traced ones.
 
     Columns added (bytes): est_total_bytes (per-GPU peak incl. CUDA context, vs the GPU's memory) and

@@ -23,19 +23,20 @@ import pandas as pd
 from bench import db
 from bench.rows import SOURCES
 from estimator import calibration_file
-from estimator.activations import activation_bytes_k
 from estimator.calibration import KFit, ResidualFit, fit_k, fit_residual
 from estimator.estimate import Estimate, Options, estimate
-from estimator.model import FAMILIES, ModelSpec, from_hf_config
+from estimator.model import FAMILIES, Model, from_hf_config
 from estimator.parallel import shares
 from estimator.presets import parse_config_text
 from estimator.spec import Parallel, Workload
+from estimator.units import dtype_bytes
 
 METHOD = "ols-origin"  # calibrations.method of fits made here
 # Workload fields a run row stores under the same name (bench.rows.COLUMNS mirrors estimator.spec.Workload).
-_INT_FIELDS = ("lora_rank", "batch", "seq", "gen_tokens", "grad_accum")
+_INT_FIELDS = ("lora_rank", "batch", "seq", "gen_tokens", "grad_accum", "loss_chunks")
 _TEXT_FIELDS = ("mode", "method", "recipe", "precision", "weight_format", "optimizer", "optimizer_impl",
-                "checkpointing", "attention", "kv_dtype")
+                "checkpointing", "attention", "kv_dtype", "loop", "loss", "quantize_scope")
+_BOOL_FIELDS = ("optimizer_in_backward", "activation_offload", "double_quant", "float8", "compile")
 POINT_COLUMNS = ("run_id", "source", "family", "model_name", "model_type", "batch", "seq", "attention",
                  "checkpointing", "stage", "x", "y", "predicted_detailed", "implied_k",
                  "analytic_allocated_bytes", "measured_total_bytes")
@@ -55,6 +56,9 @@ def workload_from_row(row: dict) -> Workload:
     for name in _INT_FIELDS:
         if _present(row.get(name)):
             kw[name] = int(row[name])  # DuckDB hands back numpy integers (or floats when a column has NULLs)
+    for name in _BOOL_FIELDS:
+        if _present(row.get(name)):
+            kw[name] = bool(row[name])
     if _present(row.get("lora_targets")):
         kw["lora_targets"] = tuple(t for t in str(row["lora_targets"]).split(",") if t)
     return Workload(**kw)
@@ -65,8 +69,8 @@ def parallel_from_row(row: dict) -> Parallel:
     return Parallel(strategy=str(row["strategy"]), gpus=int(row["world_size"]))
 
 
-def model_from_row(row: dict) -> ModelSpec:
-    """ModelSpec from the row's config_json. Raises ValueError for missing, invalid or unsupported configs."""
+def model_from_row(row: dict) -> Model:
+    """Model from the row's config_json. Raises ValueError for missing, invalid or unsupported configs."""
     if not _present(row.get("config_json")):
         raise ValueError("config_json: empty; the run row carries no config.json")
     cfg = parse_config_text(str(row["config_json"]))
@@ -113,7 +117,7 @@ def _activation_stage(row: dict, est: Estimate) -> tuple[str, int] | None:
     return None
 
 
-def activation_bytes_from_row(row: dict, model: ModelSpec, workload: Workload, parallel: Parallel) -> dict | None:
+def activation_bytes_from_row(row: dict, model: Model, workload: Workload, parallel: Parallel) -> dict | None:
     """One calibration point of a run row, or None when no stage of it holds the saved activations.
 
     y = (the row's allocated peak in a stage holding all saved activations) - (every other component the
@@ -146,15 +150,16 @@ def family_model_types(family: str) -> list[str]:
     return types
 
 
-def activation_x(model: ModelSpec, workload: Workload, parallel: Parallel, pipeline_stage: str = "only") -> int:
+def activation_x(model: Model, workload: Workload, parallel: Parallel, pipeline_stage: str = "only") -> int:
     """x = b*s*h*L*bytes for the layers on this GPU (of `pipeline_stage`), exactly as estimate() scales the
     seeds' form: the regressor the k fit is made on."""
-    layers_local = next((sh.layers_local for sh in shares(model, parallel) if sh.stage == pipeline_stage),
-                        shares(model, parallel)[0].layers_local)
-    return activation_bytes_k(model, workload, 1) * layers_local // model.layers
+    stage_shares = shares(model.inventory, parallel)
+    layers_local = next((sh.layers_local for sh in stage_shares if sh.stage == pipeline_stage),
+                        stage_shares[0].layers_local)
+    return workload.batch * workload.seq * model.hidden * layers_local * dtype_bytes(workload.precision)
 
 
-def cpu_math_sdpa(source: str, model: ModelSpec, workload: Workload, notes: str | None = None) -> bool:
+def cpu_math_sdpa(source: str, model: Model, workload: Workload, notes: str | None = None) -> bool:
     """A traced training run with SDPA and attention dropout, traced before the tracer turned attention dropout
     off (estimator.trace.session.NOTE_ATTN_DROPOUT_OFF): on CPU, SDPA with dropout_p > 0 runs the math kernel, which
     materialises and saves the (b, heads, s, s) probabilities and the dropout mask; a GPU's flash /
@@ -162,7 +167,7 @@ def cpu_math_sdpa(source: str, model: ModelSpec, workload: Workload, notes: str 
     Such traced peaks are CPU-specific, so calibration leaves them out and the accuracy report flags them."""
     if notes and "attention-probability dropout traced off" in notes:
         return False
-    return source == "traced" and workload.mode == "train" and workload.attention == "sdpa" and model.attn_dropout > 0
+    return source == "traced" and workload.mode == "train" and workload.attention == "sdpa" and model.inventory.extra.get("attention_dropout", 0.0) > 0
 
 
 def collect_points(db_path=None, family: str | None = None, sources=("measured", "traced"),
@@ -180,7 +185,7 @@ def collect_points(db_path=None, family: str | None = None, sources=("measured",
                "checkpointing": checkpointing, "model_type": family_model_types(family) if family else None}
     runs = db.fetch_runs(filters, db_path=db_path, limit=None, wait_s=wait_s)
     points, skipped = [], {}
-    models: dict[str, ModelSpec] = {}  # one ModelSpec per distinct config
+    models: dict[str, Model] = {}  # one Model per distinct config
     for row in runs.to_dict("records"):
         model = models.get(row.get("config_hash"))
         point, why = point_from_row(row, model)
@@ -195,7 +200,7 @@ def collect_points(db_path=None, family: str | None = None, sources=("measured",
     return df
 
 
-def point_from_row(row: dict, model: ModelSpec | None = None) -> tuple[dict | None, str]:
+def point_from_row(row: dict, model: Model | None = None) -> tuple[dict | None, str]:
     """(the point, with every POINT_COLUMNS column, "") of one run row, or (None, why it is skipped:
     'config', 'workload', 'cpu-math-sdpa' or 'no activation stage'). Pass `model` to reuse one built from the
     same config."""

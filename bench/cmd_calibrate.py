@@ -42,7 +42,7 @@ def register(subparsers) -> None:
 
 
 def _row(fam, attn, ckpt, fit, points) -> str:
-    from estimator.activations import SEED_K
+    from estimator.calibration import SEED_K
     from estimator.units import fmt_bytes
     return (f"{fam:<9} {attn:<6} {ckpt:<9} {fit.n_points:>5} {fit.k:>8.3f}"
             f" [{fit.k_ci_low:>8.3f}, {fit.k_ci_high:>8.3f}]"

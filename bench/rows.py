@@ -133,7 +133,10 @@ def canonical_json(obj) -> str:
 
 
 def config_hash(config: dict) -> str:
-    return hashlib.sha256(canonical_json(config).encode()).hexdigest()
+    """The config's sha256 (estimator.presets.config_hash, so rows and profiles share one key)."""
+    from estimator.presets import config_hash as _hash
+
+    return _hash(config)
 
 
 def compute_run_id(row: dict) -> str:

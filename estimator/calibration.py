@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+SEED_K = 12.0  # seed 000's flat activation constant: activations = 12 * b*s*h*L*bytes
+
 LEVEL = 0.95  # confidence level of every interval here
 
 

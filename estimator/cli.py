@@ -14,17 +14,16 @@ import math
 import sys
 
 from estimator import components as comp
-from estimator.activations import DEFAULT_K
+from estimator.calibration import SEED_K
 from estimator.calibration_file import CalibrationEntry, entry_for
 from estimator.estimate import COMPONENTS, Estimate, Options, estimate
 from estimator.gpus import GPU, get_gpu, load_gpus
-from estimator.model import check_context
-from estimator.model import ModelSpec, from_hf_config
+from estimator.model import Model, check_context, from_hf_config
 from estimator.presets import load_config, preset_names
 from estimator.search import Advice, advice, max_batch, max_seq
-from estimator.spec import (ATTENTION, CHECKPOINTING, KV_DTYPES, METHODS, MODES, OFFLOADS, OPTIMIZER_IMPLS,
-                            OPTIMIZERS, PRECISIONS, RECIPES, STRATEGIES, WEIGHT_FORMATS, Parallel, Workload,
-                            spec_dict)
+from estimator.spec import (ATTENTION, CHECKPOINTING, KV_DTYPES, LOOPS, LOSSES, METHODS, MODES, OFFLOADS,
+                            OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, QUANTIZE_SCOPES, RECIPES, STRATEGIES,
+                            WEIGHT_FORMATS, Parallel, Workload, spec_dict)
 from estimator.units import fmt_bytes
 
 MAX_K = 10_000.0  # k is ~10-100 for real models; anything larger is a typo
@@ -66,6 +65,25 @@ def build_parser() -> argparse.ArgumentParser:
     a("--checkpointing", choices=CHECKPOINTING, default=d.checkpointing, help="activation checkpointing")
     a("--attention", choices=ATTENTION, default=d.attention, help="attention kernel; eager stores seq x seq scores")
     a("--kv-dtype", choices=KV_DTYPES, default=d.kv_dtype, help="KV-cache dtype (auto = --precision)")
+    a("--loop", choices=LOOPS, default=d.loop,
+      help="what the training loop keeps alive: the loss only (HF Trainer, torchtune) or the whole model output "
+           "through backward and the optimizer step (litgpt, `out = model(...)` loops)")
+    a("--loss", choices=LOSSES, default=d.loss,
+      help="full cross-entropy on the logits; chunked (torchtune CEWithChunkedOutputLoss, litgpt "
+           "chunked_cross_entropy); fused-linear (Liger: logits never materialised)")
+    a("--loss-chunks", type=int, default=d.loss_chunks, help="chunks of the sequence for --loss chunked "
+      "(torchtune num_output_chunks, default 8)")
+    a("--optimizer-in-backward", action="store_true",
+      help="step each parameter as its gradient is ready and free it (torchtune optimizer_in_bwd)")
+    a("--activation-offload", action="store_true",
+      help="move saved activations to CPU memory (torchtune enable_activation_offloading)")
+    a("--quantize-scope", choices=QUANTIZE_SCOPES, default=d.quantize_scope,
+      help="QLoRA: 4-bit on every block Linear (all: bitsandbytes, litgpt, PEFT) or only the adapted ones "
+           "(adapted: torchtune)")
+    a("--no-double-quant", action="store_true", help="QLoRA: keep the 4-bit absmax scales in fp32 (HF "
+      "BitsAndBytesConfig's default) instead of quantizing them again")
+    a("--float8", action="store_true", help="torchao float8 training of the block Linears (torchtitan)")
+    a("--compile", action="store_true", help="the model is torch.compile'd (what AOTAutograd saves is not modelled)")
     a("--gpu", help="GPU preset (see --list-gpus): adds the verdict, headroom, max batch and max seq")
     a("--gpus", type=int, default=1, help="world size; more than 1 needs --strategy")
     a("--strategy", choices=STRATEGIES, help="parallelism; default single for 1 GPU")
@@ -75,8 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--sequence-parallel", action="store_true", help="Megatron sequence parallelism (needs tensor parallelism)")
     a("--offload", choices=OFFLOADS, default="none", help="CPU offload of optimizer states (and params)")
     a("--activation-model", choices=("detailed", "k"),
-      help="detailed per-tensor model (default), or the seeds' k*b*s*h*L*bytes form")
-    a("--k", type=float, help="k for --activation-model k (default: the family's DEFAULT_K); implies it")
+      help="detailed: the model's traced profile (default); k: the seeds' k*b*s*h*L*bytes form for activations")
+    a("--k", type=float, help=f"k for --activation-model k (default {SEED_K:g}, the seeds'); implies it")
+    a("--no-derive", action="store_true",
+      help="never trace to derive a missing profile (needs torch); fail with the command that derives it")
     a("--calibrated", action="store_true",
       help="use the family's fitted k from data/calibration.json (env WILLITFIT_CALIBRATION) and report a "
            "95%% prediction interval")
@@ -92,7 +112,10 @@ def _workload(args) -> Workload:
                     recipe=args.recipe, precision=args.precision, weight_format=args.weight_format,
                     optimizer=args.optimizer, optimizer_impl=args.optimizer_impl, batch=args.batch, seq=args.seq,
                     gen_tokens=args.gen_tokens, grad_accum=args.grad_accum, checkpointing=args.checkpointing,
-                    attention=args.attention, kv_dtype=args.kv_dtype)
+                    attention=args.attention, kv_dtype=args.kv_dtype, loop=args.loop, loss=args.loss,
+                    loss_chunks=args.loss_chunks, optimizer_in_backward=args.optimizer_in_backward,
+                    activation_offload=args.activation_offload, quantize_scope=args.quantize_scope,
+                    double_quant=not args.no_double_quant, float8=args.float8, compile=args.compile)
 
 
 def _parallel(args) -> Parallel:
@@ -105,7 +128,18 @@ def _parallel(args) -> Parallel:
                     sequence_parallel=args.sequence_parallel, offload=args.offload)
 
 
-def _options(args, model: ModelSpec, w: Workload) -> tuple[Options, CalibrationEntry | None]:
+def _progress(done: int, total: int, message: str) -> None:
+    """Deriving a profile traces the model a few dozen times: say so on stderr, one line per trace."""
+    print(f"[{done}/{total}] {message}", file=sys.stderr, flush=True)
+
+
+def _options(args, model: Model, w: Workload) -> tuple[Options, CalibrationEntry | None]:
+    base = dict(derive=not args.no_derive, progress=_progress)
+    opts, cal = _k_options(args, model, w)
+    return Options(overhead=opts.overhead, activation_k=opts.activation_k, **base), cal
+
+
+def _k_options(args, model: Model, w: Workload) -> tuple[Options, CalibrationEntry | None]:
     if args.calibrated:
         if args.k is not None or args.activation_model == "detailed":
             raise ValueError("k: --calibrated takes k from the calibration file; drop --k / --activation-model")
@@ -119,7 +153,7 @@ def _options(args, model: ModelSpec, w: Workload) -> tuple[Options, CalibrationE
             raise ValueError(f"k: {args.k} is out of range; allowed 0 < k <= {MAX_K:g}")
         return Options(activation_k=args.k), None
     if args.activation_model == "k":
-        return Options(activation_k=DEFAULT_K[model.family]), None
+        return Options(activation_k=SEED_K), None
     return Options(), None
 
 
@@ -130,7 +164,7 @@ def _verdict(total: int, gpu_bytes: int, interval: tuple[int, int] | None) -> st
     return "fits" if hi <= gpu_bytes else ("oom" if lo > gpu_bytes else "tight")
 
 
-def report(model: ModelSpec, est: Estimate, gpu: GPU | None, options: Options,
+def report(model: Model, est: Estimate, gpu: GPU | None, options: Options,
            cal: CalibrationEntry | None) -> dict:
     """Everything the CLI shows, as one JSON-ready dict (bytes are ints; GiB/GB only in the text view)."""
     out = {
@@ -140,7 +174,8 @@ def report(model: ModelSpec, est: Estimate, gpu: GPU | None, options: Options,
         "activation_model": "detailed" if options.activation_k is None else "k",
         "activation_k": options.activation_k,
         "total_bytes": est.total_bytes, "allocated_bytes": est.allocated_bytes,
-        "peak_stage": est.peak_stage, "pipeline_stage": est.pipeline_stage,
+        "peak_stage": est.peak_stage, "pipeline_stage": est.pipeline_stage, "peak_moment": est.peak_moment,
+        "paged_bytes": est.paged_bytes, "notes": list(est.notes), "profile": est.profile,
         "components": est.components.as_dict(),
         "stages": {name: {**b.as_dict(), "total_bytes": b.total} for name, b in est.stages},
     }
@@ -160,14 +195,16 @@ def report(model: ModelSpec, est: Estimate, gpu: GPU | None, options: Options,
                    max_seq=max_seq(model, w, p, cap, options, limit=max(model.max_positions, w.seq)),
                    max_positions=model.max_positions)
         if not out["fits"]:
-            out["advice"] = [_advice_dict(a) for a in advice(model, w, p, cap, options)]
+            # pricing other workload classes would trace each one: only classes whose profile is on disk
+            priced = Options(overhead=options.overhead, activation_k=options.activation_k, derive=False)
+            out["advice"] = [_advice_dict(a) for a in advice(model, w, p, cap, priced)]
     return out
 
 
 def _advice_dict(a: Advice) -> dict:
     change = {k: (",".join(v) if isinstance(v, tuple) else v) for k, v in a.change.items()}
     return {"title": a.title, "change": change, "saving_bytes": a.saving_bytes,
-            "new_total_bytes": a.new_total_bytes, "fits": a.fits, "note": a.note}
+            "new_total_bytes": a.new_total_bytes, "fits": a.fits, "note": a.note, "priced": a.priced}
 
 
 def _both(n: int) -> str:
@@ -199,6 +236,19 @@ def render_text(r: dict) -> str:
         if n:
             lines.append(f"  {name:<18}{_both(n)}  {_bar(n, scale)}")
     lines.append(f"  {'TOTAL':<18}{_both(r['total_bytes'])}  (torch allocated: {fmt_bytes(r['allocated_bytes'])})")
+    if r.get("peak_moment"):
+        lines.append(f"  peak moment: {r['peak_moment']}")
+    if r.get("paged_bytes"):
+        lines.append(f"  + {fmt_bytes(r['paged_bytes'])} of paged optimizer states in CUDA unified memory "
+                     "(outside torch's allocator; they page to host RAM under pressure)")
+    prof = r.get("profile") or {}
+    if prof:
+        lines.append(f"  profile: derived from transformers {prof.get('transformers')} / torch {prof.get('torch')}"
+                     f" ({prof.get('kernels')} kernels), {prof.get('traces')} traces of "
+                     f"{'/'.join(str(len(d)) for d in prof.get('reduced_depths', []))} layers in "
+                     f"{prof.get('seconds')} s")
+    for note in r.get("notes", []):
+        lines.append(f"  note: {note}")
     lines += ["", "Stages (waterfall):"]
     for name, st in r["stages"].items():
         mark = "  <- peak" if name == r["peak_stage"] else ""
@@ -220,6 +270,9 @@ def render_text(r: dict) -> str:
             lines += ["", "What would help (each alone, largest saving first):"]
             shown = r["advice"][:7] + [a for a in r["advice"][7:] if a["title"].startswith("Combine")]
             for a in shown:
+                if not a["priced"]:
+                    lines.append(f"  - {a['title']}: {a['note']}")
+                    continue
                 lines.append(f"  - {a['title']}: saves {fmt_bytes(a['saving_bytes'])} -> "
                              f"{fmt_bytes(a['new_total_bytes'])} ({'fits' if a['fits'] else 'still OOM'}). {a['note']}")
     return "\n".join(lines)
@@ -248,7 +301,7 @@ def run(args) -> dict | str:
         raise ValueError("model: required; give a preset name (--list-models) or a config.json path")
     name, cfg = load_config(args.model)
     try:
-        model = from_hf_config(cfg, name)
+        model = from_hf_config(cfg, name, derive=not args.no_derive, progress=_progress)
     except (TypeError, KeyError, ArithmeticError) as e:  # a config.json with wrongly typed fields
         raise ValueError(f"model: cannot build {name!r} from its config ({type(e).__name__}: {e})") from None
     w, p = _workload(args), _parallel(args)

@@ -1,10 +1,19 @@
-"""One pure function per memory component. Every function returns integer bytes and cites what it mirrors.
+"""The analytic components: what a traced profile cannot see, each in one function returning integer bytes.
 
-Precision recipes (training), bytes per trainable parameter with AdamW:
-    pure   weights, grads and Adam states all in `precision` (torchtune / litgpt "bf16-true"):   2+2+4   =  8
-    amp    fp32 weights, grads, states; autocast computes in half (PyTorch AMP, HF Trainer bf16=True): 4+4+8 = 16
-    mixed  half weights and grads + fp32 master copy + fp32 states (DeepSpeed, Megatron, apex O2): 2+2+4+8 = 16
-    fp32   everything fp32:                                                                        4+4+8   = 16
+A profile (estimator.profile) is traced with float weights, torch optimizers and the model's own KV cache
+dtype. Everything a fake-tensor trace cannot run is priced here from the model's inventory and swapped into the
+traced categories by estimator.estimate:
+- stored weight formats: bitsandbytes LLM.int8 / NF4 / FP4 (with or without double quantization, on every block
+  Linear or only the adapted ones), GPTQ / AWQ, GGUF, fp8;
+- optimizers the trace cannot run (bitsandbytes 8-bit and paged AdamW, Adafactor, Lion) and their step;
+- the fp32 master copy of the `mixed` recipe, the KV-cache dtype, the CUDA context and communication buffers.
+
+Training recipes, bytes per trainable parameter with AdamW (weights + grads + states + master):
+    pure     everything in --precision (torchtune, litgpt "bf16-true"):                       2+2+4     = 8
+    amp      fp32 weights/grads/states, autocast copies (HF Trainer bf16=True):                4+4+8     = 16
+    mixed    half weights and grads, fp32 master and states (DeepSpeed, Megatron):             2+2+8+4   = 16
+    fp32     everything fp32:                                                                  4+4+8     = 16
+    fsdp-mp  FSDP2 MixedPrecisionPolicy: fp32 sharded weights/grads/states, half gathered copy: 4+4+8 (+2 gathered)
 Seed 002 says optimizer states "are always stored in fp32, regardless of your model precision". That is wrong
 for `pure` training: torch.optim creates states with `torch.zeros_like(param)` (torch/optim/adam.py `_init_group`),
 so a bf16 model has bf16 states.
@@ -12,29 +21,26 @@ so a bf16 model has bf16 states.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
-from estimator.model import ModelSpec
-from estimator.spec import Workload
+from estimator.inventory import Inventory
+from estimator.spec import PAGED_OPTIMIZERS, Workload
 from estimator.units import MiB, dtype_bytes
-
-# ---------------------------------------------------------------- weights, by storage format
 
 # bitsandbytes 4-bit (bitsandbytes/functional.py quantize_4bit): 64-element blocks, one fp32 absmax per block.
 # With double quantization (QLoRA, arXiv 2305.14314 sec. 3) the absmaxes are themselves 8-bit quantized in blocks
-# of 256 with one fp32 absmax per block, + an fp32 offset; 0.5 -> 0.127 bits/param of overhead.
+# of 256 with one fp32 absmax per block, + an fp32 offset: 0.5 -> 0.127 bits/param of overhead.
 BNB4_BLOCK = 64
 BNB4_DQ_BLOCK = 256
-BNB4_DOUBLE_QUANT = True  # QLoRA's recipe; HF BitsAndBytesConfig defaults to False (then 4 B per 64 weights)
 # GPTQ / AWQ (AutoGPTQ / AutoAWQ QuantLinear): packed int weights, fp16 scale + packed zero per (group, column).
 GPTQ_GROUP = 128
 # GGUF bits per weight of each block type: ggml/src/ggml-common.h block structs (e.g. block_q4_K = 144 bytes per
 # 256 weights = 4.5 bpw); *_K_M files mix types per tensor, so use llama.cpp's quantize table average for those.
 GGUF_BPW = {"gguf-q8_0": 8.5, "gguf-q6_k": 6.5625, "gguf-q5_k_m": 5.67, "gguf-q4_k_m": 4.83,
             "gguf-q4_0": 4.5, "gguf-q3_k_m": 3.89, "gguf-q2_k": 2.625}
+FLOAT_FORMATS = ("fp32", "bf16", "fp16")
 
 
-def quantized_matrix_bytes(rows: int, cols: int, fmt: str) -> int:
+def quantized_matrix_bytes(rows: int, cols: int, fmt: str, double_quant: bool = True) -> int:
     """Bytes of one (rows=out_features, cols=in_features) weight matrix stored in `fmt`, incl. scales/zeros."""
     n = rows * cols
     if fmt in ("fp32", "bf16", "fp16", "fp8"):
@@ -44,7 +50,7 @@ def quantized_matrix_bytes(rows: int, cols: int, fmt: str) -> int:
     if fmt in ("nf4", "fp4"):
         blocks = -(-n // BNB4_BLOCK)
         packed = -(-n // 2)
-        if BNB4_DOUBLE_QUANT:
+        if double_quant:
             return packed + blocks + 4 * -(-blocks // BNB4_DQ_BLOCK) + 4
         return packed + 4 * blocks
     if fmt.startswith(("gptq-", "awq-")):
@@ -66,102 +72,61 @@ def weight_format(workload: Workload) -> str:
         return workload.weight_format
     if workload.method == "qlora":
         return "nf4"
-    if workload.mode == "train" and workload.recipe in ("amp", "fp32"):
+    if workload.mode == "train" and workload.recipe in ("amp", "fp32", "fsdp-mp"):
         return "fp32"
     return workload.precision
 
 
-@lru_cache(maxsize=4096)  # pure in its hashable arguments; loops over every Linear of the model
-def weights_bytes(model: ModelSpec, fmt: str, float_dtype: str) -> int:
-    """Bytes of all model weights with the transformer-block Linear layers stored in `fmt`.
+def float_dtype(workload: Workload) -> str:
+    """The dtype the float parts of the model (and the traced profile's weights) are held in."""
+    fmt = weight_format(workload)
+    return fmt if fmt in FLOAT_FORMATS else workload.precision
 
-    What the quantizing libraries leave alone stays in `float_dtype`: embeddings, the lm_head and all 1-D
-    parameters (norms, biases), as bitsandbytes' `replace_with_bnb_linear` skips `lm_head` and non-Linear
-    modules, and AutoGPTQ/AutoAWQ convert only the decoder layers' Linear modules. GGUF quantizes the
-    embedding and output matrices too (llama.cpp `llama_model_quantize`), keeping norms in fp32.
-    """
-    fb = dtype_bytes(float_dtype)
-    total = 0
-    for n, lin in model.linears():
-        total += n * lin.count * quantized_matrix_bytes(lin.out_features, lin.in_features, fmt)
-        if lin.bias:
-            total += n * lin.count * lin.out_features * fb
-    other = model.params - model.linear_params - sum(n * lin.count * lin.out_features
-                                                     for n, lin in model.linears() if lin.bias)
-    big = model.embedding_params + model.lm_head_params  # embedding-like matrices inside `other`
+
+def base_weight_bytes(inv: Inventory, w: Workload) -> int:
+    """Bytes of the model's own parameters as stored (adapters excluded), every format.
+
+    bitsandbytes (`replace_with_bnb_linear`) and AutoGPTQ/AutoAWQ convert the nn.Linear modules of the decoder
+    layers; embeddings, the lm_head, norms, biases, routers and transformers 5's fused experts (3-D parameters, not
+    nn.Linear) stay in the float dtype. QLoRA with `quantize_scope='adapted'` (torchtune's lora_*_qlora builders)
+    converts only the Linears that carry adapters. GGUF (llama.cpp `llama_model_quantize`) quantizes every matrix,
+    the embedding and output ones as Q6_K (Q8_0 files: Q8_0), and keeps 1-D tensors in fp32."""
+    fmt = weight_format(w)
+    fb = dtype_bytes(float_dtype(w))
+    if fmt in FLOAT_FORMATS:
+        return inv.params * dtype_bytes(fmt)
     if fmt in GGUF_BPW:
-        total += quantized_matrix_bytes(1, big, "gguf-q6_k" if fmt != "gguf-q8_0" else fmt)
-        total += (other - big) * 4
-    else:
-        total += other * fb
-    return total
+        big = sum(n * _numel(shape) for role, shape, _, n in inv.param_groups if len(shape) >= 2)
+        emb = inv.embedding_params + inv.lm_head_params
+        small = inv.params - big
+        head_fmt = fmt if fmt == "gguf-q8_0" else "gguf-q6_k"
+        return (quantized_matrix_bytes(1, big - emb, fmt) + quantized_matrix_bytes(1, emb, head_fmt) + small * 4)
+    scope = set(w.lora_targets) if (w.method == "qlora" and w.quantize_scope == "adapted") else None
+    total, quantized = 0, 0
+    for name, fi, fo, _bias, role, in_layer, n in inv.linears:
+        if role == "linear" and in_layer and (scope is None or name in scope):
+            total += n * quantized_matrix_bytes(fo, fi, fmt, w.double_quant)
+            quantized += n * fi * fo
+    return total + (inv.params - quantized) * fb
 
 
-# ---------------------------------------------------------------- trainable parameters (full, LoRA)
-
-def lora_target_names(model: ModelSpec) -> list[str]:
-    """Module names a LoRA target can name in this model: its Linear modules except fused routed experts
-    (PEFT matches the last component of the module name; experts in transformers 5 are 3-D Parameters)."""
-    return sorted({lin.name.split(".")[-1] for _, lin in model.linears() if lin.role != "expert"})
-
-
-def lora_target_shapes(model: ModelSpec, targets: tuple[str, ...]) -> list[tuple[int, int, int]]:
-    """(layers x count, in, out) of every Linear a LoRA target name matches (PEFT matches on the module name's
-    last component, peft/tuners/tuners_utils.py `check_target_module_exists`). Routed experts stored as fused
-    3-D Parameters in transformers 5 (Mixtral, Qwen-MoE, DeepSeek) are not nn.Linear and cannot be targeted."""
-    return list(_lora_target_shapes(model, tuple(targets)))
-
-
-@lru_cache(maxsize=4096)  # per (frozen model, targets): estimate() asks several times per call, sweeps thousands
-def _lora_target_shapes(model: ModelSpec, targets: tuple[str, ...]) -> tuple[tuple[int, int, int], ...]:
-    shapes = []
-    for t in targets:
-        hits = [(n * lin.count, lin.in_features, lin.out_features) for n, lin in model.linears()
-                if lin.role != "expert" and (lin.name == t or lin.name.split(".")[-1] == t)]
-        if not hits:
-            raise ValueError(f"lora_targets: {t!r} matches no Linear module of {model.model_type}; "
-                             f"available: {', '.join(lora_target_names(model))}")
-        shapes += hits
-    return tuple(shapes)
-
-
-def lora_params(model: ModelSpec, rank: int, targets: tuple[str, ...]) -> int:
-    """LoRA adapter parameters: r*(in + out) per targeted Linear (A: r x in, B: out x r; PEFT LoraLayer).
-
-    Llama-2-7B, r=8 on q_proj,v_proj: 32 layers * 2 * 8 * (4096 + 4096) = 4,194,304 (what PEFT prints)."""
-    return sum(k * rank * (i + o) for k, i, o in lora_target_shapes(model, targets))
-
-
-def trainable_params(model: ModelSpec, workload: Workload) -> int:
-    if workload.mode == "infer":
+def dequant_temp_bytes(inv: Inventory, w: Workload) -> int:
+    """A 4-bit or 8-bit Linear dequantizes its weight to the compute dtype for every matmul (bitsandbytes
+    `MatMul4Bit` -> `dequantize_4bit`; `MatMul8bitLt` for int8): one layer's largest quantized matrix, live
+    during its matmul and, in backward, again for the input's gradient."""
+    fmt = weight_format(w)
+    if fmt not in ("nf4", "fp4", "int8"):
         return 0
-    if workload.method == "full":
-        return model.params
-    return lora_params(model, workload.lora_rank, workload.lora_targets)
+    a = dtype_bytes(w.precision)
+    sizes = [fi * fo for _, fi, fo, _, role, in_layer, _ in inv.linears if role == "linear" and in_layer]
+    return max(sizes, default=0) * a
 
 
-def trainable_tensor_shapes(model: ModelSpec, workload: Workload) -> list[tuple[int, int, int]]:
-    """(copies, rows, cols) of every trainable tensor; vectors have cols == 1. Drives per-tensor optimizer terms."""
-    targets = workload.lora_targets if workload.method != "full" else ()
-    return list(_trainable_tensor_shapes(model, workload.method != "full", targets, workload.lora_rank))
-
-
-@lru_cache(maxsize=4096)
-def _trainable_tensor_shapes(model: ModelSpec, lora: bool, targets: tuple[str, ...],
-                             rank: int) -> tuple[tuple[int, int, int], ...]:
-    if lora:
-        shapes = []
-        for k, i, o in _lora_target_shapes(model, targets):
-            shapes += [(k, rank, i), (k, o, rank)]
-        return tuple(shapes)
-    shapes = [(n * lin.count, lin.out_features, lin.in_features) for n, lin in model.linears()]
-    shapes += [(n * lin.count, lin.out_features, 1) for n, lin in model.linears() if lin.bias]
-    shapes.append((1, model.vocab, model.hidden))
-    if model.lm_head_params:
-        shapes.append((1, model.vocab, model.hidden))
-    rest = model.params - sum(c * r * k for c, r, k in shapes)
-    shapes.append((max(rest // model.hidden, 0), model.hidden, 1))  # norms etc., as h-sized vectors
-    return tuple(shapes)
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
 
 
 # ---------------------------------------------------------------- dtypes per recipe
@@ -187,12 +152,7 @@ def recipe_dtypes(workload: Workload) -> RecipeDtypes:
         return RecipeDtypes(p, p, p, None)
     if workload.recipe == "mixed":
         return RecipeDtypes(p, p, "fp32", "fp32")
-    return RecipeDtypes("fp32", "fp32", "fp32", None)  # amp and fp32
-
-
-def gradient_bytes(trainable: int, grad_dtype: str) -> int:
-    """One gradient per trainable parameter in the gradient dtype (param.grad matches param.dtype)."""
-    return trainable * dtype_bytes(grad_dtype)
+    return RecipeDtypes("fp32", "fp32", "fp32", None)  # amp, fp32, fsdp-mp (fp32 sharded parameters)
 
 
 def master_weight_bytes(trainable: int, recipe: str) -> int:
@@ -207,14 +167,16 @@ BNB_8BIT_BLOCK = 2048      # bitsandbytes blockwise 8-bit optimizer block size (
 BNB_MIN_8BIT_SIZE = 4096   # tensors smaller than this keep 32-bit states (bnb Optimizer8bit min_8bit_size)
 
 
-def optimizer_state_bytes(shapes: list[tuple[int, int, int]], optimizer: str, state_dtype: str) -> int:
+def optimizer_state_bytes(shapes, optimizer: str, state_dtype: str) -> int:
     """Persistent optimizer state for trainable tensors of the given (copies, rows, cols) shapes.
 
     sgd 0; sgd-momentum 1 buffer (torch SGD momentum_buffer); adam/adamw 2 (exp_avg, exp_avg_sq); lion 1
     (exp_avg, arXiv 2302.06675 Alg. 2); adafactor: row + column factors of the second moment for matrices and a
     full second moment for vectors, no first moment (torch.optim.Adafactor, beta1-free, arXiv 1804.04235);
-    adamw-8bit: two uint8 states + one fp32 absmax per 2048-block each, 32-bit states for tensors < 4096
-    elements (bitsandbytes/optim/optimizer.py Optimizer8bit.init_state).
+    adamw-8bit / paged-adamw-8bit: two uint8 states + one fp32 absmax per 2048-block each, 32-bit states for
+    tensors < 4096 elements (bitsandbytes/optim/optimizer.py Optimizer8bit.init_state); paged-adamw: two fp32
+    states (bitsandbytes PagedAdamW is a 32-bit Optimizer2State) — paged states live in CUDA unified memory
+    (`is_paged`: `cudaMallocManaged`), outside torch's allocator (estimate.py reports them apart).
     """
     sb = dtype_bytes(state_dtype)
     total = 0
@@ -222,13 +184,15 @@ def optimizer_state_bytes(shapes: list[tuple[int, int, int]], optimizer: str, st
         n = rows * cols
         if optimizer in ("adam", "adamw"):
             per = 2 * n * sb
+        elif optimizer == "paged-adamw":
+            per = 2 * n * 4
         elif optimizer in ("sgd-momentum", "lion"):
             per = n * sb
         elif optimizer == "sgd":
             per = 0
         elif optimizer == "adafactor":
             per = (rows + cols) * sb if cols > 1 else n * sb
-        elif optimizer == "adamw-8bit":
+        elif optimizer in ("adamw-8bit", "paged-adamw-8bit"):
             per = 2 * (n + 4 * -(-n // BNB_8BIT_BLOCK)) if n >= BNB_MIN_8BIT_SIZE else 8 * n
         else:
             raise ValueError(f"optimizer: {optimizer!r} is not known")
@@ -236,21 +200,24 @@ def optimizer_state_bytes(shapes: list[tuple[int, int, int]], optimizer: str, st
     return total
 
 
-def optimizer_step_temp_bytes(shapes: list[tuple[int, int, int]], optimizer: str, impl: str, state_dtype: str) -> int:
+def optimizer_step_temp_bytes(shapes, optimizer: str, impl: str, state_dtype: str) -> int:
     """Transient bytes the optimizer step allocates on top of weights, grads and states.
 
     foreach Adam/AdamW (torch/optim/adam.py `_multi_tensor_adam`): `exp_avg_sq_sqrt = torch._foreach_sqrt(...)`
     materialises one state-sized tensor for every parameter at once. forloop (`_single_tensor_adam`): the same
     `denom` one parameter at a time, so the largest tensor. fused (`torch._fused_adamw_`): none.
     Adafactor: the reconstructed second moment (row x col outer product), per impl likewise. SGD without weight
-    decay and Lion's sign update run in place; bitsandbytes 8-bit updates in its kernel.
-    """
+    decay and Lion's sign update run in place; bitsandbytes updates in its kernel (8-bit and paged)."""
     if optimizer not in ("adam", "adamw", "adafactor") or impl == "fused":
         return 0
     sb = dtype_bytes(state_dtype)
     if impl == "foreach":
         return sum(c * r * k for c, r, k in shapes) * sb
-    return max(r * k for _, r, k in shapes) * sb
+    return max((r * k for _, r, k in shapes), default=0) * sb
+
+
+def paged(optimizer: str) -> bool:
+    return optimizer in PAGED_OPTIMIZERS
 
 
 # ---------------------------------------------------------------- KV cache
@@ -259,21 +226,11 @@ def kv_dtype(workload: Workload) -> str:
     return workload.precision if workload.kv_dtype == "auto" else workload.kv_dtype
 
 
-def kv_cache_bytes(model: ModelSpec, batch: int, tokens: int, dtype: str) -> int:
-    """K and V for every layer, KV head and cached token: 2 * L * kv_heads * head_dim * bytes per token
-    (GQA/MQA use kv_heads, not heads: seeds 000-002 use hidden_size and overstate Llama-3-8B's cache 4x).
-    MLA (DeepSeek-V2/V3, arXiv 2405.04434 eq. 10) caches the compressed latent (kv_lora_rank) plus the
-    decoupled RoPE key (qk_rope_head_dim) per layer instead. HF DynamicCache stores exactly these tensors
-    (for MLA in transformers 5 the cache holds the expanded per-head K/V; vLLM/SGLang cache the latent)."""
-    return batch * tokens * model.kv_bytes_per_token_per_elem * dtype_bytes(dtype)
-
-
 # ---------------------------------------------------------------- runtime overhead
 
 @dataclass(frozen=True)
 class Overhead:
-    """Memory outside PyTorch tensors. Defaults are typical for CUDA 12 on Hopper; the calibration issue fits
-    the context constant from measured rows (NVML used minus torch reserved)."""
+    """Memory outside PyTorch tensors. Defaults are typical for CUDA 12 on Hopper; measured rows refine them."""
 
     cuda_context_bytes: int = 500 * MiB     # driver context + kernel images with CUDA lazy loading (CUDA 11.7+)
     cublas_workspace_bytes: int = 32 * MiB  # PyTorch's cuBLAS(Lt) workspace on sm90 (aten CublasHandlePool.cpp)

@@ -1,51 +1,66 @@
-"""estimate(): compose the components into per-stage breakdowns and the step's peak, per GPU.
+"""estimate(): one step's memory per GPU, stage by stage, from the model's traced profile.
 
-A training step (steady state, after the first optimizer step has created the states) goes
-    load -> forward -> backward -> optimizer step,
-and the peak is the largest of those stages, as in seed 000's waterfall but with the states already there.
-Inference goes load -> prefill -> decode. Each stage is a Breakdown whose total is the sum of its parts.
+A training step is load -> forward -> backward -> optimizer step, in the steady state (the optimizer states exist);
+inference is load -> prefill -> decode. Each stage's bytes are the largest over the profile's moments of that
+stage (estimator.profile: every tick of the real step that can hold the peak, exact polynomials in the sizes,
+derived from the model's own code). What the traced profile cannot see is swapped in per category from the
+inventory (estimator.components): stored weight formats, optimizers the trace cannot run, the KV-cache dtype,
+ZeRO-1/2 and tensor/pipeline/expert sharding, CPU offload, the CUDA context. `traced_class` says which
+traceable workload stands for a given one, and `Estimate.notes` what was priced analytically.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields, replace
 
-from estimator import activations as act
 from estimator import components as comp
-from estimator.model import ModelSpec
-from estimator.parallel import SHARD_PARAMS, Share, shares
+from estimator import store
+from estimator.model import Model
+from estimator.parallel import TRACED_SHARDING, shares
 from estimator.spec import Parallel, Workload
-from estimator.units import dtype_bytes
 
 COMPONENTS = ("weights", "gradients", "optimizer_states", "master_weights", "activations", "kv_cache",
-              "temporaries", "overhead")
+              "temporaries", "buffers", "overhead")
+UNTRACEABLE_OPTIMIZERS = ("adamw-8bit", "paged-adamw", "paged-adamw-8bit", "adafactor", "lion")
+ANALYTIC_STRATEGIES = ("zero1", "zero2", "tp", "pp", "ep")
 
 
 @dataclass(frozen=True)
 class Breakdown:
     """Bytes per component at one moment on one GPU."""
 
-    weights: int = 0           # model weights (quantized where the format says so), this GPU's share
+    weights: int = 0           # model weights (quantized where the format says so), this GPU's share (+ gathered)
     gradients: int = 0         # .grad of trainable params (+ DDP buckets)
     optimizer_states: int = 0  # Adam moments etc.
     master_weights: int = 0    # fp32 master copy (recipe 'mixed')
-    activations: int = 0       # tensors saved for backward, or the inference working set
+    activations: int = 0       # everything else the step holds: saved tensors, temporaries of the ops, logits
     kv_cache: int = 0          # inference K/V cache
-    temporaries: int = 0       # transient: logits' fp32 copies, optimizer foreach lists, gathered FSDP layers,
-                               # autocast weight copies
+    temporaries: int = 0       # the optimizer step's temporaries; dequantized weights of a 4/8-bit matmul
+    buffers: int = 0           # model inputs, labels and non-parameter buffers (RoPE tables)
     overhead: int = 0          # CUDA context, cuBLAS workspace, NCCL buffers
 
     @property
     def total(self) -> int:
         return (self.weights + self.gradients + self.optimizer_states + self.master_weights + self.activations
-                + self.kv_cache + self.temporaries + self.overhead)  # every field (tests check it against fields())
+                + self.kv_cache + self.temporaries + self.buffers + self.overhead)  # every field (a test checks)
 
     def as_dict(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 @dataclass(frozen=True)
+class Options:
+    """Knobs that are not part of the workload: the overhead model, the activation model, deriving."""
+
+    overhead: comp.Overhead = comp.Overhead()
+    activation_k: float | None = None   # None: the traced profile; a number: the seeds' k * b*s*h*L*bytes form
+    derive: bool = True                 # derive a missing profile now (torch); False raises store.ProfileMissing
+    progress: Callable | None = field(default=None, compare=False, hash=False)
+
+
+@dataclass(frozen=True)
 class Estimate:
-    model: ModelSpec
+    model: Model
     workload: Workload
     parallel: Parallel
     params: int
@@ -55,6 +70,10 @@ class Estimate:
     pipeline_stage: str         # which pipeline stage holds the peak ('only' without PP)
     cuda_context_bytes: int     # part of `overhead` that torch.cuda's allocator never sees
     allocator_overhead_bytes: int  # part of `overhead` allocated through torch (cuBLAS workspace)
+    peak_moment: str = ""       # where in the step the peak is (the profile moment's label)
+    notes: tuple[str, ...] = ()  # what was priced analytically instead of traced
+    profile: dict = field(default_factory=dict, compare=False)  # the profile's provenance
+    paged_bytes: int = 0        # optimizer states in CUDA unified memory (paged optimizers): not in `total`
 
     @property
     def components(self) -> Breakdown:
@@ -74,231 +93,111 @@ class Estimate:
         return dict(self.stages)[name]
 
 
-@dataclass(frozen=True)
-class Options:
-    """Knobs that are not part of the workload: the overhead model and the activation model."""
-
-    overhead: comp.Overhead = comp.Overhead()
-    activation_k: float | None = None   # None: detailed model; a number: the seeds' k * b*s*h*L*bytes form
-
-
-def _weights_full_bytes(model: ModelSpec, w: Workload) -> tuple[int, int]:
-    """(frozen/inference weight bytes, trainable weight bytes) for the whole model."""
-    rd = comp.recipe_dtypes(w)
-    fmt = comp.weight_format(w)
-    float_dtype = fmt if fmt in ("fp32", "bf16", "fp16") else w.precision
-    if w.mode == "infer" or w.method != "full":
-        frozen = comp.weights_bytes(model, fmt, float_dtype)
-        trainable = comp.trainable_params(model, w) * dtype_bytes(rd.weight) if w.mode == "train" else 0
-        return frozen, trainable
-    return 0, model.params * dtype_bytes(rd.weight)
-
-
-def _model_states(model: ModelSpec, w: Workload, par: Parallel, sh: Share) -> dict[str, int]:
-    rd = comp.recipe_dtypes(w)
-    local = sh.params_local / model.params
-    frozen, train_w = _weights_full_bytes(model, w)
-    trainable = comp.trainable_params(model, w)
-    shapes = comp.trainable_tensor_shapes(model, w) if w.mode == "train" else []
-    states = comp.optimizer_state_bytes(shapes, w.optimizer, rd.state) if shapes else 0
-    offload_states = par.offload != "none"
-    out = {
-        "weights": int((frozen + train_w) * local * sh.weight_frac),
-        "gradients": int(comp.gradient_bytes(trainable, rd.grad) * local * sh.grad_frac),
-        "optimizer_states": 0 if offload_states else int(states * local * sh.state_frac),
-        "master_weights": 0 if offload_states else int(comp.master_weight_bytes(trainable, w.recipe) * local * sh.state_frac),
-        "opt_temp": 0 if offload_states else int(comp.optimizer_step_temp_bytes(shapes, w.optimizer, w.optimizer_impl, rd.state)
-                                                 * local * sh.state_frac) if shapes else 0,
-    }
-    if par.offload == "optimizer+params" and par.strategy in SHARD_PARAMS:
-        out["weights"] = 0
-    if par.strategy == "ddp" and w.mode == "train":
-        out["gradients"] *= 2  # reducer buckets
-    return out
-
-
-def _embedding_bytes_per_param(w: Workload) -> float:
-    """Bytes per parameter of the embedding / lm_head as stored: the trained dtype in full fine-tuning; else the
-    float dtype quantizers leave them in, or GGUF's Q6_K/Q8_0 (estimator.components.weights_bytes)."""
-    if w.mode == "train" and w.method == "full":
-        return dtype_bytes(comp.recipe_dtypes(w).weight)
-    fmt = comp.weight_format(w)
-    if fmt in comp.GGUF_BPW:
-        return comp.GGUF_BPW["gguf-q8_0" if fmt == "gguf-q8_0" else "gguf-q6_k"] / 8
-    return dtype_bytes(fmt if fmt in ("fp32", "bf16", "fp16") else w.precision)
+def traced_class(w: Workload, p: Parallel) -> tuple[Workload, Parallel, tuple[str, ...]]:
+    """The traceable (workload, parallel) whose profile stands for this one, and what is priced analytically."""
+    notes = []
+    tw = replace(w, batch=1, seq=1, gen_tokens=0, kv_dtype="auto", grad_accum=min(w.grad_accum, 2))
+    if w.method == "qlora":
+        tw = replace(tw, method="lora", weight_format="auto", quantize_scope="all", double_quant=True)
+        notes.append("qlora: traced with bf16 base weights; the 4-bit base and its dequantization are priced "
+                     "from the inventory")
+    elif w.weight_format not in ("auto", *comp.FLOAT_FORMATS):
+        tw = replace(tw, weight_format="auto")
+        notes.append(f"weights: {w.weight_format} priced from the inventory (traced in {w.precision})")
+    if not w.optimizer_in_backward and (w.optimizer, w.optimizer_impl) != ("adamw", "foreach"):
+        # One traced optimizer serves every one: its states and step temporaries are swapped for the
+        # inventory's (estimator.components), exactly where the trace and the formula agree (adamw foreach).
+        tw = replace(tw, optimizer="adamw", optimizer_impl="foreach")
+        if w.optimizer in UNTRACEABLE_OPTIMIZERS:
+            notes.append(f"optimizer: {w.optimizer} states and step priced from the inventory")
+    if w.kv_dtype != "auto":
+        notes.append(f"kv cache: {w.kv_dtype} (traced in the model dtype, scaled)")
+    if w.float8:
+        tw = replace(tw, float8=False)
+        notes.append("float8: not traced here (torchao cannot run on fake CPU tensors); estimated as bf16")
+    if w.compile:
+        tw = replace(tw, compile=False)
+        notes.append("compile: not modelled; estimated as eager")
+    if p.strategy in TRACED_SHARDING:
+        tp = Parallel(strategy=p.strategy, gpus=2)
+    elif p.strategy == "hsdp":
+        tp = Parallel(strategy="fsdp", gpus=2)
+        notes.append("hsdp: one FSDP shard group traced")
+    elif p.strategy == "ddp":
+        tp = Parallel(strategy="ddp", gpus=2)
+    else:
+        tp = Parallel()
+        if p.strategy != "single":
+            notes.append(f"{p.strategy}: sharding priced from the inventory over a single-GPU profile"
+                         + (" (activations split after Korthikanti et al. 2022, Table 2)" if p.tp_size > 1 else ""))
+    if p.offload != "none":
+        notes.append(f"offload: {p.offload} moved off the GPU")
+    return tw, tp, tuple(notes)
 
 
-def _working_set(model: ModelSpec, w: Workload, par: Parallel, sh: Share) -> int:
-    """ZeRO-3/FSDP: what is gathered (unsharded) on top of this GPU's shards during forward and backward.
-
-    - a layer being computed plus the next one prefetched (FSDP2 implicit prefetch on CUDA streams; DeepSpeed's
-      `estimate_zero3_model_states_mem_needs` counts the largest layer's params + grads, 4 * largest_layer_params);
-    - in backward, that layer's unsharded gradient before reduce-scatter;
-    - FSDP2's root module (`fully_shard(model)`: embedding, final norm, untied lm_head): torch does not reshard the
-      root after forward, so it stays gathered through forward and backward (traced: llama-3.1-8b at 8 GPUs holds
-      sharded weights + 2 x 1002 MiB root + one 416 MiB layer in forward).
-    """
-    if par.strategy not in SHARD_PARAMS or sh.weight_frac == 1.0:
-        return 0
-    b = dtype_bytes(comp.recipe_dtypes(w).weight)
-    root = 0
-    if sh.stage == "only":
-        root = int((model.embed_params + model.head_params) // par.tp_size * _embedding_bytes_per_param(w)
-                   * (1 - sh.weight_frac))
-    layers = 2 * sh.largest_layer_params * b
-    return root + layers + (sh.largest_layer_params * b if w.mode == "train" else 0)
+_SIZE_FIELDS = ("batch", "seq", "gen_tokens")
+_CLASS_FIELDS = tuple(f.name for f in fields(Workload) if f.name not in _SIZE_FIELDS)
+_CLASSES: dict = {}
 
 
-def _autocast_copies(model: ModelSpec, w: Workload, sh: Share) -> tuple[int, int, int]:
-    """AMP: the half weight copies autocast caches and the matmuls keep for backward, (forward, backward
-    start, the first layer's backward), this GPU's share (activations.autocast_weight_bytes says which)."""
-    frac = sh.params_local / model.params
-    return tuple(int(x * frac) for x in act.autocast_weight_bytes(model, w))
+def _resolve(model: Model, w: Workload, p: Parallel, options: Options):
+    """(traced workload, notes, profile, shares) for this workload class, memoised: a search or a sweep only
+    changes the sizes, and looking a profile up (hashing its class) costs more than evaluating it."""
+    key = (model, p, options.derive, tuple(getattr(w, f) for f in _CLASS_FIELDS))
+    hit = _CLASSES.get(key)
+    if hit is None:
+        tw, tp, notes = traced_class(w, p)
+        prof = store.profile(model.config, tw, tp, name=model.name, derive=options.derive,
+                             progress=options.progress)
+        hit = (tw, notes, prof, shares(model.inventory, p))
+        if len(_CLASSES) > 4096:
+            _CLASSES.clear()
+        _CLASSES[key] = hit
+    return hit
 
 
-def _train_moments(model, w: Workload, par: Parallel, sh: Share, opts: Options, overhead: int):
-    """load, forward, both candidates for the backward peak (start: all activations + logits' grads; end: all
-    gradients + one layer's activations), optimizer. `_train_stages` keeps the larger backward one."""
-    ms = _model_states(model, w, par, sh)
-    tp, sp = par.tp_size, par.sequence_parallel
-    in_flight = min(par.pp_size, w.grad_accum) if par.pp_size > 1 and sh.stage == "first" else 1
-    prof = act.activation_profile(model, w, sh.layers_local, tp, sp, in_flight)
-    saved = (prof.per_layer_bytes * prof.layers + (prof.head_bytes if sh.stage != "first" else 0)
-             + (prof.first_stage_bytes if sh.stage != "last" else 0))
-    if opts.activation_k is not None:
-        saved = act.activation_bytes_k(model, w, opts.activation_k) * sh.layers_local // model.layers
-    head_transients = sh.stage != "first"
-    ws = _working_set(model, w, par, sh)
-    cast, cast_bwd, cast_last = _autocast_copies(model, w, sh)
-    base = dict(weights=ms["weights"], optimizer_states=ms["optimizer_states"],
-                master_weights=ms["master_weights"], overhead=overhead)
-    acc_grads = ms["gradients"] if w.grad_accum > 1 else 0
-    # The first large gradient of backward is the lm_head's (or the tied embedding's).
-    first_grad = 0
-    if w.method == "full" and head_transients:
-        first_grad = int(model.vocab * model.hidden // tp * dtype_bytes(comp.recipe_dtypes(w).grad) * sh.grad_frac)
-    # FSDP/ZeRO-2/3: the root module's gradients (lm_head, then the embedding) stay unsharded until the root's
-    # post-backward reduce-scatter at the very end of backward (torch FSDP2 `FSDPParamGroup.post_backward`).
-    root_g = 0
-    if w.method == "full" and sh.grad_frac < 1.0 and sh.stage == "only":
-        root_g = int(model.vocab * model.hidden // tp * dtype_bytes(comp.recipe_dtypes(w).grad) * (1 - sh.grad_frac))
-    fwd = Breakdown(**base, gradients=acc_grads, activations=saved,
-                    temporaries=ws + cast + (prof.forward_transient_bytes if head_transients else 0))
-    # Backward's first moment: every activation saved, plus the fp32 gradients of nll and log_softmax (the peak
-    # is inside LogSoftmaxBackward, before lm_head's weight gradient exists).
-    bwd_start = Breakdown(**base, gradients=acc_grads, activations=saved,
-                          temporaries=ws + cast_bwd + (prof.backward_transient_bytes if head_transients else 0))
-    # Then lm_head's backward: log_softmax's output is freed, the half logits-gradient and the V x h weight
-    # gradient are live. Larger than the first moment only for few tokens (b*s below about h/5).
-    bwd_head = Breakdown(**base, gradients=acc_grads + first_grad,
-                         activations=saved - (prof.logits_saved_bytes if head_transients else 0),
-                         temporaries=ws + root_g + cast_bwd + (prof.logits_grad_bytes if head_transients else 0))
-    # The first layer's MLP backward (the last layer backward reaches): every other layer's gradients exist,
-    # this layer's only for its MLP output projection (and an untied input embedding's not yet).
-    gbytes = dtype_bytes(comp.recipe_dtypes(w).grad)
-    layer0, layer0_out = act.first_layer_trainable_params(model, w)
-    pending = 0 if w.grad_accum > 1 else int((layer0 - layer0_out) * gbytes * sh.params_local / model.params
-                                             * sh.grad_frac)
-    if w.method == "full" and w.grad_accum == 1 and sh.stage != "last":  # the input embeddings' come last (a tied
-        embed = model.embed_params - (model.embedding_params if model.tie_embeddings else 0)  # one has lm_head's)
-        pending += int(embed * gbytes * sh.grad_frac)
-    # The last layer's MLP backward (the first layer backward reaches): only the head's gradients exist (and, in
-    # full fine-tuning, that layer's MLP output projection's); every layer's activations are still there.
-    top_grads = acc_grads
-    if w.method == "full" and w.grad_accum == 1 and sh.stage != "first":
-        head = model.head_params + (model.embedding_params if model.tie_embeddings else 0)
-        top_grads = int((head * gbytes + layer0_out * gbytes * sh.params_local / model.params) * sh.grad_frac)
-    bwd_top = Breakdown(**base, gradients=top_grads, activations=prof.first_backward_bytes if prof.layers else 0,
-                        temporaries=ws + root_g + cast_last)
-    bwd_layer = Breakdown(**base, gradients=ms["gradients"] - pending,
-                          activations=prof.last_layer_bytes if prof.layers else 0, temporaries=ws + root_g + cast_last)
-    # Tied embeddings: the autograd engine holds lm_head's and the embedding's gradient contributions and
-    # their sum at once before AccumulateGrad (traced: 2 * V * h * grad bytes over the final gradients).
-    tied = 0
-    if w.method == "full" and model.tie_embeddings and sh.stage == "only":
-        tied = int(2 * model.vocab * model.hidden // tp * dtype_bytes(comp.recipe_dtypes(w).grad) * sh.grad_frac)
-    bwd_end = Breakdown(**base, gradients=ms["gradients"], activations=prof.end_bytes,
-                        temporaries=ws + tied + (2 * root_g if not model.tie_embeddings else root_g))
-    opt = Breakdown(**base, gradients=ms["gradients"], temporaries=ms["opt_temp"])
-    load = Breakdown(weights=ms["weights"], overhead=overhead)
-    return (("load", load), ("forward", fwd), ("backward_start", bwd_start), ("backward_head", bwd_head),
-            ("backward_first_layer", bwd_top), ("backward_last_layer", bwd_layer), ("backward_end", bwd_end),
-            ("optimizer", opt))
+def profile_for(model: Model, w: Workload, p: Parallel, options: Options = Options()):
+    return _resolve(model, w, p, options)[2]
 
 
-def _train_stages(model, w: Workload, par: Parallel, sh: Share, opts: Options, overhead: int):
-    load, fwd, *backward, opt = _train_moments(model, w, par, sh, opts, overhead)
-    return (load, fwd, ("backward", max((b for _, b in backward), key=lambda b: b.total)), opt)
+def estimate(model: Model, workload: Workload, parallel: Parallel = Parallel(),
+             options: Options = Options()) -> Estimate:
+    """Per-GPU memory of one step of `workload` on `model` under `parallel`."""
+    from estimator.evaluate import stage_breakdowns
 
-
-def _infer_stages(model, w: Workload, par: Parallel, sh: Share, overhead: int):
-    ms = _model_states(model, w, par, sh)
-    tp = par.tp_size
-    frac = sh.layers_local / model.layers / tp
-    kvd = comp.kv_dtype(w)
-    kv_prompt = int(comp.kv_cache_bytes(model, w.batch, w.seq, kvd) * frac) if model.causal else 0  # encoders keep none
-    ws = _working_set(model, w, par, sh)
-    load = Breakdown(weights=ms["weights"], overhead=overhead)
-    prefill = Breakdown(weights=ms["weights"], overhead=overhead, kv_cache=kv_prompt,
-                        activations=act.prefill_transient_bytes(model, w, tp), temporaries=ws)
-    stages = [("load", load), ("prefill", prefill)]
-    if w.gen_tokens:
-        kv_full = int(comp.kv_cache_bytes(model, w.batch, w.seq + w.gen_tokens, kvd) * frac)
-        # torch.cat in DynamicCache.update holds one layer's old keys (then values) beside the new ones
-        old = comp.kv_cache_bytes(model, w.batch, w.seq + w.gen_tokens - 1, kvd) * frac / max(1, sh.layers_local)
-        k_share = (model.kv_lora_rank / (model.kv_lora_rank + model.qk_rope_head_dim) if model.is_mla
-                   else model.head_dim / (model.head_dim + model.v_head_dim))
-        cat_copy = int(old * max(k_share, 1 - k_share))
-        stages.append(("decode", Breakdown(weights=ms["weights"], overhead=overhead, kv_cache=kv_full,
-                                           activations=act.decode_transient_bytes(model, w, tp, cat_copy),
-                                           temporaries=ws)))
-    return tuple(stages)
-
-
-def estimate(model: ModelSpec, workload: Workload, parallel: Parallel = Parallel(), options: Options = Options()) -> Estimate:
-    """Per-GPU memory of one step of `workload` on `model` under `parallel`. Pure; never raises for valid specs."""
-    overhead = comp.overhead_bytes(parallel.gpus, options.overhead)
+    tw, notes, prof, stage_shares = _resolve(model, workload, parallel, options)
     best = None
-    for sh in shares(model, parallel):
-        if workload.mode == "train":
-            stages = _train_stages(model, workload, parallel, sh, options, overhead)
-        else:
-            stages = _infer_stages(model, workload, parallel, sh, overhead)
-        peak_name, peak = max(stages, key=lambda kv: kv[1].total)
+    for sh in stage_shares:
+        stages = stage_breakdowns(model, prof, workload, parallel, tw, sh, options)
+        peak_name, (label, peak) = max(((n, v) for n, v in stages.items()), key=lambda kv: kv[1][1].total)
         if best is None or peak.total > best[0]:
-            best = (peak.total, sh.stage, stages, peak_name)
-    _, pstage, stages, peak_name = best
+            best = (peak.total, sh.stage, stages, peak_name, label)
+    _, pstage, stages, peak_name, label = best
+    paged = 0
+    if comp.paged(workload.optimizer):
+        paged = comp.optimizer_state_bytes(model.inventory.trainable_shapes(workload), workload.optimizer,
+                                           comp.recipe_dtypes(workload).state)
     return Estimate(model=model, workload=workload, parallel=parallel, params=model.params,
-                    trainable_params=comp.trainable_params(model, workload), stages=stages,
-                    peak_stage=peak_name, pipeline_stage=pstage,
-                    cuda_context_bytes=options.overhead.cuda_context_bytes,
-                    allocator_overhead_bytes=options.overhead.cublas_workspace_bytes)
-
-
-def moments(model: ModelSpec, workload: Workload, parallel: Parallel = Parallel(),
-            options: Options = Options()) -> tuple[tuple[str, str, Breakdown], ...]:
-    """Every (pipeline stage, moment, Breakdown) that `estimate` takes the maximum over, both backward
-    candidates included, so that estimate(...).total_bytes == max(b.total for _, _, b in moments(...)).
-    estimator.sweep fits each moment's polynomial in (batch, seq) apart: a max of polynomials is not one."""
-    overhead = comp.overhead_bytes(parallel.gpus, options.overhead)
-    out = []
-    for sh in shares(model, parallel):
-        if workload.mode == "train":
-            stages = _train_moments(model, workload, parallel, sh, options, overhead)
-        else:
-            stages = _infer_stages(model, workload, parallel, sh, overhead)
-        out += [(sh.stage, name, b) for name, b in stages]
-    return tuple(out)
+                    trainable_params=model.inventory.trainable_params(workload),
+                    stages=tuple((n, b) for n, (_, b) in stages.items()), peak_stage=peak_name,
+                    pipeline_stage=pstage, cuda_context_bytes=options.overhead.cuda_context_bytes,
+                    allocator_overhead_bytes=options.overhead.cublas_workspace_bytes, peak_moment=label,
+                    notes=notes, profile=dict(prof.provenance), paged_bytes=paged)
 
 
 def clear_caches() -> None:
-    """Empty every memo the estimator keeps per frozen spec (functools.lru_cache), e.g. to time a cold call."""
+    """Empty every memo the estimator keeps (loaded profiles and inventories, lru_caches): a cold call."""
     import functools
     import sys
 
+    store.clear_memo()
+    _CLASSES.clear()
+    from estimator import evaluate
+    evaluate._PLANS.clear()
     for name, mod in list(sys.modules.items()):
         if not name.startswith("estimator") or mod is None:
             continue
         for obj in vars(mod).values():
             if isinstance(obj, functools._lru_cache_wrapper):
                 obj.cache_clear()
+

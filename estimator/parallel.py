@@ -1,30 +1,32 @@
-"""Per-GPU share of the model states under each parallel strategy.
+"""Per-GPU share of the model states under each parallel strategy, read from the model's inventory.
 
 Sources:
 - ZeRO stages (Rajbhandari et al. 2020, arXiv 1910.02054, Fig. 1): stage 1 shards optimizer states (and the
-  fp32 master), stage 2 also gradients, stage 3 also parameters, each over the data-parallel group. DeepSpeed's
-  own `estimate_zero3_model_states_mem_needs` adds the largest layer's gathered params + grads
-  (`largest_layer_memory = 4 * largest_layer_params`), which is `working_set_bytes` here.
-- FSDP2 `fully_shard` = ZeRO-3 per layer with one layer prefetched (torch.distributed.fsdp); SHARD_GRAD_OP =
-  ZeRO-2; HYBRID_SHARD (HSDP) shards within a group and replicates across groups.
-- DDP (torch.nn.parallel.DistributedDataParallel): every rank holds everything, plus gradient buckets that
-  copy every gradient unless `gradient_as_bucket_view=True` (PyTorch DDP docs: "the saved memory size will be
-  equal to the total gradients size").
-- Tensor parallelism (Megatron-LM, Shoeybi et al. 2019, arXiv 1909.08053): attention heads, MLP columns and the
-  vocabulary split over tp; norms replicated. Pipeline parallelism (1F1B, Narayanan et al. 2021): a stage holds
-  L/pp layers; the first holds the embedding, the last the head. Expert parallelism shards routed experts over ep.
+  fp32 master), stage 2 also gradients, stage 3 also parameters, each over the data-parallel group.
+- FSDP2 `fully_shard` = ZeRO-3 per layer (traced with a fake process group: its profile already holds one rank);
+  SHARD_GRAD_OP = ZeRO-2; HYBRID_SHARD (HSDP) shards within a group and replicates across groups.
+- DDP: every rank holds everything plus gradient buckets (traced: the profile has them as comm buffers).
+- Tensor parallelism (Megatron-LM, arXiv 1909.08053): attention heads, MLP columns and the vocabulary split over
+  tp; norms replicated. Activations per layer (Korthikanti et al. 2022, arXiv 2205.05198, Table 2): of the
+  34·s·b·h + 5·a·s²·b bytes of a GPT layer, 24·s·b·h and all of the s² term are split over t, 10·s·b·h (the
+  LayerNorm and dropout part) is not unless sequence parallelism splits it too.
+- Pipeline parallelism (1F1B, Narayanan et al. 2021): a stage holds ceil(L/pp) layers, the first the embedding,
+  the last the head; the first stage keeps min(pp, grad_accum) micro-batches of activations.
+- Expert parallelism: the routed experts are sharded over ep.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
 
-from estimator.model import ModelSpec
+from estimator.inventory import Inventory
 from estimator.spec import Parallel
 
 SHARD_STATES = ("zero1", "zero2", "zero3", "fsdp", "fsdp-grad-op", "hsdp")
 SHARD_GRADS = ("zero2", "zero3", "fsdp", "fsdp-grad-op", "hsdp")
 SHARD_PARAMS = ("zero3", "fsdp", "hsdp")
+TRACED_SHARDING = ("fsdp", "zero3", "fsdp-grad-op")   # the profile is of one FSDP2 rank already
+KORTHIKANTI_SPLIT = 24 / 34                           # share of a layer's s·b·h activations that TP splits
 
 
 @dataclass(frozen=True)
@@ -37,7 +39,7 @@ class Share:
     weight_frac: float    # of params_local
     grad_frac: float
     state_frac: float
-    largest_layer_params: int  # for the ZeRO-3/FSDP gathered working set
+    largest_layer_params: int  # for a ZeRO-3 gathered working set (estimate.py)
 
 
 def shard_group(par: Parallel) -> int:
@@ -47,40 +49,38 @@ def shard_group(par: Parallel) -> int:
     return par.dp_size
 
 
-def _layer_params_local(ls, tp: int, ep: int) -> int:
-    total = ls.norm_params
-    for lin in ls.linears:
-        p = lin.params
-        if lin.role == "expert":
-            p //= ep
-        if lin.role != "router":
-            p //= tp
-        total += p
-    return total
-
-
-def shares(model: ModelSpec, par: Parallel) -> list[Share]:
+def shares(inv: Inventory, par: Parallel) -> list[Share]:
     """One Share per distinct pipeline stage that could hold the peak (first and last; one without PP)."""
-    return list(_shares(model, par))
+    return list(_shares(inv, par))
 
 
-@lru_cache(maxsize=4096)  # per (frozen model, frozen parallel): estimate() and the searches ask repeatedly
-def _shares(model: ModelSpec, par: Parallel) -> tuple[Share, ...]:
+@lru_cache(maxsize=4096)
+def _shares(inv: Inventory, par: Parallel) -> tuple[Share, ...]:
     tp, pp, ep = par.tp_size, par.pp_size, par.ep_size
-    per_layer = [(_layer_params_local(ls, tp, ep), n) for n, ls in model.layer_groups]
-    largest = max(p for p, _ in per_layer)
-    avg_layer = sum(p * n for p, n in per_layer) / model.layers
-    layers_local = -(-model.layers // pp)
-    body = int(avg_layer * layers_local)
+    experts_per_layer = inv.params_by_role.get("expert", 0) / max(1, inv.layers)
+    norms = inv.params_by_role.get("norm", 0) / max(1, inv.layers)
+    layer = [(p - experts_per_layer - norms) / tp + experts_per_layer / (ep * tp) + norms for p in inv.layer_params]
+    largest = int(max(layer, default=0))
+    layers_local = -(-inv.layers // pp)
+    body = int(sum(layer) / max(1, inv.layers) * layers_local)
     g = shard_group(par)
     s = par.strategy
     frac_w = 1 / g if s in SHARD_PARAMS else 1.0
     frac_g = 1 / g if s in SHARD_GRADS else 1.0
     frac_s = 1 / g if s in SHARD_STATES else 1.0
-    embed = model.embed_params // tp
-    head = model.head_params // tp
+    embed = inv.embedding_params // tp
+    head = (inv.params - sum(inv.layer_params) - inv.embedding_params) // tp
     if pp == 1:
         stages = [("only", embed + body + head)]
     else:
         stages = [("first", embed + body), ("last", body + head)]
     return tuple(Share(name, p, layers_local, frac_w, frac_g, frac_s, largest) for name, p in stages)
+
+
+def tp_activation_scale(tp: int, sequence_parallel: bool) -> tuple[float, float]:
+    """(scale of the b·s terms, scale of the b·s² terms) of one GPU's activations under tensor parallelism."""
+    if tp == 1:
+        return 1.0, 1.0
+    if sequence_parallel:
+        return 1 / tp, 1 / tp
+    return (1 - KORTHIKANTI_SPLIT) + KORTHIKANTI_SPLIT / tp, 1 / tp

@@ -7,11 +7,11 @@ parameter count and the precision, DeepSpeed and the VRAM-estimator also the GPU
 knows LoRA, so a LoRA workload gets the rule's full fine-tuning answer (what its user would read); a rule
 that does not cover a workload at all (an optimizer it has no constant for, inference for a training rule)
 gives no prediction rather than a guess. No parameter formula of theirs is used: every rule gets the exact
-parameter count of the model (`ModelSpec.params`), which can only flatter it.
+parameter count of the model (`Model.params`, read from the model itself), which can only flatter it.
 """
 from __future__ import annotations
 
-from estimator.model import ModelSpec
+from estimator.model import Model
 from estimator.spec import Parallel, Workload
 
 # ------------------------------------------------------------------------------------------ the rules
@@ -168,18 +168,20 @@ def _dtype(w: Workload) -> str | None:
     return _PEER_DTYPE.get(w.weight_format)
 
 
-def largest_module_params(model: ModelSpec) -> int:
+def largest_module_params(model: Model) -> int:
     """DeepSpeed stage3 `model_to_params`' largest_layer_params: the most parameters one module holds itself.
     The token embedding or lm_head (V * h), or one Linear, or a layer's fused experts (transformers 5 keeps all
     E experts' gate/up/down matrices in one module)."""
-    biggest = model.vocab * model.hidden
-    for _, ls in model.layer_groups:
-        experts = sum(lin.params for lin in ls.linears if lin.role == "expert")
-        biggest = max(biggest, experts, *(lin.params for lin in ls.linears if lin.role != "expert"))
+    inv = model.inventory
+    biggest = max([model.vocab * model.hidden] + [fi * fo for _, fi, fo, *_ in inv.linears])
+    experts = [(shape, n) for role, shape, _, n in inv.param_groups if role == "expert"]
+    if experts:
+        moe_layers = max(n for _, n in experts)  # one fused tensor of each kind per MoE layer
+        biggest = max(biggest, inv.params_by_role["expert"] // moe_layers)
     return biggest
 
 
-def _seed000(m: ModelSpec, w: Workload, p: Parallel) -> int | None:
+def _seed000(m: Model, w: Workload, p: Parallel) -> int | None:
     dtype, opt = _dtype(w), _SEED_OPTIMIZER.get(w.optimizer)
     if dtype is None or (w.mode == "train" and opt is None):
         return None
@@ -189,19 +191,19 @@ def _seed000(m: ModelSpec, w: Workload, p: Parallel) -> int | None:
                                      m.hidden, m.layers)
 
 
-def _seed002(m: ModelSpec, w: Workload, p: Parallel) -> int | None:
+def _seed002(m: Model, w: Workload, p: Parallel) -> int | None:
     opt = _SEED_OPTIMIZER.get(w.optimizer)
     if w.mode != "train" or opt is None:
         return None
     return seed002_training_bytes(m.params, {"fp32": 4, "bf16": 2, "fp16": 2}[w.precision], opt)
 
 
-def _seed003(m: ModelSpec, w: Workload, p: Parallel) -> int | None:
+def _seed003(m: Model, w: Workload, p: Parallel) -> int | None:
     dtype = _dtype(w)
     return seed003_inference_bytes(m.params, dtype) if w.mode == "infer" and dtype else None
 
 
-def _accelerate(m: ModelSpec, w: Workload, p: Parallel) -> int | None:
+def _accelerate(m: Model, w: Workload, p: Parallel) -> int | None:
     dtype = _ACCELERATE_DTYPE.get(_dtype(w) or "")
     if dtype is None or (w.mode == "train" and (w.optimizer not in ("adam", "adamw") or dtype not in
                                                 ("float32", "float16"))):
@@ -213,19 +215,19 @@ def _zero_gpus(p: Parallel) -> int:
     return p.dp_size if p.strategy in _ZERO_STAGE else 1
 
 
-def _deepspeed_zero2(m: ModelSpec, w: Workload, p: Parallel) -> int | None:
+def _deepspeed_zero2(m: Model, w: Workload, p: Parallel) -> int | None:
     if w.mode != "train" or w.optimizer not in ("adam", "adamw"):
         return None
     return deepspeed_zero2_model_states_bytes(m.params, _zero_gpus(p))
 
 
-def _deepspeed_zero3(m: ModelSpec, w: Workload, p: Parallel) -> int | None:
+def _deepspeed_zero3(m: Model, w: Workload, p: Parallel) -> int | None:
     if w.mode != "train" or w.optimizer not in ("adam", "adamw"):
         return None
     return deepspeed_zero3_model_states_bytes(m.params, largest_module_params(m), _zero_gpus(p))
 
 
-def _vram_estimator(m: ModelSpec, w: Workload, p: Parallel) -> int | None:
+def _vram_estimator(m: Model, w: Workload, p: Parallel) -> int | None:
     opt = w.optimizer if w.optimizer in VRAM_ESTIMATOR_STATES else None
     if w.mode != "train" or opt is None:
         return None
@@ -246,7 +248,7 @@ PEERS = {
 }
 
 
-def peer_predictions(model: ModelSpec, workload: Workload, parallel: Parallel = Parallel()) -> tuple[tuple[str, int], ...]:
+def peer_predictions(model: Model, workload: Workload, parallel: Parallel = Parallel()) -> tuple[tuple[str, int], ...]:
     """(peer name, predicted bytes per GPU) for every rule in PEERS that covers this workload, in PEERS order."""
     out = []
     for name, (rule, modes, _) in PEERS.items():

@@ -4,6 +4,7 @@ Nothing here touches the network. `load_config` accepts a preset name or a path 
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -46,3 +47,10 @@ def parse_config_text(text: str) -> dict:
     if not isinstance(cfg, dict):
         raise ValueError("model: config.json must be a JSON object")
     return cfg
+
+
+def config_hash(config: dict) -> str:
+    """sha256 of the config's canonical JSON (sorted keys, no spaces): the key of its inventory and profiles,
+    and the `config_hash` column of a run row."""
+    text = json.dumps(config, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode()).hexdigest()

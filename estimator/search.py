@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 
 from estimator.estimate import Options, estimate
-from estimator.model import ModelSpec
+from estimator.model import Model
+from estimator.store import ProfileMissing
 from estimator.spec import MAX_BATCH, MAX_SEQ, STRATEGIES, Parallel, Workload, spec_dict
 
 # Strategies whose per-GPU memory never grows with the world size once it is >= 2 (the shard fraction 1/n
@@ -40,20 +41,20 @@ def _largest(fits, hi: int) -> int:
     return lo
 
 
-def max_batch(model: ModelSpec, workload: Workload, parallel: Parallel, gpu_bytes: int,
+def max_batch(model: Model, workload: Workload, parallel: Parallel, gpu_bytes: int,
               options: Options = Options()) -> int:
     """Largest micro-batch per GPU whose step peak fits in gpu_bytes (0 if batch 1 does not)."""
     return _largest(lambda b: _fits(model, replace(workload, batch=b), parallel, gpu_bytes, options), MAX_BATCH)
 
 
-def max_seq(model: ModelSpec, workload: Workload, parallel: Parallel, gpu_bytes: int,
+def max_seq(model: Model, workload: Workload, parallel: Parallel, gpu_bytes: int,
             options: Options = Options(), limit: int = MAX_SEQ) -> int:
     """Longest sequence (prompt, for inference) that fits, up to `limit` (0 if seq 1 does not). Memory only:
-    the model's own context length (ModelSpec.max_positions) is a separate limit the caller may pass."""
+    the model's own context length (Model.max_positions) is a separate limit the caller may pass."""
     return _largest(lambda s: _fits(model, replace(workload, seq=s), parallel, gpu_bytes, options), limit)
 
 
-def valid_world_sizes(model: ModelSpec, strategy: str, max_gpus: int = 1024) -> list[int]:
+def valid_world_sizes(model: Model, strategy: str, max_gpus: int = 1024) -> list[int]:
     """World sizes `strategy` can use for `model`, ascending.
 
     - single: 1. ddp/zero*/fsdp*: any n. hsdp: even n (two replicas, each sharded over n/2).
@@ -80,7 +81,7 @@ def valid_world_sizes(model: ModelSpec, strategy: str, max_gpus: int = 1024) -> 
     return list(sizes)
 
 
-def min_gpus(model: ModelSpec, workload: Workload, strategy: str, gpu_bytes: int, max_gpus: int = 1024,
+def min_gpus(model: Model, workload: Workload, strategy: str, gpu_bytes: int, max_gpus: int = 1024,
              options: Options = Options()) -> int | None:
     """Fewest GPUs (world size) with which `strategy` fits `workload` in gpu_bytes per GPU; None if no valid
     size up to max_gpus does. ZeRO/FSDP sizes >= 2 are bisected (memory falls with n); others are scanned."""
@@ -117,15 +118,18 @@ class Advice:
     new_total_bytes: int
     fits: bool                 # new_total_bytes <= gpu_bytes
     note: str                  # the trade-off
+    priced: bool = True        # False: its profile is not derived yet (options.derive=False), so no number
 
 
-def _candidates(model: ModelSpec, w: Workload, p: Parallel, gpu_bytes: int, options: Options):
-    """(title, workload changes, parallel changes, note) in the order of seed 002's OOM playbook."""
+def _candidates(model: Model, w: Workload, p: Parallel, gpu_bytes: int, options: Options):
+    """(title, workload changes, parallel changes, note), in the order of the usual out-of-memory playbook:
+    shorter sequences and smaller micro-batches first, then checkpointing, the optimizer, the method,
+    parallelism, attention, precision."""
     out = []
     if w.seq > 1:
         s = max_seq(model, w, p, gpu_bytes, options, limit=w.seq - 1) or w.seq // 2 or 1
         out.append((f"Cut the sequence length to {s}", {"seq": s}, {},
-                    "Seed 002's first lever: activations and KV cache grow with seq (eager attention as seq^2). "
+                    "The first lever: activations and KV cache grow with seq (eager attention as seq^2). "
                     "Longer documents must then be truncated or chunked."))
     if w.training and w.batch > 1:
         b = max(1, max_batch(model, w, p, gpu_bytes, options))
@@ -149,7 +153,7 @@ def _candidates(model: ModelSpec, w: Workload, p: Parallel, gpu_bytes: int, opti
                     "Recomputes only the attention core (Korthikanti et al. 2022): a few % more compute."))
     if w.training and w.optimizer in ("adam", "adamw"):
         out.append(("Use 8-bit AdamW (bitsandbytes)", {"optimizer": "adamw-8bit", "optimizer_impl": "foreach"},
-                    {}, "Block-wise 8-bit states; test convergence before a long run (seed 002, tip 5)."))
+                    {}, "Block-wise 8-bit states; test convergence before a long run."))
         out.append(("Use Adafactor", {"optimizer": "adafactor"}, {},
                     "Factored second moment, no first moment; may need a different learning-rate schedule."))
     if w.training and w.optimizer_impl == "foreach" and w.optimizer in ("adam", "adamw", "adafactor"):
@@ -164,11 +168,11 @@ def _candidates(model: ModelSpec, w: Workload, p: Parallel, gpu_bytes: int, opti
     return out
 
 
-def _method_candidates(model: ModelSpec, w: Workload):
+def _method_candidates(model: Model, w: Workload):
     if not w.training or w.method != "full":
         return []
     targets = w.lora_targets
-    names = {lin.name.split(".")[-1] for _, lin in model.linears() if lin.role == "attn"}
+    names = set(model.inventory.lora_target_names())
     if not set(targets) <= names:  # PEFT's q_proj,v_proj default does not exist in every architecture
         targets = tuple(sorted(names))
     lora = {"method": "lora", "lora_targets": targets, "weight_format": "auto"}
@@ -180,7 +184,7 @@ def _method_candidates(model: ModelSpec, w: Workload):
     return out
 
 
-def _parallel_candidates(model: ModelSpec, w: Workload, p: Parallel, gpu_bytes: int, options: Options):
+def _parallel_candidates(model: Model, w: Workload, p: Parallel, gpu_bytes: int, options: Options):
     out = []
     if p.gpus > 1 and p.strategy in ("ddp", "zero1", "zero2", "fsdp-grad-op") and w.training:
         out.append((f"Shard parameters too: ZeRO-3 over the same {p.gpus} GPUs", {}, {"strategy": "zero3"},
@@ -220,13 +224,13 @@ def _precision_candidates(w: Workload):
     return out
 
 
-def advice(model: ModelSpec, workload: Workload, parallel: Parallel, gpu_bytes: int,
+def advice(model: Model, workload: Workload, parallel: Parallel, gpu_bytes: int,
            options: Options = Options()) -> list[Advice]:
     """What to change to fit (or to gain headroom), each priced by re-running estimate, largest saving first.
     Changes that save nothing are left out. When no single change fits, a last item combines changes
     greedily (largest saving first, up to MAX_COMBINED of them) until the run fits, if it can."""
     single = _single_advice(model, workload, parallel, gpu_bytes, options)
-    if single and not any(a.fits for a in single):
+    if any(a.priced for a in single) and not any(a.fits for a in single):
         combined = _combined(model, workload, parallel, gpu_bytes, options, single)
         if combined is not None:
             single.append(combined)
@@ -239,7 +243,10 @@ MAX_COMBINED = 4
 def _combined(model, workload, parallel, gpu_bytes, options, first: list[Advice]) -> Advice | None:
     w, p, steps, advices = workload, parallel, [], first
     for _ in range(MAX_COMBINED):
-        best = advices[0]
+        priced = [a for a in advices if a.priced]
+        if not priced:
+            return None
+        best = priced[0]
         wf = {k: v for k, v in best.change.items() if k in _WORKLOAD_FIELDS}
         w, p = replace(w, **wf), replace(p, **{k: v for k, v in best.change.items() if k not in wf})
         steps.append(best)
@@ -261,12 +268,16 @@ _WORKLOAD_FIELDS = tuple(f.name for f in fields(Workload))
 
 def _single_advice(model, workload, parallel, gpu_bytes, options) -> list[Advice]:
     current = estimate(model, workload, parallel, options).total_bytes
-    out = []
+    out, unpriced = [], []
     for title, wc, pc, note in _candidates(model, workload, parallel, gpu_bytes, options):
         try:
             new = estimate(model, replace(workload, **wc), replace(parallel, **pc), options).total_bytes
+        except ProfileMissing:
+            unpriced.append(Advice(title, {**wc, **pc}, 0, 0, False, note + " (not priced: its profile is "
+                                   "derived on first use)", priced=False))
+            continue
         except ValueError:
             continue  # the change is not valid for this spec (e.g. LoRA targets the model lacks)
         if new < current:
             out.append(Advice(title, {**wc, **pc}, current - new, new, new <= gpu_bytes, note))
-    return sorted(out, key=lambda a: -a.saving_bytes)
+    return sorted(out, key=lambda a: -a.saving_bytes) + unpriced

@@ -14,10 +14,9 @@ from pathlib import Path
 import streamlit as st
 
 from bench import app_data, db
-from estimator import components as comp
 from estimator import spec
 from estimator.gpus import gpu_names, load_gpus
-from estimator.model import ModelSpec
+from estimator.model import Model
 from estimator.presets import preset_names
 from estimator.units import fmt_bytes
 
@@ -340,9 +339,9 @@ def model_field() -> Field:
                  label="Model preset", help="A Hugging Face config.json shipped in data/models/.")
 
 
-def lora_target_options(model: ModelSpec) -> list[str]:
-    """Names PEFT can target in this model (estimator.components.lora_target_names)."""
-    return comp.lora_target_names(model)
+def lora_target_options(model: Model) -> list[str]:
+    """Names PEFT can target in this model (its Linear modules, read from the model itself)."""
+    return model.inventory.lora_target_names()
 
 
 def shown_workload_fields(mode: str, method: str) -> list[str]:

@@ -12,7 +12,7 @@ import pandas as pd
 import streamlit as st
 
 from bench import app_data, calibrate, db
-from estimator.activations import DEFAULT_K, SEED_K
+from estimator.calibration import SEED_K
 from estimator.model import FAMILIES
 from estimator.units import GB, GiB, fmt_bytes
 from pages import _charts as ch
@@ -97,9 +97,8 @@ def fit_section(pts: pd.DataFrame, family: str):
     c[3].metric("Runs used", f"{fit.n_points}")
     st.dataframe(pd.DataFrame([
         {"k": "fitted on these runs", "value": fit.k},
-        {"k": "seed 000 (flat constant)", "value": SEED_K},
-        {"k": "detailed model, median over these runs (estimator.activations.implied_k)", "value": implied},
-        {"k": f"estimator default for {family} (DEFAULT_K)", "value": DEFAULT_K.get(family)},
+        {"k": "the flat constant of the original blog posts", "value": SEED_K},
+        {"k": "the traced profiles, median over these runs (the k their activations imply)", "value": implied},
     ]), hide_index=True, column_config={"value": st.column_config.NumberColumn(format="%.3f")})
     return fit
 

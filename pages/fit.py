@@ -151,7 +151,7 @@ def breakdown_section(est, gpu) -> None:
                                    "GB": st.column_config.NumberColumn(format="%.2f"),
                                    "share": st.column_config.NumberColumn(format="percent")})
     st.subheader("Stage by stage")
-    st.caption("The step as seed 000's waterfall: what is on the GPU at the peak of each stage.")
+    st.caption("The step as a waterfall: what is on the GPU at the peak of each stage.")
     charts.show(charts.stages_chart(est.stages, gpu.memory_bytes, cap))
     table = pd.DataFrame([{**{c: bd.as_dict()[c] / GiB for c in COMPONENTS}, "total": bd.total / GiB}
                           for _, bd in est.stages], index=[name for name, _ in est.stages])

@@ -81,9 +81,10 @@ def test_adamw_8bit_needs_bitsandbytes():
 
 
 @pytest.mark.parametrize("config, message", [
-    ({"hidden_size": 8}, "^config: model_type is missing"),
-    ({"model_type": "no-such-model"}, "^config: transformers rejects"),
-    ({**TINY, "num_key_value_heads": "two"}, "^config: transformers rejects"),
+    ({"hidden_size": 8}, "^model_type: missing"),
+    ({"model_type": "no-such-model"}, "^model_type: transformers cannot build 'no-such-model'"),
+    ({**TINY, "num_key_value_heads": "two"}, "^model_type: transformers cannot build"),
+    ({"model_type": "my_arch", "auto_map": {"AutoModelForCausalLM": "x.Y"}}, "^model_type: .* remote code"),
 ])
 def test_bad_configs_raise_value_error(config, message):
     with pytest.raises(ValueError, match=message):

@@ -41,8 +41,10 @@ FSDP_STRATEGIES = ("fsdp", "zero3", "fsdp-grad-op")
 # (1, s+1) label tensor is already contiguous, so the loss's .contiguous() copies nothing), so bytes at b = 1 are not
 # the b >= 2 polynomial's value. Each region: (batches fit, batch verified, b_lo, b_hi).
 BATCH_REGIONS = (((1,), 1, 1, 1), ((2, 3), 4, 2, None))
-GEN_TOKENS = 2                      # decode windows traced per inference point (g = 1, 2)
-UNITS = (256, 128, 64, 32)          # sequence steps tried, largest first; 32 keeps CUDA's padded shapes exact
+# Decode windows traced per inference point. The first decoding step is its own stage ("decode1": a sliding-window
+# cache still holds the whole prompt then, and crops it); steps g >= 2 are fit in g from windows 2 and 3.
+GEN_TOKENS = 3
+UNITS = (256, 128, 64, 32, 16, 8)  # sequence steps tried, largest first (32 and up keep CUDA padded shapes exact)
 FSDP_WORLD = (2, 4, 8)              # fit at 2 (all sizes) and 4 (one size), verify at 8
 WINDOW_KEYS = ("window", "chunk_size")  # config keys whose integer values bend memory in s (sliding, chunked)
 TRACER_CATEGORIES = ("weights", "gradients", "optimizer_states", "activations", "kv_cache", "comm_buffers",
@@ -142,11 +144,13 @@ def trace_ticks(config: dict, workload: Workload, parallel: Parallel, layers: li
     from estimator.trace import session
 
     steps = 2 if workload.mode == "train" else 1
+    config, _ = session.gpu_attention_config(config, workload)  # the same config run_traced traces
     gc.disable()  # frees happen at refcount zero; a collector pass at a random tick would break the alignment
     try:
         with session._unpacked_sequences():
             with session._prepared(config, workload, parallel, layers) as case:
-                counter = session._run(case, steps, observe_layers=True)
+                prime = workload.loop == "loss-only" and not workload.optimizer_in_backward
+                counter = session._run(case, steps, observe_layers=True, prime=prime)
             tl = counter.timeline()
     finally:
         gc.enable()
@@ -179,7 +183,9 @@ def _candidates(tl, train: bool) -> Ticks:
     keys, gs, rows = [], [], []
     act = TRACER_CATEGORIES.index("activations")
     for lo, hi, stage, ordinal in keep:
-        g = ordinal if stage == "decode" else 0
+        g = ordinal if stage == "decode" and ordinal >= 2 else 0
+        if stage == "decode" and ordinal == 1:
+            stage = "decode1"
         if stage == "load":
             keys.append(("load", 0, None, 0))
             gs.append(0)
@@ -400,7 +406,8 @@ def _label(key: tuple, full_index: int | None, n_layers: int) -> str:
         where = {("forward", 0): "before the layers", ("forward", 1): "head and loss",
                  ("backward", 0): "head and loss backward", ("backward", 1): "embedding backward",
                  ("prefill", 0): "before the layers", ("prefill", 1): "head",
-                 ("decode", 0): "before the layers", ("decode", 1): "head"}.get((stage, seg), f"segment {seg}")
+                 ("decode", 0): "before the layers", ("decode", 1): "head",
+                 ("decode1", 0): "before the layers", ("decode1", 1): "head"}.get((stage, seg), f"segment {seg}")
     else:
         where = f"layer {full_index}" + (" (first)" if full_index == 0 else
                                          " (last)" if full_index == n_layers - 1 else "")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from fractions import Fraction
 from functools import cached_property
 
 import numpy as np
@@ -25,7 +26,8 @@ FORMAT = 1
 CATEGORIES = ("weights", "gradients", "optimizer_states", "activations", "optimizer_step", "kv_cache",
               "comm_buffers", "other")
 TRAIN_STAGES = ("load", "forward", "backward", "optimizer")
-INFER_STAGES = ("load", "prefill", "decode")
+INFER_STAGES = ("load", "prefill", "decode1", "decode")  # decode1: the first generated token; decode: the g-th
+# (g >= 2, the polynomial's g). Reported together as the "decode" stage.
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,34 @@ class Moment:
         return Poly(self.monomials, tuple(self.num.get(category, (0,) * len(self.monomials))), self.den)
 
     def bytes_at(self, b: int, s: int, g: int = 0, n: int = 1) -> dict[str, int]:
-        return {c: self.poly(c)(b, s, g, n) for c in CATEGORIES}
+        return dict(zip(CATEGORIES, self.exact(b, s, g, n)))
+
+    @cached_property
+    def _int_matrix(self):
+        """(C, m) int64 numerators, or None if any is too large for int64 arithmetic."""
+        rows = [self.num.get(c, (0,) * len(self.monomials)) for c in CATEGORIES]
+        biggest = max((abs(x) for r in rows for x in r), default=0)
+        return np.array(rows, dtype=np.int64) if biggest < 1 << 62 else None, max(biggest, 1)
+
+    def exact(self, b: int, s: int, g: int = 0, n: int = 1) -> list[int]:
+        """Bytes per category (in CATEGORIES order), exact integers (floored where 1/n divides unevenly)."""
+        mono = [b ** m[0] * s ** m[1] * g ** m[2] for m in self.monomials]
+        inv = [m[3] for m in self.monomials]
+        mat, biggest = self._int_matrix
+        if mat is not None and not any(inv) and biggest * max(mono) * len(mono) < 1 << 62:  # no int64 overflow
+            return [int(x) // self.den for x in mat @ np.array(mono, dtype=np.int64)]
+        out = []
+        for c in CATEGORIES:
+            nums = self.num.get(c)
+            if nums is None:
+                out.append(0)
+                continue
+            if any(inv):
+                total = sum(Fraction(x * v, n ** e) for x, v, e in zip(nums, mono, inv) if x)
+                out.append(int(total / self.den) if total >= 0 else -int(-total / self.den))
+            else:
+                out.append(sum(x * v for x, v in zip(nums, mono)) // self.den)
+        return out
 
 
 @dataclass(frozen=True)

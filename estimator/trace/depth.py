@@ -34,16 +34,18 @@ def decoder_layer_list(model: torch.nn.Module) -> tuple[torch.nn.Module, str, to
     whose items are GradientCheckpointingLayer modules; the longest one if a model has several (a vision
     tower's blocks inside a multimodal model are shorter than the text stack, or not such layers at all)."""
     cls = _gc_layer_class()
+    want = getattr(text_config(model.config), "num_hidden_layers", None)
     best = None
     for parent in model.modules():
         for name, child in parent.named_children():
             if isinstance(child, torch.nn.ModuleList) and len(child) and all(isinstance(m, cls) for m in child):
-                if best is None or len(child) > len(best[2]):
-                    best = (parent, name, child)
+                rank = (len(child) == want, len(child))  # the text stack first, then the longest
+                if best is None or rank > best[3]:
+                    best = (parent, name, child, rank)
     if best is None:
         raise ValueError(f"model_type: {getattr(model.config, 'model_type', '?')!r} has no decoder layers "
                          "(GradientCheckpointingLayer modules) to trace layer by layer")
-    return best
+    return best[:3]
 
 
 def text_config(config):

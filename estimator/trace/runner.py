@@ -31,8 +31,6 @@ import torch
 from estimator.spec import Workload
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-# Encoder-only model types: built with a masked-LM head; inference is one forward pass with no KV cache.
-ENCODER_TYPES = ("bert", "roberta", "xlm-roberta", "distilbert", "albert", "electra", "modernbert")
 LEARNING_RATE = 1e-5  # any value; it does not change memory
 
 
@@ -89,28 +87,23 @@ def _selective_attention(base: str) -> str:
 
 
 def _hf_config(config: dict):
-    from huggingface_hub.errors import StrictDataclassError
-    from transformers import AutoConfig
+    """transformers' config for a config.json dict (estimator.inventory.meta.hf_config: one rule, one place)."""
+    from estimator.inventory.meta import hf_config
 
-    if "model_type" not in config:
-        raise ValueError("config: model_type is missing; a config.json names its model_type")
-    # deep copy: transformers' config classes edit nested dicts in place (rope_scaling gains rope_theta), which
-    # would change the caller's config and so its config_hash between the run_id and the row
-    rest = copy.deepcopy({k: v for k, v in config.items() if k not in ("model_type", "auto_map")})  # auto_map: remote code
-    try:
-        return AutoConfig.for_model(config["model_type"], **rest)
-    except (ValueError, KeyError, TypeError, StrictDataclassError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ValueError(f"config: transformers rejects this {config['model_type']!r} config ({first})") from None
+    return hf_config(config)
 
 
 def _model_class(hf_config):
-    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
+    """(Auto class, config to build it from): estimator.inventory.meta.model_class."""
+    from estimator.inventory.meta import model_class
 
-    if getattr(hf_config, "is_encoder_decoder", False):
-        raise ValueError(f"model_type: {hf_config.model_type!r} is encoder-decoder; only decoder and encoder "
-                         "models are traced")
-    return AutoModelForMaskedLM if hf_config.model_type in ENCODER_TYPES else AutoModelForCausalLM
+    return model_class(hf_config)
+
+
+def is_masked_lm(model) -> bool:
+    """Built as a masked LM (an encoder: one forward pass, no KV cache, no generation)."""
+    return bool(getattr(model, "_willitfit_masked_lm", False) or getattr(getattr(model, "base_model", None),
+                                                                        "_willitfit_masked_lm", False))
 
 
 def build_model(config: dict, workload: Workload, device: str = "cpu", *, meta_then_empty: bool = False,
@@ -125,8 +118,8 @@ def build_model(config: dict, workload: Workload, device: str = "cpu", *, meta_t
     if workload.method == "qlora":
         raise ValueError("method: qlora needs bitsandbytes 4-bit layers, which the runner does not build; "
                          "use lora (or the analytic estimate)")
-    hf_config = _hf_config(config)
-    cls = _model_class(hf_config)
+    cls, hf_config = _model_class(_hf_config(config))
+    masked = cls.__name__ == "AutoModelForMaskedLM"
     attn = attn_implementation(workload, device)
     if workload.checkpointing == "selective":
         attn = _selective_attention(attn if attn in ("sdpa", "eager") else "sdpa")
@@ -140,8 +133,9 @@ def build_model(config: dict, workload: Workload, device: str = "cpu", *, meta_t
             if layers is not None:
                 from estimator.trace.depth import reduce_depth
                 reduce_depth(model, layers)
+            model._willitfit_masked_lm = masked
             if workload.method == "lora":
-                model = _add_lora(model, workload)
+                model = _add_lora(model, workload, masked)
     finally:
         torch.set_default_dtype(old_dtype)
     if meta_then_empty:
@@ -187,10 +181,10 @@ def _materialize(model: torch.nn.Module, device: str) -> None:
                 module._buffers[name] = new[id(b)]
 
 
-def _add_lora(model, workload: Workload):
+def _add_lora(model, workload: Workload, masked: bool = False):
     from peft import LoraConfig, get_peft_model
 
-    task = "CAUSAL_LM" if model.config.model_type not in ENCODER_TYPES else None
+    task = None if masked else "CAUSAL_LM"
     # PEFT freezes the base model and, by default (autocast_adapter_dtype=True), keeps adapters in fp32.
     lora = LoraConfig(r=workload.lora_rank, target_modules=list(workload.lora_targets), lora_dropout=0.0,
                       task_type=task)
@@ -337,7 +331,7 @@ def _train(model, optimizer, workload, inputs, on_stage, steps) -> None:
 
 def _infer(model, workload, inputs, on_stage, live: dict) -> None:
     input_ids = inputs["input_ids"]
-    if model.config.model_type in ENCODER_TYPES:
+    if is_masked_lm(model):
         if workload.gen_tokens:
             raise ValueError(f"gen_tokens: {model.config.model_type} is an encoder and cannot generate; use 0")
         with torch.no_grad():

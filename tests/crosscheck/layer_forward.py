@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from estimator.layer_saved import routed_width, shared_width
-from estimator.model import ModelSpec
+from crosscheck.layer_saved import routed_width, shared_width
+from crosscheck.model import ModelSpec
 
 
 class Tape:

@@ -24,9 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from estimator import layer_forward as lf
-from estimator import layer_families as fam
-from estimator.model import ModelSpec
+from crosscheck import layer_forward as lf
+from crosscheck import layer_families as fam
+from crosscheck.model import ModelSpec
 from estimator.spec import Workload
 from estimator.units import dtype_bytes
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from estimator.layer_saved import (LAYOUTS, Ctx, Saved, _heads, attention, context, dense_mlp, dropout_mask,
+from crosscheck.layer_saved import (LAYOUTS, Ctx, Saved, _heads, attention, context, dense_mlp, dropout_mask,
                                    gated_mlp, layer_norm, linear_inputs, moe, rms_norm, routed_width,
                                    shared_width)
-from estimator.model import ModelSpec
+from crosscheck.model import ModelSpec
 from estimator.spec import Workload
 from estimator.units import dtype_bytes
 

@@ -5,7 +5,7 @@ names the classes it follows. Config defaults are those of the matching `configu
 """
 from __future__ import annotations
 
-from estimator.model import LayerSpec, Linear, ModelSpec, _get, _req_int
+from crosscheck.model import LayerSpec, Linear, ModelSpec, _get, _req_int
 
 
 def _common(cfg: dict) -> dict:

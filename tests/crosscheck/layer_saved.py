@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from estimator.model import ModelSpec
+from crosscheck.model import ModelSpec
 from estimator.spec import Workload
 from estimator.units import dtype_bytes
 

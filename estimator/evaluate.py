@@ -1,0 +1,200 @@
+"""Evaluate a profile at the workload's sizes and swap in what is priced analytically (estimator.estimate).
+
+One vectorised path serves a single estimate and a sweep of thousands of (batch, seq) points: every moment of a
+stage is a polynomial per category (estimator.profile), so the moments' values at N points are one tensor
+product; the analytic swaps are affine per category; the stage's bytes are the largest total over its moments.
+A single estimate then recomputes the winning moment's breakdown in exact integers.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from estimator import components as comp
+from estimator.parallel import TRACED_SHARDING, Share, shard_group, tp_activation_scale
+from estimator.profile.profile import CATEGORIES, Piece, Profile
+from estimator.spec import Parallel, Workload
+from estimator.units import dtype_bytes
+
+C = {c: i for i, c in enumerate(CATEGORIES)}
+_CLASS_FIELDS = tuple(f for f in Workload.__dataclass_fields__ if f not in ("batch", "seq", "gen_tokens"))
+FWD_BWD = ("forward", "backward", "prefill", "decode", "decode1")
+
+
+def world(p: Parallel) -> int:
+    """The n in a traced FSDP profile's 1/n terms: the shard group of this run (1 for everything else)."""
+    if p.strategy in (*TRACED_SHARDING, "hsdp"):
+        return shard_group(p) if p.gpus > 1 else 1
+    return 1
+
+
+class Swap:
+    """What replaces each traced category on one GPU: affine per category (see estimator.estimate)."""
+
+    def __init__(self, model, w: Workload, p: Parallel, tw: Workload, sh: Share, activation_k, overhead):
+        inv = model.inventory
+        rd, trd = comp.recipe_dtypes(w), comp.recipe_dtypes(tw)
+        traced = p.strategy in (*TRACED_SHARDING, "hsdp")
+        self.local = 1.0 if traced else sh.params_local / inv.params
+        self.grad = self.local * (1.0 if traced else sh.grad_frac)
+        state = self.local * (1.0 if traced else sh.state_frac)
+        offload = p.offload != "none"
+        trainable = inv.trainable_params(w)
+        base = comp.base_weight_bytes(inv, w)
+        self.weights_shift = 0 if traced else int((base - inv.params * dtype_bytes(comp.float_dtype(tw))) * self.local)
+        if p.offload == "optimizer+params" and not traced:
+            self.weights_shift -= int(base * self.local * (1 - sh.weight_frac))
+        self.master = 0 if offload else int(comp.master_weight_bytes(trainable, w.recipe) * state)
+        self.master_traced = comp.master_weight_bytes(trainable, tw.recipe)
+        self.state_ratio, self.step_add = 1.0, 0
+        if (w.optimizer, w.optimizer_impl) != (tw.optimizer, tw.optimizer_impl):
+            # states scale by the analytic ratio; the step's temporaries trade the traced optimizer's formula
+            # for this one's (what the formula does not hold, e.g. mixed's fp32 gradient copies, stays)
+            shapes = inv.trainable_shapes(w)
+            new = comp.optimizer_state_bytes(shapes, w.optimizer, rd.state)
+            old = comp.optimizer_state_bytes(shapes, tw.optimizer, trd.state)
+            self.state_ratio = new / old if old else 0.0
+            self.step_add = (comp.optimizer_step_temp_bytes(shapes, w.optimizer, w.optimizer_impl, rd.state)
+                             - comp.optimizer_step_temp_bytes(shapes, tw.optimizer, tw.optimizer_impl, trd.state))
+        if comp.paged(w.optimizer):
+            self.state_ratio = 0.0  # in CUDA unified memory, outside the allocator: Estimate.paged_bytes
+        self.state = 0.0 if offload else state
+        self.step_add = 0 if offload else int(self.step_add * state)
+        self.dequant = comp.dequant_temp_bytes(inv, w)
+        self.kv = dtype_bytes(comp.kv_dtype(w)) / dtype_bytes(w.precision) * sh.layers_local / max(1, inv.layers) \
+            / p.tp_size
+        in_flight = min(p.pp_size, w.grad_accum) if p.pp_size > 1 and sh.stage == "first" else 1
+        self.act_layers = sh.layers_local / max(1, inv.layers) * in_flight if p.pp_size > 1 else 1.0
+        self.tp_lin, self.tp_sq = tp_activation_scale(p.tp_size, p.sequence_parallel)
+        self.k_form = None
+        if activation_k is not None and w.mode == "train":
+            self.k_form = int(activation_k * w.batch * w.seq * inv.hidden * sh.layers_local * dtype_bytes(w.precision))
+        self.overhead = comp.overhead_bytes(p.gpus, overhead)
+        self.exact = (self.local, self.grad, self.state_ratio, self.kv, self.act_layers, self.tp_lin) == (1,) * 6
+
+    def activation_scale(self, monos) -> np.ndarray:
+        """Per monomial: TP's split of the s-linear and s^2 terms, PP's share of the layers."""
+        return np.array([(self.tp_sq if m[1] >= 2 else self.tp_lin if (m[1] == 1 or m[2]) else 1.0) * self.act_layers
+                         for m in monos])
+
+    def totals(self, stage: str, vals: np.ndarray) -> np.ndarray:
+        """vals: (..., categories) bytes -> (...) the GPU's total at each."""
+        v = lambda c: vals[..., C[c]]  # noqa: E731
+        has_states = v("optimizer_states") > 0
+        states = np.where(has_states, (v("optimizer_states") - self.master_traced) * self.state_ratio * self.state
+                          + self.master, 0.0)
+        temps = v("optimizer_step") * self.state + (self.step_add if stage == "optimizer" else 0) \
+            + (self.dequant if stage in FWD_BWD else 0)
+        act = v("activations") if self.k_form is None or stage not in ("forward", "backward") else self.k_form
+        return (v("weights") * self.local + self.weights_shift + v("gradients") * self.grad + v("comm_buffers")
+                + states + temps + act + v("kv_cache") * self.kv + v("other") + self.overhead)
+
+    def breakdown(self, stage: str, cat) -> dict[str, int]:
+        """One moment's bytes per profile category (ints) -> the Breakdown's fields, in integers."""
+        states_t = cat[C["optimizer_states"]]
+        states = masters = 0
+        if states_t > 0:
+            states = int((states_t - self.master_traced) * self.state_ratio * self.state)
+            masters = self.master
+        temps = int(cat[C["optimizer_step"]] * self.state) + (self.step_add if stage == "optimizer" else 0)
+        if stage in FWD_BWD:
+            temps += self.dequant
+        act = int(cat[C["activations"]])
+        if self.k_form is not None and stage in ("forward", "backward"):
+            act = self.k_form
+        return {
+            "weights": int(cat[C["weights"]] * self.local) + self.weights_shift,
+            "gradients": int(cat[C["gradients"]] * self.grad) + int(cat[C["comm_buffers"]]),
+            "optimizer_states": states, "master_weights": masters, "activations": act,
+            "kv_cache": int(cat[C["kv_cache"]] * self.kv), "temporaries": temps,
+            "buffers": int(cat[C["other"]]), "overhead": self.overhead,
+        }
+
+
+def monomial_matrix(monos, b, s, g, n) -> np.ndarray:
+    """(monomials, points) float values of each monomial at arrays of b, s, g (n scalar)."""
+    e = np.asarray(monos, dtype=float)                                  # (m, 4)
+    b, s, g = (np.asarray(x, dtype=float) for x in (b, s, g))
+    return (b[None, :] ** e[:, :1] * s[None, :] ** e[:, 1:2] * g[None, :] ** e[:, 2:3]) * (1.0 / n) ** e[:, 3:4]
+
+
+class StagePlan:
+    """One stage of one piece, with the swap folded in: totals at points = coef @ monomials + const."""
+
+    def __init__(self, piece: Piece, stage: str, swap: Swap, train: bool):
+        idx, monos, arr = piece._arrays[stage]
+        coef = arr.copy()
+        coef[:, C["activations"], :] *= swap.activation_scale(monos)
+        self.idx, self.monos, self.coef = idx, monos, coef             # coef: (k, C, m)
+        alpha = np.array([{"weights": swap.local, "gradients": swap.grad, "optimizer_states": swap.state_ratio
+                           * swap.state, "activations": 0.0 if swap.k_form is not None and stage in
+                           ("forward", "backward") else 1.0, "optimizer_step": swap.state, "kv_cache": swap.kv,
+                           "comm_buffers": 1.0, "other": 1.0}[c] for c in CATEGORIES])
+        self.total_coef = np.einsum("kcm,c->km", coef, alpha)             # (k, m)
+        has_states = np.any(coef[:, C["optimizer_states"], :] != 0, axis=1)
+        const = (swap.weights_shift + swap.overhead + (swap.step_add if stage == "optimizer" else 0)
+                 + (swap.dequant if stage in FWD_BWD else 0)
+                 + (swap.k_form if swap.k_form is not None and stage in ("forward", "backward") else 0))
+        self.const = const + np.where(has_states, swap.master - swap.master_traced * swap.state_ratio * swap.state, 0.0)
+        self.exps = np.asarray(monos, dtype=float)
+
+    def totals_at(self, b: int, s: int, g: int, n: int) -> np.ndarray:
+        """(k,) totals at one point (the single-estimate path: no array building for the monomials)."""
+        v = np.array([float(b) ** m[0] * float(s) ** m[1] * float(g) ** m[2] / float(n) ** m[3] for m in self.monos])
+        return self.total_coef @ v + self.const
+
+    def totals(self, b, s, g, n) -> np.ndarray:
+        """(k, P) totals of every moment at the points."""
+        return self.total_coef @ monomial_matrix(self.monos, b, s, g, n) + self.const[:, None]
+
+    def values(self, b, s, g, n) -> np.ndarray:
+        """(k, P, C) per-category values (before the swap) at the points."""
+        return np.einsum("kcm,mp->kpc", self.coef, monomial_matrix(self.monos, b, s, g, n))
+
+
+def stage_breakdowns(model, prof: Profile, w: Workload, p: Parallel, tw: Workload, sh: Share, options) -> dict:
+    """{stage: (moment label, Breakdown)} at this workload's sizes on one pipeline stage's GPU."""
+    from estimator.estimate import Breakdown
+
+    n = world(p)
+    piece = prof.piece_for(w.batch, w.seq)
+    swap, plans = _plans(model, prof, w, p, tw, sh, options, piece)
+    out = {}
+    for stage, plan in plans.items():
+        if not applies(stage, w.gen_tokens):
+            continue
+        totals = plan.totals_at(w.batch, w.seq, w.gen_tokens, n)
+        k = int(np.argmax(totals))
+        name = "decode" if stage == "decode1" else stage
+        if name in out and out[name][2] >= totals[k]:
+            continue
+        moment = piece.moments[plan.idx[k]]
+        if swap.exact:
+            cat = moment.exact(w.batch, w.seq, w.gen_tokens, n)
+        else:
+            cat = [float(x) for x in plan.values([w.batch], [w.seq], [w.gen_tokens], n)[k, 0]]
+        out[name] = (moment.label, Breakdown(**swap.breakdown(stage, cat)), totals[k])
+    return {k: v[:2] for k, v in out.items()}
+
+
+def applies(stage: str, gen_tokens: int) -> bool:
+    """decode1 holds the first generated token's moments, decode the g-th's for g >= 2."""
+    return (stage != "decode1" or gen_tokens >= 1) and (stage != "decode" or gen_tokens >= 2)
+
+
+_PLANS: dict = {}
+
+
+def _plans(model, prof, w, p, tw, sh, options, piece):
+    """The Swap and the stage plans for (model, workload, parallel, stage share, piece), memoised: only the
+    sizes change between calls of a search or a sweep (the k form depends on them, so it is not memoised)."""
+    key = (model, tuple(getattr(w, f) for f in _CLASS_FIELDS), p, sh, options.activation_k, options.overhead,
+           id(piece))
+    hit = _PLANS.get(key) if options.activation_k is None else None
+    if hit is None:
+        swap = Swap(model, w, p, tw, sh, options.activation_k, options.overhead)
+        hit = (swap, {st: StagePlan(piece, st, swap, w.mode == "train") for st in prof.stages if st in piece._arrays})
+        if options.activation_k is None:
+            if len(_PLANS) > 4096:
+                _PLANS.clear()
+            _PLANS[key] = hit
+    return hit

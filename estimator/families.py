@@ -1,0 +1,22 @@
+"""Families: model types grouped for reporting and for the fitted activation constant k (one k per family).
+
+Memory is never computed per family (profiles are derived from each model's own code); this grouping only
+decides which runs are pooled in a calibration and how the app groups architectures. A model type not listed is
+its own family. bench/migrations/003_estimator_families.sql mirrors this table in the `v_runs` view (a test
+checks it).
+"""
+from __future__ import annotations
+
+FAMILIES = {
+    "llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "llama",
+    "gemma": "gemma", "gemma2": "gemma",
+    "phi3": "llama",
+    "gpt2": "gpt2", "gpt_neox": "gpt_neox", "falcon": "falcon", "opt": "opt",
+    "mixtral": "moe", "qwen2_moe": "moe", "qwen3_moe": "moe",
+    "deepseek_v2": "deepseek", "deepseek_v3": "deepseek",
+    "bert": "bert",
+}
+
+
+def family_of(model_type: str) -> str:
+    return FAMILIES.get(model_type, model_type)

@@ -1,0 +1,163 @@
+"""A model's inventory: every parameter of the model transformers builds from a config, by role and layer.
+
+    inv = get_inventory(config, "llama-3.1-8b")      # shipped, cached, or read from a meta-device build
+    inv.params, inv.trainable_shapes(workload), inv.lora_shapes(("q_proj", "v_proj"))
+
+It is read from the model itself (`estimator.inventory.meta`, torch, built on the meta device: no memory, no
+weights) and kept as JSON, so that the estimator answers for any architecture transformers builds without one
+hand-written line per family, and evaluates without importing torch. Parameter counts are exact by
+construction: they are `sum(p.numel() for p in model.parameters())` of that model, tied weights once.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from estimator.spec import Workload
+
+ROLES = ("embedding", "head", "linear", "bias", "router", "expert", "norm", "other")
+FORMAT = 1
+
+
+@dataclass(frozen=True, eq=False)
+class Inventory:
+    """What a model holds (see estimator.inventory.meta for how each field is read)."""
+
+    name: str
+    config_hash: str
+    model_type: str
+    built_as: str                    # the transformers class, e.g. "LlamaForCausalLM"
+    causal: bool                     # causal LM (else masked LM: an encoder)
+    params: int
+    params_by_role: dict             # role -> parameters
+    param_groups: tuple              # (role, shape, in a decoder layer, count) per distinct tensor shape
+    linears: tuple                   # (module name, in, out, bias, role, in a layer, count)
+    layers: int
+    layer_params: tuple              # parameters of each decoder layer, in order
+    layer_types: tuple               # per decoder layer, a type id (layers with equal ids are alike)
+    tie_embeddings: bool
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    max_positions: int
+    learned_positions: bool
+    n_experts: int = 0
+    experts_per_token: int = 0
+    extra: dict = field(default_factory=dict)   # the rest of the JSON (text_model_type, decoder_path, ...)
+
+    def __hash__(self) -> int:
+        return hash((self.config_hash, self.name))
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Inventory) and (self.config_hash, self.name) == (other.config_hash, other.name)
+
+    # -- summaries ---------------------------------------------------------------------------------
+    @property
+    def is_moe(self) -> bool:
+        return self.n_experts > 0
+
+    @property
+    def family(self) -> str:
+        from estimator.families import family_of
+        return family_of(self.model_type)
+
+    @cached_property
+    def active_params(self) -> int:
+        """Parameters one token runs through: routed experts count experts_per_token of n_experts."""
+        expert = self.params_by_role.get("expert", 0)
+        if not self.n_experts:
+            return self.params
+        return self.params - expert + expert * self.experts_per_token // self.n_experts
+
+    @property
+    def embedding_params(self) -> int:
+        return self.params_by_role.get("embedding", 0)
+
+    @property
+    def lm_head_params(self) -> int:
+        return self.params_by_role.get("head", 0)
+
+    @cached_property
+    def linear_params(self) -> int:
+        return sum(n * fi * fo for _, fi, fo, _, role, _, n in self.linears if role == "linear")
+
+    # -- what trains ---------------------------------------------------------------------------------
+    def lora_target_names(self) -> list[str]:
+        """Module names a LoRA target can name: the model's Linear (and Conv1D) modules inside the layers."""
+        return sorted({name for name, _, _, _, role, in_layer, _ in self.linears if in_layer and role == "linear"})
+
+    def lora_shapes(self, targets: tuple[str, ...]) -> tuple[tuple[int, int, int], ...]:
+        """(count, in, out) of every Linear a target names (PEFT matches the module name's last component,
+        peft/tuners/tuners_utils.py `check_target_module_exists`). Raises for a name that matches nothing."""
+        out = []
+        for t in targets:
+            hits = [(n, fi, fo) for name, fi, fo, _, role, in_layer, n in self.linears
+                    if name == t.split(".")[-1] and role == "linear" and in_layer]
+            if not hits:
+                raise ValueError(f"lora_targets: {t!r} matches no Linear module of {self.model_type}; "
+                                 f"available: {', '.join(self.lora_target_names())}")
+            out += hits
+        return tuple(out)
+
+    def lora_params(self, rank: int, targets: tuple[str, ...]) -> int:
+        """r * (in + out) per adapted Linear (A: r x in, B: out x r; PEFT LoraLayer)."""
+        return sum(n * rank * (fi + fo) for n, fi, fo in self.lora_shapes(targets))
+
+    def trainable_params(self, w: Workload) -> int:
+        if w.mode == "infer":
+            return 0
+        if w.method == "full":
+            return self.params
+        return self.lora_params(w.lora_rank, w.lora_targets)
+
+    def trainable_shapes(self, w: Workload) -> tuple[tuple[int, int, int], ...]:
+        """(copies, rows, cols) of every trainable tensor (vectors: cols == 1); drives per-tensor optimizer terms."""
+        if w.mode == "infer":
+            return ()
+        if w.method != "full":
+            shapes = []
+            for n, fi, fo in self.lora_shapes(w.lora_targets):
+                shapes += [(n, w.lora_rank, fi), (n, fo, w.lora_rank)]
+            return tuple(shapes)
+        out = []
+        for role, shape, _, n in self.param_groups:
+            rows = shape[0] if shape else 1
+            cols = 1
+            for d in shape[1:]:
+                cols *= d
+            out.append((n, rows, cols))
+        return tuple(out)
+
+    # -- JSON ----------------------------------------------------------------------------------------
+    @staticmethod
+    def from_dict(d: dict, name: str, config_hash: str) -> "Inventory":
+        known = {f for f in Inventory.__dataclass_fields__ if f not in ("name", "config_hash", "extra")}
+        try:
+            kw = {k: d[k] for k in known}
+            kw["param_groups"] = tuple((r, tuple(s), bool(i), int(n)) for r, s, i, n in d["param_groups"])
+            kw["linears"] = tuple((str(a), int(b), int(c), bool(e), str(r), bool(i), int(n))
+                                  for a, b, c, e, r, i, n in d["linears"])
+            kw["layer_params"] = tuple(int(x) for x in d["layer_params"])
+            kw["layer_types"] = tuple(int(x) for x in d["layer_types"])
+            kw["params_by_role"] = {str(k): int(v) for k, v in d["params_by_role"].items()}
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"inventory: not a valid willitfit inventory ({e})") from None
+        extra = {k: v for k, v in d.items() if k not in known}
+        return Inventory(name=name, config_hash=config_hash, extra=extra, **kw)
+
+    def to_dict(self) -> dict:
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("name", "config_hash", "extra")}
+        d.update(self.extra)
+        d["format"] = FORMAT
+        return json.loads(json.dumps(d))
+
+
+def get_inventory(config: dict, name: str = "model", *, derive: bool = True, progress=None) -> Inventory:
+    """The inventory of this config: from memory, the shipped data, the user's cache, or read now from a
+    meta-device build (needs torch + transformers; `derive=False` raises instead)."""
+    from estimator import store
+
+    return store.inventory(config, name, derive=derive, progress=progress)

@@ -1,0 +1,193 @@
+"""Read a model's inventory from the model itself: built on PyTorch's meta device from its config (torch).
+
+    inv = read_inventory(config)     # -> dict, the JSON form of estimator.inventory.Inventory
+
+transformers builds the model from the config class (`AutoConfig.for_model`) and the Auto class for causal or
+masked LMs; a multimodal config's `text_config` is built as its text model. Nothing is downloaded and no remote
+code runs: `auto_map` is ignored when transformers has the architecture natively, and refused when it does not. Every parameter is read: its shape, which decoder layer owns it,
+and its role:
+- `embedding`: weights of nn.Embedding modules (token, position, token type);
+- `head`: the output embedding (lm_head) when it is not the input embedding itself (tied weights count once);
+- `linear` / `bias`: weight and bias of nn.Linear and transformers' Conv1D (what LoRA adapts and bitsandbytes
+  quantizes); `router`: a Linear-like weight of a mixture-of-experts router (its class name says Router or
+  Gate, or it maps the hidden size to the expert count);
+- `expert`: routed experts (parameters of 3 or more dimensions, transformers 5's fused experts, or inside an
+  `experts` module);
+- `norm`: every other 1-D parameter (norm weights and biases); `other`: anything else.
+"""
+from __future__ import annotations
+
+import copy
+from collections import Counter
+
+EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+TOPK_KEYS = ("num_experts_per_tok", "num_experts_per_token", "experts_per_token", "moe_topk", "top_k")
+ENCODER_DECODER = "is_encoder_decoder"
+
+
+def hf_config(config: dict):
+    """transformers' config object for a config.json dict; refusals in one line naming why."""
+    from huggingface_hub.errors import StrictDataclassError
+    from transformers import AutoConfig
+
+    if not isinstance(config.get("model_type"), str) or not config["model_type"]:
+        raise ValueError("model_type: missing; a config.json names its model_type")
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    if config.get("auto_map") and config["model_type"] not in CONFIG_MAPPING_NAMES:
+        raise ValueError(f"model_type: {config['model_type']!r} is not in transformers; its config points to the "
+                         "model's own remote code (auto_map), which willitfit never runs (no trust_remote_code)")
+    rest = copy.deepcopy({k: v for k, v in config.items() if k not in ("model_type", "auto_map")})
+    try:
+        cfg = AutoConfig.for_model(config["model_type"], **rest)
+    except (ValueError, KeyError, TypeError, StrictDataclassError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"model_type: transformers cannot build {config['model_type']!r} from this config "
+                         f"({first})") from None
+    if getattr(cfg, ENCODER_DECODER, False):
+        raise ValueError(f"model_type: {config['model_type']!r} is an encoder-decoder model; willitfit models "
+                         "decoder (causal LM) and encoder (masked LM) models")
+    return cfg
+
+
+def model_class(cfg):
+    """The Auto class transformers uses for this config: causal LM, else masked LM; the text model of a
+    multimodal config (its `text_config`) when the top-level type has neither."""
+    from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+                                                        MODEL_FOR_MASKED_LM_MAPPING_NAMES)
+    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
+
+    mt = cfg.model_type
+    if mt in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not getattr(cfg, "is_decoder", False):
+        return AutoModelForMaskedLM, cfg  # encoders (BERT, RoBERTa...) are also listed as causal LMs with is_decoder
+    if mt in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return AutoModelForCausalLM, cfg
+    text = getattr(cfg, "text_config", None)
+    if text is not None and text.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return AutoModelForCausalLM, text
+    raise ValueError(f"model_type: {mt!r} has no causal-LM or masked-LM model in transformers (and no text "
+                     "model that has one)")
+
+
+def _roles(model, n_experts: int) -> dict[int, str]:
+    """id(parameter) -> role (see the module docstring)."""
+    import torch
+
+    roles: dict[int, str] = {}
+    out = model.get_output_embeddings()
+    for name, module in model.named_modules():
+        cls = type(module).__name__
+        own = list(module.named_parameters(recurse=False))
+        in_experts = ".experts." in f".{name}." and "shared" not in name
+        for pname, p in own:
+            if id(p) in roles:
+                continue
+            if isinstance(module, torch.nn.Embedding):
+                roles[id(p)] = "embedding"
+            elif out is not None and module is out:
+                roles[id(p)] = "head" if pname == "weight" else "bias"
+            elif p.ndim >= 3 or in_experts:
+                roles[id(p)] = "expert"
+            elif ("Router" in cls or "Gate" in cls or (n_experts and p.ndim == 2 and p.shape[0] == n_experts
+                                                       and "gate" in name.split(".")[-1])):
+                roles[id(p)] = "router"
+            elif p.ndim == 2 and (isinstance(module, torch.nn.Linear) or cls == "Conv1D"):
+                roles[id(p)] = "linear"
+            elif p.ndim == 1 and (isinstance(module, torch.nn.Linear) or cls == "Conv1D") and pname == "bias":
+                roles[id(p)] = "bias"
+            elif p.ndim == 1:
+                roles[id(p)] = "norm"
+            else:
+                roles[id(p)] = "other"
+    return roles
+
+
+def _first_int(cfg, keys) -> int:
+    for k in keys:
+        v = getattr(cfg, k, None)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return v
+    return 0
+
+
+def read_inventory(config: dict) -> dict:
+    """The inventory of the model this config builds, as a JSON-ready dict (see estimator.inventory)."""
+    import torch
+
+    from estimator.trace.depth import decoder_layer_list, layer_infos, text_config
+
+    cfg = hf_config(config)
+    cls, build_cfg = model_class(cfg)
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device("meta"):
+            model = cls.from_config(build_cfg)
+    except (ValueError, TypeError, NotImplementedError, RuntimeError, AttributeError, KeyError, IndexError) as e:
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        raise ValueError(f"model_type: transformers cannot build {cfg.model_type!r} on the meta device ({first})") \
+            from None
+    finally:
+        torch.set_default_dtype(old)
+    tcfg = text_config(model.config)
+    n_experts = _first_int(tcfg, EXPERT_COUNT_KEYS)
+    roles = _roles(model, n_experts)
+    parent, attr, layers = decoder_layer_list(model)
+    layer_of = {id(p): i for i, layer in enumerate(layers) for p in layer.parameters()}
+    names = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    groups: Counter = Counter()
+    per_layer = [0] * len(layers)
+    totals: Counter = Counter()
+    for p in model.parameters():  # deduplicated: a tied weight once
+        role = roles.get(id(p), "other")
+        layer = layer_of.get(id(p))
+        groups[(role, tuple(p.shape), layer is not None)] += 1
+        totals[role] += p.numel()
+        if layer is not None:
+            per_layer[layer] += p.numel()
+    linears: Counter = Counter()
+    for name, module in model.named_modules():
+        w = getattr(module, "weight", None)
+        if w is None or roles.get(id(w)) not in ("linear", "router"):
+            continue
+        cls_name = type(module).__name__
+        if cls_name == "Conv1D":
+            fan_in, fan_out = w.shape
+        else:
+            fan_out, fan_in = w.shape
+        bias = getattr(module, "bias", None) is not None
+        linears[(name.split(".")[-1], int(fan_in), int(fan_out), bias, roles[id(w)], id(w) in layer_of)] += 1
+    tied = sum(1 for v in names.values() if len(v) > 1)
+    out_emb = model.get_output_embeddings()
+    tie = out_emb is not None and out_emb.weight is model.get_input_embeddings().weight
+    infos = layer_infos(model)
+    sig_ids: dict[str, int] = {}
+    layer_types = [sig_ids.setdefault(li.signature, len(sig_ids)) for li in infos]
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    heads = _first_int(tcfg, ("num_attention_heads", "n_head", "num_heads"))
+    hidden = _first_int(tcfg, ("hidden_size", "n_embd", "d_model"))
+    return {
+        "model_type": str(config["model_type"]), "built_as": type(model).__name__,
+        "text_model_type": str(tcfg.model_type),
+        "causal": cls.__name__ == "AutoModelForCausalLM",
+        "params": int(sum(p.numel() for p in model.parameters())),
+        "params_by_role": {k: int(v) for k, v in sorted(totals.items())},
+        "param_groups": [[role, list(shape), in_layer, n] for (role, shape, in_layer), n in sorted(groups.items())],
+        "linears": [[name, fi, fo, b, role, in_layer, n] for (name, fi, fo, b, role, in_layer), n
+                    in sorted(linears.items())],
+        "layers": len(layers), "layer_params": per_layer, "layer_types": layer_types,
+        "tie_embeddings": bool(tie), "tied_names": tied, "buffer_bytes_bf16_build": int(buffers),
+        "hidden": hidden, "heads": heads,
+        "kv_heads": _first_int(tcfg, ("num_key_value_heads", "num_kv_heads", "n_head_kv")) or heads,
+        "head_dim": _first_int(tcfg, ("head_dim",)) or (hidden // heads if heads else 0),
+        "vocab": _first_int(tcfg, ("vocab_size",)),
+        "max_positions": _first_int(tcfg, ("max_position_embeddings", "n_positions", "max_sequence_length")),
+        "learned_positions": any(isinstance(m, torch.nn.Embedding) and m is not model.get_input_embeddings()
+                                 and "position" in n for n, m in model.named_modules()),
+        "n_experts": n_experts, "experts_per_token": _first_int(tcfg, TOPK_KEYS) if n_experts else 0,
+        "attention_dropout": max(float(getattr(tcfg, k, 0.0) or 0.0) for k in
+                                 ("attention_dropout", "attn_pdrop", "attention_probs_dropout_prob")),
+        "decoder_path": f"{type(parent).__name__}.{attr}",
+    }

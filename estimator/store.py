@@ -1,0 +1,154 @@
+"""Where inventories and profiles live, and deriving them on first use.
+
+Two places are searched, in order, after an in-memory memo:
+- shipped: `data/profiles/<config hash[:16]>/` (every preset's inventory and its common profiles, committed);
+- cache: `$WILLITFIT_CACHE`, else `~/.cache/willitfit/`, same layout (what this machine derived).
+A miss derives the file (torch + transformers: `estimator.inventory.meta`, `estimator.profile.derive`),
+reporting progress through the caller's callback, and writes it to the cache atomically. `derive=False` raises
+`ProfileMissing` instead, naming the command that derives it.
+
+Files are keyed by the config's sha256 (`estimator.presets.config_hash`) and, for profiles, a hash of the
+workload class (`profile_key`). Evaluating a profile never imports torch: only a miss does.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from estimator.inventory import Inventory
+from estimator.presets import DATA_DIR, config_hash
+from estimator.profile.profile import Profile
+from estimator.spec import Parallel, Workload, spec_dict
+
+SHIPPED_DIR = DATA_DIR / "profiles"
+SIZE_FIELDS = ("batch", "seq", "gen_tokens")
+_MEMO: dict[tuple, object] = {}
+
+
+class ProfileMissing(ValueError):
+    """No inventory or profile on disk, and deriving one was not allowed (or torch is missing)."""
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("WILLITFIT_CACHE", "").strip()
+    return Path(env) if env else Path.home() / ".cache" / "willitfit"
+
+
+def _dirs(h: str) -> list[Path]:
+    return [SHIPPED_DIR / h[:16], cache_dir() / h[:16]]
+
+
+def workload_class(w: Workload) -> dict:
+    """The workload less its sizes: what one profile covers."""
+    return {k: v for k, v in spec_dict(w).items() if k not in SIZE_FIELDS}
+
+
+def parallel_class(p: Parallel) -> dict:
+    return {"strategy": p.strategy}
+
+
+def profile_key(w: Workload, p: Parallel, kernels: str = "cuda") -> str:
+    """16 hex digits naming a (workload class, parallel class, kernels) profile file."""
+    ident = json.dumps({"workload": workload_class(w), "parallel": parallel_class(p), "kernels": kernels},
+                       sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(ident.encode()).hexdigest()[:16]
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def _write(path: Path, text: str) -> None:
+    """Atomic: a reader never sees half a file (write a temporary file beside it, then rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; a shipped or shared cache file is readable by all
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def where(config: dict, name: str = "inventory", key: str | None = None) -> str | None:
+    """'shipped' or 'cache' for the file that would answer, or None if it must be derived."""
+    h = config_hash(config)
+    fname = "inventory.json" if key is None else f"{key}.json"
+    for label, d in zip(("shipped", "cache"), _dirs(h)):
+        if (d / fname).is_file():
+            return label
+    return None
+
+
+def inventory(config: dict, name: str, *, derive: bool = True, progress=None, ship: bool = False) -> Inventory:
+    h = config_hash(config)
+    memo = ("inv", h, name)
+    if memo in _MEMO:
+        return _MEMO[memo]
+    for d in _dirs(h):
+        text = _read(d / "inventory.json")
+        if text is not None:
+            inv = Inventory.from_dict(json.loads(text), name, h)
+            _MEMO[memo] = inv
+            return inv
+    if not derive:
+        raise ProfileMissing(f"model: no inventory for {name!r} on disk; run `python -m bench derive --model "
+                             f"{name}` (needs torch and transformers)")
+    if progress:
+        progress(0, 1, f"reading {name}'s parameters from a meta-device build (transformers)")
+    from estimator.inventory.meta import read_inventory
+
+    data = read_inventory(config)
+    _write((SHIPPED_DIR if ship else cache_dir()) / h[:16] / "inventory.json",
+           json.dumps(data, sort_keys=True, separators=(",", ":")))
+    inv = Inventory.from_dict(data, name, h)
+    _MEMO[memo] = inv
+    return inv
+
+
+def profile(config: dict, w: Workload, p: Parallel, *, name: str = "model", derive: bool = True,
+            progress=None, ship: bool = False) -> Profile:
+    """The profile of (config, workload class, parallel class); derived and cached on a miss."""
+    h = config_hash(config)
+    key = profile_key(w, p)
+    memo = ("prof", h, key)
+    if memo in _MEMO:
+        return _MEMO[memo]
+    for d in _dirs(h):
+        text = _read(d / f"{key}.json")
+        if text is not None:
+            prof = Profile.from_json(text)
+            _MEMO[memo] = prof
+            return prof
+    if not derive:
+        raise ProfileMissing(f"profile: {name!r} has no profile on disk for this workload class; it is derived on "
+                             "first use (needs torch and transformers), e.g. `python -m bench derive --model "
+                             f"{name}` with the same workload flags")
+    try:
+        from estimator.profile.derive import derive_profile
+    except ImportError as e:  # torch/transformers missing: say so in one line
+        raise ProfileMissing(f"profile: deriving one needs torch and transformers ({e})") from None
+    prof = derive_profile(config, w, p, progress=progress, config_hash=h)
+    _write((SHIPPED_DIR if ship else cache_dir()) / h[:16] / f"{key}.json", prof.to_json())
+    _MEMO[memo] = prof
+    return prof
+
+
+def forget(config: dict, key: str, *, ship: bool = False) -> None:
+    """Delete one profile file (shipped or cached) and its memo, so that it is derived again."""
+    h = config_hash(config)
+    (((SHIPPED_DIR if ship else cache_dir()) / h[:16]) / f"{key}.json").unlink(missing_ok=True)
+    _MEMO.pop(("prof", h, key), None)
+
+
+def clear_memo() -> None:
+    """Forget what was loaded (a cold estimate re-reads the files)."""
+    _MEMO.clear()

@@ -1,0 +1,151 @@
+"""Memory profiles: the exact fit, the reduced-depth plan, and the extension checked against full-depth traces.
+
+The profile is what every estimate evaluates, so the checks here are against the traced tier itself at sizes
+the fit never used, on full-depth models: byte for byte.
+
+    python -m pytest tests/test_profile.py -q
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+
+from estimator.profile import poly
+from estimator.profile.derive import plan_layers, prune
+from estimator.profile.profile import Profile
+
+TINY = Path(__file__).parent / "data" / "tiny"
+
+
+# ---------------------------------------------------------------- the fit
+
+def test_fit_recovers_a_hand_polynomial_exactly():
+    # bytes = 7 + 3b + 5bs + 2bs^2 at b in {1, 2} x s in {64, 128, 192}: six points, six unknowns
+    pts = [(b, s, 0, Fraction(1)) for b in (1, 2) for s in (64, 128, 192)]
+    vals = [[7 + 3 * b + 5 * b * s + 2 * b * s * s] for b, s, _, _ in pts]
+    nums, den = poly.fit_columns(poly.STEP_MONOMIALS, pts, vals)
+    assert [Fraction(n[0], den) for n in nums] == [7, 3, 0, 5, 0, 2]
+
+
+def test_fit_with_rational_coefficients_is_exact():
+    # a chunked tensor of s/8 rows: coefficient 1/8, exact at multiples of 8
+    pts = [(b, s, 0, Fraction(1)) for b in (1, 2) for s in (64, 128, 192)]
+    nums, den = poly.fit_columns(poly.STEP_MONOMIALS, pts, [[b * s // 8 * 6] for b, s, _, _ in pts])
+    p = poly.Poly.from_fractions(poly.STEP_MONOMIALS, [Fraction(n[0], den) for n in nums])
+    assert p(5, 800) == 5 * 800 // 8 * 6
+
+
+def test_fit_refuses_data_that_is_not_such_a_polynomial():
+    # b^2 * s is not a monomial of a transformer step: over-determined points expose it
+    pts = [(b, s, 0, Fraction(1)) for b in (1, 2, 3) for s in (64, 128, 192)]
+    with pytest.raises(ValueError, match="^fit: column 0 is not a polynomial"):
+        poly.fit_columns(poly.STEP_MONOMIALS, pts, [[b * b * s] for b, s, _, _ in pts])
+
+
+def test_fsdp_world_size_term():
+    # a shard of 1000 parameters over n ranks (1000/n) plus activations 4bs
+    pts = [(b, s, 0, Fraction(1, n)) for b in (1, 2) for s in (64, 128, 192) for n in (2,)] + [(1, 64, 0, Fraction(1, 4))]
+    vals = [[int(1000 * inv) + 4 * b * s] for b, s, _, inv in pts]
+    monos = poly.STEP_MONOMIALS + (poly.INV_N,)
+    nums, den = poly.fit_columns(monos, pts, vals)
+    assert Fraction(nums[-1][0], den) == 1000 and Fraction(nums[3][0], den) == 4
+
+
+# ---------------------------------------------------------------- the plan
+
+def test_plan_uniform_model_traces_first_middle_last_then_one_more():
+    plan = plan_layers(["A"] * 32)
+    assert plan.variants == ((0, 1, 31), (0, 1, 1, 31)) and not plan.full
+    assert plan.types[0] == -1 and plan.types[31] == -2 and set(plan.types[1:31]) == {0}
+
+
+def test_plan_two_types_gets_one_extra_layer_each():
+    sigs = ["dense"] * 3 + ["moe"] * 27          # DeepSeek: first_k_dense_replace = 3
+    plan = plan_layers(sigs)
+    assert plan.variants[0] == (0, 1, 3, 29)
+    assert plan.variants[1:] == ((0, 1, 1, 3, 29), (0, 1, 3, 3, 29))
+
+
+def test_plan_short_model_is_traced_whole():
+    assert plan_layers(["A", "A", "A"]).full and plan_layers(["A", "B", "A", "B"]).full
+
+
+def test_prune_keeps_only_undominated_moments():
+    import numpy as np
+    m = poly.STEP_MONOMIALS
+    big = ("forward", "big", m, 1, np.array([[10, 0, 0, 5, 0, 0]] + [[0] * 6] * 7, dtype=object))
+    small = ("forward", "small", m, 1, np.array([[9, 0, 0, 5, 0, 0]] + [[0] * 6] * 7, dtype=object))
+    other = ("forward", "other", m, 1, np.array([[1, 0, 0, 9, 0, 0]] + [[0] * 6] * 7, dtype=object))
+    kept = {c[1] for c in prune([big, small, other])}
+    assert kept == {"big", "other"}
+
+
+# ---------------------------------------------------------------- full depth, against the traced tier
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+
+def _tiny(name: str, **overrides) -> dict:
+    cfg = json.loads((TINY / f"t-{name}.json").read_text())
+    cfg.update(overrides)
+    return cfg
+
+
+def _check_against_trace(config, workload, sizes):
+    """Every stage peak of the profile, extended to full depth, equals a full-depth trace, to the byte."""
+    from estimator.profile.derive import derive_profile
+    from estimator.spec import Parallel
+    from estimator.trace.session import run_traced
+
+    prof = derive_profile(config, workload, Parallel())
+    for b, s in sizes:
+        w = replace(workload, batch=b, seq=s)
+        traced = {st.stage: st.peak_bytes for st in run_traced(config, w, Parallel()).log.stages}
+        piece = prof.piece_for(b, s)
+        got = {}
+        for m in piece.moments:
+            stage = "decode" if m.stage == "decode1" else m.stage
+            if m.stage == "decode" and w.gen_tokens < 2:
+                continue
+            got[stage] = max(got.get(stage, 0), sum(m.bytes_at(b, s, w.gen_tokens).values()))
+        assert {k: got.get(k) for k in traced} == traced, (b, s)
+    return prof
+
+
+def test_extension_matches_a_full_depth_trace_uniform_llama():
+    from estimator.spec import Workload
+
+    prof = _check_against_trace(_tiny("llama", num_hidden_layers=7), Workload(), [(1, 200), (4, 96)])
+    assert prof.provenance["reduced_depths"] == [[0, 1, 6], [0, 1, 1, 6]]
+
+
+def test_extension_matches_a_full_depth_trace_two_layer_types_and_a_window():
+    # Gemma-2 alternates sliding and global attention; a 128-token window splits s into two pieces
+    from estimator.spec import Workload
+
+    cfg = _tiny("gemma2", num_hidden_layers=7, sliding_window=128)
+    prof = _check_against_trace(cfg, Workload(attention="eager"), [(1, 80), (3, 288)])
+    assert len(prof.pieces) == 4  # (b = 1, b >= 2) x (s <= 128, s > 128)
+
+
+def test_extension_matches_a_full_depth_trace_inference_with_decoding():
+    from estimator.spec import Workload
+
+    _check_against_trace(_tiny("llama", num_hidden_layers=6), Workload(mode="infer", gen_tokens=5),
+                         [(2, 160), (1, 96)])
+
+
+def test_profile_json_round_trip(tmp_path):
+    from estimator.profile.derive import derive_profile
+    from estimator.spec import Parallel, Workload
+
+    prof = derive_profile(_tiny("llama"), Workload(mode="infer", gen_tokens=3), Parallel())
+    again = Profile.from_json(prof.to_json())
+    assert again == prof and again.to_json() == prof.to_json()
+    with pytest.raises(ValueError, match="^profile: not a valid willitfit profile"):
+        Profile.from_json(prof.to_json().replace('"format":1', '"format":9'))
