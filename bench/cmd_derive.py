@@ -28,6 +28,7 @@ def register(subparsers) -> None:
                    "the user cache")
     p.add_argument("--force", action="store_true", help="derive again even if the profile is on disk")
     p.add_argument("--quiet", action="store_true", help="no per-trace progress lines")
+    p.add_argument("--inventory-only", action="store_true", help="read the models' inventories, derive no profile")
     p.set_defaults(func=run_derive)
 
 
@@ -54,6 +55,8 @@ def run_derive(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if args.inventory_only:
+        return _inventories(sorted({c.model_name: c for c in cases}.values(), key=lambda c: c.model_name), args)
     todo = []
     for c in _classes(cases):
         tw, tp, _ = traced_class(c.workload, c.parallel)
@@ -79,3 +82,20 @@ def run_derive(args: argparse.Namespace) -> int:
               f"{time.perf_counter() - start:.1f} s", flush=True)
     print(f"{len(todo) - failed} profile(s) ready, {failed} refused, {skipped} grid combination(s) skipped")
     return 1 if failed and failed == len(todo) else 0
+
+
+def _inventories(cases, args) -> int:
+    from estimator import store
+
+    failed = 0
+    for c in cases:
+        start = time.perf_counter()
+        try:
+            inv = store.inventory(c.config, c.model_name, ship=args.ship)
+        except ValueError as e:
+            failed += 1
+            print(f"{c.model_name}: refused: {' '.join(str(e).split())}", flush=True)
+            continue
+        print(f"{c.model_name}: {inv.built_as}, {inv.params:,} parameters, {inv.layers} layers "
+              f"({len(set(inv.layer_types))} types), {time.perf_counter() - start:.2f} s", flush=True)
+    return 1 if failed == len(cases) else 0

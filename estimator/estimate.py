@@ -104,6 +104,8 @@ def traced_class(w: Workload, p: Parallel) -> tuple[Workload, Parallel, tuple[st
     elif w.weight_format not in ("auto", *comp.FLOAT_FORMATS):
         tw = replace(tw, weight_format="auto")
         notes.append(f"weights: {w.weight_format} priced from the inventory (traced in {w.precision})")
+    elif w.weight_format == comp.weight_format(replace(w, weight_format="auto")):
+        tw = replace(tw, weight_format="auto")  # the same dtype 'auto' resolves to: the same traced class
     if not w.optimizer_in_backward and (w.optimizer, w.optimizer_impl) != ("adamw", "foreach"):
         # One traced optimizer serves every one: its states and step temporaries are swapped for the
         # inventory's (estimator.components), exactly where the trace and the formula agree (adamw foreach).
@@ -118,13 +120,18 @@ def traced_class(w: Workload, p: Parallel) -> tuple[Workload, Parallel, tuple[st
     if w.compile:
         tw = replace(tw, compile=False)
         notes.append("compile: not modelled; estimated as eager")
-    if p.strategy in TRACED_SHARDING:
-        tp = Parallel(strategy=p.strategy, gpus=2)
-    elif p.strategy == "hsdp":
+    if p.strategy in ("fsdp", "zero3", "hsdp"):
+        # FSDP2 fully_shard is ZeRO-3; HSDP is FSDP over its shard group (the replicas hold the same)
         tp = Parallel(strategy="fsdp", gpus=2)
-        notes.append("hsdp: one FSDP shard group traced")
+        if p.strategy == "hsdp":
+            notes.append("hsdp: one FSDP shard group traced")
+    elif p.strategy == "fsdp-grad-op":
+        tp = Parallel(strategy="fsdp-grad-op", gpus=2)
     elif p.strategy == "ddp":
-        tp = Parallel(strategy="ddp", gpus=2)
+        # DDP's one memory effect on a rank: its gradient buckets, allocated at construction (reducer.cpp
+        # initialize_buckets; gradient_as_bucket_view=False): exactly the single-GPU step plus one buffer per
+        # gradient dtype, added from the inventory
+        tp = Parallel()
     else:
         tp = Parallel()
         if p.strategy != "single":
@@ -146,6 +153,7 @@ def _resolve(model: Model, w: Workload, p: Parallel, options: Options):
     key = (model, p, options.derive, tuple(getattr(w, f) for f in _CLASS_FIELDS))
     hit = _CLASSES.get(key)
     if hit is None:
+        model.inventory.trainable_params(w)  # a LoRA target the model lacks: one clean line, before any trace
         tw, tp, notes = traced_class(w, p)
         prof = store.profile(model.config, tw, tp, name=model.name, derive=options.derive,
                              progress=options.progress)

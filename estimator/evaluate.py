@@ -65,10 +65,12 @@ class Swap:
         in_flight = min(p.pp_size, w.grad_accum) if p.pp_size > 1 and sh.stage == "first" else 1
         self.act_layers = sh.layers_local / max(1, inv.layers) * in_flight if p.pp_size > 1 else 1.0
         self.tp_lin, self.tp_sq = tp_activation_scale(p.tp_size, p.sequence_parallel)
-        self.k_form = None
+        self.k_form = None  # the seeds' form: k * b*s*h*L*bytes, i.e. a b*s monomial with this coefficient
         if activation_k is not None and w.mode == "train":
-            self.k_form = int(activation_k * w.batch * w.seq * inv.hidden * sh.layers_local * dtype_bytes(w.precision))
+            self.k_form = activation_k * inv.hidden * sh.layers_local * dtype_bytes(w.precision)
         self.overhead = comp.overhead_bytes(p.gpus, overhead)
+        self.buckets = inv.trainable_params(w) * dtype_bytes(rd.grad) if p.strategy == "ddp" and w.mode == "train" \
+            else 0
         self.exact = (self.local, self.grad, self.state_ratio, self.kv, self.act_layers, self.tp_lin) == (1,) * 6
 
     def activation_scale(self, monos) -> np.ndarray:
@@ -84,7 +86,7 @@ class Swap:
                           + self.master, 0.0)
         temps = v("optimizer_step") * self.state + (self.step_add if stage == "optimizer" else 0) \
             + (self.dequant if stage in FWD_BWD else 0)
-        act = v("activations") if self.k_form is None or stage not in ("forward", "backward") else self.k_form
+        act = v("activations")
         return (v("weights") * self.local + self.weights_shift + v("gradients") * self.grad + v("comm_buffers")
                 + states + temps + act + v("kv_cache") * self.kv + v("other") + self.overhead)
 
@@ -100,10 +102,10 @@ class Swap:
             temps += self.dequant
         act = int(cat[C["activations"]])
         if self.k_form is not None and stage in ("forward", "backward"):
-            act = self.k_form
+            act = int(self.k_form * self.b * self.s)
         return {
             "weights": int(cat[C["weights"]] * self.local) + self.weights_shift,
-            "gradients": int(cat[C["gradients"]] * self.grad) + int(cat[C["comm_buffers"]]),
+            "gradients": int(cat[C["gradients"]] * self.grad) + int(cat[C["comm_buffers"]]) + self.buckets,
             "optimizer_states": states, "master_weights": masters, "activations": act,
             "kv_cache": int(cat[C["kv_cache"]] * self.kv), "temporaries": temps,
             "buffers": int(cat[C["other"]]), "overhead": self.overhead,
@@ -130,10 +132,12 @@ class StagePlan:
                            ("forward", "backward") else 1.0, "optimizer_step": swap.state, "kv_cache": swap.kv,
                            "comm_buffers": 1.0, "other": 1.0}[c] for c in CATEGORIES])
         self.total_coef = np.einsum("kcm,c->km", coef, alpha)             # (k, m)
+        if swap.k_form is not None and stage in ("forward", "backward"):
+            bs = (1, 1, 0, 0) if (1, 1, 0, 0) in monos else (0, 1, 0, 0)  # the batch-1 piece has no b terms
+            self.total_coef[:, list(monos).index(bs)] += swap.k_form
         has_states = np.any(coef[:, C["optimizer_states"], :] != 0, axis=1)
-        const = (swap.weights_shift + swap.overhead + (swap.step_add if stage == "optimizer" else 0)
-                 + (swap.dequant if stage in FWD_BWD else 0)
-                 + (swap.k_form if swap.k_form is not None and stage in ("forward", "backward") else 0))
+        const = (swap.weights_shift + swap.overhead + swap.buckets + (swap.step_add if stage == "optimizer" else 0)
+                 + (swap.dequant if stage in FWD_BWD else 0))
         self.const = const + np.where(has_states, swap.master - swap.master_traced * swap.state_ratio * swap.state, 0.0)
         self.exps = np.asarray(monos, dtype=float)
 
@@ -158,6 +162,7 @@ def stage_breakdowns(model, prof: Profile, w: Workload, p: Parallel, tw: Workloa
     n = world(p)
     piece = prof.piece_for(w.batch, w.seq)
     swap, plans = _plans(model, prof, w, p, tw, sh, options, piece)
+    swap.b, swap.s = w.batch, w.seq   # the sizes of this estimate (the k form's b*s in a breakdown)
     out = {}
     for stage, plan in plans.items():
         if not applies(stage, w.gen_tokens):
@@ -189,12 +194,11 @@ def _plans(model, prof, w, p, tw, sh, options, piece):
     sizes change between calls of a search or a sweep (the k form depends on them, so it is not memoised)."""
     key = (model, tuple(getattr(w, f) for f in _CLASS_FIELDS), p, sh, options.activation_k, options.overhead,
            id(piece))
-    hit = _PLANS.get(key) if options.activation_k is None else None
+    hit = _PLANS.get(key)
     if hit is None:
         swap = Swap(model, w, p, tw, sh, options.activation_k, options.overhead)
         hit = (swap, {st: StagePlan(piece, st, swap, w.mode == "train") for st in prof.stages if st in piece._arrays})
-        if options.activation_k is None:
-            if len(_PLANS) > 4096:
-                _PLANS.clear()
-            _PLANS[key] = hit
+        if len(_PLANS) > 4096:
+            _PLANS.clear()
+        _PLANS[key] = hit
     return hit

@@ -1,7 +1,10 @@
 """Hypothesis strategies for valid (model, Workload, Parallel) triples, shared by the property and sweep tests.
 
-Valid specs are built constructively (each choice allowed by the previous ones), not by filtering, so hypothesis
-spends its examples on estimates rather than on rejected draws.
+Every traced workload class needs a profile; the shipped ones (data/profiles/) are what these draw from:
+training (full fine-tuning and LoRA, pure bf16) and inference (SDPA) on every preset. Everything the estimator
+prices analytically on top of a profile varies freely: sizes, optimizers and their implementation, stored weight
+formats, QLoRA, the KV-cache dtype, ZeRO-1/2, tensor / pipeline / expert parallelism, DDP, CPU offload.
+Valid specs are built constructively (each choice allowed by the previous ones), not by filtering.
 """
 from __future__ import annotations
 
@@ -9,62 +12,82 @@ from functools import cache
 
 from hypothesis import strategies as st
 
-from estimator.model import ModelSpec, from_hf_config
+from estimator.model import Model, from_hf_config
 from estimator.presets import load_config, preset_names
-from estimator.spec import ATTENTION, CHECKPOINTING, KV_DTYPES, OPTIMIZER_IMPLS, OPTIMIZERS, WEIGHT_FORMATS, Parallel, Workload
+from estimator.spec import KV_DTYPES, OPTIMIZER_IMPLS, OPTIMIZERS, WEIGHT_FORMATS, Parallel, Workload
+
+EAGER_ONLY = ("gemma2",)          # transformers refuses SDPA for Gemma-2
+LORA_TARGETS = {"gpt2": ("c_attn",), "gpt_neox": ("query_key_value",), "falcon": ("query_key_value",),
+                "bert": ("query", "value"), "phi3": ("qkv_proj",), "deepseek_v3": ("q_b_proj", "kv_b_proj")}
+# (PEFT's defaults; q_proj,v_proj elsewhere; DeepSeek-V3 has no q_proj or v_proj: its MLA up-projections)
 
 
 @cache
-def model(name: str) -> ModelSpec:
-    return from_hf_config(load_config(name)[1], name)
+def model(name: str) -> Model:
+    return from_hf_config(load_config(name)[1], name, derive=False)
 
 
-def lora_names(m: ModelSpec) -> list[str]:
-    return sorted({lin.name.split(".")[-1] for _, lin in m.linears() if lin.role != "expert"})
+def lora_names(m: Model) -> list[str]:
+    return m.inventory.lora_target_names()
+
+
+def attention(m: Model) -> str:
+    return "eager" if m.model_type in EAGER_ONLY else "sdpa"
+
+
+def lora_targets(m: Model) -> tuple[str, ...]:
+    return LORA_TARGETS.get(m.model_type, ("q_proj", "v_proj"))
 
 
 models = st.sampled_from(preset_names()).map(model)
 
 
 @st.composite
-def workloads(draw, m: ModelSpec, max_batch: int = 64, max_seq: int = 8192) -> Workload:
-    mode = draw(st.sampled_from(("train", "infer")))
-    common = dict(batch=draw(st.integers(1, max_batch)), seq=draw(st.integers(1, max_seq)),
-                  attention=draw(st.sampled_from(ATTENTION)), kv_dtype=draw(st.sampled_from(KV_DTYPES)))
+def workloads(draw, m: Model, max_batch: int = 64, max_seq: int = 8192) -> Workload:
+    """A workload of a shipped class with its analytic fields and sizes drawn freely."""
+    mode = draw(st.sampled_from(("train", "infer")) if m.causal else st.just("train"))
+    seq = draw(st.integers(1, min(max_seq, m.max_positions)))
+    common = dict(batch=draw(st.integers(1, max_batch)), seq=seq, attention=attention(m))
     if mode == "infer":
-        return Workload(mode="infer", precision=draw(st.sampled_from(("bf16", "fp16", "fp32"))),
-                        weight_format=draw(st.sampled_from(WEIGHT_FORMATS)), gen_tokens=draw(st.integers(0, 512)),
-                        **common)
+        return Workload(mode="infer", weight_format=draw(st.sampled_from(tuple(f for f in WEIGHT_FORMATS
+                                                                                 if f not in ("fp32", "fp16")))),
+                        kv_dtype=draw(st.sampled_from(KV_DTYPES)),
+                        gen_tokens=draw(st.integers(0, min(512, m.max_positions - seq))), **common)
     method = draw(st.sampled_from(("full", "lora", "qlora")))
-    recipes = ("pure", "amp", "mixed") if method == "qlora" else ("pure", "amp", "mixed", "fp32")
-    recipe = draw(st.sampled_from(recipes))
-    if recipe == "fp32":
-        precision = "fp32"
-    elif recipe == "pure" and method != "qlora":
-        precision = draw(st.sampled_from(("bf16", "fp16", "fp32")))
-    else:
-        precision = draw(st.sampled_from(("bf16", "fp16")))
-    formats = {"full": ("auto", "fp32", "bf16", "fp16"), "qlora": ("auto", "nf4", "fp4")}.get(method, WEIGHT_FORMATS)
-    optimizer = draw(st.sampled_from(tuple(o for o in OPTIMIZERS if not o.startswith("paged"))))
-    impls = ("foreach", "forloop") if optimizer == "adamw-8bit" else OPTIMIZER_IMPLS
-    names = lora_names(m)
-    targets = tuple(draw(st.lists(st.sampled_from(names), min_size=1, max_size=3, unique=True)))
-    return Workload(mode="train", method=method, recipe=recipe, precision=precision,
-                    weight_format=draw(st.sampled_from(formats)), optimizer=optimizer,
-                    optimizer_impl=draw(st.sampled_from(impls)), grad_accum=draw(st.integers(1, 8)),
-                    checkpointing=draw(st.sampled_from(tuple(c for c in CHECKPOINTING if c != "op-sac"))), lora_rank=draw(st.integers(1, 64)),
-                    lora_targets=targets, **common)
+    optimizer = draw(st.sampled_from(OPTIMIZERS))
+    impls = ("foreach", "forloop") if optimizer in ("adamw-8bit", "paged-adamw", "paged-adamw-8bit") \
+        else OPTIMIZER_IMPLS
+    extra = {}
+    if method != "full":
+        extra["lora_targets"] = lora_targets(m)
+    if method == "qlora":
+        extra["weight_format"] = draw(st.sampled_from(("auto", "nf4", "fp4")))
+        extra["quantize_scope"] = draw(st.sampled_from(("all", "adapted")))
+        extra["double_quant"] = draw(st.booleans())
+    elif method == "lora":  # a quantized or bf16 base (fp32/fp16 bases are other traced classes)
+        extra["weight_format"] = draw(st.sampled_from(tuple(f for f in WEIGHT_FORMATS if f not in ("fp32", "fp16"))))
+    return Workload(mode="train", method=method, optimizer=optimizer, optimizer_impl=draw(st.sampled_from(impls)),
+                    **extra, **common)
 
 
 @st.composite
-def parallels(draw, max_gpus: int = 64) -> Parallel:
-    strategy = draw(st.sampled_from(("single", "ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp-grad-op", "hsdp",
-                                     "tp", "pp", "ep")))
-    gpus = 1 if strategy == "single" else draw(st.integers(1, max_gpus))
-    if strategy == "hsdp":
-        gpus = 2 * max(1, gpus // 2)
-    sp = strategy == "tp" and gpus > 1 and draw(st.booleans())
-    offload = "none"
-    if strategy in ("single", "zero1", "zero2", "zero3", "fsdp"):
-        offload = draw(st.sampled_from(("none", "optimizer", "optimizer+params")))
+def parallels(draw, m: Model | None = None, max_gpus: int = 64) -> Parallel:
+    """Strategies priced over the single-GPU profile (FSDP's own traced profiles are tested apart)."""
+    strategies = ["single", "ddp", "zero1", "zero2", "tp", "pp"] + (["ep"] if m is not None and m.is_moe else [])
+    strategy = draw(st.sampled_from(strategies))
+    if strategy == "single":
+        return Parallel(offload=draw(st.sampled_from(("none", "optimizer", "optimizer+params"))))
+    gpus = draw(st.integers(2, max_gpus))
+    if strategy == "tp" and m is not None:
+        gpus = draw(st.sampled_from([n for n in (2, 4, 8) if m.heads % n == 0 and
+                                     (m.kv_heads % n == 0 or n % m.kv_heads == 0)] or [1]))
+        if gpus == 1:
+            return Parallel()
+    if strategy == "pp" and m is not None:
+        gpus = min(gpus, m.layers)
+    if strategy == "ep":
+        gpus = draw(st.sampled_from([n for n in (2, 4, 8) if m.n_experts % n == 0]))
+    sp = strategy == "tp" and draw(st.booleans())
+    offload = draw(st.sampled_from(("none", "optimizer", "optimizer+params"))) if strategy in ("zero1", "zero2") \
+        else "none"
     return Parallel(strategy=strategy, gpus=gpus, sequence_parallel=sp, offload=offload)

@@ -1,4 +1,8 @@
-"""The analytic activation model against the traced tier, family by family.
+"""The traced tier against an independent, hand-written per-tensor model, family by family.
+
+The hand-written model (tests/crosscheck/: what autograd keeps, op by op, per family, derived from the CUDA
+kernels' saved tensors) is no longer what the estimator uses: estimates come from profiles derived from the
+traces themselves. It stays here as an independent check of those traces.
 
 Each case traces a tiny config with its family's real module structure (tests/data/tiny, a few layers of
 hidden size 128) on fake CPU tensors (bench.trace.trace_case: every live storage counted exactly) and
@@ -29,8 +33,8 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from bench.trace import trace_case  # noqa: E402
-from estimator.estimate import estimate  # noqa: E402
-from estimator.model import from_hf_config  # noqa: E402
+from crosscheck.estimate import estimate  # noqa: E402
+from crosscheck.model import from_hf_config  # noqa: E402
 from estimator.spec import Workload  # noqa: E402
 
 TINY = Path(__file__).parent / "data" / "tiny"
@@ -129,7 +133,7 @@ def test_moe_under_amp_keeps_fp32_experts():
     # The trace cannot run this case (FakeTensor's _grouped_mm meta kernel requires bf16; the real CPU and
     # CUDA kernels accept fp32), so the rule is checked on the inventory: grouped_mm is not autocast-enabled,
     # the experts compute in their fp32 weights' dtype, so amp saves 2x the expert bytes of pure bf16.
-    from estimator.layer_families import layer_inventory
+    from crosscheck.layer_families import layer_inventory
 
     m = from_hf_config(_config("mixtral"), "tiny")
 

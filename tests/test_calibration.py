@@ -156,17 +156,20 @@ def test_points_from_predicted_rows_give_back_the_detailed_activations(tmp_path)
 
 
 def test_row_without_stage_columns_uses_its_overall_peak_only_where_that_holds_activations(tmp_path):
+    # A row with only its overall peak: usable when the estimator puts that peak in the forward stage (every
+    # saved activation alive); here the step peaks in backward (seq 1024: the logits' gradients) or in the
+    # optimizer step (seq 16), so neither row gives a point.
     rows = [predicted_row(stage_columns=False, batch=2, seq=1024), predicted_row(stage_columns=False, batch=2, seq=16)]
     pts = calibrate.collect_points(build_db(tmp_path / "s.duckdb", rows))
-    assert len(pts) == 1 and pts.iloc[0]["y"] == pts.iloc[0]["predicted_detailed"]
-    assert pts.iloc[0]["stage"] == "backward"   # seq 1024 peaks at the start of backward, all activations alive
-    assert pts.attrs["skipped"] == {"no activation stage": 1}
+    assert pts.empty and pts.attrs["skipped"] == {"no activation stage": 2}
+    with_forward = predicted_row(batch=2, seq=1024)   # the same run with its per-stage peaks: one point
+    assert len(calibrate.collect_points(build_db(tmp_path / "t.duckdb", [with_forward]))) == 1
 
 
 def test_collect_points_keeps_usable_training_rows_and_counts_the_rest(tmp_path):
     rows = [make_row(batch=b, seq=s) for b in (1, 2) for s in (128, 256)]
     rows += [make_row(batch=3, config={"model_type": "t5", "d_model": 8}),   # unsupported model_type
-             make_row(batch=3, config={"model_type": "llama"}),               # hidden_size etc. missing
+             make_row(batch=3, config={"model_type": "llama", "hidden_size": "big"}),  # not a size
              make_row(batch=3, method="lora", lora_targets="c_attn"),         # no such module in a Llama
              make_row(batch=4, mode="infer"),                                 # not training
              make_row(batch=5, oom=True, oom_stage="backward")]               # OOM: its peak is no peak

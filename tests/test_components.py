@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from estimator import components as comp
+from estimator.estimate import estimate
 from estimator.model import from_hf_config
 from estimator.presets import load_config
 from estimator.spec import Workload
@@ -24,9 +25,10 @@ def test_tiny_llama_params():
     # head_dim 16, kv width 2*16 = 32. Per layer: q 64*64 = 4096, k 64*32 = 2048, v 2048, o 4096,
     # gate/up/down 3 * 64*128 = 24,576, two RMSNorms 128 -> 36,992; x2 layers = 73,984.
     # + embed 100*64 = 6,400 + final norm 64 + untied lm_head 6,400 = 86,848.
-    m = from_hf_config(TINY_LLAMA)
+    m = from_hf_config(TINY_LLAMA)   # read from transformers' own LlamaForCausalLM, built on meta
     assert m.params == 86_848
-    assert m.linear_params == 2 * (4096 + 2048 + 2048 + 4096 + 24_576)
+    assert m.inventory.linear_params == 2 * (4096 + 2048 + 2048 + 4096 + 24_576)
+    assert m.inventory.params_by_role == {"embedding": 6_400, "head": 6_400, "linear": 73_728, "norm": 320}
 
 
 # ---------------------------------------------------------------- quantized weights
@@ -39,10 +41,9 @@ def test_nf4_double_quant_4096():
     assert comp.quantized_matrix_bytes(4096, 4096, "fp4") == 8_654_852
 
 
-def test_nf4_without_double_quant_4096(monkeypatch):
+def test_nf4_without_double_quant_4096():
     # Plain 4-bit: 8,388,608 packed + 262,144 fp32 absmaxes * 4 B = 9,437,184 (4.5 bits/param).
-    monkeypatch.setattr(comp, "BNB4_DOUBLE_QUANT", False)
-    assert comp.quantized_matrix_bytes(4096, 4096, "nf4") == 9_437_184
+    assert comp.quantized_matrix_bytes(4096, 4096, "nf4", double_quant=False) == 9_437_184
 
 
 def test_gptq_and_awq_groupwise_4096():
@@ -73,30 +74,41 @@ def test_nf4_llama31_8b_whole_model():
     #   = 2*8,654,852 + 2*2,163,716 + 3*30,291,972 = 112,513,052; x 32 layers = 3,600,417,664.
     # Left in bf16: embed 525,336,576 + lm_head 525,336,576 + norms 32*2*4096 + 4096 = 266,240
     #   -> 1,050,939,392 params * 2 B = 2,101,878,784. Total 5,702,296,448 B (5.31 GiB).
-    assert comp.weights_bytes(_preset("llama-3.1-8b"), "nf4", "bf16") == 5_702_296_448
+    inv = _preset("llama-3.1-8b").inventory
+    assert comp.base_weight_bytes(inv, Workload(mode="infer", weight_format="nf4")) == 5_702_296_448
+
+
+def test_qlora_adapted_scope_quantizes_only_the_adapted_linears():
+    # torchtune's QLoRA: NF4 on q_proj and v_proj only (32 layers each); everything else stays bf16.
+    # q: 8,654,852 and v: 2,163,716 per layer as above -> 32 * 10,818,568 = 346,194,176 B of NF4;
+    # bf16 for the rest: (8,030,261,248 - 32 * (16,777,216 + 4,194,304)) * 2 = 14,718,345,216.
+    inv = _preset("llama-3.1-8b").inventory
+    w = Workload(method="qlora", lora_targets=("q_proj", "v_proj"), quantize_scope="adapted")
+    assert comp.base_weight_bytes(inv, w) == 346_194_176 + 14_718_345_216
+    assert comp.base_weight_bytes(inv, Workload(method="qlora")) == 5_702_296_448  # scope 'all'
 
 
 def test_float_weights_are_params_times_bytes():
-    m = _preset("llama-2-7b")
-    assert comp.weights_bytes(m, "bf16", "bf16") == 2 * 6_738_415_616
-    assert comp.weights_bytes(m, "fp32", "fp32") == 4 * 6_738_415_616
+    inv = _preset("llama-2-7b").inventory
+    assert comp.base_weight_bytes(inv, Workload(mode="infer")) == 2 * 6_738_415_616
+    assert comp.base_weight_bytes(inv, Workload(recipe="fp32", precision="fp32")) == 4 * 6_738_415_616
 
 
 # ---------------------------------------------------------------- LoRA
 
 def test_lora_r8_qv_llama2_7b():
     # 32 layers x 2 modules x r*(in + out) = 32 * 2 * 8 * (4096 + 4096) = 4,194,304 (PEFT print_trainable_parameters)
-    assert comp.lora_params(_preset("llama-2-7b"), 8, ("q_proj", "v_proj")) == 4_194_304
+    assert _preset("llama-2-7b").inventory.lora_params(8, ("q_proj", "v_proj")) == 4_194_304
 
 
 def test_lora_gqa_targets_use_real_shapes():
     # Llama-3.1-8B k_proj is 4096 -> 1024: r=16 -> 32 * 16 * (4096 + 1024) = 2,621,440
-    assert comp.lora_params(_preset("llama-3.1-8b"), 16, ("k_proj",)) == 2_621_440
+    assert _preset("llama-3.1-8b").inventory.lora_params(16, ("k_proj",)) == 2_621_440
 
 
 def test_lora_bad_target_names_available_modules():
     with pytest.raises(ValueError, match=r"^lora_targets: 'c_attn' matches no Linear.*available: .*q_proj"):
-        comp.lora_params(_preset("llama-2-7b"), 8, ("c_attn",))
+        _preset("llama-2-7b").inventory.lora_params(8, ("c_attn",))
 
 
 # ---------------------------------------------------------------- optimizer states and temporaries
@@ -153,27 +165,34 @@ def test_recipe_dtypes_bytes_per_param():
     assert per_param("fp32", "fp32") == 16
 
 
-# ---------------------------------------------------------------- KV cache
+# ---------------------------------------------------------------- KV cache (from the traced profile)
+
+def _kv(name: str, batch: int, seq: int, kv_dtype: str = "auto") -> int:
+    """The KV cache at the prefill's peak, in the last layer once its keys and values are cached: batch x seq
+    tokens. (Decoding also holds the previous keys of one layer while torch.cat copies them: not counted here.)"""
+    e = estimate(_preset(name), Workload(mode="infer", batch=batch, seq=seq, kv_dtype=kv_dtype))
+    return e.stage("prefill").kv_cache
+
 
 def test_kv_cache_gqa_vs_mha():
     # Llama-2-7B (MHA): 2 * 32 layers * 32 KV heads * 128 * 2 B = 524,288 B per token.
-    assert comp.kv_cache_bytes(_preset("llama-2-7b"), 1, 1, "bf16") == 524_288
+    assert _kv("llama-2-7b", 1, 1024) == 1024 * 524_288
     # Llama-3.1-8B (GQA, 8 KV heads): 2 * 32 * 8 * 128 * 2 = 131,072 -- 4x less than hidden_size suggests.
-    assert comp.kv_cache_bytes(_preset("llama-3.1-8b"), 1, 1, "bf16") == 131_072
     # batch 4 x 2048 tokens: 4 * 2048 * 131,072 = 1 GiB exactly; fp8 halves it.
-    assert comp.kv_cache_bytes(_preset("llama-3.1-8b"), 4, 2048, "bf16") == 2**30
-    assert comp.kv_cache_bytes(_preset("llama-3.1-8b"), 4, 2048, "fp8") == 2**29
+    assert _kv("llama-3.1-8b", 4, 2048) == 2**30
+    assert _kv("llama-3.1-8b", 4, 2048, "fp8") == 2**29
 
 
 def test_kv_cache_mqa_falcon():
     # Falcon-7B multi-query: 1 KV head of 64 over 32 layers: 2 * 32 * 1 * 64 * 2 = 8,192 B per token.
-    assert comp.kv_cache_bytes(_preset("falcon-7b"), 1, 1, "bf16") == 8_192
+    assert _kv("falcon-7b", 1, 512) == 512 * 8_192
 
 
-def test_kv_cache_mla_deepseek_v3():
-    # MLA caches the 512-wide latent + the 64-wide decoupled RoPE key per layer: 61 * (512 + 64) * 2 = 70,272 B
-    # per token, vs 2 * 61 * 128 heads * 192/128 dims * 2 = 4.9 MB for the expanded K/V.
-    assert comp.kv_cache_bytes(_preset("deepseek-v3"), 1, 1, "bf16") == 70_272
+def test_kv_cache_mla_deepseek_v2_lite_is_what_transformers_caches():
+    # transformers 5.23's DeepseekV2Attention caches MLA's compressed latent (kv_lora_rank 512) and the decoupled
+    # RoPE key (64) per layer, as vLLM/SGLang do: 27 layers * (512 + 64) * 2 B = 31,104 B per token, where the
+    # expanded per-head K/V would be 27 * 16 * (192 + 128) * 2 = 276,480 (the profile reads this from the code).
+    assert _kv("deepseek-v2-lite", 1, 256) == 256 * 31_104
 
 
 # ---------------------------------------------------------------- overhead

@@ -18,7 +18,7 @@ SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[Heal
 @st.composite
 def cases(draw):
     m = draw(models)
-    return m, draw(workloads(m)), draw(parallels())
+    return m, draw(workloads(m)), draw(parallels(m))
 
 
 @SETTINGS
@@ -46,38 +46,42 @@ def test_memory_never_falls_as_batch_or_seq_grow(case, db, ds):
 @given(cases())
 def test_memory_never_falls_as_bytes_per_value_grow(case):
     m, w, p = case
-    base = estimate(m, w, p).total_bytes
     if w.mode == "infer":
-        # KV cache fp8 -> bf16 -> fp32; weights nf4 -> int8 -> bf16 -> fp32; compute bf16 -> fp32
+        # KV cache fp8 -> bf16 -> fp32; stored weights nf4 -> int8 -> bf16 (embeddings, lm_head and norms
+        # stay in the bf16 precision whatever the format of the block Linears)
         kv = [estimate(m, replace(w, kv_dtype=d), p).total_bytes for d in ("fp8", "bf16", "fp32")]
         assert kv == sorted(kv)
-        if w.precision != "fp32":
-            # Quantizers keep embeddings, lm_head and norms in `precision`; with precision fp32 an int8 model's
-            # fp32 embeddings can outweigh a bf16 model's (more so gathered as FSDP's root), so the order
-            # nf4 < int8 < bf16 holds only when the unquantized parts are half precision.
-            wf = [estimate(m, replace(w, weight_format=f), p).total_bytes for f in ("nf4", "int8", "bf16", "fp32")]
-            assert wf == sorted(wf)
-        if w.precision != "fp32":
-            assert estimate(m, replace(w, precision="fp32"), p).total_bytes >= base
-    elif w.method != "qlora" and w.recipe == "pure" and w.precision != "fp32" and w.attention != "eager":
-        # Not for eager attention: transformers' eager softmax runs in fp32 and keeps a half copy for the
-        # matmul with V (4 + 2 B per score), while in fp32 the copy is a no-op (4 B): there, bf16 really
-        # saves more per score than fp32 does (traced), so "more bytes per value" is not monotone.
-        assert estimate(m, replace(w, precision="fp32"), p).total_bytes >= base
-        assert estimate(m, replace(w, recipe="fp32", precision="fp32"), p).total_bytes >= base
+        wf = [estimate(m, replace(w, weight_format=f), p).total_bytes for f in ("nf4", "int8", "bf16")]
+        assert wf == sorted(wf)
+    else:
+        # optimizer states: sgd (none) <= 8-bit AdamW (2 B + absmax) <= AdamW (2 states in the state dtype)
+        opts = [estimate(m, replace(w, optimizer=o, optimizer_impl="foreach"), p).total_bytes
+                for o in ("sgd", "adamw-8bit", "adamw")]
+        assert opts == sorted(opts)
 
 
 @SETTINGS
 @given(st.data())
 def test_more_gpus_never_cost_more_when_sharding(data):
-    # From 2 GPUs on (1 -> 2 adds NCCL buffers): ZeRO-3/FSDP shard the model states, TP shards the model and
-    # the activations; doubling the world size never raises per-GPU memory.
+    # From 2 GPUs on (1 -> 2 adds NCCL buffers): ZeRO-1/2 shard the optimizer states (and the gradients), TP
+    # shards the model and the activations; doubling the world size never raises per-GPU memory.
     m = data.draw(models)
     w = data.draw(workloads(m))
-    strategy = data.draw(st.sampled_from(("zero3", "fsdp", "tp")))
-    n = data.draw(st.sampled_from((2, 4, 8, 16, 32)))
+    strategy = data.draw(st.sampled_from(("zero1", "zero2", "tp")))
+    sizes = [n for n in (2, 4, 8, 16) if strategy != "tp" or (m.heads % (2 * n) == 0 and
+                                                               (m.kv_heads % (2 * n) == 0 or (2 * n) % m.kv_heads == 0))]
+    if not sizes:
+        return
+    n = data.draw(st.sampled_from(sizes))
     small = estimate(m, w, Parallel(strategy=strategy, gpus=n)).total_bytes
     assert estimate(m, w, Parallel(strategy=strategy, gpus=2 * n)).total_bytes <= small
+
+
+def test_fsdp_more_gpus_cost_less():
+    """FSDP's own traced profile (one FSDP2 rank with a fake process group): its 1/n terms fall with n."""
+    m = model("llama-3.1-8b")
+    totals = [estimate(m, Workload(), Parallel(strategy="fsdp", gpus=n)).total_bytes for n in (2, 4, 8, 16, 64)]
+    assert totals == sorted(totals, reverse=True)
 
 
 WORKLOAD_FIELDS = {f.name for f in fields(Workload)}
@@ -128,4 +132,4 @@ def test_lora_target_missing_from_model_names_field():
     m = model("gpt2")
     assert "q_proj" not in lora_names(m)
     with pytest.raises(ValueError, match=r"^lora_targets: 'q_proj' matches no Linear"):
-        estimate(m, Workload(method="lora"))
+        m.inventory.trainable_params(Workload(method="lora"))

@@ -110,6 +110,16 @@ def _first_int(cfg, keys) -> int:
     return 0
 
 
+def _learned_positions(model, tcfg) -> bool:
+    """Absolute position embeddings (GPT-2 wpe, OPT embed_positions with its offset of 2, BERT): an nn.Embedding
+    besides the token embedding with one row per position, so no run can go past max_position_embeddings."""
+    import torch
+
+    max_pos = _first_int(tcfg, ("max_position_embeddings", "n_positions"))
+    return bool(max_pos) and any(isinstance(m, torch.nn.Embedding) and m is not model.get_input_embeddings()
+                                 and max_pos <= m.num_embeddings <= max_pos + 2 for m in model.modules())
+
+
 def read_inventory(config: dict) -> dict:
     """The inventory of the model this config builds, as a JSON-ready dict (see estimator.inventory)."""
     import torch
@@ -184,8 +194,7 @@ def read_inventory(config: dict) -> dict:
         "head_dim": _first_int(tcfg, ("head_dim",)) or (hidden // heads if heads else 0),
         "vocab": _first_int(tcfg, ("vocab_size",)),
         "max_positions": _first_int(tcfg, ("max_position_embeddings", "n_positions", "max_sequence_length")),
-        "learned_positions": any(isinstance(m, torch.nn.Embedding) and m is not model.get_input_embeddings()
-                                 and "position" in n for n, m in model.named_modules()),
+        "learned_positions": _learned_positions(model, tcfg),
         "n_experts": n_experts, "experts_per_token": _first_int(tcfg, TOPK_KEYS) if n_experts else 0,
         "attention_dropout": max(float(getattr(tcfg, k, 0.0) or 0.0) for k in
                                  ("attention_dropout", "attn_pdrop", "attention_probs_dropout_prob")),

@@ -46,7 +46,10 @@ BATCH_REGIONS = (((1,), 1, 1, 1), ((2, 3), 4, 2, None))
 GEN_TOKENS = 3
 UNITS = (256, 128, 64, 32, 16, 8)  # sequence steps tried, largest first (32 and up keep CUDA padded shapes exact)
 FSDP_WORLD = (2, 4, 8)              # fit at 2 (all sizes) and 4 (one size), verify at 8
-WINDOW_KEYS = ("window", "chunk_size")  # config keys whose integer values bend memory in s (sliding, chunked)
+# Config keys whose values are attention windows: memory bends in s there (a sliding-window mask or cache, chunked
+# attention). Data, not code per family: a key that changes nothing only splits the fit in two exact pieces.
+WINDOW_KEYS = ("sliding_window", "sliding_window_size", "attention_chunk_size", "window_size", "local_window_size",
+               "attention_window")
 TRACER_CATEGORIES = ("weights", "gradients", "optimizer_states", "activations", "kv_cache", "comm_buffers",
                      "other")
 
@@ -103,14 +106,17 @@ def plan_layers(signatures: list[str]) -> Plan:
 def pieces_for(hf_config, max_positions: int, infer: bool) -> list[tuple[int, int | None, tuple[int, ...], int]]:
     """(s_lo, s_hi, fit seqs, verify seq) per piece of s, split at the config's attention window sizes."""
     cuts = sorted({v for v in _window_values(hf_config) if 0 < v < max_positions})
+    # a piece too narrow to hold four sizes is merged into the next one (the verification says if that is exact)
+    gen = GEN_TOKENS if infer else 0
+    cuts = [c for i, c in enumerate(cuts) if c - (cuts[i - 1] if i else 0) - gen >= 4 * UNITS[-1]]
     bounds = [0, *cuts]
     out = []
     for k, lo in enumerate(bounds):
         hi = bounds[k + 1] if k + 1 < len(bounds) else None
-        cap = min(hi if hi is not None else max_positions, max_positions) - (GEN_TOKENS if infer else 0)
+        cap = min(hi if hi is not None else max_positions, max_positions) - gen
         unit = next((u for u in UNITS if lo + 4 * u <= cap), None)
         if unit is None:
-            continue  # a piece too narrow to fit: the neighbouring pieces still answer, see Profile.piece_for
+            raise ValueError(f"seq: the model's context ({max_positions} positions) is too short to derive a profile")
         out.append((lo, hi, (lo + unit, lo + 2 * unit, lo + 3 * unit), lo + 4 * unit))
     if not out:
         raise ValueError(f"seq: the model's context ({max_positions} positions) is too short to derive a profile")
@@ -123,7 +129,7 @@ def _window_values(cfg) -> list[int]:
         if c is None:
             continue
         for k, v in vars(c).items():
-            if any(w in k for w in WINDOW_KEYS) and isinstance(v, int) and not isinstance(v, bool):
+            if k in WINDOW_KEYS and isinstance(v, int) and not isinstance(v, bool):
                 vals.append(v)
     return vals
 
@@ -453,13 +459,15 @@ def _max_positions(hf_config) -> int:
     return 1 << 17
 
 
-def _signatures(config: dict, workload: Workload) -> tuple[list[str], object]:
+def _signatures(config: dict, workload: Workload) -> tuple[list[str], object, bool]:
+    """(layer type signatures, transformers config, built as a masked LM)."""
     from estimator.trace import runner
     from estimator.trace.depth import layer_infos
 
-    base = replace(workload, method="full") if workload.method == "lora" else workload
+    base = replace(workload, method="full", gen_tokens=0) if workload.method == "lora" else \
+        replace(workload, gen_tokens=0)
     model = runner.build_model(config, base, device="meta")
-    return [li.signature for li in layer_infos(model)], model.config
+    return [li.signature for li in layer_infos(model)], model.config, runner.is_masked_lm(model)
 
 
 def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parallel(),
@@ -476,7 +484,9 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
     fsdp = parallel.strategy in FSDP_STRATEGIES
     world = FSDP_WORLD if fsdp else ((2,) if parallel.strategy == "ddp" else (1,))
     session.check_traceable(w0, replace(parallel, gpus=world[0]) if parallel.gpus != world[0] else parallel)
-    sigs, hf_config = _signatures(config, w0)
+    sigs, hf_config, masked = _signatures(config, w0)
+    if masked and infer:
+        w0 = replace(w0, gen_tokens=0)  # an encoder runs one forward pass: no decoding
     plan = plan_layers(sigs)
     pieces = pieces_for(hf_config, _max_positions(hf_config), infer)
     fit_world = world[:2] if fsdp else world
