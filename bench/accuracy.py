@@ -25,6 +25,7 @@ from estimator.estimate import Estimate, Options, estimate
 from estimator.model import Model
 from estimator.peers import PEERS, peer_predictions
 from estimator.spec import Parallel, Workload
+from estimator.store import ProfileMissing
 
 OURS, OURS_CAL = "ours", "ours-calibrated"
 METHODS = (OURS, OURS_CAL, *PEERS)
@@ -93,8 +94,9 @@ class Case:
     point: dict | None  # bench.calibrate point (training rows with an activation stage), else None
 
 
-def cases_of(runs: pd.DataFrame) -> tuple[list[Case], dict[str, int]]:
-    """A Case per usable row, one Model per config_hash; unusable rows counted by reason."""
+def cases_of(runs: pd.DataFrame, derive: bool = True) -> tuple[list[Case], dict[str, int]]:
+    """A Case per usable row, one Model per config_hash; unusable rows counted by reason ('no profile': the
+    row's workload class has no profile on disk and derive=False)."""
     models: dict[str, Model | None] = {}
     cases, skipped = [], {}
     for row in runs.to_dict("records"):
@@ -109,13 +111,15 @@ def cases_of(runs: pd.DataFrame) -> tuple[list[Case], dict[str, int]]:
         if model is not None:
             try:
                 w, p = calibrate.workload_from_row(row), calibrate.parallel_from_row(row)
-                est = estimate(model, w, p)
+                est = estimate(model, w, p, Options(derive=derive))
+            except ProfileMissing:
+                why = "no profile"
             except (ValueError, TypeError):
                 why = "workload"
         if why:
             skipped[why] = skipped.get(why, 0) + 1
             continue
-        point = calibrate.point_from_row(row, model)[0] if w.mode == "train" else None
+        point = calibrate.point_from_row(row, model, derive)[0] if w.mode == "train" else None
         cases.append(Case(row, model, w, p, est, point))
     return cases, skipped
 
@@ -242,8 +246,9 @@ class Evaluation:
     points: pd.DataFrame                       # the calibration points (bench.calibrate.POINT_COLUMNS)
 
 
-def evaluate(runs: pd.DataFrame) -> Evaluation:
-    cases, skipped = cases_of(runs)
+def evaluate(runs: pd.DataFrame, derive: bool = True) -> Evaluation:
+    """Every tier and method against the stored runs; derive=False (the app) skips rows with no profile on disk."""
+    cases, skipped = cases_of(runs, derive)
     points = points_of(cases)
     wanted = {(c.model.family, c.workload.attention, c.workload.checkpointing) for c in cases
               if c.workload.mode == "train"}
@@ -289,8 +294,9 @@ def coverage(errors: pd.DataFrame) -> pd.DataFrame:
 
 
 def accuracy_summary(db_path=None) -> pd.DataFrame:
-    """(method, tier, mode, n, median, p90, worst) of |relative error| for every stored run: what the app draws."""
-    return summarize(evaluate(load_runs(db_path)).errors)
+    """(method, tier, mode, n, median, p90, worst) of |relative error| for every stored run with a profile on disk:
+    what the app draws (the app never traces)."""
+    return summarize(evaluate(load_runs(db_path), derive=False).errors)
 
 
 def stage_errors(cases: list[Case]) -> pd.DataFrame:

@@ -151,7 +151,7 @@ def _estimate_or_none(model: Model, key, options: Options) -> Estimate | None:
         return None
 
 
-def with_estimates(df: pd.DataFrame, model: Model, options: Options = Options()) -> pd.DataFrame:
+def with_estimates(df: pd.DataFrame, model: Model, options: Options = Options(derive=False)) -> pd.DataFrame:
     """Add the analytic numbers for each run's own settings beside its measured/traced ones.
 
     Columns added (bytes): est_total_bytes (per-GPU peak incl. CUDA context, vs the GPU's memory) and
@@ -221,7 +221,7 @@ def calibration_points(db_path: str | Path, family: str, sources: tuple[str, ...
         return _with_count(pd.DataFrame(columns=list(calibrate.POINT_COLUMNS)), 0)
     n_runs = count_calibration_runs(db_path, family, sources)
     if n_runs <= max_runs:
-        return _with_count(calibrate.collect_points(db_path, family, sources), n_runs)
+        return _with_count(calibrate.collect_points(db_path, family, sources, derive=False), n_runs)
     sql, params = _filtered("app_calibration_runs", calibration_filters(family, sources), db.FILTER_COLUMNS)
     runs = _read(sql, [*params, max_runs], db_path)
     models, points, skipped = {}, [], {}
@@ -234,7 +234,7 @@ def calibration_points(db_path: str | Path, family: str, sources: tuple[str, ...
         except (ValueError, TypeError):
             skipped["config or workload"] = skipped.get("config or workload", 0) + 1
             continue
-        point = calibrate.activation_bytes_from_row(row, model, workload, parallel)
+        point = calibrate.activation_bytes_from_row(row, model, workload, parallel, derive=False)
         if point is None:
             skipped["no activation stage"] = skipped.get("no activation stage", 0) + 1
             continue

@@ -29,6 +29,7 @@ from estimator.model import FAMILIES, Model, from_hf_config
 from estimator.parallel import shares
 from estimator.presets import parse_config_text
 from estimator.spec import Parallel, Workload
+from estimator.store import ProfileMissing
 from estimator.units import dtype_bytes
 
 METHOD = "ols-origin"  # calibrations.method of fits made here
@@ -117,7 +118,8 @@ def _activation_stage(row: dict, est: Estimate) -> tuple[str, int] | None:
     return None
 
 
-def activation_bytes_from_row(row: dict, model: Model, workload: Workload, parallel: Parallel) -> dict | None:
+def activation_bytes_from_row(row: dict, model: Model, workload: Workload, parallel: Parallel,
+                              derive: bool = True) -> dict | None:
     """One calibration point of a run row, or None when no stage of it holds the saved activations.
 
     y = (the row's allocated peak in a stage holding all saved activations) - (every other component the
@@ -128,7 +130,7 @@ def activation_bytes_from_row(row: dict, model: Model, workload: Workload, paral
     y with the temporaries left in would count them twice once put back into estimate(Options(activation_k=k)).
     If the run's peak is exactly what the estimator predicts, y is exactly the detailed model's activations.
     """
-    est = estimate(model, workload, parallel, Options())
+    est = estimate(model, workload, parallel, Options(derive=derive))
     found = _activation_stage(row, est)
     if found is None:
         return None
@@ -172,7 +174,7 @@ def cpu_math_sdpa(source: str, model: Model, workload: Workload, notes: str | No
 
 def collect_points(db_path=None, family: str | None = None, sources=("measured", "traced"),
                    attention: str | None = None, checkpointing: str | None = None,
-                   wait_s: float = db.DEFAULT_WAIT_S) -> pd.DataFrame:
+                   wait_s: float = db.DEFAULT_WAIT_S, derive: bool = True) -> pd.DataFrame:
     """Calibration points (columns POINT_COLUMNS) of the stored training runs without OOM.
 
     Rows that cannot be used are counted, not raised: `df.attrs["skipped"]` maps a reason
@@ -188,7 +190,7 @@ def collect_points(db_path=None, family: str | None = None, sources=("measured",
     models: dict[str, Model] = {}  # one Model per distinct config
     for row in runs.to_dict("records"):
         model = models.get(row.get("config_hash"))
-        point, why = point_from_row(row, model)
+        point, why = point_from_row(row, model, derive)
         if point is not None and row.get("config_hash"):
             models.setdefault(row["config_hash"], model or model_from_row(row))
         if point is None:
@@ -200,10 +202,10 @@ def collect_points(db_path=None, family: str | None = None, sources=("measured",
     return df
 
 
-def point_from_row(row: dict, model: Model | None = None) -> tuple[dict | None, str]:
+def point_from_row(row: dict, model: Model | None = None, derive: bool = True) -> tuple[dict | None, str]:
     """(the point, with every POINT_COLUMNS column, "") of one run row, or (None, why it is skipped:
-    'config', 'workload', 'cpu-math-sdpa' or 'no activation stage'). Pass `model` to reuse one built from the
-    same config."""
+    'config', 'workload', 'no profile' (derive=False and none on disk), 'cpu-math-sdpa' or 'no activation
+    stage'). Pass `model` to reuse one built from the same config."""
     try:
         model = model or model_from_row(row)
     except ValueError:
@@ -212,7 +214,9 @@ def point_from_row(row: dict, model: Model | None = None) -> tuple[dict | None, 
         workload, parallel = workload_from_row(row), parallel_from_row(row)
         if cpu_math_sdpa(row["source"], model, workload, row.get("notes")):
             return None, "cpu-math-sdpa"
-        point = activation_bytes_from_row(row, model, workload, parallel)
+        point = activation_bytes_from_row(row, model, workload, parallel, derive)
+    except ProfileMissing:
+        return None, "no profile"
     except (ValueError, TypeError):
         return None, "workload"
     if point is None:

@@ -397,3 +397,52 @@ def gpu_label(name: str) -> str:
 def both_units(n_bytes: int | float) -> str:
     """'12.55 GiB (13.48 GB)': the binary unit first, the decimal one beside it."""
     return f"{fmt_bytes(n_bytes, 'GiB')} ({fmt_bytes(n_bytes, 'GB')})"
+
+
+# ---------------------------------------------------------------- models and their profiles
+
+NO_TRACE = dict(derive=False)  # searches, advice and comparisons price what has a profile; they never trace
+
+
+def load_model(config: dict, name: str):
+    """The Model for a config (its inventory: shipped, cached, or read once from transformers on meta)."""
+    from estimator.model import from_hf_config
+    from estimator.store import where
+
+    if where(config) is None:
+        with st.spinner(f"Reading {name}'s parameters from transformers (meta device, no weights)..."):
+            return from_hf_config(config, name)
+    return from_hf_config(config, name, derive=False)
+
+
+def ensure_profile(model, w: spec.Workload, par: spec.Parallel) -> dict:
+    """Make sure the profile this (workload, parallel) evaluates exists; derive it with a progress bar if not.
+    Returns its provenance, with 'where' = shipped | cache | derived now."""
+    from estimator import store
+    from estimator.estimate import traced_class
+
+    tw, tp, _ = traced_class(w, par)
+    key = store.profile_key(tw, tp)
+    found = store.where(model.config, key=key)
+    if found is None:
+        bar = st.progress(0.0, text=f"Deriving {model.name}'s memory profile for this workload: tracing the "
+                                    "real model at reduced depth on fake tensors...")
+
+        def progress(done: int, total: int, message: str) -> None:
+            bar.progress(min(1.0, done / max(total, 1)), text=f"{message} ({done}/{total})")
+
+        prof = store.profile(model.config, tw, tp, name=model.name, progress=progress)
+        bar.empty()
+        return {**prof.provenance, "where": "derived now"}
+    prof = store.profile(model.config, tw, tp, name=model.name, derive=False)
+    return {**prof.provenance, "where": found}
+
+
+def provenance_caption(prov: dict) -> str:
+    """One sentence saying where the numbers come from."""
+    how = {"shipped": "shipped with willitfit", "cache": "derived earlier on this machine",
+           "derived now": "derived just now"}.get(prov.get("where"), "")
+    depths = "/".join(str(len(d)) for d in prov.get("reduced_depths", []))
+    return (f"Memory profile {how}: traced from transformers {prov.get('transformers')} (torch {prov.get('torch')}, "
+            f"{prov.get('kernels')} kernels), {prov.get('traces')} traces of {depths} layers in {prov.get('seconds')} s, "
+            "extended to the full depth.")

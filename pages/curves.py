@@ -13,15 +13,15 @@ import streamlit as st
 
 from bench import app_data
 from estimator import search
-from estimator.estimate import estimate
+from estimator.estimate import Options, estimate
 from estimator.gpus import get_gpu
-from estimator.model import from_hf_config
 from estimator.presets import load_config
 from estimator.spec import MAX_BATCH, MAX_SEQ, Parallel
 from estimator.units import GB, GiB, fmt_bytes
 from pages import _charts as charts
 from pages import _common as ui
 
+NO_TRACE = Options(derive=False)  # the page makes sure of its profile first (with a progress bar)
 PAGE = "curves"
 # Workload columns a stored run must share with the chosen workload to sit on these curves (batch and seq vary).
 TRAIN_MATCH = ("mode", "method", "recipe", "precision", "optimizer", "checkpointing", "attention", "grad_accum")
@@ -50,7 +50,7 @@ def analytic(model, w, par, xs: list[int], x: str) -> pd.DataFrame:
     """Estimate at each x: the per-GPU total (vs the GPU) and torch's allocated peak (vs stored runs)."""
     rows = []
     for v in xs:
-        est = estimate(model, replace(w, **{x: v}), par)
+        est = estimate(model, replace(w, **{x: v}), par, NO_TRACE)
         rows += [{x: v, "series": "estimate: total per GPU", "gib": est.total_bytes / GiB, "gb": est.total_bytes / GB},
                  {x: v, "series": "estimate: torch allocated", "gib": est.allocated_bytes / GiB,
                   "gb": est.allocated_bytes / GB}]
@@ -100,7 +100,7 @@ def main() -> None:
     strategy = ui.widget(PAGE, f["strategy"], st.sidebar)
     gpus = ui.widget(PAGE, f["gpus"], st.sidebar, disabled=strategy == "single")
     _, config = load_config(name)
-    model = from_hf_config(config, name)
+    model = ui.load_model(config, name)
     ui.prepare_lora_targets(PAGE, ui.lora_target_options(model))
     f["lora_targets"] = replace(f["lora_targets"], choices=tuple(ui.lora_target_options(model)))
     values, w_shown = ui.workload_inputs(PAGE, f, st.sidebar)
@@ -112,8 +112,10 @@ def main() -> None:
 
     pts = ui.or_error(lambda: pd.DataFrame() if ui.empty_db_notice()
                       else ui.points(config, name, w.batch, w.seq, match_filters(w, par)), pd.DataFrame())
-    b_max = search.max_batch(model, w, par, gpu.memory_bytes)
-    s_max = search.max_seq(model, w, par, gpu.memory_bytes, limit=min(MAX_SEQ, 4 * model.max_positions))
+    model.inventory.trainable_params(w)  # a LoRA target the model lacks: one line, before any trace
+    st.caption(ui.provenance_caption(ui.ensure_profile(model, w, par)))
+    b_max = search.max_batch(model, w, par, gpu.memory_bytes, NO_TRACE)
+    s_max = search.max_seq(model, w, par, gpu.memory_bytes, NO_TRACE, limit=min(MAX_SEQ, 4 * model.max_positions))
     # x runs a little past the cliff (or past the stored runs), so the line's crossing stays readable
     top_b = max([16, 4 * b_max, *(pts["batch"].tolist() if len(pts) else [])])
     top_s = max([4 * w.seq, 4 * s_max, *(pts["seq"].tolist() if len(pts) else [])])

@@ -177,12 +177,17 @@ def advice_section(model, w, par, gpu, options) -> None:
     if not items:
         st.caption("None of the usual levers lowers the peak for this configuration.")
         return
+    priced = [a for a in items if a.priced]
     st.dataframe(pd.DataFrame([{"change": a.title, "saves (GiB)": a.saving_bytes / GiB,
                                 "new peak (GiB)": a.new_total_bytes / GiB, "fits": a.fits, "trade-off": a.note}
-                               for a in items]),
+                               for a in priced]),
                  hide_index=True, column_config={
                      "saves (GiB)": st.column_config.NumberColumn(format="%.2f"),
                      "new peak (GiB)": st.column_config.NumberColumn(format="%.2f")})
+    unpriced = [a for a in items if not a.priced]
+    if unpriced:
+        st.caption("Not priced yet (each needs its own memory profile, derived on first use: set it in the "
+                   "sidebar to see its number): " + "; ".join(a.title for a in unpriced) + ".")
 
 
 def closest_section(model, config, preset, w, par, options) -> None:
@@ -250,9 +255,9 @@ def body(f: dict[str, ui.Field], shown: set[str]) -> None:
         return
     name, config, preset = chosen
     try:
-        model = from_hf_config(config, name)
+        model = ui.load_model(config, name)
     except (ValueError, KeyError, TypeError) as e:
-        st.error(f"This config.json cannot be used: {e}. Use a supported architecture or fix the file.")
+        st.error(f"This config.json cannot be used: {e}. Change the config (or pick a preset).")
         return
     ui.prepare_lora_targets(PAGE, ui.lora_target_options(model))
     f["lora_targets"] = replace(f["lora_targets"], choices=tuple(ui.lora_target_options(model)))
@@ -267,10 +272,14 @@ def body(f: dict[str, ui.Field], shown: set[str]) -> None:
     except ValueError as e:
         st.error(f"{e}. Lower the sequence length (and generated tokens).")
         return
+    model.inventory.trainable_params(w)  # a LoRA target the model lacks: one line, before any trace
+    prov = ui.ensure_profile(model, w, par)
+    options = replace(options, **ui.NO_TRACE)
     est = estimate(model, w, par, options)
-    st.caption(f"**{name}** ({model.model_type}, family {model.family}): {est.params:,} parameters, "
+    st.caption(f"**{name}** ({model.model_type}, built as {model.inventory.built_as}): {est.params:,} parameters, "
                f"{est.trainable_params:,} trainable. {w.mode} · batch {w.batch} · seq {w.seq:,} · "
                f"{par.strategy} on {par.gpus} GPU(s).")
+    st.caption(ui.provenance_caption(prov) + (" " + " ".join(f"Note: {n}." for n in est.notes) if est.notes else ""))
     verdict(est, gpu)
     breakdown_section(est, gpu)
     limits_section(model, w, par, gpu, options)

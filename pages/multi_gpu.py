@@ -11,15 +11,15 @@ import pandas as pd
 import streamlit as st
 
 from estimator import search
-from estimator.estimate import COMPONENTS, estimate
+from estimator.estimate import COMPONENTS, Options, estimate
 from estimator.gpus import get_gpu
-from estimator.model import from_hf_config
 from estimator.presets import load_config
 from estimator.spec import STRATEGIES, Parallel
 from estimator.units import GB, GiB, fmt_bytes
 from pages import _charts as charts
 from pages import _common as ui
 
+NO_TRACE = Options(derive=False)  # every profile is made sure of (with a progress bar) before the page prices
 PAGE = "multi"
 MULTI = tuple(s for s in STRATEGIES if s != "single")
 DEFAULT_STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp", "tp", "pp")
@@ -53,7 +53,7 @@ def sweep_rows(model, w, strategies, counts) -> pd.DataFrame:
         for n in counts:
             if n not in valid:
                 continue
-            peak = estimate(model, w, Parallel(strategy=s, gpus=n)).components
+            peak = estimate(model, w, Parallel(strategy=s, gpus=n), NO_TRACE).components
             rows += [{"strategy": s, "gpus": n, "component": c, "bytes": b, "gib": b / GiB, "gb": b / GB}
                      for c, b in peak.as_dict().items() if b]
     return pd.DataFrame(rows, columns=["strategy", "gpus", "component", "bytes", "gib", "gb"])
@@ -77,11 +77,11 @@ def min_gpus_table(model, w, strategies, gpu) -> None:
     rows = []
     for s in strategies:
         try:
-            n = search.min_gpus(model, w, s, gpu.memory_bytes, max_gpus=MAX_SEARCH_GPUS)
+            n = search.min_gpus(model, w, s, gpu.memory_bytes, max_gpus=MAX_SEARCH_GPUS, options=NO_TRACE)
         except ValueError as e:  # e.g. expert parallelism on a dense model
             rows.append({"strategy": s, "fewest GPUs": None, "peak per GPU (GiB)": None, "note": str(e)})
             continue
-        peak = estimate(model, w, Parallel(strategy=s, gpus=n)).total_bytes if n else None
+        peak = estimate(model, w, Parallel(strategy=s, gpus=n), NO_TRACE).total_bytes if n else None
         rows.append({"strategy": s, "fewest GPUs": n, "peak per GPU (GiB)": peak / GiB if peak else None,
                      "note": "" if n else f"does not fit on up to {MAX_SEARCH_GPUS} GPUs"})
     st.dataframe(pd.DataFrame(rows), hide_index=True, column_config={
@@ -108,7 +108,7 @@ def compare(model, w, gpu, f) -> None:
                 st.warning(f"{s} cannot use {n} GPUs with {model.name} (see estimator.search.valid_world_sizes); "
                            "pick another GPU count.")
                 continue
-            est = estimate(model, w, Parallel(strategy=s, gpus=n))
+            est = estimate(model, w, Parallel(strategy=s, gpus=n), NO_TRACE)
             spare = gpu.memory_bytes - est.total_bytes
             st.metric("Peak per GPU", fmt_bytes(est.total_bytes, "GiB"),
                       delta=f"{fmt_bytes(abs(spare), 'GiB')} {'to spare' if spare >= 0 else 'over'}",
@@ -133,7 +133,7 @@ def main() -> None:
     counts = st.sidebar.multiselect("GPU counts", GPU_COUNTS, default=list(GPU_COUNTS[:5]), key=f"{PAGE}:counts",
                                     help="World sizes to draw; a strategy skips sizes it cannot use.")
     _, config = load_config(name)
-    model = from_hf_config(config, name)
+    model = ui.load_model(config, name)
     ui.prepare_lora_targets(PAGE, ui.lora_target_options(model))
     f["lora_targets"] = replace(f["lora_targets"], choices=tuple(ui.lora_target_options(model)))
     values, shown = ui.workload_inputs(PAGE, f, st.sidebar)
@@ -142,6 +142,12 @@ def main() -> None:
         if not strategies or not counts:
             st.info("Pick at least one strategy and one GPU count in the sidebar.")
             return
+        model.inventory.trainable_params(w)  # a LoRA target the model lacks: one line, before any trace
+        # the strategies need at most three traced profiles: one GPU (ddp, zero1/2, tp, pp, ep are priced over
+        # it), FSDP (fsdp, zero3, hsdp) and FSDP's SHARD_GRAD_OP
+        for rep in dict.fromkeys("fsdp" if s in ("zero3", "hsdp") else s if s in ("fsdp", "fsdp-grad-op")
+                                 else "single" for s in strategies):
+            ui.ensure_profile(model, w, Parallel(strategy=rep, gpus=1 if rep == "single" else 2))
         df = sweep_rows(model, w, strategies, sorted(counts))
         traced = ui.or_error(lambda: traced_points(config, name, w), pd.DataFrame())
         cap = f"{gpu.display_name}: {fmt_bytes(gpu.memory_bytes, 'GiB')}"
