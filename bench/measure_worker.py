@@ -250,7 +250,7 @@ def _run(case: Case, backend, rec: StageRecorder, result: dict) -> None:
     model, result["params"], result["trainable_params"] = build_parallel(case, backend)
     result["local_param_bytes"] = _local_param_bytes(model)
     optimizer = runner.make_optimizer(model, wl)
-    inputs = runner.make_inputs(case.config, wl, str(backend.device))
+    inputs = runner.make_inputs(case.config, wl, str(backend.device), model)
     rec("load")
     runner.run_stages(model, optimizer, wl, inputs, rec, steps=1)  # burn-in: optimizer states appear here
     start = backend.clock()

@@ -94,3 +94,21 @@ def test_an_architecture_no_one_wrote_code_for():
     assert m.params == _meta_params({"model_type": "gpt_bigcode", "n_layer": 2, "n_embd": 64, "n_head": 4,
                                      "vocab_size": 100})
     assert m.inventory.lora_target_names() == ["c_attn", "c_fc", "c_proj"]
+
+
+def test_a_model_without_a_decoder_layer_stack():
+    """ALBERT shares one layer across its depth (no GradientCheckpointingLayer stack): the inventory still counts
+    every parameter, with no per-layer view, and its profile traces the whole model."""
+    cfg = {"model_type": "albert", "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128,
+           "embedding_size": 32, "vocab_size": 100}
+    m = from_hf_config(cfg)
+    assert m.params == _meta_params_masked(cfg) and m.layers == 0
+
+
+def _meta_params_masked(cfg: dict) -> int:
+    from transformers import AutoConfig, AutoModelForMaskedLM
+
+    with torch.device("meta"):
+        model = AutoModelForMaskedLM.from_config(AutoConfig.for_model(cfg["model_type"], **{
+            k: v for k, v in cfg.items() if k != "model_type"}))
+    return sum(p.numel() for p in model.parameters())

@@ -142,7 +142,10 @@ def read_inventory(config: dict) -> dict:
     tcfg = text_config(model.config)
     n_experts = _first_int(tcfg, EXPERT_COUNT_KEYS)
     roles = _roles(model, n_experts)
-    parent, attr, layers = decoder_layer_list(model)
+    try:
+        parent, attr, layers = decoder_layer_list(model)
+    except ValueError:  # no stack of GradientCheckpointingLayer modules (ALBERT shares one layer): no per-layer view
+        parent, attr, layers = model, "", []
     layer_of = {id(p): i for i, layer in enumerate(layers) for p in layer.parameters()}
     names = {}
     for name, p in model.named_parameters(remove_duplicate=False):
@@ -172,7 +175,7 @@ def read_inventory(config: dict) -> dict:
     tied = sum(1 for v in names.values() if len(v) > 1)
     out_emb = model.get_output_embeddings()
     tie = out_emb is not None and out_emb.weight is model.get_input_embeddings().weight
-    infos = layer_infos(model)
+    infos = layer_infos(model) if layers else []
     sig_ids: dict[str, int] = {}
     layer_types = [sig_ids.setdefault(li.signature, len(sig_ids)) for li in infos]
     buffers = sum(b.numel() * b.element_size() for b in model.buffers())

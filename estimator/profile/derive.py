@@ -81,6 +81,8 @@ class Plan:
 def plan_layers(signatures: list[str]) -> Plan:
     """Reduced-depth variants for a model whose layers have these type signatures (in order)."""
     n = len(signatures)
+    if n == 0:  # no GradientCheckpointingLayer stack (ALBERT shares one layer): the model is traced whole
+        return Plan(0, (), (None,), (None,), True)
     mid_types: dict[str, int] = {}
     types = []
     for i, sig in enumerate(signatures):
@@ -105,7 +107,9 @@ def plan_layers(signatures: list[str]) -> Plan:
 
 def pieces_for(hf_config, max_positions: int, infer: bool) -> list[tuple[int, int | None, tuple[int, ...], int]]:
     """(s_lo, s_hi, fit seqs, verify seq) per piece of s, split at the config's attention window sizes."""
-    cuts = sorted({v for v in _window_values(hf_config) if 0 < v < max_positions})
+    # transformers keeps a sliding window's mask implicit while kv_length < window (masking_utils
+    # `_ignore_causal_mask_sdpa`): s = window is already the other side, so the cut is window - 1
+    cuts = sorted({v - 1 for v in _window_values(hf_config) if 1 < v < max_positions})
     # a piece too narrow to hold four sizes is merged into the next one (the verification says if that is exact)
     gen = GEN_TOKENS if infer else 0
     cuts = [c for i, c in enumerate(cuts) if c - (cuts[i - 1] if i else 0) - gen >= 4 * UNITS[-1]]
@@ -145,7 +149,7 @@ class Ticks:
     values: np.ndarray               # (len(keys), len(CATEGORIES)) int64
 
 
-def trace_ticks(config: dict, workload: Workload, parallel: Parallel, layers: list[int]) -> Ticks:
+def trace_ticks(config: dict, workload: Workload, parallel: Parallel, layers: list[int] | None) -> Ticks:
     """Trace one reduced model at one size and keep the ticks that can be a peak."""
     from estimator.trace import session
 
@@ -156,7 +160,7 @@ def trace_ticks(config: dict, workload: Workload, parallel: Parallel, layers: li
         with session._unpacked_sequences():
             with session._prepared(config, workload, parallel, layers) as case:
                 prime = workload.loop == "loss-only" and not workload.optimizer_in_backward
-                counter = session._run(case, steps, observe_layers=True, prime=prime)
+                counter = session._run(case, steps, observe_layers=layers is not None, prime=prime)
             tl = counter.timeline()
     finally:
         gc.enable()
@@ -339,6 +343,7 @@ def extend(plan: Plan, fits: list[Fit]) -> list[tuple[str, str, tuple, int, np.n
 
     out = []
     last = len(r1) - 1
+    effects = _stage_effects(plan, fits, a_pos)
     for key in f1.keys:
         q = key[2]
         base = f1.num[key]
@@ -349,35 +354,85 @@ def extend(plan: Plan, fits: list[Fit]) -> list[tuple[str, str, tuple, int, np.n
             full_index = None if q is None else (0 if q == 0 else plan.n_layers - 1)
             out.append((key[0], _label(key, full_index, plan.n_layers), f1.monomials[key], f1.den[key], c))
             continue
+        # a tick in the first middle layer of its type: at its own full position, with every later layer of its
+        # type after it (measured: R2's A block is that layer with one more of its type after it)
         t = plan.types[r1[q]]
-        out += _middle_candidates(plan, fits, key, t, a_pos, counts, delta, map_pos)
+        v = next(v for v in a_pos if a_pos[v][1] == t)
+        j = plan.types.index(t)
+        c = base + (counts[t] - 1) * delta(v, key, a_pos[v][0])
+        c = c + _others(plan, effects, key[0], t, j, reference=r1, ref_pos=q)
+        out.append((key[0], _label(key, j, plan.n_layers), f1.monomials[key], f1.den[key], c))
+    for v, (pa, t) in a_pos.items():
+        out += _typical_candidates(plan, fits[v], effects, v, pa, t, counts)
     return out
 
 
-def _middle_candidates(plan, fits, key, t, a_pos, counts, delta, map_pos):
-    """A tick inside the first middle layer of type t in R1, at every full position of that type."""
-    f1, r1 = fits[0], plan.variants[0]
-    q = key[2]
-    effects = {}  # type -> (before effect, after effect, R1 count before, R1 count after)
-    for v, (pa, tv) in a_pos.items():
+def _stage_effects(plan, fits, a_pos) -> dict:
+    """(type, stage) -> (effect of one more layer of that type before a tick, after it), measured outside the
+    layers: in a forward pass every layer is before the head and after the embedding; in backward every layer is
+    before (by index) the head's backward and after the embedding's. A layer's effect there is what it holds
+    while the pass is on either side of it (saved activations, its gradients, its weights and states), the same for
+    a tick inside another layer. Where backward has no tick past the layers (LoRA: nothing flows into the frozen
+    embedding), the effect after is measured on the type's own first layer (R2's A block)."""
+    f1 = fits[0]
+    out = {}
+    for v, (pa, t) in a_pos.items():
+        fv = fits[v]
+        for stage in {k[0] for k in f1.keys}:
+            seg_bef, seg_aft = (0, 1) if stage == "backward" else (1, 0)
+            bef = _segment_delta(f1, fv, stage, seg_bef)
+            aft = _segment_delta(f1, fv, stage, seg_aft)
+            if aft is None:
+                k1 = next((k for k in f1.keys if k[0] == stage and k[2] == pa), None)
+                aft = fv.num[_remap(k1, pa)] - f1.num[k1] if k1 is not None else 0
+            out[(t, stage)] = (0 if bef is None else bef, aft)
+    return out
+
+
+def _segment_delta(f1, fv, stage, seg):
+    k = next((k for k in f1.keys if k[0] == stage and k[2] is None and k[1] == seg), None)
+    if k is None or k not in fv.num:
+        return None
+    return fv.num[k] - f1.num[k]
+
+
+def _others(plan, effects, stage, t, j, reference, ref_pos):
+    """Bytes the other middle types add to a tick at full position j, relative to the reduced model `reference`
+    (whose tick sits at position ref_pos): per type, the layers before and after j beyond those in `reference`."""
+    mids = range(1, plan.n_layers - 1)
+    total = 0
+    for tv in {x for x in plan.types if x >= 0}:
         if tv == t:
-            effects[tv] = (delta(v, key, pa + 1), delta(v, key, pa), 0, 0)
             continue
-        direct = delta(v, key, map_pos(v, q))
-        before_in_r1 = pa < q
-        other = _type_effect(fits, v, pa, key[0], before=not before_in_r1)
-        bef, aft = (direct, other) if before_in_r1 else (other, direct)
-        effects[tv] = (bef, aft, 1 if before_in_r1 else 0, 0 if before_in_r1 else 1)
-    path = []
-    mids = [i for i in range(1, plan.n_layers - 1)]
-    for j in (i for i in mids if plan.types[i] == t):
-        c = f1.num[key].copy()
-        for tv, (bef, aft, b1, a1) in effects.items():
-            before = sum(1 for i in mids if i < j and plan.types[i] == tv)
-            after = counts[tv] - before - (1 if tv == t else 0)
-            c = c + (before - b1) * bef + (after - a1) * aft
-        path.append((j, c))
-    return [(key[0], _label(key, j, plan.n_layers), f1.monomials[key], f1.den[key], c) for j, c in _vertices(path)]
+        before = sum(1 for i in mids if i < j and plan.types[i] == tv)
+        after = sum(1 for i in mids if i > j and plan.types[i] == tv)
+        ref_before = sum(1 for p, i in enumerate(reference) if 0 < p < ref_pos and plan.types[i] == tv)
+        ref_after = sum(1 for p, i in enumerate(reference) if ref_pos < p < len(reference) - 1
+                        and plan.types[i] == tv)
+        bef, aft = effects[(tv, stage)]
+        total = total + (before - ref_before) * bef + (after - ref_after) * aft
+    return total
+
+
+def _typical_candidates(plan, fv, effects, v, pa, t, counts):
+    """Ticks of a layer of type t that is not the first of its type (R2's B block: the copy after the first), at
+    every full position of that type after its first: the type's first layer and the others before it."""
+    keep = plan.variants[v]
+    first = plan.types.index(t)
+    mids = range(1, plan.n_layers - 1)
+    out = []
+    for key in (k for k in fv.keys if k[2] == pa + 1):
+        path = []
+        for j in (i for i in mids if i > first and plan.types[i] == t):
+            before = sum(1 for i in mids if i < j and plan.types[i] == t)      # includes the first of the type
+            after = counts[t] - before - 1
+            bef, aft = effects[(t, key[0])]
+            c = fv.num[key] + (before - 1) * bef + after * aft                 # R2 has one (A) before, none after
+            c = c + _others(plan, effects, key[0], t, j, reference=keep, ref_pos=pa + 1)
+            path.append((j, c))
+        out += [(key[0], _label(key, j, plan.n_layers), fv.monomials[key], fv.den[key], c)
+                for j, c in _vertices(path)]
+    return out
 
 
 def _vertices(path: list[tuple[int, np.ndarray]]) -> list[tuple[int, np.ndarray]]:
@@ -393,17 +448,6 @@ def _vertices(path: list[tuple[int, np.ndarray]]) -> list[tuple[int, np.ndarray]
         else:
             i += 1
     return kept
-
-
-def _type_effect(fits, v: int, pa: int, stage: str, before: bool):
-    """Effect of one more layer of variant v's type on a tick of that type's own layer, in `stage`: measured on
-    the first tick of its B block (one more before) or A block (one more after); the same for every tick of the
-    stage when a layer's contribution is constant there (saved activations, gradients, weights)."""
-    f1, fv = fits[0], fits[v]
-    k1 = next((k for k in f1.keys if k[0] == stage and k[2] == pa), None)
-    if k1 is None:
-        return 0
-    return fv.num[_remap(k1, pa + 1 if before else pa)] - f1.num[k1]
 
 
 def _label(key: tuple, full_index: int | None, n_layers: int) -> str:
@@ -467,7 +511,11 @@ def _signatures(config: dict, workload: Workload) -> tuple[list[str], object, bo
     base = replace(workload, method="full", gen_tokens=0) if workload.method == "lora" else \
         replace(workload, gen_tokens=0)
     model = runner.build_model(config, base, device="meta")
-    return [li.signature for li in layer_infos(model)], model.config, runner.is_masked_lm(model)
+    try:
+        sigs = [li.signature for li in layer_infos(model)]
+    except ValueError:  # no decoder layer stack to tell apart: trace the whole model
+        sigs = []
+    return sigs, model.config, runner.is_masked_lm(model)
 
 
 def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parallel(),
@@ -503,10 +551,12 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
             for pt in _points(batches, seqs, fit_world) + [vpoint]:
                 b, s, n = pt
                 if progress:
-                    progress(done, n_jobs, f"tracing {len(keep)} of {plan.n_layers} layers at batch {b}, seq {s}"
+                    progress(done, n_jobs, ("tracing the whole model" if keep is None else
+                                            f"tracing {len(keep)} of {plan.n_layers} layers") + f" at batch {b}, seq {s}"
                                            + (f", {n} GPUs" if n > 1 else ""))
                 par = replace(parallel, gpus=n) if parallel.strategy != "single" else parallel
-                traces[pt] = trace_ticks(config, replace(w0, batch=b, seq=s), par, list(keep))
+                traces[pt] = trace_ticks(config, replace(w0, batch=b, seq=s), par,
+                                         None if keep is None else list(keep))
                 done += 1
             check = traces.pop(vpoint)
             fit = fit_variant(traces, fsdp, one_batch=len(batches) == 1)
@@ -522,7 +572,7 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
 
     prov = {"torch": torch.__version__, "transformers": transformers.__version__, "kernels": "cuda",
             "python": platform.python_version(), "traces": len(jobs), "seconds": round(time.perf_counter() - start, 2),
-            "reduced_depths": [list(v) for v in plan.variants], "derived_at": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+            "reduced_depths": [list(v) for v in plan.variants if v is not None], "derived_at": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                                           time.gmtime())}
     return Profile(config_hash, str(config.get("model_type")), workload_class(workload),
                    parallel_class(parallel), plan.n_layers, tuple(out_pieces), prov)

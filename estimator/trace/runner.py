@@ -274,9 +274,12 @@ def make_optimizer(model: torch.nn.Module, workload: Workload):
     return make(params)
 
 
-def make_inputs(config: dict, workload: Workload, device: str) -> dict:
-    """Token ids of shape (batch, seq), plus labels (the same ids; HF shifts them) for training."""
-    vocab = int(config.get("vocab_size") or 0)
+def make_inputs(config: dict, workload: Workload, device: str, model=None) -> dict:
+    """Token ids of shape (batch, seq), plus labels (the same ids; HF shifts them) for training. The vocabulary is
+    the model's input embedding's (a config may leave vocab_size to its class's default, or nest it in text_config)."""
+    inner = getattr(model, "module", model)  # DDP wraps the model
+    emb = inner.get_input_embeddings() if inner is not None else None
+    vocab = int(emb.num_embeddings if emb is not None else (config.get("vocab_size") or 0))
     if vocab < 1:
         raise ValueError("config: vocab_size must be a positive integer")
     input_ids = torch.randint(0, vocab, (workload.batch, workload.seq), device=device)  # (B, T)

@@ -152,7 +152,7 @@ def _prepared(config: dict, workload: Workload, parallel: Parallel, layers: list
     if parallel.strategy in FSDP_STRATEGIES:
         with _fsdp_model(config, workload, parallel, layers) as model, _fake_mode():
             model.to_empty(device="cpu")  # FSDP2's documented meta-device init; shards become fake
-            case = _Case(model, runner.make_optimizer(model, workload), runner.make_inputs(config, workload, "cpu"),
+            case = _Case(model, runner.make_optimizer(model, workload), runner.make_inputs(config, workload, "cpu", model),
                          workload, per_rank={"world_size": parallel.gpus, "traced_rank": 0})
             case.notes.append(f"fsdp2 rank 0 of {parallel.gpus} traced with a fake process group "
                               "(collectives do nothing)")
@@ -162,7 +162,7 @@ def _prepared(config: dict, workload: Workload, parallel: Parallel, layers: list
         # Built on meta, then given fake storage by runner._materialize: building under fake mode directly
         # fails in PEFT, whose adapter .to() swaps fake parameters ("Cannot swap ... weakref").
         model = runner.build_model(config, workload, "cpu", meta_then_empty=True, layers=layers)
-        case = _Case(model, runner.make_optimizer(model, workload), runner.make_inputs(config, workload, "cpu"),
+        case = _Case(model, runner.make_optimizer(model, workload), runner.make_inputs(config, workload, "cpu", model),
                      workload)
         if parallel.strategy == "ddp":
             case.roles.append((_ddp_buckets(model), "comm_buffers"))

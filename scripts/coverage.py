@@ -1,0 +1,201 @@
+"""Coverage: every model type transformers knows as a causal or masked LM, built from its config class's defaults.
+
+    python scripts/coverage.py                      # all types, resumable (results in build/coverage.jsonl)
+    python scripts/coverage.py --types llama,gemma3 # some
+    python scripts/coverage.py --report             # only rewrite docs/architectures.md from the results
+
+For each model type of transformers' MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and MODEL_FOR_MASKED_LM_MAPPING_NAMES, in
+a subprocess of its own (a crash or a hang costs one type, `--timeout` seconds at most):
+1. the inventory (estimator.inventory, read from a meta-device build), its parameter count checked against an
+   independent `sum(p.numel())` of `AutoModelFor{CausalLM,MaskedLM}.from_config(AutoConfig.for_model(type))`;
+2. the profile for training (full fine-tuning, pure bf16, SDPA, or eager where transformers refuses SDPA),
+   derived at reduced depth (estimator.profile.derive), with the time it took, or the reason it was refused;
+3. the estimate against a full-depth trace (estimator.trace.session.run_traced) at a size the fit did not use
+   (batch 3, a sequence between the fitted ones): every stage's peak, the largest relative error.
+docs/architectures.md gets one row per type (status, parameters, error, times, reason).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+OUT = ROOT / "build" / "coverage.jsonl"
+DOC = ROOT / "docs" / "architectures.md"
+TOLERANCE = 0.01
+
+
+def all_types() -> list[tuple[str, str]]:
+    from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+                                                        MODEL_FOR_MASKED_LM_MAPPING_NAMES)
+
+    types = [(t, "causal") for t in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES]
+    types += [(t, "masked") for t in MODEL_FOR_MASKED_LM_MAPPING_NAMES if t not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES]
+    return sorted(types)
+
+
+def independent_params(model_type: str) -> int:
+    """sum(numel) of the model transformers builds from the config class's defaults, on meta (deduplicated)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
+    from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+                                                        MODEL_FOR_MASKED_LM_MAPPING_NAMES)
+
+    cfg = AutoConfig.for_model(model_type)
+    if model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not getattr(cfg, "is_decoder", False):
+        cls = AutoModelForMaskedLM
+    elif model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        cls = AutoModelForCausalLM
+    else:
+        cls, cfg = AutoModelForCausalLM, cfg.text_config
+    with torch.device("meta"):
+        model = cls.from_config(cfg)
+    return sum(p.numel() for p in model.parameters())
+
+
+def one(model_type: str) -> dict:
+    """Everything for one type (runs in the child process)."""
+    from dataclasses import replace
+
+    from estimator.model import from_hf_config
+    from estimator.profile.derive import derive_profile, pieces_for, _max_positions
+    from estimator.spec import Parallel, Workload
+    from estimator.trace.session import run_traced
+
+    row: dict = {"model_type": model_type}
+    config = {"model_type": model_type}
+    t = time.perf_counter()
+    try:
+        model = from_hf_config(config, model_type)
+    except Exception as e:  # noqa: BLE001 - recorded as the type's reason
+        return {**row, "status": "refused", "stage": "inventory", "reason": _line(e)}
+    row.update(inventory_s=round(time.perf_counter() - t, 2), params=model.params, layers=model.layers,
+               layer_types=len(set(model.inventory.layer_types)), built_as=model.inventory.built_as)
+    try:
+        row["params_independent"] = independent_params(model_type)
+    except Exception as e:  # noqa: BLE001
+        row["params_independent_error"] = _line(e)
+    row["params_exact"] = row.get("params_independent") == model.params
+    prof, err = None, None
+    for attention in ("sdpa", "eager"):
+        w = Workload(attention=attention)
+        t = time.perf_counter()
+        try:
+            prof = derive_profile(config, w, Parallel())
+            row.update(attention=attention, derive_s=round(time.perf_counter() - t, 1),
+                       traces=prof.provenance["traces"], reduced=prof.provenance["reduced_depths"],
+                       moments=sum(len(p.moments) for p in prof.pieces))
+            break
+        except Exception as e:  # noqa: BLE001
+            err = e
+    if prof is None:
+        return {**row, "status": "refused", "stage": "profile", "reason": _line(err)}
+    # a size the fit did not use: batch 3, a sequence halfway between the first two fitted ones
+    from estimator.inventory.meta import hf_config
+    lo, hi, seqs, _ = pieces_for(hf_config(config), _max_positions(hf_config(config)), False)[0]
+    b, s = 3, (seqs[0] + seqs[1]) // 2
+    w = replace(w, batch=b, seq=s)
+    t = time.perf_counter()
+    try:
+        traced = {st.stage: st.peak_bytes for st in run_traced(config, w, Parallel()).log.stages}
+    except Exception as e:  # noqa: BLE001
+        return {**row, "status": "profile only", "stage": "full-depth trace", "reason": _line(e)}
+    row["trace_s"] = round(time.perf_counter() - t, 1)
+    piece = prof.piece_for(b, s)
+    est = {}
+    for m in piece.moments:
+        est[m.stage] = max(est.get(m.stage, 0), sum(m.bytes_at(b, s).values()))
+    errs = {k: (est.get(k, 0) - v) / v for k, v in traced.items() if v}
+    worst = max(errs.values(), key=abs)
+    row.update(check_batch=b, check_seq=s, worst_error=worst, exact=all(est.get(k) == v for k, v in traced.items()),
+               status="exact" if all(est.get(k) == v for k, v in traced.items()) else
+               ("within 1%" if abs(worst) <= TOLERANCE else "off"))
+    return row
+
+
+def _line(e: BaseException | None) -> str:
+    text = " ".join(str(e).split()) if e is not None else ""
+    return (f"{type(e).__name__}: {text}" if text else type(e).__name__)[:300]
+
+
+def run(types, timeout: int) -> None:
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    done = {json.loads(x)["model_type"] for x in OUT.read_text().splitlines()} if OUT.exists() else set()
+    todo = [t for t in types if t[0] not in done]
+    for i, (mt, kind) in enumerate(todo, 1):
+        start = time.perf_counter()
+        try:
+            proc = subprocess.run([sys.executable, __file__, "--child", mt], capture_output=True, text=True,
+                                  timeout=timeout, cwd=ROOT)
+            lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
+            row = json.loads(lines[-1]) if lines else {"model_type": mt, "status": "error", "reason":
+                                                      (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]}
+        except subprocess.TimeoutExpired:
+            row = {"model_type": mt, "status": "timeout", "reason": f"more than {timeout} s"}
+        row.update(kind=kind, seconds=round(time.perf_counter() - start, 1))
+        with OUT.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        print(f"[{i}/{len(todo)}] {mt}: {row['status']} {row.get('worst_error', '')} {row.get('reason', '')[:100]}",
+              flush=True)
+
+
+def report() -> None:
+    rows = [json.loads(x) for x in OUT.read_text().splitlines()]
+    rows.sort(key=lambda r: r["model_type"])
+    by = {}
+    for r in rows:
+        by[r["status"]] = by.get(r["status"], 0) + 1
+    exact_params = sum(1 for r in rows if r.get("params_exact"))
+    good = sum(1 for r in rows if r["status"] in ("exact", "within 1%") and r.get("params_exact"))
+    lines = ["# Architectures: every causal- and masked-LM model type of transformers", "",
+             "Generated by `python scripts/coverage.py` (then `--report`), transformers and torch as in",
+             "requirements.txt. Each type is built from its config class's defaults (`AutoConfig.for_model(type)`);",
+             "its inventory is read on the meta device and its parameter count compared with an independent",
+             "`sum(p.numel())`; its training profile (full fine-tuning, pure bf16, SDPA or eager) is derived at reduced",
+             "depth; the estimate is compared with a full-depth trace at a batch and sequence the fit did not use.", "",
+             f"**{len(rows)} model types**: " + ", ".join(f"{n} {k}" for k, n in sorted(by.items())) +
+             f". Parameters exact: {exact_params}. Exact parameters and the estimate within 1% of the full-depth trace:"
+             f" **{good}**.", "",
+             "| model type | kind | status | built as | parameters | params exact | layers (types) | profile: traces, s |"
+             " check (b, s) | worst stage error | reason |",
+             "|---|---|---|---|---:|---|---|---|---|---:|---|"]
+    for r in rows:
+        err = f"{100 * r['worst_error']:+.4f}%" if "worst_error" in r else ""
+        prof = f"{r['traces']}, {r['derive_s']}" if "traces" in r else ""
+        lines.append(f"| {r['model_type']} | {r.get('kind', '')} | {r['status']} | {r.get('built_as', '')} | "
+                     f"{r.get('params', 0):,} | {'yes' if r.get('params_exact') else 'no'} | "
+                     f"{r.get('layers', '')} ({r.get('layer_types', '')}) | {prof} | "
+                     f"{r.get('check_batch', '')}, {r.get('check_seq', '')} | {err} | "
+                     f"{r.get('reason', '').replace('|', '/')} |")
+    DOC.write_text("\n".join(lines) + "\n")
+    print(f"wrote {DOC} ({len(rows)} types, {good} exact and within 1%)")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--types", help="comma-separated model types (default: all)")
+    ap.add_argument("--timeout", type=int, default=600, help="seconds per type (default 600)")
+    ap.add_argument("--report", action="store_true", help="only rewrite docs/architectures.md")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        print(json.dumps(one(args.child)))
+        return 0
+    if not args.report:
+        types = all_types()
+        if args.types:
+            want = set(args.types.split(","))
+            types = [t for t in types if t[0] in want]
+        run(types, args.timeout)
+    report()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

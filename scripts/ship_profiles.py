@@ -1,0 +1,95 @@
+"""Derive the profiles willitfit ships (data/profiles/), skipping those already there.
+
+    python scripts/ship_profiles.py            # every preset's shipped classes (an hour or two of CPU)
+    python scripts/ship_profiles.py --list     # print the classes without deriving
+    python scripts/ship_profiles.py --model llama-3.1-8b --force
+
+What is shipped, per preset (each a workload class: batch, seq and world size are a profile's variables):
+- its inventory;
+- training, pure bf16: full fine-tuning, LoRA on PEFT's default targets, full fine-tuning with full activation
+  checkpointing (what advice proposes first); inference;
+- the presets of the shipped traced grid (bench/build_db.py: dense up to 13B, plus its MoE): amp full and LoRA, and
+  eager inference, so every stored traced row has its profile (`python -m bench accuracy`);
+- FSDP (full, pure bf16) for the grid's FSDP models; llama-2-7b with the `mixed` recipe.
+Everything else is derived on first use and cached (~/.cache/willitfit).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from estimator import store  # noqa: E402
+from estimator.estimate import traced_class  # noqa: E402
+from estimator.presets import load_config, preset_names  # noqa: E402
+from estimator.spec import Parallel, Workload  # noqa: E402
+
+EAGER_ONLY = ("gemma2",)
+LORA_TARGETS = {"gpt2": ("c_attn",), "gpt_neox": ("query_key_value",), "falcon": ("query_key_value",),
+                "bert": ("query", "value"), "phi3": ("qkv_proj",), "deepseek_v3": ("q_b_proj", "kv_b_proj")}
+FSDP_MODELS = ("llama-2-7b", "llama-3.1-8b")
+
+
+def classes(name: str, config: dict, grid: set[str]) -> list[tuple[Workload, Parallel]]:
+    mt = config.get("model_type")
+    attn = "eager" if mt in EAGER_ONLY else "sdpa"
+    lora = dict(method="lora", lora_targets=LORA_TARGETS.get(mt, ("q_proj", "v_proj")))
+    out = [(Workload(attention=attn), Parallel()), (Workload(attention=attn, **lora), Parallel()),
+           (Workload(attention=attn, checkpointing="full"), Parallel()),
+           (Workload(mode="infer", attention=attn), Parallel())]
+    if name in grid:
+        moe = "experts" in str(config) or "num_local_experts" in config or "num_experts" in config
+        if not moe:  # transformers' grouped_mm experts cannot run fp32 on fake tensors
+            out += [(Workload(attention=attn, recipe="amp"), Parallel()),
+                    (Workload(attention=attn, recipe="amp", **lora), Parallel())]
+        if attn == "sdpa":
+            out.append((Workload(mode="infer", attention="eager"), Parallel()))
+    if name in FSDP_MODELS:
+        out.append((Workload(), Parallel(strategy="fsdp", gpus=2)))
+    if name == "llama-2-7b":
+        out.append((Workload(recipe="mixed"), Parallel()))
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", help="comma-separated presets (default: all)")
+    ap.add_argument("--list", action="store_true", help="print the classes, derive nothing")
+    ap.add_argument("--force", action="store_true", help="derive again what is already shipped")
+    args = ap.parse_args(argv)
+    from bench.build_db import grid_models
+
+    grid = set(grid_models())
+    names = args.model.split(",") if args.model else preset_names()
+    failed = 0
+    for name in names:
+        _, config = load_config(name)
+        store.inventory(config, name, ship=True)
+        for w, p in classes(name, config, grid):
+            tw, tp, _ = traced_class(w, p)
+            key = store.profile_key(tw, tp)
+            label = f"{name}: {w.mode} {w.method} {w.recipe} {w.attention} ckpt={w.checkpointing} {p.strategy}"
+            if args.list:
+                print(label, key)
+                continue
+            if args.force:
+                store.forget(config, key, ship=True)
+            elif store.where(config, key=key) == "shipped":
+                continue
+            start = time.perf_counter()
+            try:
+                prof = store.profile(config, tw, tp, name=name, ship=True)
+            except ValueError as e:
+                failed += 1
+                print(f"{label}: refused: {' '.join(str(e).split())}", flush=True)
+                continue
+            print(f"{label}: {sum(len(x.moments) for x in prof.pieces)} moments, "
+                  f"{time.perf_counter() - start:.1f} s", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
