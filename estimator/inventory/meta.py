@@ -11,8 +11,7 @@ and its role:
 - `linear` / `bias`: weight and bias of nn.Linear and transformers' Conv1D (what LoRA adapts and bitsandbytes
   quantizes); `router`: a Linear-like weight of a mixture-of-experts router (its class name says Router or
   Gate, or it maps the hidden size to the expert count);
-- `expert`: routed experts (parameters of 3 or more dimensions, transformers 5's fused experts, or inside an
-  `experts` module);
+- `expert`: routed experts (transformers 5's fused (n_experts, ...) parameters, or inside an `experts` module);
 - `norm`: every other 1-D parameter (norm weights and biases); `other`: anything else.
 """
 from __future__ import annotations
@@ -86,10 +85,10 @@ def _roles(model, n_experts: int) -> dict[int, str]:
                 roles[id(p)] = "embedding"
             elif out is not None and module is out:
                 roles[id(p)] = "head" if pname == "weight" else "bias"
-            elif p.ndim >= 3 or in_experts:
-                roles[id(p)] = "expert"
-            elif ("Router" in cls or "Gate" in cls or (n_experts and p.ndim == 2 and p.shape[0] == n_experts
-                                                       and "gate" in name.split(".")[-1])):
+            elif in_experts or (p.ndim >= 3 and n_experts and p.shape[0] == n_experts):
+                roles[id(p)] = "expert"  # fused experts: (E, ...) in transformers 5
+            elif p.ndim == 2 and ("Router" in cls or cls.endswith("Gate") or (n_experts and p.shape[0] == n_experts
+                                                                              and "gate" in name.split(".")[-1])):
                 roles[id(p)] = "router"
             elif p.ndim == 2 and (isinstance(module, torch.nn.Linear) or cls == "Conv1D"):
                 roles[id(p)] = "linear"
@@ -163,7 +162,7 @@ def read_inventory(config: dict) -> dict:
     linears: Counter = Counter()
     for name, module in model.named_modules():
         w = getattr(module, "weight", None)
-        if w is None or roles.get(id(w)) not in ("linear", "router"):
+        if w is None or getattr(w, "ndim", 0) != 2 or roles.get(id(w)) not in ("linear", "router"):
             continue
         cls_name = type(module).__name__
         if cls_name == "Conv1D":
