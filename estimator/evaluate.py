@@ -143,7 +143,7 @@ class StagePlan:
 
     def totals_at(self, b: int, s: int, g: int, n: int) -> np.ndarray:
         """(k,) totals at one point (the single-estimate path: no array building for the monomials)."""
-        v = np.array([float(b) ** m[0] * float(s) ** m[1] * float(g) ** m[2] / float(n) ** m[3] for m in self.monos])
+        v = np.array([b ** m[0] * s ** m[1] * g ** m[2] / n ** m[3] for m in self.monos], dtype=float)
         return self.total_coef @ v + self.const
 
     def totals(self, b, s, g, n) -> np.ndarray:
@@ -172,7 +172,7 @@ def stage_breakdowns(model, prof: Profile, w: Workload, p: Parallel, tw: Workloa
         name = "decode" if stage == "decode1" else stage
         if name in out and out[name][2] >= totals[k]:
             continue
-        moment = piece.moments[plan.idx[k]]
+        moment = piece.moment(stage, plan.idx[k])
         if swap.exact:
             cat = moment.exact(w.batch, w.seq, w.gen_tokens, n)
         else:

@@ -10,7 +10,7 @@ What is shipped, per preset (each a workload class: batch, seq and world size ar
   checkpointing (what advice proposes first); inference;
 - the presets of the shipped traced grid (bench/build_db.py: dense up to 13B, plus its MoE): amp full and LoRA, and
   eager inference, so every stored traced row has its profile (`python -m bench accuracy`);
-- FSDP (full, pure bf16) for the grid's FSDP models; llama-2-7b with the `mixed` recipe.
+- FSDP (full, pure bf16: the Multi-GPU page's default) for every causal preset; llama-2-7b with `mixed`.
 Everything else is derived on first use and cached (~/.cache/willitfit).
 """
 from __future__ import annotations
@@ -30,7 +30,6 @@ from estimator.spec import Parallel, Workload  # noqa: E402
 EAGER_ONLY = ("gemma2",)
 LORA_TARGETS = {"gpt2": ("c_attn",), "gpt_neox": ("query_key_value",), "falcon": ("query_key_value",),
                 "bert": ("query", "value"), "phi3": ("qkv_proj",), "deepseek_v3": ("q_b_proj", "kv_b_proj")}
-FSDP_MODELS = ("llama-2-7b", "llama-3.1-8b")
 
 
 def classes(name: str, config: dict, grid: set[str]) -> list[tuple[Workload, Parallel]]:
@@ -47,8 +46,8 @@ def classes(name: str, config: dict, grid: set[str]) -> list[tuple[Workload, Par
                     (Workload(attention=attn, recipe="amp", **lora), Parallel())]
         if attn == "sdpa":
             out.append((Workload(mode="infer", attention="eager"), Parallel()))
-    if name in FSDP_MODELS:
-        out.append((Workload(), Parallel(strategy="fsdp", gpus=2)))
+    if config.get("model_type") != "bert":  # the Multi-GPU page's default strategies include FSDP
+        out.append((Workload(attention=attn), Parallel(strategy="fsdp", gpus=2)))
     if name == "llama-2-7b":
         out.append((Workload(recipe="mixed"), Parallel()))
     return out

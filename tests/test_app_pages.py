@@ -165,13 +165,13 @@ def test_fit_lora_and_multi_gpu_inputs(env):
     at.selectbox(key="fit:model").set_value(MODEL).run()
     at.selectbox(key="fit:method").set_value("lora").run()
     at.number_input(key="fit:lora_rank").set_value(64).run()
-    at.multiselect(key="fit:lora_targets").set_value(["q_proj", "k_proj", "v_proj", "o_proj"]).run()
-    at.selectbox(key="fit:strategy").set_value("zero3").run()
+    at.multiselect(key="fit:lora_targets").set_value(["q_proj", "v_proj"]).run()
+    at.selectbox(key="fit:strategy").set_value("zero2").run()
     at.number_input(key="fit:gpus").set_value(4).run()
-    w = Workload(method="lora", lora_rank=64, lora_targets=("q_proj", "k_proj", "v_proj", "o_proj"))
-    est = estimate(the_model(), w, Parallel(strategy="zero3", gpus=4))
+    w = Workload(method="lora", lora_rank=64, lora_targets=("q_proj", "v_proj"))
+    est = estimate(the_model(), w, Parallel(strategy="zero2", gpus=4))
     assert metric(at, "Peak per GPU") == gib(est.total_bytes)
-    assert at.query_params["lora_targets"] == "q_proj,k_proj,v_proj,o_proj"
+    assert at.query_params["lora_targets"] == "q_proj,v_proj"
     assert not at.exception
 
 
@@ -188,8 +188,16 @@ def test_fit_custom_configs_untrusted(env):
     at.selectbox(key="fit:source").set_value("paste").run()
     at.text_area(key="fit:paste").set_value('{"model_type": "llama", ').run()
     assert any("not valid JSON" in e.value for e in at.error)
-    at.text_area(key="fit:paste").set_value('{"model_type": "mamba"}').run()
-    assert any("not supported" in e.value for e in at.error)
+    at.text_area(key="fit:paste").set_value('{"model_type": "no-such-arch"}').run()
+    assert any("transformers cannot build 'no-such-arch'" in e.value for e in at.error)
+    # an architecture no one wrote code for: its inventory and profile come from transformers' own class, the
+    # profile derived on the spot (a tiny config: seconds) with its provenance shown
+    tiny = {"model_type": "gpt_bigcode", "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 128,
+            "n_positions": 4096}
+    at.text_area(key="fit:paste").set_value(json.dumps(tiny)).run()
+    assert not at.error, [e.value for e in at.error]
+    assert metric(at, "Peak per GPU") == gib(estimate(from_hf_config(tiny, "x"), Workload(), Parallel()).total_bytes)
+    assert any("Memory profile derived" in c.value for c in at.caption)
     _, cfg = load_config("gpt2")
     at.text_area(key="fit:paste").set_value(json.dumps(cfg)).run()
     # the default 2048 tokens exceed GPT-2's 1024 learned positions: an error naming seq, not a number

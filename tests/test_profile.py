@@ -148,4 +148,4 @@ def test_profile_json_round_trip(tmp_path):
     again = Profile.from_json(prof.to_json())
     assert again == prof and again.to_json() == prof.to_json()
     with pytest.raises(ValueError, match="^profile: not a valid willitfit profile"):
-        Profile.from_json(prof.to_json().replace('"format":1', '"format":9'))
+        Profile.from_json(prof.to_json().replace('"format":2', '"format":9'))

@@ -563,7 +563,7 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
             verify(fit, check, vpoint)
             fits.append(fit)
         cands = prune(extend(plan, fits))
-        out_pieces.append(Piece(lo, hi, tuple(_moment(c) for c in cands), b_lo, b_hi))
+        out_pieces.append(Piece.from_moments(lo, hi, [_moment(c) for c in cands], b_lo, b_hi))
     jobs = range(n_jobs)
     if progress:
         progress(len(jobs), len(jobs), "done")

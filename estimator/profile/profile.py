@@ -22,7 +22,7 @@ import numpy as np
 
 from estimator.profile.poly import Poly
 
-FORMAT = 1
+FORMAT = 2  # 2: per-stage flat arrays (1: a list of moment objects)
 CATEGORIES = ("weights", "gradients", "optimizer_states", "activations", "optimizer_step", "kv_cache",
               "comm_buffers", "other")
 TRAIN_STAGES = ("load", "forward", "backward", "optimizer")
@@ -74,29 +74,59 @@ class Moment:
         return out
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=True)
 class Piece:
-    """Moments valid for s_lo < s <= s_hi and b_lo <= b <= b_hi (a bound None: no upper bound)."""
+    """Moments valid for s_lo < s <= s_hi and b_lo <= b <= b_hi (a bound None: no upper bound).
+
+    Stored per stage as flat data (what the JSON holds and what NumPy reads in one call): the stage's monomials,
+    and per moment its label, denominator and its numerators flattened as [category][monomial]. `Moment` objects
+    are built only when asked for (the winning moment of an estimate, tools, tests)."""
 
     s_lo: int
     s_hi: int | None
-    moments: tuple[Moment, ...]
+    stage_data: dict            # stage -> {"monomials": [[..]], "labels": [..], "dens": [..], "nums": [[..]]}
     b_lo: int = 1
     b_hi: int | None = None
 
+    @staticmethod
+    def from_moments(s_lo, s_hi, moments, b_lo=1, b_hi=None) -> "Piece":
+        data: dict = {}
+        for m in moments:
+            d = data.setdefault(m.stage, {"monomials": [list(x) for x in m.monomials], "labels": [], "dens": [],
+                                          "nums": []})
+            d["labels"].append(m.label)
+            d["dens"].append(m.den)
+            d["nums"].append([x for c in CATEGORIES for x in m.num.get(c, (0,) * len(m.monomials))])
+        return Piece(s_lo, s_hi, data, b_lo, b_hi)
+
+    def moment(self, stage: str, k: int) -> Moment:
+        memo = self.__dict__.setdefault("_moment_memo", {})  # a frozen dataclass: the memo bypasses __setattr__
+        hit = memo.get((stage, k))
+        if hit is None:
+            hit = memo[(stage, k)] = self._build_moment(stage, k)
+        return hit
+
+    def _build_moment(self, stage: str, k: int) -> Moment:
+        d = self.stage_data[stage]
+        monos = tuple(tuple(x) for x in d["monomials"])
+        m = len(monos)
+        flat = d["nums"][k]
+        num = {c: tuple(flat[i * m:(i + 1) * m]) for i, c in enumerate(CATEGORIES) if any(flat[i * m:(i + 1) * m])}
+        return Moment(stage, d["labels"][k], monos, d["dens"][k], num)
+
+    @cached_property
+    def moments(self) -> tuple[Moment, ...]:
+        return tuple(self.moment(st, k) for st, d in self.stage_data.items() for k in range(len(d["labels"])))
+
     @cached_property
     def _arrays(self):
-        """Per stage: (moment indices, float coefficient tensor [moment, category, monomial]) for fast search."""
+        """Per stage: (moment positions within the stage, monomials, float tensor [moment, category, monomial])."""
         out = {}
-        for st in {m.stage for m in self.moments}:
-            idx = [i for i, m in enumerate(self.moments) if m.stage == st]
-            mono = self.moments[idx[0]].monomials
-            arr = np.zeros((len(idx), len(CATEGORIES), len(mono)))
-            for k, i in enumerate(idx):
-                m = self.moments[i]
-                for c, nums in m.num.items():
-                    arr[k, CATEGORIES.index(c)] = np.asarray(nums, dtype=float) / m.den
-            out[st] = (idx, mono, arr)
+        for st, d in self.stage_data.items():
+            monos = tuple(tuple(x) for x in d["monomials"])
+            arr = np.asarray(d["nums"], dtype=float).reshape(len(d["dens"]), len(CATEGORIES), len(monos))
+            arr /= np.asarray(d["dens"], dtype=float)[:, None, None]
+            out[st] = (list(range(len(d["dens"]))), monos, arr)
         return out
 
 
@@ -128,9 +158,8 @@ class Profile:
             "format": FORMAT, "config_hash": self.config_hash, "model_type": self.model_type,
             "workload_class": self.workload_class, "parallel_class": self.parallel_class, "layers": self.layers,
             "provenance": self.provenance,
-            "pieces": [{"s_lo": p.s_lo, "s_hi": p.s_hi, "b_lo": p.b_lo, "b_hi": p.b_hi, "moments": [
-                {"stage": m.stage, "label": m.label, "monomials": [list(x) for x in m.monomials], "den": m.den,
-                 "num": {c: list(v) for c, v in m.num.items()}} for m in p.moments]} for p in self.pieces],
+            "pieces": [{"s_lo": p.s_lo, "s_hi": p.s_hi, "b_lo": p.b_lo, "b_hi": p.b_hi, "stages": p.stage_data}
+                       for p in self.pieces],
         }, separators=(",", ":"), sort_keys=True)
 
     @staticmethod
@@ -140,15 +169,15 @@ class Profile:
             d = json.loads(text)
             if d.get("format") != FORMAT:
                 raise ValueError(f"format {d.get('format')!r}, expected {FORMAT}")
-            pieces = tuple(Piece(int(p["s_lo"]), None if p["s_hi"] is None else int(p["s_hi"]), tuple(
-                Moment(str(m["stage"]), str(m["label"]), tuple(tuple(int(e) for e in x) for x in m["monomials"]),
-                       int(m["den"]), {str(c): tuple(int(v) for v in nums) for c, nums in m["num"].items()})
-                for m in p["moments"]), int(p["b_lo"]), None if p["b_hi"] is None else int(p["b_hi"]))
-                for p in d["pieces"])
+            pieces = tuple(Piece(int(p["s_lo"]), None if p["s_hi"] is None else int(p["s_hi"]), p["stages"],
+                                 int(p["b_lo"]), None if p["b_hi"] is None else int(p["b_hi"])) for p in d["pieces"])
             for p in pieces:
-                for m in p.moments:
-                    if m.den < 1 or any(c not in CATEGORIES or len(v) != len(m.monomials) for c, v in m.num.items()):
-                        raise ValueError(f"moment {m.label!r} is malformed")
+                for st, sd in p.stage_data.items():
+                    width = len(CATEGORIES) * len(sd["monomials"])
+                    if (st not in TRAIN_STAGES + INFER_STAGES or len(sd["labels"]) != len(sd["dens"]) != len(sd["nums"])
+                            or any(not isinstance(x, int) or x < 1 for x in sd["dens"])
+                            or any(len(row) != width for row in sd["nums"])):
+                        raise ValueError(f"stage {st!r} is malformed")
             return Profile(str(d["config_hash"]), str(d["model_type"]), dict(d["workload_class"]),
                            dict(d["parallel_class"]), int(d["layers"]), pieces, dict(d.get("provenance", {})))
         except (KeyError, TypeError, ValueError, json.JSONDecodeError) as e:
