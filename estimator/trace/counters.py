@@ -265,6 +265,29 @@ class StorageCounter(TorchDispatchMode):
                 kind[t], nbytes[t], cat[t], rec_of[t] = -1, rec.nbytes, c, i
         return Timeline(kind, nbytes, cat, rec_of, tuple(self.marks), tuple(self.blocks))
 
+    def allocation_events(self):
+        """The run as the caching allocator would have seen it: (kind, handle, nbytes, stage) per tick in order,
+        kind 0 = allocation, 1 = free, handle = the storage record (an allocation and its free share it), stage =
+        the stage whose window the tick falls in (the next mark's name; ticks after the last mark: "end").
+        Zero-byte storages are left out: the allocator is never asked for them."""
+        import numpy as np
+
+        tl = self.timeline()
+        stages, bounds = [], []
+        for t, st in tl.marks:
+            bounds.append(t)
+            stages.append(st)
+        names = list(dict.fromkeys(stages + ["end"]))
+        stage_of_tick = np.full(len(tl.kind), names.index("end"), dtype=np.int16)
+        prev = 0
+        for t, st in zip(bounds, stages):
+            stage_of_tick[prev + 1:t + 1] = names.index(st)
+            prev = t
+        keep = (tl.kind != 0) & (tl.nbytes > 0)
+        keep[0] = False
+        kind = np.where(tl.kind[keep] > 0, 0, 1).astype(np.int8)
+        return kind, tl.rec[keep].astype(np.int64), tl.nbytes[keep].astype(np.int64), stage_of_tick[keep], names
+
     def mark_stage(self, stage: str) -> None:
         """Close the current window as `stage`: its peak is the max since the previous mark."""
         self.marks.append((self._now, stage))
