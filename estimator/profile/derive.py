@@ -589,8 +589,10 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
     prov = {"torch": torch.__version__, "transformers": transformers.__version__, "kernels": "cuda",
             "python": platform.python_version(), "traces": len(jobs), "fsdp_padding_max_bytes": padding,
             "seconds": round(time.perf_counter() - start, 2),
-            "reduced_depths": [list(v) for v in plan.variants if v is not None], "derived_at": time.strftime("%Y-%m-%dT%H:%M:%SZ",
-                                                                                          time.gmtime())}
+            "reduced_depths": [list(v) for v in plan.variants if v is not None],
+            "derived_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    from estimator.store import parallel_class, workload_class
+
     return Profile(config_hash, str(config.get("model_type")), workload_class(workload),
                    parallel_class(parallel), plan.n_layers, tuple(out_pieces), prov)
 
@@ -616,15 +618,3 @@ def _gcd_int(a: int, b: int) -> int:
     return a
 
 
-SIZE_FIELDS = ("batch", "seq", "gen_tokens")
-
-
-def workload_class(w: Workload) -> dict:
-    """The workload less its sizes: what a profile is derived for."""
-    from estimator.spec import spec_dict
-
-    return {k: v for k, v in spec_dict(w).items() if k not in SIZE_FIELDS}
-
-
-def parallel_class(p: Parallel) -> dict:
-    return {"strategy": p.strategy}
