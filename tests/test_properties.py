@@ -131,5 +131,5 @@ def test_known_invalid_workloads(kwargs, field):
 def test_lora_target_missing_from_model_names_field():
     m = model("gpt2")
     assert "q_proj" not in lora_names(m)
-    with pytest.raises(ValueError, match=r"^lora_targets: 'q_proj' matches no Linear"):
+    with pytest.raises(ValueError, match=r"^lora_targets: q_proj, v_proj match no Linear"):
         m.inventory.trainable_params(Workload(method="lora"))

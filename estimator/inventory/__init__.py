@@ -91,16 +91,16 @@ class Inventory:
 
     def lora_shapes(self, targets: tuple[str, ...]) -> tuple[tuple[int, int, int], ...]:
         """(count, in, out) of every Linear a target names (PEFT matches the module name's last component,
-        peft/tuners/tuners_utils.py `check_target_module_exists`). Raises for a name that matches nothing."""
-        out = []
-        for t in targets:
-            hits = [(n, fi, fo) for name, fi, fo, _, role, in_layer, n in self.linears
-                    if name == t.split(".")[-1] and role == "linear" and in_layer]
-            if not hits:
-                raise ValueError(f"lora_targets: {t!r} matches no Linear module of {self.model_type}; "
-                                 f"available: {', '.join(self.lora_target_names())}")
-            out += hits
-        return tuple(out)
+        peft/tuners/tuners_utils.py `check_target_module_exists`). As PEFT does, names that match nothing are
+        skipped as long as one matches (PEFT's defaults q_proj,v_proj adapt only q_proj in DeepSeek-V2-Lite);
+        raises when none does (PEFT: "Target modules ... not found in the base model")."""
+        wanted = {t.split(".")[-1] for t in targets}
+        out = tuple((n, fi, fo) for name, fi, fo, _, role, in_layer, n in self.linears
+                    if name in wanted and role == "linear" and in_layer)
+        if not out:
+            raise ValueError(f"lora_targets: {', '.join(targets)} match no Linear module of {self.model_type}; "
+                             f"available: {', '.join(self.lora_target_names())}")
+        return out
 
     def lora_params(self, rank: int, targets: tuple[str, ...]) -> int:
         """r * (in + out) per adapted Linear (A: r x in, B: out x r; PEFT LoraLayer)."""
