@@ -19,10 +19,11 @@ UNLIMITED_ADDRESS_SPACE = 1 << 46
 
 
 class ExpandableSegment:
-    __slots__ = ("base", "size", "page")
+    __slots__ = ("base", "size", "page", "mapped")
 
     def __init__(self, base: int, size: int, page: int):
         self.base, self.size, self.page = base, size, page
+        self.mapped = 0             # bytes of it backed by physical pages
 
 
 def _expandable_size(b: Block) -> int:
@@ -35,7 +36,8 @@ class ExpandableMixin:
     """The expandable-segment half of CachingAllocator (uses its pools, stats and capacity)."""
 
     def expandable_segment_count(self) -> int:
-        return len(self._expandable_segments) if hasattr(self, "_expandable_segments") else 0
+        """Expandable segments with memory mapped (one whose map failed holds only address space, as in torch)."""
+        return sum(1 for s in getattr(self, "_expandable_segments", ()) if s.mapped)
 
     def _expandable_best_fit(self, pool: Pool, i: int) -> int:
         """get_free_block with expandable blocks: with the option on, walk to larger blocks while the next one
@@ -106,6 +108,7 @@ class ExpandableMixin:
             return False
         pool.remove_unmapped(to_map)
         to_map.mapped = True
+        to_map.seg.mapped += mapped
         if mapped < to_map.size:
             rest = Block(to_map.addr + mapped, to_map.size - mapped, pool.small, to_map.seg, mapped=False)
             rest.splice(to_map, to_map.next)
@@ -155,6 +158,7 @@ class ExpandableMixin:
             tail.splice(b, b.next)
             pool.insert(tail)
         b.addr, b.size, b.mapped = addr, size, False
+        seg.mapped -= size
         self._try_merge(b, b.prev, pool)
         self._try_merge(b, b.next, pool)
         pool.add_unmapped(b)
