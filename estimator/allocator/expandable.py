@@ -34,10 +34,11 @@ def _expandable_size(b: Block) -> int:
 
 class ExpandableMixin:
     """The expandable-segment half of CachingAllocator (uses its pools, stats and capacity)."""
+    __slots__ = ()
 
     def expandable_segment_count(self) -> int:
         """Expandable segments with memory mapped (one whose map failed holds only address space, as in torch)."""
-        return sum(1 for s in getattr(self, "_expandable_segments", ()) if s.mapped)
+        return sum(1 for s in self._expandable_segments if s.mapped)
 
     def _expandable_best_fit(self, pool: Pool, i: int) -> int:
         """get_free_block with expandable blocks: with the option on, walk to larger blocks while the next one
@@ -72,8 +73,6 @@ class ExpandableMixin:
         base = -(-self._next_addr // page) * page
         self._next_addr = base + space
         seg = ExpandableSegment(base, space, page)
-        if not hasattr(self, "_expandable_segments"):
-            self._expandable_segments = []
         self._expandable_segments.append(seg)
         c = Block(base, space, pool.small, seg, mapped=False)
         pool.add_unmapped(c)

@@ -20,7 +20,7 @@ cudaMallocAsync backend, free-memory callbacks.
 """
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, insort
 from dataclasses import dataclass
 
 from estimator.allocator.config import UNLIMITED, AllocatorConfig
@@ -67,6 +67,11 @@ class CachingAllocator(ExpandableMixin):
     less the CUDA context and other non-allocator use); None = unlimited. `memory_fraction` is
     torch.cuda.set_per_process_memory_fraction (or the config's per_process_memory_fraction < 1): it caps
     reservations at fraction * capacity and is what turns garbage_collection_threshold on, as in torch."""
+    __slots__ = ("config", "capacity_bytes", "_capacity", "set_fraction", "allowed_bytes", "_gc_on", "_expandable",
+                 "_max_split", "_plain_rounding", "_small", "_large", "_live", "_next_addr", "_segments",
+                 "_free_unsplit", "_expandable_segments", "allocated_bytes", "reserved_bytes",
+                 "peak_allocated_bytes", "peak_reserved_bytes", "requested_bytes", "device_allocs", "device_frees",
+                 "alloc_retries", "num_ooms", "gc_releases")
 
     def __init__(self, config: AllocatorConfig = AllocatorConfig(), capacity_bytes: int | None = None,
                  memory_fraction: float | None = None):
@@ -93,6 +98,7 @@ class CachingAllocator(ExpandableMixin):
         self._live: dict[int, Block | None] = {}
         self._next_addr = VA_BASE
         self._segments: dict[int, Block] = {}        # cudaMalloc segments: base address -> first block at malloc
+        self._expandable_segments: list = []         # ExpandableSegment objects (estimator/allocator/expandable.py)
         self._free_unsplit = 0                       # free bytes in whole free cudaMalloc segments
         self.allocated_bytes = 0
         self.reserved_bytes = 0
@@ -106,44 +112,70 @@ class CachingAllocator(ExpandableMixin):
         self.gc_releases = 0            # segments freed by garbage_collect_cached_blocks
 
     # ---------------------------------------------------------------- malloc / free
-    def malloc(self, handle: int, nbytes: int) -> None:
-        """DeviceCachingAllocator::malloc for a request of `nbytes` (before rounding), live under `handle`.
-        A zero-byte request never reaches torch's malloc (allocate(0) returns a null pointer): it holds nothing."""
-        if handle in self._live:
+    def malloc(self, handle: int, nbytes: int) -> int:
+        """DeviceCachingAllocator::malloc for a request of `nbytes` (before rounding), live under `handle`;
+        returns the block size it took (what memory_allocated grows by). A zero-byte request never reaches
+        torch's malloc (allocate(0) returns a null pointer): it takes nothing. The pool updates are written out
+        inline (no Pool method calls): this is the replay's hot path."""
+        live = self._live
+        if handle in live:
             raise ValueError(f"handle: {handle} is already live; free it before reusing it")
         if nbytes <= 0:
             if nbytes < 0:
                 raise ValueError(f"nbytes: must be >= 0, got {nbytes}")
-            self._live[handle] = None
-            return
+            live[handle] = None
+            return 0
         if self._plain_rounding:
             size = 512 if nbytes < 512 else (nbytes + 511) >> 9 << 9
         else:
             size = round_size(nbytes, self.config)
         small = size <= K_SMALL_SIZE
         pool = self._small if small else self._large
-        block = self._get_free_block(pool, size)
+        keys = pool.keys
+        if self._gc_on:
+            pool.calls += 1
+        i = bisect_left(keys, size << ADDR_BITS)
+        block = None
+        if i < len(keys):
+            k = keys[i]
+            block = pool.blocks[k]
+            if block.seg is None and k >> ADDR_BITS < self._max_split:     # get_free_block, the common case
+                del keys[i]
+                del pool.blocks[k]
+                if block.prev is None and block.next is None:
+                    self._free_unsplit -= block.size
+            else:
+                block = self._get_free_block(pool, size, i)
         if block is None:
             block = self._new_block(pool, size, nbytes)
-        elif block.prev is None and block.next is None and block.seg is None:
-            self._free_unsplit -= block.size
         remaining = block.size - size
         if (remaining >= K_MIN_BLOCK_SIZE if small or self._expandable
                 else size < self._max_split and remaining > K_SMALL_SIZE):     # should_split
             rest = Block(block.addr + size, remaining, small, block.seg)
-            rest.splice(block, block.next)
+            n = block.next
+            rest.prev = block
+            rest.next = n
+            if n is not None:
+                n.prev = rest
+            block.next = rest
             block.size = size
-            pool.insert(rest)
+            k = remaining << ADDR_BITS | rest.addr
+            insort(keys, k)
+            pool.blocks[k] = rest
+            rest.gc_base = pool.calls
         block.allocated = True
         block.requested = nbytes
-        self._live[handle] = block
+        live[handle] = block
         self.requested_bytes += nbytes
-        a = self.allocated_bytes = self.allocated_bytes + block.size
+        size = block.size
+        a = self.allocated_bytes = self.allocated_bytes + size
         if a > self.peak_allocated_bytes:
             self.peak_allocated_bytes = a
+        return size
 
     def free(self, handle: int) -> None:
-        """DeviceCachingAllocator::free -> free_block: merge with free neighbours, return to the pool."""
+        """DeviceCachingAllocator::free -> free_block: merge with free neighbours, return to the pool (inline
+        pool updates, as in malloc)."""
         try:
             b = self._live.pop(handle)
         except KeyError:
@@ -155,9 +187,12 @@ class CachingAllocator(ExpandableMixin):
         b.allocated = False
         b.requested = 0
         pool = self._small if b.small else self._large
+        keys, blocks = pool.keys, pool.blocks
         p = b.prev
         if p is not None and not p.allocated and p.mapped:
-            pool.remove(p)
+            k = p.size << ADDR_BITS | p.addr
+            del keys[bisect_left(keys, k)]
+            del blocks[k]
             b.addr = p.addr
             b.size += p.size
             b.prev = p = p.prev
@@ -165,12 +200,17 @@ class CachingAllocator(ExpandableMixin):
                 p.next = b
         n = b.next
         if n is not None and not n.allocated and n.mapped:
-            pool.remove(n)
+            k = n.size << ADDR_BITS | n.addr
+            del keys[bisect_left(keys, k)]
+            del blocks[k]
             b.size += n.size
             b.next = n = n.next
             if n is not None:
                 n.prev = b
-        pool.insert(b)
+        k = b.size << ADDR_BITS | b.addr
+        insort(keys, k)
+        blocks[k] = b
+        b.gc_base = pool.calls
         if b.prev is None and b.next is None and b.seg is None:
             self._free_unsplit += b.size
 
@@ -179,16 +219,11 @@ class CachingAllocator(ExpandableMixin):
         self._release_cached_blocks()
 
     # ---------------------------------------------------------------- finding a block
-    def _get_free_block(self, pool: Pool, size: int) -> Block | None:
-        """get_free_block: the smallest free block of at least `size` (lowest address among equals), except that
-        a request below max_split_size never gets an oversize block and an oversize request only gets one less
-        than max_non_split_rounding_size larger."""
-        if self._gc_on:
-            pool.calls += 1
+    def _get_free_block(self, pool: Pool, size: int, i: int) -> Block | None:
+        """get_free_block past its common case (malloc has bisected to index i, the smallest block that fits,
+        lowest address among equals): expandable blocks, and oversize blocks -- a request below max_split_size
+        never gets one, an oversize request only one less than max_non_split_rounding_size larger."""
         keys = pool.keys
-        i = bisect_left(keys, size << ADDR_BITS)
-        if i == len(keys):
-            return None
         b = pool.blocks[keys[i]]
         if b.seg is not None:
             i = self._expandable_best_fit(pool, i)
@@ -200,6 +235,8 @@ class CachingAllocator(ExpandableMixin):
                 return None
         del pool.blocks[keys[i]]
         del keys[i]
+        if b.prev is None and b.next is None and b.seg is None:
+            self._free_unsplit -= b.size
         return b
 
     def _new_block(self, pool: Pool, size: int, nbytes: int) -> Block:

@@ -92,106 +92,127 @@ class ReplayResult:
                         np.maximum.reduceat(self.reserved, starts))
 
 
-class _Peaks:
-    """Running peaks of one stage (or of the whole run)."""
-    __slots__ = ("alloc", "res", "at_peak", "da", "df", "rt")
-
-    def __init__(self):
-        self.alloc = self.res = self.da = self.df = self.rt = 0
-        self.at_peak = (0, 0, 0)
-
-    def stats(self, name: str, events: int) -> StageStats:
-        a, largest, split = self.at_peak
-        return StageStats(name, events, self.alloc, self.res, a, largest, self.res - a, split,
-                          self.da, self.df, self.rt)
-
-
 def replay(stream: Stream, config: AllocatorConfig = AllocatorConfig(), capacity_bytes: int | None = None,
-           memory_fraction: float | None = None, record: bool = True) -> ReplayResult:
+           memory_fraction: float | None = None) -> ReplayResult:
     """Run every event of `stream` through a fresh CachingAllocator(config, capacity_bytes, memory_fraction);
-    stop at the first OOM. `record=False` skips the per-event timeline (faster; the arrays are then empty)."""
+    stop at the first OOM. The hot loop (_run) records only what it must (the block size each malloc took,
+    the moments reserved changed, the cache at each stage entry and each reserved increase); the per-event
+    timeline and the per-stage peaks are rebuilt from those with NumPy."""
     alloc = CachingAllocator(config, capacity_bytes, memory_fraction)
-    n_stages = len(stream.stage_names)
-    peaks = [_Peaks() for _ in range(n_stages)]
-    total = _Peaks()
-    tl_a: list[int] = []
-    tl_r: list[int] = []
+    run = _run(stream, alloc)
+    n = run.done
+    kind, stage = stream.kind[:n], stream.stage[:n].astype(np.int64)
+    allocated = _allocated_timeline(kind, stream.handle[:n], np.array(run.took, np.int64))
+    reserved = np.zeros(n, np.int64)
+    if run.changes:
+        at, value = np.array(run.changes, np.int64).T
+        pos = np.searchsorted(at, np.arange(n), side="right") - 1
+        reserved = np.where(pos >= 0, value[np.maximum(pos, 0)], 0)
+    stages = _stage_stats(stream, run, alloc, stage, allocated, reserved)
+    overall = _overall(run, alloc, int(allocated.max(initial=0)), int(reserved.max(initial=0)), n)
     oom = None
-    done = 0
-    try:
-        done = _run(stream, alloc, peaks, total, tl_a, tl_r, record)
-    except _Stopped as stop:
-        done, e = stop.done, stop.oom
-        oom = OOMEvent(done, stream.stage_names[int(stream.stage[done])], e.requested, e.size, e.alloc_size,
+    if run.oom is not None:
+        e = run.oom
+        oom = OOMEvent(n, stream.stage_names[int(stream.stage[n])], e.requested, e.size, e.alloc_size,
                        alloc.allocated_bytes, alloc.reserved_bytes, e.limit)
-    counts = np.bincount(stream.stage[:done + (oom is not None)].astype(np.int64), minlength=n_stages)
-    total.alloc, total.res = alloc.peak_allocated_bytes, alloc.peak_reserved_bytes
-    total.da, total.df, total.rt = alloc.device_allocs, alloc.device_frees, alloc.alloc_retries
-    return ReplayResult(total.stats("all", int(counts.sum())),
-                        tuple(p.stats(name, int(c)) for p, name, c in zip(peaks, stream.stage_names, counts)),
-                        oom, np.array(tl_a, np.int64), np.array(tl_r, np.int64), config, capacity_bytes)
+    return ReplayResult(overall, stages, oom, allocated, reserved, config, capacity_bytes)
 
 
-class _Stopped(Exception):
-    def __init__(self, done: int, oom: OutOfMemory):
-        self.done, self.oom = done, oom
+@dataclass
+class _Run:
+    done: int                   # events completed
+    oom: OutOfMemory | None
+    took: list[int]             # block bytes per completed malloc, in order
+    changes: list[tuple]        # (event, reserved after it) whenever reserved changed
+    ups: list[tuple]            # (event, reserved, allocated, largest free, inactive split) when reserved rose
+    entries: list[tuple]        # (event, stage, allocated, reserved, largest, split, allocs, frees, retries)
 
 
-def _run(stream: Stream, alloc: CachingAllocator, peaks: list[_Peaks], total: _Peaks,
-         tl_a: list[int], tl_r: list[int], record: bool) -> int:
-    """The hot loop: one malloc or free per event, peaks checked after each malloc and on entering a stage
-    (a free never raises either). Returns the number of events done; raises _Stopped on OOM."""
+def _run(stream: Stream, alloc: CachingAllocator) -> _Run:
+    """The hot loop: one malloc or free per event; reserved is read after each malloc (a free never changes
+    it), the cache's state is noted on entering a stage and whenever reserved rises."""
     malloc, free = alloc.malloc, alloc.free
-    app_a, app_r = tl_a.append, tl_r.append
-    cs, st, base = -1, None, (0, 0, 0)
-    i = 0
+    took: list[int] = []
+    changes: list[tuple] = []
+    ups: list[tuple] = []
+    entries: list[tuple] = []
+    app = took.append
+    cs, last_r, i, oom = -1, 0, 0, None
     try:
         for k, h, b, s in zip(stream.kind.tolist(), stream.handle.tolist(), stream.nbytes.tolist(),
                               stream.stage.tolist()):
             if s != cs:
-                if st is not None:
-                    _count(st, base, alloc)
-                cs, st, base = s, peaks[s], (alloc.device_allocs, alloc.device_frees, alloc.alloc_retries)
-                _at_entry(st, alloc)
+                cs = s
+                entries.append((i, s, alloc.allocated_bytes, last_r, alloc.largest_free_bytes(),
+                                alloc.inactive_split_bytes(), alloc.device_allocs, alloc.device_frees,
+                                alloc.alloc_retries))
             if k:
                 free(h)
             else:
-                malloc(h, b)
-                a = alloc.allocated_bytes
-                if a > st.alloc:
-                    st.alloc = a
+                app(malloc(h, b))
                 r = alloc.reserved_bytes
-                if r > st.res:
-                    st.res = r
-                    st.at_peak = at = (a, alloc.largest_free_bytes(), alloc.inactive_split_bytes())
-                    if r > total.res:
-                        total.res = r
-                        total.at_peak = at
-            if record:
-                app_a(alloc.allocated_bytes)
-                app_r(alloc.reserved_bytes)
+                if r != last_r:
+                    changes.append((i, r))
+                    if r > last_r:
+                        ups.append((i, r, alloc.allocated_bytes, alloc.largest_free_bytes(),
+                                    alloc.inactive_split_bytes()))
+                    last_r = r
             i += 1
     except OutOfMemory as e:
-        raise _Stopped(i, e) from None
-    finally:
-        if st is not None:
-            _count(st, base, alloc)
-    return i
+        oom = e
+    return _Run(i, oom, took, changes, ups, entries)
 
 
-def _count(p: _Peaks, base: tuple[int, int, int], alloc: CachingAllocator) -> None:
-    p.da += alloc.device_allocs - base[0]
-    p.df += alloc.device_frees - base[1]
-    p.rt += alloc.alloc_retries - base[2]
+def _allocated_timeline(kind: np.ndarray, handle: np.ndarray, took: np.ndarray) -> np.ndarray:
+    """Allocated bytes after each event: + the block a malloc took, - that block at its free (matched by
+    handle: sorted by handle then position, a free follows its alloc)."""
+    n = len(kind)
+    delta = np.zeros(n, np.int64)
+    delta[kind == 0] = took
+    order = np.lexsort((np.arange(n), handle))
+    d = delta[order]
+    frees = np.flatnonzero(kind[order] == 1)
+    d[frees] = -d[frees - 1]
+    delta[order] = d
+    return np.cumsum(delta)
 
 
-def _at_entry(p: _Peaks, alloc: CachingAllocator) -> None:
-    a, r = alloc.allocated_bytes, alloc.reserved_bytes
-    if a > p.alloc:
-        p.alloc = a
-    if r > p.res:
-        p.res = r
-        p.at_peak = (a, alloc.largest_free_bytes(), alloc.inactive_split_bytes())
+def _stage_stats(stream: Stream, run: _Run, alloc: CachingAllocator, stage: np.ndarray,
+                 allocated: np.ndarray, reserved: np.ndarray) -> tuple[StageStats, ...]:
+    """Per stage: peaks over its events and its entry values; the cache at the first moment (an entry or a
+    reserved increase within it) its reserved peak was reached; segment calls summed over its runs."""
+    n_st = len(stream.stage_names)
+    peak_a, peak_r = np.zeros(n_st, np.int64), np.zeros(n_st, np.int64)
+    np.maximum.at(peak_a, stage, allocated)
+    np.maximum.at(peak_r, stage, reserved)
+    counters = np.zeros((n_st, 3), np.int64)
+    final = (alloc.device_allocs, alloc.device_frees, alloc.alloc_retries)
+    for j, e in enumerate(run.entries):
+        s = e[1]
+        peak_a[s] = max(peak_a[s], e[2])
+        peak_r[s] = max(peak_r[s], e[3])
+        nxt = run.entries[j + 1][6:9] if j + 1 < len(run.entries) else final
+        counters[s] += np.subtract(nxt, e[6:9])
+    moments = [(e[0], 0, e[1], e[3], e[2], e[4], e[5]) for e in run.entries]
+    moments += [(u[0], 1, int(stage[u[0]]), u[1], u[2], u[3], u[4]) for u in run.ups]
+    at_peak: dict[int, tuple] = {}
+    for _, _, s, r, a, largest, split in sorted(moments):
+        if s not in at_peak and r == peak_r[s]:
+            at_peak[s] = (a, largest, split)
+    counts = np.bincount(stage, minlength=n_st)
+    out = []
+    for s, name in enumerate(stream.stage_names):
+        a, largest, split = at_peak.get(s, (0, 0, 0))
+        r = int(peak_r[s])
+        out.append(StageStats(name, int(counts[s]), int(peak_a[s]), r, a, largest, r - a, split,
+                              *(int(c) for c in counters[s])))
+    return tuple(out)
+
+
+def _overall(run: _Run, alloc: CachingAllocator, peak_a: int, peak_r: int, n: int) -> StageStats:
+    a, largest, split = next(((u[2], u[3], u[4]) for u in run.ups if u[1] == peak_r), (0, 0, 0))
+    return StageStats("all", n, peak_a, peak_r, a, largest, peak_r - a, split, alloc.device_allocs,
+                      alloc.device_frees, alloc.alloc_retries)
 
 
 def segments_at(stream: Stream, event: int, config: AllocatorConfig = AllocatorConfig(),
@@ -226,12 +247,12 @@ def oom_capacity(stream: Stream, config: AllocatorConfig = AllocatorConfig(),
     if len(stream) == 0:
         return 0
     fraction = memory_fraction if memory_fraction is not None else config.per_process_memory_fraction
-    base = replay(stream, replace(config, per_process_memory_fraction=1.0), record=False)   # unlimited
+    base = replay(stream, replace(config, per_process_memory_fraction=1.0))   # unlimited
     if base.overall.peak_allocated_bytes == 0:
         return 0
 
     def fits(units: int) -> bool:
-        return replay(stream, config, units * granularity, memory_fraction, record=False).fits
+        return replay(stream, config, units * granularity, memory_fraction).fits
 
     lo = -(-base.overall.peak_allocated_bytes // granularity) - 1      # below peak allocated: cannot fit
     share = fraction if 0.0 < fraction < 1.0 else 1.0
