@@ -11,7 +11,7 @@ import pandas as pd
 import streamlit as st
 
 from bench import app_data
-from bench.hub import OfflineError, fetch_config, validate_model_id
+from bench.hub import OfflineError, fetch_config, validate_model_id, validate_revision
 from estimator import search
 from estimator.calibration_file import entry_for
 from estimator.estimate import COMPONENTS, Options, estimate
@@ -35,7 +35,10 @@ def fields() -> dict[str, ui.Field]:
                                   "whose config.json is fetched from the Hugging Face hub (needs network).")
     out["model"] = ui.model_field()
     out["hf"] = ui.Field("hf", "text", "", label="Hugging Face model id",
-                         help="e.g. Qwen/Qwen2.5-0.5B. Only config.json is downloaded: no weights, no code.")
+                         help="e.g. Qwen/Qwen2.5-0.5B. Only config.json is downloaded: no weights, no code. "
+                              "Gated models (meta-llama/*) need HF_TOKEN set where the app runs.")
+    out["rev"] = ui.Field("rev", "text", "", label="Revision",
+                          help="Branch, tag or commit of the hub model (empty: main).")
     out["calibrated"] = ui.Field("calibrated", "bool", False, label="Use calibrated k",
                                  help="Activations as k * b*s*h*L*bytes with k fitted on stored runs of this "
                                       "model family (Calibrate page), instead of the detailed per-tensor model.")
@@ -44,20 +47,21 @@ def fields() -> dict[str, ui.Field]:
 
 # ---------------------------------------------------------------- the model
 
-def _hub_config(model_id: str) -> dict:
-    """config.json of a hub model, fetched once per session per id; a failure is remembered too (so a dead
-    network costs one timeout, not one per rerun) until the user presses Retry."""
+def _hub_config(model_id: str, revision: str) -> dict:
+    """config.json of a hub model at a revision, fetched once per session; a failure is remembered too (so a dead
+    network costs one round of huggingface_hub's retries, not one per rerun) until the user presses Retry."""
     fetched = st.session_state.setdefault("_hub_configs", {})
-    if model_id not in fetched:
-        with st.spinner(f"Fetching {model_id}/config.json from the Hugging Face hub"):
+    key = (model_id, revision)
+    if key not in fetched:
+        with st.spinner(f"Fetching {model_id}/config.json ({revision}) from the Hugging Face hub"):
             try:
-                fetched[model_id] = fetch_config(model_id)
+                fetched[key] = fetch_config(model_id, revision)
             except (OfflineError, ValueError) as e:
-                fetched[model_id] = e
-    result = fetched[model_id]
+                fetched[key] = e
+    result = fetched[key]
     if isinstance(result, Exception):
         if st.sidebar.button("Retry the download", key=f"{PAGE}:hub_retry"):
-            del fetched[model_id]
+            del fetched[key]
             st.rerun()
         raise result
     return result
@@ -95,13 +99,15 @@ def choose_model(f: dict[str, ui.Field], shown: set[str]) -> tuple[str, dict, st
             return None
         return _parsed(text, "pasted config")
     model_id = ui.widget(PAGE, f["hf"], st.sidebar).strip()
-    shown.add("hf")
+    revision = ui.widget(PAGE, f["rev"], st.sidebar)
+    shown.update(("hf", "rev"))
     if not model_id:
         st.info("Type a Hugging Face model id in the sidebar (e.g. Qwen/Qwen2.5-0.5B).")
         return None
     try:
-        model_id = validate_model_id(model_id)
-        return model_id, _hub_config(model_id), None
+        model_id, revision = validate_model_id(model_id), validate_revision(revision)
+        name = model_id if revision == "main" else f"{model_id}@{revision}"
+        return name, _hub_config(model_id, revision), None
     except (OfflineError, ValueError) as e:  # both messages say what to do instead
         st.error(str(e))
     return None

@@ -86,6 +86,7 @@ def env(monkeypatch, tmp_path, built_db) -> Path:
     monkeypatch.setenv("WILLITFIT_DB", str(path))
     monkeypatch.setenv("WILLITFIT_CALIBRATION", str(tmp_path / "calibration.json"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty hub cache: nothing is served from the user's
     return path
 
 
@@ -216,6 +217,9 @@ def test_fit_hub_offline_says_what_to_do(env):
     assert any("Could not reach the Hugging Face hub" in e.value and "upload it" in e.value for e in at.error)
     at.text_input(key="fit:hf").set_value("not a valid id!").run()
     assert any("not a Hugging Face model id" in e.value for e in at.error)
+    at.text_input(key="fit:hf").set_value("Qwen/Qwen2.5-0.5B").run()
+    at.text_input(key="fit:rev").set_value("../main").run()
+    assert any(e.value.startswith("revision:") for e in at.error)
     assert not at.exception
 
 
