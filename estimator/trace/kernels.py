@@ -67,7 +67,7 @@ def emulate(kind: str = "cuda"):
     try:
         with warnings.catch_warnings():
             # "Overriding a previously registered kernel": the AutocastCPU lists are replaced on purpose.
-            warnings.filterwarnings("ignore", message=".*Overriding a previously registered kernel.*")
+            warnings.filterwarnings("ignore", message="Warning only once for all operators")
             lib.impl("scaled_dot_product_attention", kernels_sdpa.scaled_dot_product_attention, "AutogradCPU")
             lib.impl("dropout", _dropout, "AutogradCPU")
             kernels_autocast.register(lib)
