@@ -31,6 +31,8 @@ import warnings
 import torch
 
 KINDS = ("cuda", "cpu")
+# The overrides of "cuda", by name (emulate's `skip` leaves some out to measure what each one changes).
+OVERRIDES = ("sdpa", "dropout", "autocast", "layer_norm", "packed_sequences")
 _ACTIVE: list[str] = []   # kinds entered, innermost last (emulate is re-entrant)
 
 
@@ -51,9 +53,14 @@ def note(kind: str) -> str:
 
 
 @contextlib.contextmanager
-def emulate(kind: str = "cuda"):
-    """Run the enclosed code with `kind`'s kernels (see the module docstring). Re-entrant."""
+def emulate(kind: str = "cuda", *, skip: tuple[str, ...] = ()):
+    """Run the enclosed code with `kind`'s kernels (see the module docstring). Re-entrant (an inner emulate of
+    the kind already active changes nothing). `skip` leaves out some of the cuda overrides (OVERRIDES), only to
+    measure what each one changes (scripts/kernel_diffs.py)."""
     check_kind(kind)
+    bad = [s for s in skip if s not in OVERRIDES]
+    if bad:
+        raise ValueError(f"skip: {bad[0]!r} is not an override; choose from {', '.join(OVERRIDES)}")
     if kind == "cpu" or (_ACTIVE and _ACTIVE[-1] == kind):
         _ACTIVE.append(kind)
         try:
@@ -68,11 +75,18 @@ def emulate(kind: str = "cuda"):
         with warnings.catch_warnings():
             # "Overriding a previously registered kernel": the AutocastCPU lists are replaced on purpose.
             warnings.filterwarnings("ignore", message="Warning only once for all operators")
-            lib.impl("scaled_dot_product_attention", kernels_sdpa.scaled_dot_product_attention, "AutogradCPU")
-            lib.impl("dropout", _dropout, "AutogradCPU")
-            kernels_autocast.register(lib)
+            if "sdpa" not in skip:
+                lib.impl("scaled_dot_product_attention", kernels_sdpa.scaled_dot_product_attention, "AutogradCPU")
+            if "dropout" not in skip:
+                lib.impl("dropout", _dropout, "AutogradCPU")
+            if "autocast" not in skip:
+                kernels_autocast.register(lib)
         _ACTIVE.append(kind)
-        with _layer_norm_stats(), _unpacked_sequences():
+        with contextlib.ExitStack() as stack:
+            if "layer_norm" not in skip:
+                stack.enter_context(_layer_norm_stats())
+            if "packed_sequences" not in skip:
+                stack.enter_context(_unpacked_sequences())
             yield
     finally:
         if _ACTIVE and _ACTIVE[-1] == kind:
