@@ -109,6 +109,25 @@ def tracer_peak(config: dict, name: str, batch: int, seq: int, loop: str, kernel
     return run_traced(config, w, kernels=kernels, name=name).log.peak.peak_bytes
 
 
+def window_peaks(config: dict, name: str, batch: int, seq: int, loop: str, kernels: str) -> list[tuple[str, int]]:
+    """(stage, peak) of every stage window of the tracer's run, in order (load, then each step's forward,
+    backward, optimizer): where in which step the peak is."""
+    from estimator.spec import Parallel, Workload
+    from estimator.trace import kernels as kernels_mod
+    from estimator.trace import session
+
+    attention = "eager" if config["model_type"] == "gemma2" else "sdpa"
+    w = Workload(batch=batch, seq=seq, loop=loop, attention=attention)
+    with kernels_mod.emulate(kernels), session._prepared(config, w, Parallel(), kernels=kernels) as case:
+        counter = session._run(case, 2)
+    live = counter.timeline().live().sum(axis=0)
+    out, prev = [], 0
+    for tick, stage in counter.marks:
+        out.append((stage, int(live[prev:tick + 1].max())))
+        prev = tick + 1
+    return out
+
+
 def presets(names: list[str] | None, include_all: bool) -> list[tuple[str, dict, int, int]]:
     """(name, config, parameters, max positions) of the presets to run, smallest first."""
     from estimator.model import from_hf_config
@@ -153,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
                    "preset's learned positions)")
     p.add_argument("--loop", default=",".join(LOOPS), help="loss-only, keep-output or both (default both)")
     p.add_argument("--no-doc", action="store_true", help="print only; do not write docs/activations.md")
+    p.add_argument("--windows", action="store_true", help="also print the tracer's peak in every stage window "
+                   "(load, each step's forward, backward, optimizer) for both kernels")
     args = p.parse_args(argv)
     warnings.filterwarnings("ignore")
     loops = [x.strip() for x in args.loop.split(",") if x.strip()]
@@ -169,6 +190,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:20s} {loop:11s} seq {seq:5d}  MemTracker {r['memtracker']:>16,}  tracer cpu "
                   f"{r['tracer_cpu']:>16,}  {'equal' if r['equal'] else 'DIFFERENT'}  tracer cuda "
                   f"{r['tracer_cuda']:>16,}  ({r['seconds']:.0f} s)", flush=True)
+            if args.windows:
+                for kind in ("cpu", "cuda"):
+                    wins = window_peaks(config, name, args.batch, seq, loop, kind)
+                    print(f"  {kind:4s} windows: " + ", ".join(f"{st} {b:,}" for st, b in wins), flush=True)
     text = table(rows, args.batch)
     print(text)
     if not args.no_doc:

@@ -94,11 +94,6 @@ def emulate(kind: str = "cuda", *, skip: tuple[str, ...] = ()):
         lib._destroy()
 
 
-def active() -> str | None:
-    """The kind of the innermost emulate() running now, or None outside any."""
-    return _ACTIVE[-1] if _ACTIVE else None
-
-
 def _dropout(input: torch.Tensor, p: float, train: bool) -> torch.Tensor:
     """aten::dropout as CUDA runs it: the fused native_dropout, which keeps a bool (1-byte) mask for backward.
 

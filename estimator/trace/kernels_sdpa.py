@@ -9,8 +9,8 @@ refuses dropout and unequal head sizes, so those run the math composite.
 
 Sources (pytorch/pytorch):
 - aten/src/ATen/native/transformers/attention.cpp `scaled_dot_product_attention` (the enable_gqa version, 2.5 on;
-  the wheel ships no .cpp, so no exact 2.13 line numbers): the CUDA flash branch pads head dims to a multiple of 8 (`pad_last_dim<8, false>`) with
-  the scale of the original size and slices the output back (`post_process_flash_output`); the efficient branch
+  the wheel ships no .cpp, so no exact 2.13 line numbers): the CUDA flash branch pads head dims to a multiple of
+  8 (`pad_last_dim<8, false>`) with the scale of the original size and slices the output back (`post_process_flash_output`); the efficient branch
   computes logsumexp only when an input requires grad (`should_compute_logsumexp`) and expands/pads/copies the mask
   (`preprocess_mask`, alignment 16); every branch but cuDNN turns a bool mask into an additive one
   (`convert_boolean_attn_mask`); math is `_scaled_dot_product_attention_math(..., enable_gqa)`.

@@ -117,7 +117,8 @@ def _prepared(config: dict, workload: Workload, parallel: Parallel, layers: list
         with _fsdp_model(config, workload, parallel, layers) as model, _fake_mode():
             model.to_empty(device="cpu")  # FSDP2's documented meta-device init; shards become fake
             inputs = runner.make_inputs(config, workload, "cpu", clone_labels=clone)
-            case = _Case(model, runner.make_optimizer(model, workload), inputs, workload, per_rank={"world_size": parallel.gpus, "traced_rank": 0})
+            case = _Case(model, runner.make_optimizer(model, workload), inputs, workload,
+                         per_rank={"world_size": parallel.gpus, "traced_rank": 0})
             case.notes.append(f"fsdp2 rank 0 of {parallel.gpus} traced with a fake process group "
                               "(collectives do nothing)")
             yield case
