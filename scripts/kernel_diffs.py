@@ -49,8 +49,9 @@ CASES = (
      "mask, made additive per layer and saved by SDPA, and K/V repeated to every query head",
      "no mask: is_causal SDPA with enable_gqa (K/V kv-head wide)", "transformers masking_utils (not a kernel)"),
     ("packed_sequences", "mistral-7b", {}, "as Llama", "as Llama", "as Llama"),
-    ("packed_sequences", "falcon-7b", {}, "the mask, kept by the math SDPA (multi-query)", "is_causal math SDPA",
-     "as Llama"),
+    ("packed_sequences", "falcon-7b", {}, "nothing more: Falcon always builds its (b, 1, s, s) causal mask "
+     "(`create_causal_mask(..., allow_is_causal_skip=False)`, no position_ids, so no packed check)",
+     "the same mask, kept by the math SDPA (multi-query)", "transformers models/falcon/modeling_falcon.py"),
 )
 
 
