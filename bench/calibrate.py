@@ -162,12 +162,13 @@ def activation_x(model: Model, workload: Workload, parallel: Parallel, pipeline_
 
 
 def cpu_math_sdpa(source: str, model: Model, workload: Workload, notes: str | None = None) -> bool:
-    """A traced training run with SDPA and attention dropout, traced before the tracer turned attention dropout
-    off (estimator.trace.session.NOTE_ATTN_DROPOUT_OFF): on CPU, SDPA with dropout_p > 0 runs the math kernel, which
-    materialises and saves the (b, heads, s, s) probabilities and the dropout mask; a GPU's flash /
-    memory-efficient kernel saves neither, and the estimator follows the GPU (sdpa: q, k, v, out, lse).
-    Such traced peaks are CPU-specific, so calibration leaves them out and the accuracy report flags them."""
-    if notes and "attention-probability dropout traced off" in notes:
+    """A traced training run with SDPA and attention dropout, traced before the tracer followed CUDA's kernels
+    (rows noted "attention-probability dropout traced off", then "kernels cuda", estimator.trace.kernels.note): on
+    CPU, SDPA with dropout_p > 0 runs the math kernel, which materialises and saves the (b, heads, s, s)
+    probabilities and the dropout mask; a GPU's flash / memory-efficient kernel saves neither, and the estimator
+    follows the GPU (sdpa: q, k, v, out, lse). Such traced peaks are CPU-specific, so calibration leaves them out
+    and the accuracy report flags them."""
+    if notes and ("attention-probability dropout traced off" in notes or "kernels cuda" in notes):
         return False
     return source == "traced" and workload.mode == "train" and workload.attention == "sdpa" and model.inventory.extra.get("attention_dropout", 0.0) > 0
 
@@ -178,7 +179,8 @@ def collect_points(db_path=None, family: str | None = None, sources=("measured",
     """Calibration points (columns POINT_COLUMNS) of the stored training runs without OOM.
 
     Rows that cannot be used are counted, not raised: `df.attrs["skipped"]` maps a reason
-    ('config', 'workload', 'no activation stage', 'cpu-math-sdpa': a CPU-only kernel artefact) to a count.
+    ('config', 'workload', 'no activation stage', 'cpu-math-sdpa': a CPU-only kernel artefact, 'cpu-kernels': traced
+    with `--kernels cpu`) to a count.
     """
     bad = [s for s in sources if s not in SOURCES]
     if bad or not sources:
@@ -204,8 +206,10 @@ def collect_points(db_path=None, family: str | None = None, sources=("measured",
 
 def point_from_row(row: dict, model: Model | None = None, derive: bool = True) -> tuple[dict | None, str]:
     """(the point, with every POINT_COLUMNS column, "") of one run row, or (None, why it is skipped:
-    'config', 'workload', 'no profile' (derive=False and none on disk), 'cpu-math-sdpa' or 'no activation
-    stage'). Pass `model` to reuse one built from the same config."""
+    'config', 'workload', 'no profile' (derive=False and none on disk), 'cpu-math-sdpa', 'cpu-kernels' or 'no
+    activation stage'). Pass `model` to reuse one built from the same config."""
+    if row.get("kernels") == "cpu":  # the CPU's own kernels (bench trace --kernels cpu): not what a GPU keeps
+        return None, "cpu-kernels"
     try:
         model = model or model_from_row(row)
     except ValueError:

@@ -54,6 +54,10 @@ def _register_trace(subparsers) -> None:
                    help="seconds before a case is abandoned and counted as failed (default 0: no limit)")
     p.add_argument("--check", action="store_true", help="also run torch's MemTracker (single GPU, full "
                    "fine-tuning) or FSDPMemTracker (FSDP) on the same run and require the same peak")
+    p.add_argument("--kernels", choices=("cuda", "cpu"), default="cuda",
+                   help="cuda (default): trace what a CUDA GPU keeps (its SDPA backend and aten ops, 1-byte dropout "
+                        "masks, its autocast lists, fp32 LayerNorm statistics); cpu: the CPU's own kernels, exactly "
+                        "as a plain training loop on fake CPU tensors runs the model (scripts/plain_loop.py)")
     p.set_defaults(func=run_trace)
 
 
@@ -89,7 +93,7 @@ def run_trace(args: argparse.Namespace) -> int:
     if skipped:
         print(grid.summarize_skipped(skipped), file=sys.stderr)
     done = _done_run_ids(args.out, args.db)
-    todo = [c for c in runnable if trace.case_run_id(c.config, c.workload, c.parallel) not in done]
+    todo = [c for c in runnable if trace.case_run_id(c.config, c.workload, c.parallel, args.kernels) not in done]
     if len(todo) < len(runnable):
         print(f"resuming: {len(runnable) - len(todo)} case(s) already traced, skipped", file=sys.stderr)
     if not runnable:
@@ -119,7 +123,7 @@ def _trace_all(cases: list, args: argparse.Namespace, single: bool) -> Counter:
             try:
                 with _time_limit(args.timeout_per_case):
                     row = trace.trace_case(case.config, case.model_name, case.workload, case.parallel,
-                                           steps=args.steps, check=args.check)
+                                           steps=args.steps, check=args.check, kernels=args.kernels)
             except Exception as e:  # noqa: BLE001 - one failing case is reported, the sweep goes on
                 failures[type(e).__name__] += 1
                 tqdm.write(f"failed: {grid.describe(case)}: {str(e).splitlines()[0] if str(e) else type(e).__name__}",

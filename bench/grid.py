@@ -30,6 +30,7 @@ AXES = (
     ("checkpointing", "workload", str, spec.CHECKPOINTING),
     ("attention", "workload", str, spec.ATTENTION),
     ("kv_dtype", "workload", str, spec.KV_DTYPES),
+    ("loop", "workload", str, spec.LOOPS),
     ("lora_rank", "workload", int, None),
     ("grad_accum", "workload", int, None),
     ("gen_tokens", "workload", int, None),

@@ -20,10 +20,10 @@ NOTES = ("traced on fake CPU tensors: exact bytes of every tensor storage the op
 
 
 def trace_case(config: dict, name: str, workload: Workload, parallel: Parallel = Parallel(), *,
-               steps: int = 2, check: bool = False) -> dict:
+               steps: int = 2, check: bool = False, kernels: str = "cuda") -> dict:
     """Trace one case and return its run row (every column of bench.rows.COLUMNS); see `run_traced`."""
-    trace = run_traced(config, workload, parallel, steps=steps, check=check, name=name)
-    return build_row(config, name, workload, parallel, trace)
+    trace = run_traced(config, workload, parallel, steps=steps, check=check, name=name, kernels=kernels)
+    return build_row(config, name, workload, parallel, trace, kernels)
 
 
 @functools.lru_cache(maxsize=1)
@@ -32,24 +32,27 @@ def _software() -> dict:
     return {**env.software_fields(), "cuda_version": None, "driver_version": None}
 
 
-def _identity_row(config: dict, workload: Workload, parallel: Parallel) -> dict:
-    """Every column None except those that say what was traced where (enough for compute_run_id)."""
+def _identity_row(config: dict, workload: Workload, parallel: Parallel, kernels: str = "cuda") -> dict:
+    """Every column None except those that say what was traced where (enough for compute_run_id); `kernels`
+    joins the run_id when it is not the default "cuda" (bench.rows.LATER_IDENTITY_DEFAULTS)."""
     row = dict.fromkeys(COLUMN_NAMES)
     row.update(_software())
     row.update(spec_dict(workload))
     row.update(source="traced", gpu_name=FAKE_GPU_NAME, gpu_total_bytes=None, gpu_count=parallel.gpus,
-               config_hash=config_hash(config), strategy=parallel.strategy, world_size=parallel.gpus)
+               config_hash=config_hash(config), strategy=parallel.strategy, world_size=parallel.gpus,
+               kernels=kernels)
     return row
 
 
-def case_run_id(config: dict, workload: Workload, parallel: Parallel) -> str:
+def case_run_id(config: dict, workload: Workload, parallel: Parallel, kernels: str = "cuda") -> str:
     """The run_id `trace_case` gives this case on this machine, computed without tracing (for resuming)."""
-    return compute_run_id(_identity_row(config, workload, parallel))
+    return compute_run_id(_identity_row(config, workload, parallel, kernels))
 
 
-def build_row(config: dict, name: str, workload: Workload, parallel: Parallel, trace: Trace) -> dict:
+def build_row(config: dict, name: str, workload: Workload, parallel: Parallel, trace: Trace,
+              kernels: str = "cuda") -> dict:
     """A run row with every column; traced rows have no reserved bytes, no GPU and no step time."""
-    row = _identity_row(config, workload, parallel)
+    row = _identity_row(config, workload, parallel, kernels)
     log = trace.log
     row.update(
         created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), model_name=name,

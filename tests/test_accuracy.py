@@ -134,12 +134,12 @@ def test_known_cause_flags_sdpa_dropout_traces(traced_db):
     ev = accuracy.evaluate(accuracy.load_runs(traced_db))
     ours = ev.errors[ev.errors.method == "ours"]
     flagged = set(ours[ours.cause == "cpu-math-sdpa"].model_name)
-    # GPT-2's default attn_pdrop is 0.1, but the tracer now turns attention-probability dropout off (as a GPU
-    # kernel applies it in-kernel) and says so in the notes: such rows are not CPU artefacts any more
+    # GPT-2's default attn_pdrop is 0.1, but the tracer now runs CUDA's SDPA kernels (flash applies the dropout
+    # in-kernel, estimator.trace.kernels) and says so in the notes: such rows are not CPU artefacts any more
     assert flagged == set()
     runs = accuracy.load_runs(traced_db)
     gpt2 = runs[runs.model_name == "t-gpt2"]
-    assert len(gpt2) and gpt2.notes.str.contains("attention-probability dropout traced off").all()
+    assert len(gpt2) and gpt2.notes.str.contains("kernels cuda").all()
     # a row traced before that (no note) is still recognised as the math-kernel artefact
     from bench import calibrate
     from estimator.model import from_hf_config as build

@@ -149,16 +149,18 @@ class Ticks:
     values: np.ndarray               # (len(keys), len(CATEGORIES)) int64
 
 
-def trace_ticks(config: dict, workload: Workload, parallel: Parallel, layers: list[int] | None) -> Ticks:
-    """Trace one reduced model at one size and keep the ticks that can be a peak."""
+def trace_ticks(config: dict, workload: Workload, parallel: Parallel, layers: list[int] | None,
+                kernels: str = "cuda") -> Ticks:
+    """Trace one reduced model (or the whole one: layers None) at one size and keep the ticks that can be a peak
+    (with the same kernels as session.run_traced, so a profile and a traced row agree)."""
+    from estimator.trace import kernels as kernels_mod
     from estimator.trace import session
 
     steps = 2 if workload.mode == "train" else 1
-    config, _ = session.gpu_attention_config(config, workload)  # the same config run_traced traces
     gc.disable()  # frees happen at refcount zero; a collector pass at a random tick would break the alignment
     try:
-        with session._unpacked_sequences():
-            with session._prepared(config, workload, parallel, layers) as case:
+        with kernels_mod.emulate(kernels):
+            with session._prepared(config, workload, parallel, layers, kernels=kernels) as case:
                 prime = workload.loop == "loss-only" and not workload.optimizer_in_backward
                 counter = session._run(case, steps, observe_layers=layers is not None, prime=prime)
             tl = counter.timeline()
@@ -535,11 +537,13 @@ def _signatures(config: dict, workload: Workload) -> tuple[list[str], object, bo
 
 
 def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parallel(),
-                   progress: Callable[[int, int, str], None] | None = None, config_hash: str = "") -> Profile:
+                   progress: Callable[[int, int, str], None] | None = None, config_hash: str = "",
+                   kernels: str = "cuda") -> Profile:
     """Trace the model at reduced depth and a few sizes, fit, verify and extend: see the module docstring.
 
-    `workload` and `parallel` fix the class; their sizes (batch, seq, gen_tokens, gpus) are ignored. Raises
-    ValueError (one line) when the case cannot be traced or the fit is not exact."""
+    `workload` and `parallel` fix the class; their sizes (batch, seq, gen_tokens, gpus) are ignored; `kernels`
+    as in session.run_traced. Raises ValueError (one line) when the case cannot be traced or the fit is not
+    exact."""
     from estimator.trace import session
 
     start = time.perf_counter()
@@ -572,7 +576,7 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
                                            + (f", {n} GPUs" if n > 1 else ""))
                 par = replace(parallel, gpus=n) if parallel.strategy != "single" else parallel
                 traces[pt] = trace_ticks(config, replace(w0, batch=b, seq=s), par,
-                                         None if keep is None else list(keep))
+                                         None if keep is None else list(keep), kernels)
                 done += 1
             check = traces.pop(vpoint)
             fit = fit_variant(traces, fsdp, one_batch=len(batches) == 1)
@@ -586,7 +590,7 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
     import torch
     import transformers
 
-    prov = {"torch": torch.__version__, "transformers": transformers.__version__, "kernels": "cuda",
+    prov = {"torch": torch.__version__, "transformers": transformers.__version__, "kernels": kernels,
             "python": platform.python_version(), "traces": len(jobs), "fsdp_padding_max_bytes": padding,
             "seconds": round(time.perf_counter() - start, 2),
             "reduced_depths": [list(v) for v in plan.variants if v is not None],

@@ -274,9 +274,10 @@ def make_optimizer(model: torch.nn.Module, workload: Workload):
     return make(params)
 
 
-def make_inputs(config: dict, workload: Workload, device: str, model=None) -> dict:
-    """Token ids of shape (batch, seq), plus labels (the same ids; HF shifts them) for training. The vocabulary is
-    the model's input embedding's (a config may leave vocab_size to its class's default, or nest it in text_config)."""
+def make_inputs(config: dict, workload: Workload, device: str, model=None, clone_labels: bool = True) -> dict:
+    """Token ids of shape (batch, seq), plus labels (the same ids; HF shifts them) for training: a copy, as a
+    data collator makes (clone_labels), or the input_ids tensor itself. The vocabulary is the model's input
+    embedding's (a config may leave vocab_size to its class's default, or nest it in text_config)."""
     inner = getattr(model, "module", model)  # DDP wraps the model
     emb = inner.get_input_embeddings() if inner is not None else None
     vocab = int(emb.num_embeddings if emb is not None else (config.get("vocab_size") or 0))
@@ -284,7 +285,7 @@ def make_inputs(config: dict, workload: Workload, device: str, model=None) -> di
         raise ValueError("config: vocab_size must be a positive integer")
     input_ids = torch.randint(0, vocab, (workload.batch, workload.seq), device=device)  # (B, T)
     if workload.mode == "train":
-        return {"input_ids": input_ids, "labels": input_ids.clone()}
+        return {"input_ids": input_ids, "labels": input_ids.clone() if clone_labels else input_ids}
     return {"input_ids": input_ids}
 
 
@@ -303,24 +304,30 @@ def run_stages(model, optimizer, workload: Workload, inputs: dict, on_stage: Cal
     the max. Training runs `steps` optimizer steps (default 2: Adam creates its states in step 1, so
     step 2 is the steady state). The caller calls on_stage("load") itself after building and inputs.
     `live`, if given, receives the objects the stages create that a counter may want to classify at
-    on_stage (inference: the KV cache under "kv_cache").
+    on_stage (inference: the KV cache under "kv_cache"); with loop "keep-output" it holds the last model output
+    under "output", so a caller that runs the steps over several calls (bench.measure_worker) keeps the previous
+    step's output alive into the next forward, as one Python loop does.
     """
     if steps < 1:
         raise ValueError(f"steps: must be at least 1, got {steps}")
     if workload.mode == "train":
-        _train(model, optimizer, workload, inputs, on_stage, steps)
+        _train(model, optimizer, workload, inputs, on_stage, steps, {} if live is None else live)
     else:
         _infer(model, workload, inputs, on_stage, {} if live is None else live)
 
 
-def _train(model, optimizer, workload, inputs, on_stage, steps) -> None:
+def _train(model, optimizer, workload, inputs, on_stage, steps, live: dict) -> None:
     for _ in range(steps):
         for _ in range(workload.grad_accum):
             with _autocast(workload, model):
-                # Keep only the loss, as a training loop does: the logits die here, not after backward.
                 # use_cache=False: otherwise HF builds a DynamicCache (a copy of every layer's K and V)
-                # that training never reads.
-                loss = model(**inputs, use_cache=False).loss  # HF upcasts the logits to fp32 in the loss
+                # that training never reads. HF upcasts the logits to fp32 in the loss.
+                if workload.loop == "keep-output":
+                    # `out = model(...)`: the previous output (its logits) dies only when this call returns
+                    live["output"] = model(**inputs, use_cache=False)
+                    loss = live["output"].loss
+                else:  # loss-only (HF Trainer, torchtune): the logits die here, not after backward
+                    loss = model(**inputs, use_cache=False).loss
                 if workload.grad_accum > 1:
                     loss = loss / workload.grad_accum
             on_stage("forward")

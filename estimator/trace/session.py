@@ -28,33 +28,12 @@ from dataclasses import dataclass, field
 import torch
 
 from estimator.spec import Parallel, Workload
+from estimator.trace import kernels as kernels_mod
 from estimator.trace import runner
 from estimator.trace.counters import StageLog, StorageCounter, memtracker_peak_bytes
 
 FSDP_STRATEGIES = ("fsdp", "zero3", "fsdp-grad-op")
 TRACED_STRATEGIES = ("single", "ddp", *FSDP_STRATEGIES)
-
-
-# Config keys of the attention-probability dropout (GPT-2, BERT, and the generic one).
-ATTN_DROPOUT_KEYS = ("attn_pdrop", "attention_probs_dropout_prob", "attention_dropout")
-NOTE_ATTN_DROPOUT_OFF = ("attention-probability dropout traced off: on a GPU, flash/memory-efficient SDPA applies it "
-                         "inside the kernel and saves no mask, while CPU SDPA with dropout falls back to the math "
-                         "kernel that saves the s x s probabilities; residual/MLP dropout is kept")
-
-
-def gpu_attention_config(config: dict, workload: Workload) -> tuple[dict, str | None]:
-    """The config to trace so that CPU SDPA saves what a GPU's SDPA saves, and the note that says so.
-
-    Only training with sdpa/flash and a non-zero attention dropout is changed; the row keeps the original
-    config (config_json, config_hash): the model measured on a GPU is the original one."""
-    from estimator.inventory.meta import hf_config
-
-    if workload.mode != "train" or workload.attention == "eager":
-        return config, None
-    cfg = hf_config(config)  # the config class knows each family's default (GPT-2, BERT: 0.1)
-    if max(float(getattr(cfg, k, 0.0) or 0.0) for k in ATTN_DROPOUT_KEYS) <= 0:
-        return config, None
-    return {**config, **{k: 0.0 for k in ATTN_DROPOUT_KEYS}}, NOTE_ATTN_DROPOUT_OFF
 
 
 def check_learned_positions(config: dict, name: str, workload: Workload) -> None:
@@ -96,25 +75,6 @@ def check_traceable(workload: Workload, parallel: Parallel) -> None:
     runner.weight_dtype(workload)  # raises for quantized weight formats
 
 
-@contextlib.contextmanager
-def _unpacked_sequences():
-    """Tell HF the inputs hold one sequence per row, as they do.
-
-    Without an attention mask HF reads position_ids to detect packed sequences
-    (transformers/masking_utils.py, find_packed_sequence_indices); it cannot read fake tensors, so it
-    assumes packing and builds a (batch, 1, seq, seq) mask, which also turns off SDPA's is_causal path and
-    repeats K/V for GQA. A real run of these inputs has neither, so the detection is answered here.
-    """
-    from transformers import masking_utils
-
-    original = masking_utils.find_packed_sequence_indices
-    masking_utils.find_packed_sequence_indices = lambda position_ids: None
-    try:
-        yield
-    finally:
-        masking_utils.find_packed_sequence_indices = original
-
-
 def check_checkable(workload: Workload, parallel: Parallel) -> None:
     """MemTracker hooks every parameter's gradient, so it needs single-GPU full fine-tuning (no frozen
     parameters, no no_grad inference); FSDPMemTracker hooks FSDP itself and takes any FSDP case."""
@@ -146,14 +106,19 @@ class _Case:
 
 
 @contextlib.contextmanager
-def _prepared(config: dict, workload: Workload, parallel: Parallel, layers: list[int] | None = None):
+def _prepared(config: dict, workload: Workload, parallel: Parallel, layers: list[int] | None = None,
+              kernels: str = "cuda"):
     """Yield the built _Case inside fake mode (and, for FSDP, a fake process group torn down after).
-    `layers`: keep only these decoder layers (reduced depth; estimator.trace.depth)."""
+    `layers`: keep only these decoder layers (reduced depth; estimator.trace.depth). `kernels` "cpu" passes the
+    input ids themselves as labels, as the plain loop does (scripts/plain_loop.py); "cuda" a clone, as a data
+    collator does (transformers DataCollatorForLanguageModeling: labels = input_ids.clone())."""
+    clone = kernels == "cuda"
     if parallel.strategy in FSDP_STRATEGIES:
         with _fsdp_model(config, workload, parallel, layers) as model, _fake_mode():
             model.to_empty(device="cpu")  # FSDP2's documented meta-device init; shards become fake
-            case = _Case(model, runner.make_optimizer(model, workload), runner.make_inputs(config, workload, "cpu", model),
-                         workload, per_rank={"world_size": parallel.gpus, "traced_rank": 0})
+            inputs = runner.make_inputs(config, workload, "cpu", model, clone_labels=clone)
+            case = _Case(model, runner.make_optimizer(model, workload), inputs, workload,
+                         per_rank={"world_size": parallel.gpus, "traced_rank": 0})
             case.notes.append(f"fsdp2 rank 0 of {parallel.gpus} traced with a fake process group "
                               "(collectives do nothing)")
             yield case
@@ -162,8 +127,8 @@ def _prepared(config: dict, workload: Workload, parallel: Parallel, layers: list
         # Built on meta, then given fake storage by runner._materialize: building under fake mode directly
         # fails in PEFT, whose adapter .to() swaps fake parameters ("Cannot swap ... weakref").
         model = runner.build_model(config, workload, "cpu", meta_then_empty=True, layers=layers)
-        case = _Case(model, runner.make_optimizer(model, workload), runner.make_inputs(config, workload, "cpu", model),
-                     workload)
+        inputs = runner.make_inputs(config, workload, "cpu", model, clone_labels=clone)
+        case = _Case(model, runner.make_optimizer(model, workload), inputs, workload)
         if parallel.strategy == "ddp":
             case.roles.append((_ddp_buckets(model), "comm_buffers"))
             case.notes.append("ddp: gradient buckets allocated as DDP's Reducer does; DDP itself cannot run "
@@ -274,12 +239,13 @@ def _observe_layers(model, counter: StorageCounter) -> None:
         layer.register_forward_hook(post)
 
 
-def _torch_tracker_peak(config, workload, parallel, steps) -> tuple[int, str, dict]:
-    """(overall peak, tracker name, its categories at the peak) of torch's tracker on its own run."""
+def _torch_tracker_peak(config, workload, parallel, steps, kernels: str = "cuda") -> tuple[int, str, dict]:
+    """(overall peak, tracker name, its categories at the peak) of torch's tracker on its own run (inside the
+    caller's kernels.emulate)."""
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    with _prepared(config, workload, parallel) as case:
+    with _prepared(config, workload, parallel, kernels=kernels) as case:
         inner = getattr(case.optimizer, "inner", case.optimizer)   # mixed: the torch optimizer over fp32 masters
         masters = list(getattr(case.optimizer, "master_params", ()))
         if parallel.strategy in FSDP_STRATEGIES:
@@ -335,31 +301,30 @@ def _decoder_layers(model) -> list[torch.nn.Module]:
     return layers
 
 
-
-
 def run_traced(config: dict, workload: Workload, parallel: Parallel = Parallel(), *, steps: int = 2,
-               check: bool = False, name: str = "model") -> Trace:
+               check: bool = False, name: str = "model", kernels: str = "cuda") -> Trace:
     """Trace one case: per-stage peaks and breakdowns, parameter counts, notes.
 
+    kernels: "cuda" (default) traces what a CUDA GPU keeps (estimator.trace.kernels.emulate); "cpu" the model
+    exactly as a plain training loop on fake CPU tensors runs it.
     check=True traces the case a second time, counted by torch's own tracker alone (MemTracker for
     single-GPU full fine-tuning, FSDPMemTracker for FSDP), and raises if its overall peak is not
     the same to the byte. The two runs are separate because FSDPMemTracker re-registers FSDP's hooks,
     which changes when FSDP frees its buffers; nested, the counters would not be counting the same run.
     """
+    kernels_mod.check_kind(kernels)
     check_traceable(workload, parallel)
     check_learned_positions(config, name, workload)
     if check:
         check_checkable(workload, parallel)
-    traced_config, note = gpu_attention_config(config, workload)
     start = time.perf_counter()
-    with _unpacked_sequences():
-        with _prepared(traced_config, workload, parallel) as case:
+    with kernels_mod.emulate(kernels):
+        with _prepared(config, workload, parallel, kernels=kernels) as case:
             counter = _run(case, steps)
             trace = Trace(counter.log(), *_param_counts(case.model), case.notes, case.per_rank)
-            if note:
-                trace.notes.append(note)
+            trace.notes.append(kernels_mod.note(kernels))
         if check:
-            theirs, name_, categories = _torch_tracker_peak(traced_config, workload, parallel, steps)
+            theirs, name_, categories = _torch_tracker_peak(config, workload, parallel, steps, kernels)
             if theirs != counter.peak_bytes:
                 raise RuntimeError(f"counters disagree: StorageCounter peak {counter.peak_bytes} B, "
                                    f"{name_} {theirs} B")
