@@ -114,12 +114,14 @@ def traced_class(w: Workload, p: Parallel) -> tuple[Workload, Parallel, tuple[st
             notes.append(f"optimizer: {w.optimizer} states and step priced from the inventory")
     if w.kv_dtype != "auto":
         notes.append(f"kv cache: {w.kv_dtype} (traced in the model dtype, scaled)")
-    if w.float8:
-        tw = replace(tw, float8=False)
-        notes.append("float8: not traced here (torchao cannot run on fake CPU tensors); estimated as bf16")
     if w.compile:
+        # estimator.trace.recipes.NOTE_COMPILE says why the tracer refuses it
         tw = replace(tw, compile=False)
-        notes.append("compile: not modelled; estimated as eager")
+        notes.append("compile: not modelled (dynamo refuses to run under the tracer's dispatch mode); "
+                     "estimated as eager")
+    if w.loss == "fused-linear":
+        notes.append("fused-linear: Liger's power-of-two chunks of logits bounded from above in the profile "
+                     "(at most three more chunks; estimator.trace.losses.bounding_chunk_rows)")
     if p.strategy in ("fsdp", "zero3", "hsdp"):
         # FSDP2 fully_shard is ZeRO-3; HSDP is FSDP over its shard group (the replicas hold the same)
         tp = Parallel(strategy="fsdp", gpus=2)

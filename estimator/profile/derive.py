@@ -151,13 +151,14 @@ class Ticks:
 
 def trace_ticks(config: dict, workload: Workload, parallel: Parallel, layers: list[int] | None) -> Ticks:
     """Trace one reduced model at one size and keep the ticks that can be a peak."""
-    from estimator.trace import session
+    from estimator.trace import losses, session
 
     steps = 2 if workload.mode == "train" else 1
     config, _ = session.gpu_attention_config(config, workload)  # the same config run_traced traces
     gc.disable()  # frees happen at refcount zero; a collector pass at a random tick would break the alignment
     try:
-        with session._unpacked_sequences():
+        # Liger's power-of-two chunk rule is not polynomial in the sizes: the profile uses a bounding fixed count
+        with session._unpacked_sequences(), losses.bounding_chunks():
             with session._prepared(config, workload, parallel, layers) as case:
                 prime = workload.loop == "loss-only" and not workload.optimizer_in_backward
                 counter = session._run(case, steps, observe_layers=layers is not None, prime=prime)

@@ -128,8 +128,33 @@ def liger_chunk_rows(bt: int, vocab: int, hidden: int) -> int:
     return 1 << max(0, (rows - 1).bit_length())
 
 
-def fused_linear_forward(chunk_rows=liger_chunk_rows):
+def bounding_chunk_rows(bt: int, vocab: int, hidden: int) -> int:
+    """Rows per chunk for deriving a profile: Liger's power-of-two rounding makes the chunk (and the number of
+    chunks) jump with B*T, which no polynomial fits. A fixed number of chunks k, the largest power of two at most
+    half of Liger's inc_factor, keeps the step's shape and gives chunks of B*T/k rows: at least Liger's
+    next_power_of_2(cdiv(B*T, inc_factor)) less one row, at most four times it. The profile is conservative by at
+    most three of Liger's chunks of logits (docs/recipes.md)."""
+    inc_factor = -(-vocab // hidden)
+    k = 1 << max(0, (max(1, inc_factor // 2)).bit_length() - 1)
+    return -(-bt // k)
+
+
+_CHUNK_RULE = [liger_chunk_rows]
+
+
+@contextlib.contextmanager
+def bounding_chunks():
+    """Inside the block, fused-linear chunks follow `bounding_chunk_rows` (estimator.profile.derive uses it)."""
+    _CHUNK_RULE.append(bounding_chunk_rows)
+    try:
+        yield
+    finally:
+        _CHUNK_RULE.pop()
+
+
+def fused_linear_forward(chunk_rows=None):
     """Liger's lce_forward + LigerForCausalLMLoss as the causal LM's forward (reduction 'mean', no logits)."""
+    chunk_rows = chunk_rows or _CHUNK_RULE[-1]
 
     def forward(lm, input_ids, labels):
         head, _ = head_and_body(lm)
