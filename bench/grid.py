@@ -56,7 +56,8 @@ HELP = {
     "activation_offload": "torchtune enable_activation_offloading: saved activations of 1024 bytes or more go to "
                           "CPU in forward and come back in backward",
     "float8": "torchao float8 training of the decoder Linears (tensorwise dynamic scaling; needs torchao)",
-    "compile": "torch.compile'd model (not traced: refused with the reason)",
+    "compile": "torch.compile'd model: AOTAutograd's min-cut partitioner decides what forward saves (no inductor "
+               "fusion; one GPU, full loss, no other knob)",
 }
 BOOLS = {"true": True, "false": False}
 MAX_CASES = 100_000  # a typo like --seq 1,2,...  should not start a week-long sweep

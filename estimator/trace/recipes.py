@@ -7,7 +7,8 @@
   applied to a built model before any sharding
 - ``optimizer(params, make, workload)``: torchtune's optimizer-in-backward, or None for the usual optimizer
 - ``forward(model, workload, inputs)``: one training forward with the workload's loss (estimator.trace.losses) under
-  torchtune's activation offloading (estimator.trace.offload); returns an object with ``.loss``
+  torchtune's activation offloading (estimator.trace.offload), or AOTAutograd-compiled (estimator.trace.compiled);
+  returns an object with ``.loss``
 
 The FSDP2 mixed-precision policy of recipe 'fsdp-mp' is ``mp_policy`` (used by session._fsdp_model).
 """
@@ -20,17 +21,18 @@ import torch
 from estimator.spec import Parallel, Workload
 
 FSDP_STRATEGIES = ("fsdp", "zero3", "fsdp-grad-op")
-NOTE_COMPILE = ("compile is not modelled: AOTAutograd's partitioner runs on fake tensors, but dynamo cannot trace "
-                "the model under the tracer's FakeTensorMode and TorchDispatchMode counter")
 
 
 def check(w: Workload, p: Parallel) -> None:
     """Raise ValueError (one line naming the field) for a knob combination that cannot be traced as the source runs."""
+    from estimator.estimate import compile_untraced
+
     if w.recipe == "fsdp-mp" and p.strategy not in FSDP_STRATEGIES:
         raise ValueError(f"recipe: fsdp-mp is FSDP2's MixedPrecisionPolicy; it needs strategy fsdp, zero3 or "
                          f"fsdp-grad-op, not {p.strategy!r}")
-    if w.compile:
-        raise ValueError(NOTE_COMPILE)
+    why = compile_untraced(w, p)
+    if why:
+        raise ValueError(why)
     if w.mode != "train":
         return
     if w.optimizer_in_backward and w.recipe == "mixed":
@@ -245,6 +247,10 @@ def forward(model: torch.nn.Module, w: Workload, inputs: dict):
         offload = offloading(model, losses.head_and_body(losses.causal_lm(model))[1])
     else:
         offload = contextlib.nullcontext()
+    if w.compile:
+        from estimator.trace import compiled
+
+        return losses.LossOutput(compiled.forward(model, inputs))
     with patch, offload:
         # use_cache=False: otherwise HF builds a DynamicCache that training never reads
         return model(**inputs, use_cache=False)
