@@ -52,8 +52,9 @@ class CompiledStep:
         from functorch.compile import aot_function, min_cut_rematerialization_partition
 
         self.model = model
-        self.names = [n for n, _ in model.named_parameters(remove_duplicate=False)]
-        self.bnames = [n for n, _ in model.named_buffers(remove_duplicate=False)]
+        # one name per tensor: functional_call re-ties tied weights (tie_weights=True) from the name given
+        self.names = [n for n, _ in model.named_parameters()]
+        self.bnames = [n for n, _ in model.named_buffers()]
         self.fn = aot_function(self._call, fw_compiler=_boxed_interpreter, bw_compiler=_boxed_interpreter,
                                partition_fn=min_cut_rematerialization_partition)
         self.shapes = None
@@ -65,14 +66,19 @@ class CompiledStep:
         return functional_call(self.model, state, args=(), kwargs={**inputs, "use_cache": False}).loss
 
     def __call__(self, inputs: dict) -> torch.Tensor:
-        params = [p for _, p in self.model.named_parameters(remove_duplicate=False)]
-        buffers = [b for _, b in self.model.named_buffers(remove_duplicate=False)]
+        params = [p for _, p in self.model.named_parameters()]
+        buffers = [b for _, b in self.model.named_buffers()]
         shapes = tuple((k, tuple(v.shape)) for k, v in inputs.items())
         if shapes != self.shapes:  # first call at these sizes: trace and partition, uncounted, then drop the result
-            with _untraced():
-                loss = self.fn(params, buffers, inputs)
-                loss.backward()
-                del loss
+            try:
+                with _untraced():
+                    loss = self.fn(params, buffers, inputs)
+                    loss.backward()
+                    del loss
+            except RuntimeError as e:
+                raise ValueError(f"compile: AOTAutograd could not trace {self.model.config.model_type} on fake "
+                                 f"tensors here: {str(e).splitlines()[0]}") from None
+            finally:
                 for p in params:
                     p.grad = None
             self.shapes = shapes

@@ -161,13 +161,32 @@ def enable_op_sac(model: torch.nn.Module) -> None:
     from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
     save_ops, shapes = op_sac_save_ops(), _router_shapes(model)
-    kwargs = {"use_reentrant": False, "early_stop": False, "preserve_rng_state": True,
-              "context_fn": lambda: create_selective_checkpoint_contexts(op_sac_policy(save_ops, shapes))}
+    model_type = model.config.model_type
+
+    def contexts():
+        fwd, recompute = create_selective_checkpoint_contexts(op_sac_policy(save_ops, shapes))
+        return fwd, _refusing(recompute, model_type)
+
+    kwargs = {"use_reentrant": False, "early_stop": False, "preserve_rng_state": True, "context_fn": contexts}
     enable = getattr(model, "activation_checkpointing_enable", None)
     if enable is not None:
         enable(activation_checkpointing_kwargs=kwargs)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+@contextlib.contextmanager
+def _refusing(recompute_context, model_type: str):
+    """The recompute context, with torch's refusal of a model whose saved output is mutated in place later in the
+    layer (torch/utils/checkpoint.py, _CachedTorchDispatchMode) turned into one line naming the field."""
+    try:
+        with recompute_context:
+            yield
+    except RuntimeError as e:
+        if "selective activation checkpoint" not in str(e):
+            raise
+        raise ValueError(f"checkpointing: torch's selective checkpointing refuses {model_type} under op-sac: "
+                         f"{str(e).splitlines()[0]}") from None
 
 
 def mp_policy(w: Workload):
@@ -251,6 +270,11 @@ def forward(model: torch.nn.Module, w: Workload, inputs: dict):
         from estimator.trace import compiled
 
         return losses.LossOutput(compiled.forward(model, inputs))
-    with patch, offload:
-        # use_cache=False: otherwise HF builds a DynamicCache that training never reads
-        return model(**inputs, use_cache=False)
+    try:
+        with patch, offload:
+            # use_cache=False: otherwise HF builds a DynamicCache that training never reads
+            return model(**inputs, use_cache=False)
+    except AssertionError as e:  # OffloadActivations' own check, as torchtune raises it
+        raise ValueError(f"activation_offload: torchtune's OffloadActivations stops on "
+                         f"{model.config.model_type}: {e} (the model saves tensors its backward never reads)") from None
+
