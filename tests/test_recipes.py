@@ -296,3 +296,11 @@ def test_compiled_step_saves_what_the_partitioner_chooses():
     assert acts[(3, False)] - acts[(2, False)] == 2895872
     assert 0 < acts[(3, True)] - acts[(2, True)] < 2895872
     assert peaks[(3, True)] == peaks[(3, False)]
+
+
+@pytest.mark.parametrize("knob", [dict(loss="chunked"), dict(loss="fused-linear"), dict(activation_offload=True),
+                                  dict(checkpointing="op-sac")])
+def test_torch_memtracker_agrees_with_the_counter(knob):
+    # torch's own MemTracker counts the same run independently: the overall peaks must agree to the byte
+    trace = session.run_traced(LLAMA, Workload(batch=1, seq=32, **knob), Parallel(), check=True)
+    assert any(n.startswith("MemTracker agrees to the byte") for n in trace.notes)

@@ -119,6 +119,9 @@ def _unpacked_sequences():
 def check_checkable(workload: Workload, parallel: Parallel) -> None:
     """MemTracker hooks every parameter's gradient, so it needs single-GPU full fine-tuning (no frozen
     parameters, no no_grad inference); FSDPMemTracker hooks FSDP itself and takes any FSDP case."""
+    if workload.optimizer_in_backward or workload.compile:
+        raise ValueError("check: torch's MemTracker tracks one torch optimizer over the module's own parameters; "
+                         "trace optimizer_in_backward and compile cases without --check")
     if parallel.strategy in FSDP_STRATEGIES:
         return
     if (workload.mode, workload.method, parallel.strategy) != ("train", "full", "single"):
