@@ -10,6 +10,7 @@ traceable workload stands for a given one, and `Estimate.notes` what was priced 
 """
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 
@@ -130,6 +131,12 @@ def traced_class(w: Workload, p: Parallel) -> tuple[Workload, Parallel, tuple[st
             notes.append(f"optimizer: {w.optimizer} states and step priced from the inventory")
     if w.kv_dtype != "auto":
         notes.append(f"kv cache: {w.kv_dtype} (traced in the model dtype, scaled)")
+    if w.float8 and importlib.util.find_spec("torchao") is None:
+        # torchao's matmul_with_hp_or_float8_args saves (input_hp, weight_hp_t), the tensors a bf16 Linear saves; only
+        # its float8 copies (1 byte per element of one Linear's input and weight) are transient extras
+        tw = replace(tw, float8=False)
+        notes.append("float8: torchao is not installed, so not traced; priced as bf16, whose saved tensors eager "
+                     "float8 training keeps too (its transient float8 copies are not counted)")
     why = compile_untraced(w, p)
     if why:
         tw = replace(tw, compile=False)

@@ -259,12 +259,31 @@ def test_trace_flags_parse_booleans_and_refuse_others():
 # ------------------------------------------------------------------------------------------------- pricing
 
 @pytest.mark.parametrize("knob", [dict(loss="chunked"), dict(loss="fused-linear"), dict(optimizer_in_backward=True),
-                                  dict(activation_offload=True), dict(checkpointing="op-sac"), dict(float8=True)])
+                                  dict(activation_offload=True), dict(checkpointing="op-sac"), dict(compile=True)])
 def test_traced_knobs_keep_their_own_profile_class(knob):
     from estimator.estimate import traced_class
 
     tw, _, _ = traced_class(Workload(batch=4, seq=2048, **knob), Parallel())
     assert all(getattr(tw, k) == v for k, v in knob.items())
+
+
+def test_float8_is_traced_where_torchao_is_installed_and_priced_as_bf16_elsewhere():
+    import importlib.util
+
+    from estimator.estimate import traced_class
+
+    tw, _, notes = traced_class(Workload(float8=True), Parallel())
+    if importlib.util.find_spec("torchao") is not None:
+        assert tw.float8 and not notes
+    else:
+        assert not tw.float8 and notes[0].startswith("float8: torchao is not installed")
+
+
+def test_untraced_compile_is_priced_as_eager_with_its_reason():
+    from estimator.estimate import traced_class
+
+    tw, _, notes = traced_class(Workload(compile=True), Parallel(strategy="fsdp", gpus=8))
+    assert not tw.compile and notes[-1].startswith("compile: traced on one GPU only")
 
 
 def test_chunked_loss_profile_lowers_the_estimate():
