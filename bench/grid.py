@@ -34,12 +34,33 @@ AXES = (
     ("lora_rank", "workload", int, None),
     ("grad_accum", "workload", int, None),
     ("gen_tokens", "workload", int, None),
+    # the recipe knobs (estimator.trace.recipes, docs/recipes.md)
+    ("loss", "workload", str, spec.LOSSES),
+    ("loss_chunks", "workload", int, None),
+    ("optimizer_in_backward", "workload", bool, None),
+    ("activation_offload", "workload", bool, None),
+    ("float8", "workload", bool, None),
+    ("compile", "workload", bool, None),
     ("strategy", "parallel", str, spec.STRATEGIES),
     ("offload", "parallel", str, spec.OFFLOADS),
     ("gpus", "parallel", int, None),
     ("batch", "workload", int, None),
     ("seq", "workload", int, None),
 )
+# What a flag does, where the field name alone does not say it (docs/recipes.md has the sources)
+HELP = {
+    "loss": "full: HF cross-entropy on all logits; chunked: torchtune CEWithChunkedOutputLoss (lm_head and fp32 "
+            "upcast per chunk); fused-linear: Liger fused linear cross-entropy (no logits beyond one chunk)",
+    "loss_chunks": "chunks of the sequence for --loss chunked (torchtune num_output_chunks)",
+    "optimizer_in_backward": "torchtune optimizer_in_bwd: step each parameter in its post-accumulate-grad hook and "
+                             "free its gradient",
+    "activation_offload": "torchtune enable_activation_offloading: saved activations of 1024 bytes or more go to "
+                          "CPU in forward and come back in backward",
+    "float8": "torchao float8 training of the decoder Linears (tensorwise dynamic scaling; needs torchao)",
+    "compile": "torch.compile'd model: AOTAutograd's min-cut partitioner decides what forward saves (no inductor "
+               "fusion; one GPU, full loss, no other knob)",
+}
+BOOLS = {"true": True, "false": False}
 MAX_CASES = 100_000  # a typo like --seq 1,2,...  should not start a week-long sweep
 
 
@@ -62,9 +83,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="preset name(s) or config.json path(s), comma-separated")
     defaults = _defaults()
     for dest, owner, typ, allowed in AXES:
-        choices = f"; one or more of {', '.join(allowed)}" if allowed else ""
+        choices = f"; one or more of {', '.join(allowed)}" if allowed else "; true or false" if typ is bool else ""
+        what = f": {HELP[dest]}" if dest in HELP else ""
         parser.add_argument(f"--{dest.replace('_', '-')}", dest=dest, default=None,
-                            help=f"{owner} {dest} (default {defaults[dest]}), comma-separated{choices}")
+                            help=f"{owner} {dest}{what} (default {defaults[dest]}), comma-separated{choices}")
     parser.add_argument("--lora-targets", default=None,
                         help="module names LoRA adapts, comma-separated (one value, not a grid axis; "
                              f"default {','.join(Workload.lora_targets)})")
@@ -82,6 +104,10 @@ def parse_list(name: str, text: str, typ: type, allowed: tuple[str, ...] | None)
                 out.append(int(t))
             except ValueError:
                 raise ValueError(f"{name}: {t!r} is not an integer") from None
+        elif typ is bool:
+            if t.lower() not in BOOLS:
+                raise ValueError(f"{name}: {t!r} is not allowed; choose true or false")
+            out.append(BOOLS[t.lower()])
         else:
             if allowed and t not in allowed:
                 raise ValueError(f"{name}: {t!r} is not allowed; choose one of {', '.join(allowed)}")

@@ -83,7 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--no-double-quant", action="store_true", help="QLoRA: keep the 4-bit absmax scales in fp32 (HF "
       "BitsAndBytesConfig's default) instead of quantizing them again")
     a("--float8", action="store_true", help="torchao float8 training of the block Linears (torchtitan)")
-    a("--compile", action="store_true", help="the model is torch.compile'd (what AOTAutograd saves is not modelled)")
+    a("--compile", action="store_true", help="the model is torch.compile'd: what AOTAutograd's partitioner saves, traced "
+      "on one GPU with the full loss (no inductor fusion; estimator.trace.compiled)")
     a("--gpu", help="GPU preset (see --list-gpus): adds the verdict, headroom, max batch and max seq")
     a("--gpus", type=int, default=1, help="world size; more than 1 needs --strategy")
     a("--strategy", choices=STRATEGIES, help="parallelism; default single for 1 GPU")

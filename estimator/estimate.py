@@ -10,6 +10,7 @@ traceable workload stands for a given one, and `Estimate.notes` what was priced 
 """
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 
@@ -93,6 +94,22 @@ class Estimate:
         return dict(self.stages)[name]
 
 
+def compile_untraced(w: Workload, p: Parallel) -> str | None:
+    """Why a compile=True workload is not traced compiled (estimator.trace.compiled runs AOTAutograd's partitioner on
+    one GPU's training step with the full loss and no other knob), or None when it is (or compile is off)."""
+    if not w.compile:
+        return None
+    if w.mode != "train":
+        return "compile: traced for training only (the partitioner's saved tensors); inference runs eager"
+    if p.strategy not in ("single", "ddp"):
+        return (f"compile: traced on one GPU only; FSDP2's hooks and sharded parameters do not run inside "
+                f"AOTAutograd's functional trace here (strategy {p.strategy!r})")
+    if (w.loss, w.checkpointing, w.activation_offload, w.float8) != ("full", "none", False, False):
+        return ("compile: traced with loss='full' and no checkpointing, activation offloading or float8 (the "
+                "compiled graph is the model's own step)")
+    return None
+
+
 def traced_class(w: Workload, p: Parallel) -> tuple[Workload, Parallel, tuple[str, ...]]:
     """The traceable (workload, parallel) whose profile stands for this one, and what is priced analytically."""
     notes = []
@@ -114,12 +131,19 @@ def traced_class(w: Workload, p: Parallel) -> tuple[Workload, Parallel, tuple[st
             notes.append(f"optimizer: {w.optimizer} states and step priced from the inventory")
     if w.kv_dtype != "auto":
         notes.append(f"kv cache: {w.kv_dtype} (traced in the model dtype, scaled)")
-    if w.float8:
+    if w.float8 and importlib.util.find_spec("torchao") is None:
+        # torchao's matmul_with_hp_or_float8_args saves (input_hp, weight_hp_t), the tensors a bf16 Linear saves; only
+        # its float8 copies (1 byte per element of one Linear's input and weight) are transient extras
         tw = replace(tw, float8=False)
-        notes.append("float8: not traced here (torchao cannot run on fake CPU tensors); estimated as bf16")
-    if w.compile:
+        notes.append("float8: torchao is not installed, so not traced; priced as bf16, whose saved tensors eager "
+                     "float8 training keeps too (its transient float8 copies are not counted)")
+    why = compile_untraced(w, p)
+    if why:
         tw = replace(tw, compile=False)
-        notes.append("compile: not modelled; estimated as eager")
+        notes.append(f"{why}; estimated as eager")
+    if w.loss == "fused-linear":
+        notes.append("fused-linear: Liger's power-of-two chunks of logits bounded from above in the profile "
+                     "(at most three more chunks; estimator.trace.losses.bounding_chunk_rows)")
     if p.strategy in ("fsdp", "zero3", "hsdp"):
         # FSDP2 fully_shard is ZeRO-3; HSDP is FSDP over its shard group (the replicas hold the same)
         tp = Parallel(strategy="fsdp", gpus=2)

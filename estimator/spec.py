@@ -28,7 +28,7 @@ PAGED_OPTIMIZERS = ("paged-adamw", "paged-adamw-8bit")
 OPTIMIZER_IMPLS = ("foreach", "fused", "forloop")
 # full: every decoder layer (HF gradient_checkpointing_enable); selective: the attention core (Megatron,
 # arXiv 2205.05198 sec. 4.2); op-sac: torchtitan's per-op policy (save matmul outputs every other mm, SDPA and
-# collective outputs; torchtitan/models/llama3/infra/parallelize.py `_save_list`)
+# collective outputs; torchtitan/distributed/activation_checkpoint.py `SelectiveAC`, formerly `_save_list`)
 CHECKPOINTING = ("none", "full", "selective", "op-sac")
 ATTENTION = ("sdpa", "flash", "eager")
 KV_DTYPES = ("auto", "fp32", "bf16", "fp16", "fp8", "int8")
@@ -93,7 +93,7 @@ class Workload:
     quantize_scope: str = "all"         # QLoRA: 4-bit on every block Linear (all) or the adapted ones only
     double_quant: bool = True           # QLoRA: quantize the 4-bit absmax scales again (arXiv 2305.14314 sec. 3)
     float8: bool = False                # torchao float8 training of the block Linears (tensorwise scaling)
-    compile: bool = False               # torch.compile'd model (what AOTAutograd saves is not modelled)
+    compile: bool = False               # torch.compile'd model: what AOTAutograd's partitioner saves (traced)
 
     def __post_init__(self) -> None:
         _check_choice("mode", self.mode, MODES)

@@ -154,12 +154,13 @@ def trace_ticks(config: dict, workload: Workload, parallel: Parallel, layers: li
     """Trace one reduced model (or the whole one: layers None) at one size and keep the ticks that can be a peak
     (with the same kernels as session.run_traced, so a profile and a traced row agree)."""
     from estimator.trace import kernels as kernels_mod
-    from estimator.trace import session
+    from estimator.trace import losses, session
 
     steps = 2 if workload.mode == "train" else 1
     gc.disable()  # frees happen at refcount zero; a collector pass at a random tick would break the alignment
     try:
-        with kernels_mod.emulate(kernels):
+        # Liger's power-of-two chunk rule is not polynomial in the sizes: the profile uses a bounding fixed count
+        with kernels_mod.emulate(kernels), losses.bounding_chunks():
             with session._prepared(config, workload, parallel, layers, kernels=kernels) as case:
                 prime = workload.loop == "loss-only" and not workload.optimizer_in_backward
                 counter = session._run(case, steps, observe_layers=layers is not None, prime=prime)

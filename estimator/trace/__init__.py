@@ -8,4 +8,7 @@ memory profile (`estimator.profile.derive`), and for `python -m bench trace` / `
 - `counters`: the allocation counter (every storage's bytes, lifetime and role) and its event stream.
 - `session`: one traced run: build the case inside FakeTensorMode (single GPU, DDP buckets, FSDP2 with a fake
   process group), run it, read the counter.
+- `recipes` (with `losses`, `offload`, `compiled`): the knobs of torchtune, torchtitan, litgpt and Liger (chunked
+  and fused-linear losses, optimizer in backward, activation offloading, op-sac, FSDP2 mixed precision, float8,
+  compile), run as their sources run them (docs/recipes.md).
 """

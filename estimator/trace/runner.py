@@ -29,6 +29,7 @@ from collections.abc import Callable
 import torch
 
 from estimator.spec import Workload
+from estimator.trace import recipes
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 LEARNING_RATE = 1e-5  # any value; it does not change memory
@@ -148,6 +149,7 @@ def build_model(config: dict, workload: Workload, device: str = "cpu", *, meta_t
         if workload.checkpointing == "full":
             enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
             enable()
+        recipes.prepare(model, workload)  # float8, op-sac (estimator.trace.recipes)
     return model
 
 
@@ -269,6 +271,9 @@ def make_optimizer(model: torch.nn.Module, workload: Workload):
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise ValueError("method: the model has no trainable parameters")
+    in_backward = recipes.optimizer(params, make, workload)  # torchtune's optimizer_in_bwd
+    if in_backward is not None:
+        return in_backward
     if workload.recipe == "mixed":
         return MasterWeightsOptimizer(params, make)
     return make(params)
@@ -320,14 +325,14 @@ def _train(model, optimizer, workload, inputs, on_stage, steps, live: dict) -> N
     for _ in range(steps):
         for _ in range(workload.grad_accum):
             with _autocast(workload, model):
-                # use_cache=False: otherwise HF builds a DynamicCache (a copy of every layer's K and V)
-                # that training never reads. HF upcasts the logits to fp32 in the loss.
+                # recipes.forward: the workload's loss and activation offloading, use_cache=False (otherwise HF
+                # builds a DynamicCache that training never reads). HF upcasts the logits to fp32 in the loss.
                 if workload.loop == "keep-output":
                     # `out = model(...)`: the previous output (its logits) dies only when this call returns
-                    live["output"] = model(**inputs, use_cache=False)
+                    live["output"] = recipes.forward(model, workload, inputs)
                     loss = live["output"].loss
                 else:  # loss-only (HF Trainer, torchtune): the logits die here, not after backward
-                    loss = model(**inputs, use_cache=False).loss
+                    loss = recipes.forward(model, workload, inputs).loss
                 if workload.grad_accum > 1:
                     loss = loss / workload.grad_accum
             on_stage("forward")

@@ -29,7 +29,7 @@ import torch
 
 from estimator.spec import Parallel, Workload
 from estimator.trace import kernels as kernels_mod
-from estimator.trace import runner
+from estimator.trace import recipes, runner
 from estimator.trace.counters import StageLog, StorageCounter, memtracker_peak_bytes
 
 FSDP_STRATEGIES = ("fsdp", "zero3", "fsdp-grad-op")
@@ -73,11 +73,15 @@ def check_traceable(workload: Workload, parallel: Parallel) -> None:
     if workload.method == "qlora":
         raise ValueError("method: qlora needs bitsandbytes 4-bit weights, which cannot run on fake CPU tensors")
     runner.weight_dtype(workload)  # raises for quantized weight formats
+    recipes.check(workload, parallel)
 
 
 def check_checkable(workload: Workload, parallel: Parallel) -> None:
     """MemTracker hooks every parameter's gradient, so it needs single-GPU full fine-tuning (no frozen
     parameters, no no_grad inference); FSDPMemTracker hooks FSDP itself and takes any FSDP case."""
+    if workload.optimizer_in_backward or workload.compile:
+        raise ValueError("check: torch's MemTracker tracks one torch optimizer over the module's own parameters; "
+                         "trace optimizer_in_backward and compile cases without --check")
     if parallel.strategy in FSDP_STRATEGIES:
         return
     if (workload.mode, workload.method, parallel.strategy) != ("train", "full", "single"):
@@ -149,9 +153,10 @@ def _fsdp_model(config: dict, workload: Workload, parallel: Parallel, layers: li
     try:
         model = runner.build_model(config, workload, device="meta", layers=layers)
         reshard = parallel.strategy != "fsdp-grad-op"
+        mp = {"mp_policy": recipes.mp_policy(workload)} if workload.recipe == "fsdp-mp" else {}
         for layer in _decoder_layers(model):
-            fully_shard(layer, reshard_after_forward=reshard)
-        fully_shard(model, reshard_after_forward=reshard)
+            fully_shard(layer, reshard_after_forward=reshard, **mp)
+        fully_shard(model, reshard_after_forward=reshard, **mp)
         yield model
     finally:
         dist.destroy_process_group()
@@ -166,6 +171,8 @@ def _run(case: _Case, steps: int, observe_layers: bool = False, prime: bool = Fa
     if observe_layers:
         _observe_layers(case.model, counter)
     counter.track(case.inputs.values(), "other")
+    if hasattr(case.optimizer, "observe"):  # optimizer in backward: grads and states die between stage boundaries
+        case.optimizer.observe(counter.track)
     for tensors, role in case.roles:
         counter.track(tensors, role)
     live: dict = {}
