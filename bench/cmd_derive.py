@@ -91,6 +91,8 @@ def _inventories(cases, args) -> int:
     for c in cases:
         start = time.perf_counter()
         try:
+            if args.force:
+                store.forget(c.config, "inventory", ship=args.ship)
             inv = store.inventory(c.config, c.model_name, ship=args.ship)
         except ValueError as e:
             failed += 1

@@ -143,10 +143,15 @@ def profile(config: dict, w: Workload, p: Parallel, *, name: str = "model", deri
 
 
 def forget(config: dict, key: str, *, ship: bool = False) -> None:
-    """Delete one profile file (shipped or cached) and its memo, so that it is derived again."""
+    """Delete one profile file (shipped or cached) and its memo, so that it is derived again. The key
+    "inventory" deletes the model's inventory (read again from a meta-device build on next use)."""
     h = config_hash(config)
     (((SHIPPED_DIR if ship else cache_dir()) / h[:16]) / f"{key}.json").unlink(missing_ok=True)
-    _MEMO.pop(("prof", h, key), None)
+    if key == "inventory":
+        for memo in [m for m in _MEMO if m[0] == "inv" and m[1] == h]:
+            del _MEMO[memo]
+    else:
+        _MEMO.pop(("prof", h, key), None)
 
 
 def clear_memo() -> None:

@@ -26,6 +26,7 @@ ENCODER_DECODER = "is_encoder_decoder"
 
 def hf_config(config: dict):
     """transformers' config object for a config.json dict; refusals in one line naming why."""
+    import estimator.trace  # noqa: F401  (quiets torchao's import-time logging before transformers loads it)
     from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoConfig
 

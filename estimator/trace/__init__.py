@@ -12,3 +12,11 @@ memory profile (`estimator.profile.derive`), and for `python -m bench trace` / `
   and fused-linear losses, optimizer in backward, activation offloading, op-sac, FSDP2 mixed precision, float8,
   compile), run as their sources run them (docs/recipes.md).
 """
+
+import logging
+
+# transformers imports torchao (float8 training) when it is installed; torchao then logs, at import, every CUDA
+# extension it cannot load on a CPU build, and torch's pytree warns about torchao's enums. Neither concerns a
+# traced run; errors still show.
+for _name in ("torchao", "torch.utils._pytree"):
+    logging.getLogger(_name).setLevel(logging.ERROR)
