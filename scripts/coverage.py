@@ -124,8 +124,21 @@ def _line(e: BaseException | None) -> str:
     return (f"{type(e).__name__}: {text}" if text else type(e).__name__)[:300]
 
 
+def _revision() -> str:
+    """The commit the results come from (the tracer's code), with '+' when the work tree has changes."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT,
+                              timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "estimator"], capture_output=True, text=True,
+                               cwd=ROOT, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (head or "unknown") + ("+" if dirty else "")
+
+
 def run(types, timeout: int) -> None:
     OUT.parent.mkdir(parents=True, exist_ok=True)
+    revision = _revision()
     done = {json.loads(x)["model_type"] for x in OUT.read_text().splitlines()} if OUT.exists() else set()
     todo = [t for t in types if t[0] not in done]
     for i, (mt, kind) in enumerate(todo, 1):
@@ -138,7 +151,7 @@ def run(types, timeout: int) -> None:
                                                       (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]}
         except subprocess.TimeoutExpired:
             row = {"model_type": mt, "status": "timeout", "reason": f"more than {timeout} s"}
-        row.update(kind=kind, seconds=round(time.perf_counter() - start, 1))
+        row.update(kind=kind, seconds=round(time.perf_counter() - start, 1), revision=revision)
         with OUT.open("a") as f:
             f.write(json.dumps(row) + "\n")
         print(f"[{i}/{len(todo)}] {mt}: {row['status']} {row.get('worst_error', '')} {row.get('reason', '')[:100]}",
@@ -158,20 +171,23 @@ def report() -> None:
              "requirements.txt. Each type is built from its config class's defaults (`AutoConfig.for_model(type)`);",
              "its inventory is read on the meta device and its parameter count compared with an independent",
              "`sum(p.numel())`; its training profile (full fine-tuning, pure bf16, SDPA or eager) is derived at reduced",
-             "depth; the estimate is compared with a full-depth trace at a batch and sequence the fit did not use.", "",
+             "depth; the estimate is compared with a full-depth trace at a batch and sequence the fit did not use.",
+             "The revision column is the commit whose tracer produced the row; rows marked `pre-kernels` were traced",
+             "before the CUDA-kernel emulation (estimator/trace/kernels.py) landed, with the CPU's SDPA made",
+             "CUDA-like by hand; profile and trace of a row always come from the same tracer.", "",
              f"**{len(rows)} model types**: " + ", ".join(f"{n} {k}" for k, n in sorted(by.items())) +
              f". Parameters exact: {exact_params}. Exact parameters and the estimate within 1% of the full-depth trace:"
              f" **{good}**.", "",
              "| model type | kind | status | built as | parameters | params exact | layers (types) | profile: traces, s |"
-             " check (b, s) | worst stage error | reason |",
-             "|---|---|---|---|---:|---|---|---|---|---:|---|"]
+             " check (b, s) | worst stage error | revision | reason |",
+             "|---|---|---|---|---:|---|---|---|---|---:|---|---|"]
     for r in rows:
         err = f"{100 * r['worst_error']:+.4f}%" if "worst_error" in r else ""
         prof = f"{r['traces']}, {r['derive_s']}" if "traces" in r else ""
         lines.append(f"| {r['model_type']} | {r.get('kind', '')} | {r['status']} | {r.get('built_as', '')} | "
                      f"{r.get('params', 0):,} | {'yes' if r.get('params_exact') else 'no'} | "
                      f"{r.get('layers', '')} ({r.get('layer_types', '')}) | {prof} | "
-                     f"{r.get('check_batch', '')}, {r.get('check_seq', '')} | {err} | "
+                     f"{r.get('check_batch', '')}, {r.get('check_seq', '')} | {err} | {r.get('revision', 'pre-kernels')} | "
                      f"{r.get('reason', '').replace('|', '/')} |")
     DOC.write_text("\n".join(lines) + "\n")
     print(f"wrote {DOC} ({len(rows)} types, {good} exact and within 1%)")
