@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from estimator.spec import Parallel, Workload  # noqa: E402
-from estimator.trace import losses, offload, recipes, session  # noqa: E402
+from estimator.trace import kernels, losses, offload, recipes, session  # noqa: E402
 from estimator.trace.counters import CATEGORIES, StorageCounter  # noqa: E402
 
 TINY = Path(__file__).parent / "data" / "tiny"
@@ -26,7 +26,7 @@ V, H = 512, 128
 
 def _counted(config: dict, w: Workload, p: Parallel = Parallel()):
     """(counter, model) of a two-step traced run, as run_traced counts it."""
-    with session._unpacked_sequences(), session._prepared(config, w, p) as case:
+    with kernels.emulate("cuda"), session._prepared(config, w, p) as case:
         return session._run(case, 2), case.model
 
 
@@ -163,15 +163,16 @@ def test_offload_keeps_only_the_stash_of_five_on_the_gpu():
 
 def test_offload_moves_every_layers_saved_activations_off_the_gpu():
     # Without offloading each decoder layer adds its saved activations at the end of forward; with torchtune's
-    # offloading every saved tensor of a layer leaves the GPU (only the stash of the last five, in the final norm
-    # and head, stays), so a third layer adds nothing.
+    # offloading every saved tensor of a layer of at least min_offload_size (1024 B) leaves the GPU (only the stash
+    # of the last five, in the final norm and head, stays), so a third layer adds only what is smaller: the CUDA
+    # flash kernel's philox seed (uint64[2]) and offset (uint64), saved for its backward: 24 B.
     acts = {}
     for layers in (2, 3):
         for off in (False, True):
             c, _ = _counted({**LLAMA, "num_hidden_layers": layers}, Workload(batch=2, seq=256, activation_offload=off))
             acts[(layers, off)] = _at_marks(c, "activations", "forward")[-1]
-    assert acts[(3, True)] == acts[(2, True)]
-    assert acts[(3, False)] - acts[(2, False)] == 2895872  # one layer's saved activations, all on the GPU
+    assert acts[(3, True)] - acts[(2, True)] == 24
+    assert acts[(3, False)] - acts[(2, False)] == 2895896  # one layer's saved activations, all on the GPU
 
 
 # ------------------------------------------------------------------------------------------------- op-sac
@@ -180,12 +181,13 @@ def test_op_sac_saves_every_other_mm_and_attention_per_layer():
     # torchtitan's per-op policy in one Llama layer (b*s = 512 tokens, bf16): the 7 mms run q, k, v, o, gate, up,
     # down; odd-numbered ones are saved: q (512 x 128) 131072 + v (512 x 64) 65536 + gate (512 x 352) 360448
     # + down (512 x 128) 131072; SDPA's output (512 x 128) 131072 and its logsumexp (2 x 4 x 256 fp32) 8192; and
-    # the checkpoint's input, the layer's hidden state 131072. Together 958464 bytes per layer.
+    # the checkpoint's input, the layer's hidden state 131072; the CUDA flash kernel's philox seed (uint64[2], 16 B)
+    # and offset (uint64, 8 B), saved for its backward. Together 958488 bytes per layer.
     acts = {}
     for layers in (2, 3):
         c, _ = _counted({**LLAMA, "num_hidden_layers": layers}, Workload(batch=2, seq=256, checkpointing="op-sac"))
         acts[layers] = _at_marks(c, "activations", "forward")[-1]
-    assert acts[3] - acts[2] == 958464
+    assert acts[3] - acts[2] == 958488
 
 
 # ------------------------------------------------------------------------------------------------- fsdp-mp

@@ -173,6 +173,13 @@ def _unpacked_sequences():
     original = masking_utils.find_packed_sequence_indices
 
     def one_sequence_per_row(position_ids):
+        from torch._subclasses.functional_tensor import FunctionalTensor
+
+        if isinstance(position_ids, FunctionalTensor):
+            # AOTAutograd tracing (estimator.trace.compiled): the check's `.all()` is data-dependent control flow
+            # there; the runner's inputs are one sequence per row (a collator's attention mask would skip the
+            # check altogether), so the compiled step is traced without the packed mask, as the eager one.
+            return None
         mask = original(position_ids)           # what a real run computes, as fake tensors
         if mask is not None:
             (mask[:, -1] == 0).all()            # the real run reads this; on arange positions it is True
