@@ -3,6 +3,7 @@
     python -m bench build-db --jobs 2            # trace every missing case into build/traced/, then ingest
     python -m bench build-db --list              # print the grid without tracing
     python -m bench report                       # traced vs analytic, per row and summarised
+    python -m bench build-db --models gpt2,opt-1.3b --retrace   # trace again after a tracer change; replace
 
 The grid (issue "Benchmark harness and DuckDB database", item 6):
 - every shipped dense preset up to 13B parameters, plus one MoE (qwen1.5-moe-a2.7b: the one MoE preset
@@ -33,6 +34,12 @@ from estimator.spec import Parallel, Workload
 
 REPO = Path(__file__).resolve().parent.parent
 BUILD_DIR = REPO / "build" / "traced"
+RETRACE_DIR = REPO / "build" / "retrace"
+# The grid's presets, fixed so that adding presets does not grow the shipped grid: the dense presets up to 13B
+# parameters that the grid was built from, and its MoE.
+GRID_PRESETS = ("gpt2", "bert-large-uncased", "qwen2.5-0.5b", "qwen3-0.6b", "llama-3.2-1b", "opt-1.3b",
+                "pythia-1.4b", "llama-3.2-3b", "phi-3-mini", "llama-2-7b", "mistral-7b", "falcon-7b", "qwen2.5-7b",
+                "llama-3.1-8b", "gemma-2-9b", "llama-2-13b")
 MAX_DENSE_PARAMS = 13_500_000_000   # "up to 13B": llama-2-13b has 13.02e9
 MOE_PRESET = "qwen1.5-moe-a2.7b"
 BATCHES = (1, 2, 4, 8)
@@ -47,12 +54,13 @@ EAGER_ONLY = ("gemma2",)
 
 
 def grid_models() -> list[str]:
-    """Dense presets up to 13B parameters, smallest first, then the MoE."""
+    """The grid's dense presets (GRID_PRESETS: each up to 13B parameters), smallest first, then the MoE."""
     dense = []
-    for name in preset_names():
+    for name in GRID_PRESETS:
         spec = from_hf_config(load_config(name)[1], name)
-        if not spec.is_moe and spec.params <= MAX_DENSE_PARAMS:
-            dense.append((spec.params, name))
+        if spec.is_moe or spec.params > MAX_DENSE_PARAMS:
+            raise ValueError(f"GRID_PRESETS: {name} is not a dense model up to 13B parameters")
+        dense.append((spec.params, name))
     return [n for _, n in sorted(dense)] + [MOE_PRESET]
 
 
@@ -98,19 +106,35 @@ def all_cases() -> list[tuple[str, Workload, Parallel]]:
     return core + [c for c in cases if not (c[1].batch in (1, 4) and c[1].seq in (512, 2048))]
 
 
-def _trace_shard(shard: int, jobs: int, db_path: str | None) -> int:
-    """Trace every `jobs`-th case starting at `shard` into build/traced/shard-<shard>.jsonl (resumable)."""
+def _selected(models: str | None) -> list[tuple[str, Workload, Parallel]]:
+    cases = all_cases()
+    if not models:
+        return cases
+    want = [m.strip() for m in models.split(",") if m.strip()]
+    known = {c[0] for c in cases}
+    bad = [m for m in want if m not in known]
+    if bad:
+        raise ValueError(f"models: {bad[0]!r} is not in the grid; choose from {', '.join(sorted(known))}")
+    return [c for c in cases if c[0] in want]
+
+
+def _trace_shard(shard: int, jobs: int, db_path: str | None, models: str | None = None,
+                 retrace: bool = False) -> int:
+    """Trace every `jobs`-th case starting at `shard` into build/traced/shard-<shard>.jsonl (resumable). With
+    `retrace`, into build/retrace/ and without skipping what the database holds (only what build/retrace has)."""
     from bench import grid
     from bench.cmd_trace import _done_run_ids, _trace_all
     from bench.trace import case_run_id
 
-    BUILD_DIR.mkdir(parents=True, exist_ok=True)
-    out = BUILD_DIR / f"shard-{shard}.jsonl"
+    out_dir = RETRACE_DIR if retrace else BUILD_DIR
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = out_dir / f"shard-{shard}.jsonl"
     done = set()
-    for f in BUILD_DIR.glob("shard-*.jsonl"):
+    for f in out_dir.glob("shard-*.jsonl"):
         done |= _done_run_ids(str(f), None)
-    done |= _done_run_ids(None, db_path)
-    mine = [c for i, c in enumerate(all_cases()) if i % jobs == shard]
+    if not retrace:
+        done |= _done_run_ids(None, db_path)
+    mine = [c for i, c in enumerate(_selected(models)) if i % jobs == shard]
     cases = []
     for name, w, p in mine:
         config = load_config(name)[1]
@@ -124,32 +148,42 @@ def _trace_shard(shard: int, jobs: int, db_path: str | None) -> int:
 
 
 def run_build(args: argparse.Namespace) -> int:
+    try:
+        cases = _selected(args.models)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if args.list:
-        for name, w, p in all_cases():
+        for name, w, p in cases:
             print(name, w.mode, w.method, w.recipe, w.attention, w.batch, w.seq, p.strategy, p.gpus)
-        print(f"{len(all_cases())} cases", file=sys.stderr)
+        print(f"{len(cases)} cases", file=sys.stderr)
         return 0
     if args.jobs < 1:
         print(f"error: jobs: must be at least 1, got {args.jobs}", file=sys.stderr)
         return 2
     if args.shard is not None:
-        return _trace_shard(args.shard, args.jobs, args.db)
+        return _trace_shard(args.shard, args.jobs, args.db, args.models, args.retrace)
     if not args.ingest_only:
         cmd = [sys.executable, "-m", "bench", "build-db", "--jobs", str(args.jobs)]
         if args.db:
             cmd += ["--db", args.db]
+        if args.models:
+            cmd += ["--models", args.models]
+        if args.retrace:
+            cmd += ["--retrace"]
         procs = [subprocess.Popen(cmd + ["--shard", str(i)]) for i in range(args.jobs)]
         codes = [p.wait() for p in procs]
         if any(codes):
             print("some cases failed (see above); ingesting what was traced", file=sys.stderr)
     from bench import cmd_db
 
-    files = sorted(str(f) for f in BUILD_DIR.glob("shard-*.jsonl"))
+    out_dir = RETRACE_DIR if args.retrace else BUILD_DIR
+    files = sorted(str(f) for f in out_dir.glob("shard-*.jsonl"))
     if not files:
-        print("error: build: nothing traced under build/traced/", file=sys.stderr)
+        print(f"error: build: nothing traced under {out_dir.relative_to(REPO)}/", file=sys.stderr)
         return 2
     return cmd_db.run_ingest(argparse.Namespace(files=files, db=args.db, skip_invalid=False,
-                                                wait=cmd_db.DEFAULT_WAIT_S))
+                                                wait=cmd_db.DEFAULT_WAIT_S, replace=args.retrace))
 
 
 def register(subparsers) -> None:
@@ -160,5 +194,9 @@ def register(subparsers) -> None:
     p.add_argument("--shard", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--list", action="store_true", help="print the grid's cases and their count, trace nothing")
     p.add_argument("--ingest-only", action="store_true",
-                   help="skip tracing; ingest what build/traced/ already holds")
+                   help="skip tracing; ingest what build/traced/ (or build/retrace/) already holds")
+    p.add_argument("--models", default=None, help="only these grid presets, comma-separated")
+    p.add_argument("--retrace", action="store_true",
+                   help="trace the selected cases again although the database holds them (after a tracer change), "
+                        "into build/retrace/, and replace the stored traced rows in one transaction per file")
     p.set_defaults(func=run_build)

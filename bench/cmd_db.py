@@ -35,6 +35,9 @@ def register(subparsers) -> None:
     _add_common(p)
     p.add_argument("--skip-invalid", action="store_true",
                    help="write the valid rows and report the invalid ones instead of writing nothing")
+    p.add_argument("--replace", action="store_true",
+                   help="a traced row replaces the stored traced row with the same run_id (after the tracer "
+                        "changed); measured and published rows are never replaced")
     p.set_defaults(func=run_ingest)
 
     p = subparsers.add_parser(
@@ -64,7 +67,8 @@ def run_ingest(args) -> int:
         return 2
     db_path = args.db or default_db_path()
     try:
-        report = ingest_files(args.files, db_path, skip_invalid=args.skip_invalid, wait_s=wait_s)
+        report = ingest_files(args.files, db_path, skip_invalid=args.skip_invalid, wait_s=wait_s,
+                              replace=getattr(args, "replace", False))
     except DatabaseBusy as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -200,8 +200,9 @@ def _prepare(label: str, raw_rows: Iterable[RawRow], keep_valid: bool) -> _Prepa
     return _Prepared(label, pa.concat_tables(batches), duplicates, rejected, n_rejected)
 
 
-def _write(prepared: list[_Prepared], db_path, wait_s: float) -> int:
-    """Insert each prepared table in its own transaction; returns rows inserted."""
+def _write(prepared: list[_Prepared], db_path, wait_s: float, replace: bool = False) -> int:
+    """Insert each prepared table in its own transaction; returns rows inserted. With `replace`, stored traced
+    rows with an incoming traced row's run_id are deleted first, in the same transaction."""
     inserted = 0
     with connect(db_path, read_only=False, wait_s=wait_s) as con:
         for p in prepared:
@@ -211,6 +212,8 @@ def _write(prepared: list[_Prepared], db_path, wait_s: float) -> int:
             try:
                 con.begin()
                 try:
+                    if replace:
+                        con.execute(load_sql("delete_replaced_runs"))
                     inserted += con.execute(load_sql("insert_runs")).fetchone()[0]
                     con.commit()
                 except BaseException:
@@ -221,27 +224,29 @@ def _write(prepared: list[_Prepared], db_path, wait_s: float) -> int:
     return inserted
 
 
-def _finish(prepared: list[_Prepared], db_path, skip_invalid: bool, wait_s: float) -> IngestReport:
+def _finish(prepared: list[_Prepared], db_path, skip_invalid: bool, wait_s: float,
+            replace: bool = False) -> IngestReport:
     rejected = tuple(r for p in prepared for r in p.rejected)
     n_rejected = sum(p.n_rejected for p in prepared)
     if n_rejected and not skip_invalid:
         return IngestReport(0, 0, rejected, n_rejected, written=False)
     to_insert = sum(p.table.num_rows for p in prepared if p.table is not None)
-    inserted = _write(prepared, db_path, wait_s)
+    inserted = _write(prepared, db_path, wait_s, replace)
     duplicates = sum(p.in_file_duplicates for p in prepared) + (to_insert - inserted)
     return IngestReport(inserted, duplicates, rejected, n_rejected, written=True)
 
 
 def ingest_files(paths: Iterable[str | Path], db_path=None, skip_invalid: bool = False,
-                 wait_s: float = DEFAULT_WAIT_S) -> IngestReport:
-    """Validate every file, then write each (one transaction per file). See the module docstring."""
+                 wait_s: float = DEFAULT_WAIT_S, replace: bool = False) -> IngestReport:
+    """Validate every file, then write each (one transaction per file). See the module docstring. `replace`:
+    an incoming traced row replaces the stored traced row of the same run_id (a re-trace)."""
     prepared = []
     for path in paths:
         try:
             prepared.append(_prepare(str(path), read_rows(path), keep_valid=skip_invalid))
         except (IngestError, OSError) as e:  # the whole file is unusable: one rejection, line 0
             prepared.append(_Prepared(str(path), None, 0, [(str(path), 0, str(e))], 1))
-    return _finish(prepared, db_path, skip_invalid, wait_s)
+    return _finish(prepared, db_path, skip_invalid, wait_s, replace)
 
 
 def ingest_rows(rows: Iterable[dict], db_path=None, label: str = "<rows>", skip_invalid: bool = False,
