@@ -142,7 +142,7 @@ def _trace_shard(shard: int, jobs: int, db_path: str | None, models: str | None 
             cases.append(grid.Case(name, config, w, p))
     print(f"shard {shard}/{jobs}: {len(cases)} case(s) to trace, {len(mine) - len(cases)} already done",
           file=sys.stderr)
-    args = argparse.Namespace(out=str(out), timeout_per_case=900.0, steps=2, check=False)
+    args = argparse.Namespace(out=str(out), timeout_per_case=900.0, steps=2, check=False, kernels="cuda")
     failures = _trace_all(cases, args, single=False)
     return 1 if failures else 0
 
