@@ -24,6 +24,8 @@ All sizes are bytes per token of one layer; `Saved.fixed` holds the few that do 
 """
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass
 
 from crosscheck.model import ModelSpec
@@ -182,6 +184,10 @@ def attention(model: ModelSpec, ctx: Ctx, lay: Layout, grads: tuple[bool, bool, 
         held = [Saved("q, k (held by the checkpoint)", q_b * nh * hd + k_b * kv * hd if own or views else 0),
                 Saved("v (held by the checkpoint)", fused or a * kv * vd)]
         return held + linear_inputs(ctx, (o_name,), o_w, a, "attention output")
+    # CUDA's backend choice (sdp_utils.cpp): flash takes fp16/bf16 only (check_dtypes_low_precision) and the
+    # memory-efficient kernel has no enable_gqa in 2.13, so fp32 attention with GQA runs the math composite.
+    if ctx.a == 4 and kv < nh and not lay.math:
+        lay = dataclasses.replace(lay, math=True)
     if ctx.eager or lay.math:
         copy = linear_inputs(ctx, (o_name,), o_w, a, "attention output copy")
         return _attention_explicit(model, ctx, lay, grads) + copy
