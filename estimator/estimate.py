@@ -49,6 +49,11 @@ class Breakdown:
                 + self.kv_cache + self.temporaries + self.buffers + self.allocator_cache
                 + self.overhead)  # every field (a test checks)
 
+    @property
+    def tensor_bytes(self) -> int:
+        """The tensors alone: total less the allocator's cache and the overhead (context, cuBLAS, NCCL)."""
+        return self.total - self.allocator_cache - self.overhead
+
     def as_dict(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 

@@ -14,12 +14,13 @@ is the traced peak of tensor bytes (what estimate() computes; the allocator's ow
 what the fit absorbs) and reserved the replayed peak of torch.cuda.memory_reserved. A negative r or c is refitted
 with that term at 0. The residuals of this form and of the ratio-only form (c = 0) are both written, so the
 choice can be checked. Training cases run 2 steps (the second is the steady state, with the first step's cache).
-Deep presets are traced at reduced depth (the config's num_hidden_layers cut, named in the case): the per-layer
+Gemma-2 runs eager attention (transformers has no SDPA path for it). Deep presets are traced at reduced depth (the config's num_hidden_layers cut, named in the case): the per-layer
 tensors keep their real sizes, which is what sets the segment pattern.
 """
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 import json
 import statistics
 import sys
@@ -41,10 +42,12 @@ DOC = ROOT / "docs" / "allocator.md"
 SECTION = "## Reserved from allocated: the fitted classes"
 CONFS = {"default": "", "expandable": "expandable_segments:True"}
 
-# (preset, layers or None for all, workload, parallel): small enough for ~15 min on one core
-PRESETS = (("qwen2.5-0.5b", None), ("llama-3.2-1b", None), ("gemma-2-2b", 8), ("llama-3.1-8b", 6))
+# (preset, layers or None for all): small enough for a few minutes on one core
+PRESETS = (("qwen2.5-0.5b", None), ("llama-3.2-1b", None), ("qwen3-1.7b", None), ("gemma-2-2b", 8),
+           ("phi-3-mini", 8), ("mistral-7b", 6), ("llama-3.1-8b", 6))
+EAGER = ("gemma-2-2b",)        # transformers runs Gemma-2 with eager attention only (no SDPA)
 FULL = Workload(mode="train", method="full", recipe="pure", precision="bf16")
-SIZES_TRAIN = ((1, 512), (2, 1024), (4, 2048))
+SIZES_TRAIN = ((1, 512), (2, 1024), (4, 2048), (8, 512), (1, 4096))
 SIZES_INFER = ((1, 512, 32), (8, 1024, 16))
 
 
@@ -69,7 +72,7 @@ def cases(quick: bool) -> list[tuple]:
         seen: dict = {}
         out = [c for c in out if seen.setdefault(workload_class(c[2], c[3]), []).append(c) or
                len(seen[workload_class(c[2], c[3])]) <= 3]
-    return out
+    return [(pr, la, replace(w, attention="eager") if pr in EAGER else w, p) for pr, la, w, p in out]
 
 
 def _kw(w: Workload) -> dict:
