@@ -86,12 +86,14 @@ def _load(path: str) -> dict:
     return fits
 
 
-def fit_for(w: Workload, p: Parallel, mode: str = "default", path: Path = FIT_PATH) -> ReservedFit:
+def fit_for(w: Workload, p: Parallel, mode: str = "default", path: Path | None = None) -> ReservedFit:
     """The fit for this workload's class under `mode` (MODES)."""
     return fit_for_class(workload_class(w, p), mode, path)
 
 
-def fit_for_class(cls: str, mode: str = "default", path: Path = FIT_PATH) -> ReservedFit:
+def fit_for_class(cls: str, mode: str = "default", path: Path | None = None) -> ReservedFit:
+    """The fit of one class (CLASSES) under `mode`; `path` defaults to FIT_PATH (read at call time)."""
+    path = FIT_PATH if path is None else path
     if mode not in MODES:
         raise ValueError(f"mode: {mode!r} is not allowed; choose one of {', '.join(MODES)}")
     fits = _load(str(path))
