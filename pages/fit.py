@@ -138,11 +138,11 @@ def verdict(est, gpu) -> None:
         st.error(f"**Out of memory** on {each} {gpu.display_name}: needs {ui.both_units(est.device_bytes)} per GPU, "
                  f"**OOM by {ui.both_units(-spare)}** ({where}).", icon=":material/error:")
     c1, c2, c3, c4, c5 = st.columns(5)
-    c1.metric("Allocated", fmt_bytes(est.allocated_bytes, "GiB"), help=f"{fmt_bytes(est.allocated_bytes, 'GB')}; "
+    c1.metric("torch peak allocated", fmt_bytes(est.allocated_bytes, "GiB"), help=f"{fmt_bytes(est.allocated_bytes, 'GB')}; "
               "what torch.cuda.max_memory_allocated() would report: the tensors.")
-    c2.metric("Reserved", fmt_bytes(est.reserved_bytes, "GiB"), help=f"{fmt_bytes(est.reserved_bytes, 'GB')}; "
+    c2.metric("torch peak reserved", fmt_bytes(est.reserved_bytes, "GiB"), help=f"{fmt_bytes(est.reserved_bytes, 'GB')}; "
               f"torch.cuda.max_memory_reserved(): allocated + the allocator's cache. {est.reserved_source}.")
-    c3.metric("Device", fmt_bytes(est.device_bytes, "GiB"), help=f"{fmt_bytes(est.device_bytes, 'GB')}; what "
+    c3.metric("Peak per GPU", fmt_bytes(est.device_bytes, "GiB"), help=f"{fmt_bytes(est.device_bytes, 'GB')}; what "
               "nvidia-smi shows: reserved + CUDA context + NCCL buffers. The verdict's number.")
     c4.metric("GPU usable", fmt_bytes(cap, "GiB"),
               help=f"{fmt_bytes(cap, 'GB')}; {capacity_source(gpu)}. nvidia-smi memory.total {gpu.memory_reported}; "

@@ -102,8 +102,8 @@ def segments_chart(segments) -> alt.Chart:
         offset = 0
         for b in seg.blocks:
             rows.append({"segment": i, "start MiB": offset / MiB, "end MiB": (offset + b.size) / MiB,
-                         "state": "allocated" if b.allocated else "free (cached)",
-                         "pool": "large" if seg.is_large else "small", "MiB": b.size / MiB})
+                         "state": "allocated" if b.state == "active_allocated" else "free (cached)",
+                         "pool": seg.segment_type, "MiB": b.size / MiB})
             offset += b.size
     df = pd.DataFrame(rows)
     return alt.Chart(df).mark_bar().encode(

@@ -65,11 +65,15 @@ class Stream:
         return cls(np.array(kinds, np.int8), np.array(handles, np.int64), np.array(sizes, np.int64),
                    np.array(stages, np.int16), tuple(names) or ("all",), dict(meta or {}))
 
-    def save(self, path: str | Path) -> None:
+    def save(self, path) -> None:
+        """Write the .npz to a path or a binary file object (the app keeps streams in memory)."""
         header = json.dumps({"format": FORMAT, "stage_names": list(self.stage_names), "meta": self.meta})
+        arrays = dict(kind=self.kind, handle=self.handle, nbytes=self.nbytes, stage=self.stage, header=np.array(header))
+        if hasattr(path, "write"):
+            np.savez_compressed(path, **arrays)
+            return
         with open(path, "wb") as f:
-            np.savez_compressed(f, kind=self.kind, handle=self.handle, nbytes=self.nbytes, stage=self.stage,
-                                header=np.array(header))
+            np.savez_compressed(f, **arrays)
 
     @classmethod
     def load(cls, path: str | Path) -> Stream:
