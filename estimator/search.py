@@ -237,7 +237,7 @@ def advice(model: Model, workload: Workload, parallel: Parallel, gpu_bytes: int,
     expandable = _expandable_advice(model, workload, parallel, gpu_bytes, options)
     if expandable is not None:
         single.insert(next((i for i, a in enumerate(single) if a.saving_bytes < expandable.saving_bytes or
-                            not a.priced), len(single)), expandable)
+                            not a.priced or a.title.startswith("Combine")), len(single)), expandable)
     return single
 
 
