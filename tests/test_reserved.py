@@ -211,3 +211,24 @@ def test_snapshot_stream_takes_the_stage_names_of_the_run():
     s = stream_from_snapshot(snap, stage_ends=[(15, "load"), (30, "forward")])
     assert [s.stage_names[i] for i in s.stage] == ["load", "forward", "forward", "end"]
     assert stream_from_snapshot(snap).stage_names == ("trace",)
+
+
+def test_published_comparison_is_robust_to_zero_rows_and_compares_a_row():
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from rowfactory import make_row
+    from scripts import allocator_vs_published as avp
+
+    comps, skipped = avp.comparisons([])
+    assert comps == [] and "No published run" in avp.report(comps, skipped, 0)
+    from estimator.presets import load_config
+    name, cfg = load_config(L1)
+    e = estimate(model(L1), Workload(batch=2, seq=1024))
+    row = make_row(config=cfg, model_name=name, source="published", batch=2, seq=1024,
+                   peak_reserved_bytes=e.reserved_bytes + 2**30, nvml_used_bytes=None)
+    comps, _ = avp.comparisons([row])
+    (c,) = comps
+    assert c["metric"] == "reserved" and c["predicted_bytes"] == e.reserved_bytes
+    assert c["rel_error"] == (e.reserved_bytes - (e.reserved_bytes + 2**30)) / (e.reserved_bytes + 2**30)
+    assert "| reserved | 1 |" in avp.report(comps, {}, 1)
