@@ -247,8 +247,8 @@ def estimate(model: Model, workload: Workload, parallel: Parallel = Parallel(),
     for sh in stage_shares:
         stages = stage_breakdowns(model, prof, workload, parallel, tw, sh, options)
         # the allocator's cache on each stage's allocated peak (monotone in it: the peak stage stays the peak)
-        stages = {n: (label, replace(b, allocator_cache=fit.cache_bytes(b.total - b.overhead + workspace)))
-                  for n, (label, b) in stages.items()}
+        stages = {n: (label, Breakdown(**{**b.__dict__, "allocator_cache": fit.cache_bytes(
+                      b.total - b.overhead + workspace)})) for n, (label, b) in stages.items()}
         peak_name, (label, peak) = max(((n, v) for n, v in stages.items()), key=lambda kv: kv[1][1].total)
         if best is None or peak.total > best[0]:
             best = (peak.total, sh.stage, stages, peak_name, label)

@@ -131,7 +131,7 @@ def test_stage_peaks_match_the_trace(config, workload):
     for name, breakdown in est.stages:
         traced = row.get(f"{name}_peak_alloc_bytes")
         if name in stages and traced:
-            errors[name] = (breakdown.tensor_bytes - traced) / traced
+            errors[name] = (breakdown.total - breakdown.overhead - traced) / traced
     assert errors and all(abs(e) <= TOLERANCE for e in errors.values()), errors
 
 
