@@ -283,7 +283,8 @@ def render_text(r: dict) -> str:
                      f"(model context {r['max_positions']})")
         if r.get("advice"):
             lines += ["", "What would help (each alone, largest saving first):"]
-            shown = r["advice"][:7] + [a for a in r["advice"][7:] if a["title"].startswith("Combine")]
+            shown = r["advice"][:7] + [a for a in r["advice"][7:] if a["title"].startswith("Combine")
+                                       or "alloc_conf" in a["change"]]
             for a in shown:
                 if not a["priced"]:
                     lines.append(f"  - {a['title']}: {a['note']}")
