@@ -14,6 +14,7 @@ PAGES = [
     st.Page("pages/curves.py", title="Curves", icon=":material/show_chart:"),
     st.Page("pages/calibrate.py", title="Calibrate", icon=":material/tune:"),
     st.Page("pages/multi_gpu.py", title="Multi-GPU", icon=":material/view_module:"),
+    st.Page("pages/replay.py", title="Allocator replay", icon=":material/stacked_line_chart:"),
     st.Page("pages/contribute.py", title="Contribute", icon=":material/upload:"),
 ]
 

@@ -12,6 +12,7 @@ import sys
 # command name -> module that registers it
 COMMANDS = {
     "trace": "bench.cmd_trace",
+    "replay": "bench.cmd_replay",
     "derive": "bench.cmd_derive",
     "measure": "bench.cmd_measure",
     "ingest": "bench.cmd_db",

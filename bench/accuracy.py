@@ -308,7 +308,7 @@ def stage_errors(cases: list[Case]) -> pd.DataFrame:
         for stage, b in c.est.stages:
             truth = c.row.get(f"{stage}_peak_alloc_bytes")
             if _present(truth) and int(truth) > 0:
-                pred = comparable_peak - (c.est.total_bytes - b.total)
+                pred = comparable_peak - (c.est.components.tensor_bytes - b.tensor_bytes)
                 out.append({"run_id": c.row["run_id"], "family": c.model.family, "model_name": c.row["model_name"],
                             "mode": mode_of(c.workload), "stage": stage, "truth_bytes": int(truth),
                             "pred_bytes": pred, "rel_err": (pred - int(truth)) / int(truth)})

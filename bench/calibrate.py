@@ -90,7 +90,7 @@ def _allocated_besides_activations(est: Estimate, stage: str, source: str) -> in
     """
     b = est.stage(stage)
     workspace = est.allocator_overhead_bytes if source == "measured" else 0
-    return b.total - b.activations - b.overhead + workspace
+    return b.tensor_bytes - b.activations + workspace
 
 
 def _activation_stage(row: dict, est: Estimate) -> tuple[str, int] | None:

@@ -58,6 +58,9 @@ def _register_trace(subparsers) -> None:
                    help="cuda (default): trace what a CUDA GPU keeps (its SDPA backend and aten ops, 1-byte dropout "
                         "masks, its autocast lists, fp32 LayerNorm statistics); cpu: the CPU's own kernels, exactly "
                         "as a plain training loop on fake CPU tensors runs the model (scripts/plain_loop.py)")
+    p.add_argument("--stream", default=None, metavar="FILE",
+                   help="one case only: also write its allocation stream (.npz, estimator.allocator.Stream: "
+                        "every allocation and free in order, stage names, provenance) for python -m bench replay")
     p.set_defaults(func=run_trace)
 
 
@@ -101,6 +104,10 @@ def run_trace(args: argparse.Namespace) -> int:
     if not todo:
         print("nothing to trace: every case is already in --out or the database", file=sys.stderr)
     single = len(runnable) == 1
+    if args.stream and not single:
+        return _error(f"stream: --stream FILE takes one case; the grid has {len(runnable)}")
+    if args.stream and not todo:
+        todo = runnable  # the row exists, but the stream was asked for: trace it again
     failures = _trace_all(todo, args, single)
     if args.ingest:
         code = _ingest(args.out, args.db)
@@ -122,8 +129,11 @@ def _trace_all(cases: list, args: argparse.Namespace, single: bool) -> Counter:
         for case in tqdm(cases, disable=len(cases) <= 1, file=sys.stderr, unit="case"):
             try:
                 with _time_limit(args.timeout_per_case):
-                    row = trace.trace_case(case.config, case.model_name, case.workload, case.parallel,
-                                           steps=args.steps, check=args.check, kernels=args.kernels)
+                    if getattr(args, "stream", None):
+                        row = _trace_with_stream(case, args)
+                    else:
+                        row = trace.trace_case(case.config, case.model_name, case.workload, case.parallel,
+                                               steps=args.steps, check=args.check, kernels=args.kernels)
             except Exception as e:  # noqa: BLE001 - one failing case is reported, the sweep goes on
                 failures[type(e).__name__] += 1
                 tqdm.write(f"failed: {grid.describe(case)}: {str(e).splitlines()[0] if str(e) else type(e).__name__}",
@@ -143,6 +153,20 @@ def _trace_all(cases: list, args: argparse.Namespace, single: bool) -> Counter:
     if failures:
         print(f"{sum(failures.values())} case(s) failed", file=sys.stderr)
     return failures
+
+
+def _trace_with_stream(case, args: argparse.Namespace) -> dict:
+    """Trace one case keeping its allocation events; write the stream to --stream; return the row."""
+    from bench.streams import trace_stream
+
+    if args.check:
+        raise ValueError("check: --check and --stream are separate runs; drop one")
+    row, stream = trace_stream(case.config, case.model_name, case.workload, case.parallel, steps=args.steps,
+                               kernels=args.kernels)
+    stream.save(args.stream)
+    print(f"stream: {len(stream):,} events, stages {', '.join(stream.stage_names)} -> {args.stream} "
+          f"(python -m bench replay {args.stream})", file=sys.stderr)
+    return row
 
 
 class _time_limit:

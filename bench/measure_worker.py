@@ -1,6 +1,6 @@
 """Measure one case on a real GPU, in a process of its own.
 
-    python -m bench.measure_worker --case case.json --out row.json [--snapshot DIR]
+    python -m bench.measure_worker --case case.json --out row.json [--snapshot DIR] [--stream-dir DIR]
     python -m torch.distributed.run --standalone --nproc-per-node 2 -m bench.measure_worker --case ... --out ...
 
 `bench.measure` launches this once per case, so an OOM or a broken CUDA context dies with its process
@@ -150,6 +150,7 @@ class StageRecorder:
         self.micro_done = 0                # backward passes finished (locates an OOM between micro-batches)
         self.nvml_used_bytes = None
         self.max_reserved = -1
+        self.stage_ends: list[tuple[int, str]] = []   # (time in us, stage): labels the --stream-dir stream
 
     def _keep(self, stage: str, alloc, reserved) -> None:
         old_alloc, old_reserved = self.peaks.get(stage, (None, None))
@@ -157,6 +158,7 @@ class StageRecorder:
 
     def __call__(self, stage: str) -> None:
         alloc, reserved = self.backend.boundary()
+        self.stage_ends.append((time.time_ns() // 1000, stage))
         self._keep(stage, alloc, reserved)
         if self.backend.counts and self.backend.reserved_bytes() > self.max_reserved:
             # reserved only grows, so NVML needs re-reading only when it did (keeps decode loops cheap)
@@ -222,7 +224,8 @@ def _local_param_bytes(model) -> int:
     return sum(t.numel() * t.element_size() for t in local)
 
 
-def measure_case(case: Case, backend, rank: int = 0, snapshot_dir: str | None = None) -> dict:
+def measure_case(case: Case, backend, rank: int = 0, snapshot_dir: str | None = None,
+                 stream_dir: str | None = None) -> dict:
     """Run the case on this rank (backend already started) and return its per-rank result.
 
     A CUDA OOM becomes oom=True with the stage it hit; any other exception propagates (no row)."""
@@ -230,7 +233,7 @@ def measure_case(case: Case, backend, rank: int = 0, snapshot_dir: str | None = 
               "oom_message": None, "step_time_s": None, "params": None, "trainable_params": None,
               "local_param_bytes": None}
     rec = StageRecorder(backend, case.workload)
-    if snapshot_dir and backend.counts:
+    if (snapshot_dir or stream_dir) and backend.counts:
         torch.cuda.memory._record_memory_history(max_entries=SNAPSHOT_MAX_ENTRIES)
     try:
         backend.boundary()  # the load stage starts here
@@ -238,8 +241,12 @@ def measure_case(case: Case, backend, rank: int = 0, snapshot_dir: str | None = 
     except torch.OutOfMemoryError as e:
         result.update(oom=True, oom_stage=rec.close_oom(), oom_message=str(e)[:MAX_NOTES])
     finally:
+        if stream_dir and backend.counts:
+            _save_stream(stream_dir, case, rank, rec.stage_ends)
         if snapshot_dir and backend.counts:
             _dump_snapshot(snapshot_dir, case, rank)
+        elif stream_dir and backend.counts:
+            torch.cuda.memory._record_memory_history(enabled=None)
     result["stages"] = rec.peaks
     result["nvml_used_bytes"] = rec.nvml_used_bytes
     return result
@@ -269,6 +276,22 @@ def _dump_snapshot(snapshot_dir: str, case: Case, rank: int) -> None:
     torch.cuda.memory._record_memory_history(enabled=None)
 
 
+def _save_stream(stream_dir: str, case: Case, rank: int, stage_ends: list[tuple[int, str]]) -> None:
+    """The recorded allocator history as an allocation stream (.npz, estimator.allocator.Stream) with the run's
+    stage names, for python -m bench replay: the measured counterpart of trace --stream."""
+    from estimator.allocator.stream import stream_from_snapshot
+
+    from estimator.spec import spec_dict
+
+    meta = {"model": case.label(), "rank": rank, "workload": spec_dict(case.workload),
+            "parallel": spec_dict(case.parallel),
+            "versions": {k: v for k, v in env.software_fields().items() if k.endswith("_version")}}
+    stream = stream_from_snapshot(torch.cuda.memory._snapshot(), device=torch.cuda.current_device(), meta=meta,
+                                  stage_ends=stage_ends)
+    Path(stream_dir).mkdir(parents=True, exist_ok=True)
+    stream.save(Path(stream_dir) / f"{case.label()}-rank{rank}.npz")
+
+
 def _gather(result: dict, world_size: int) -> list[dict] | None:
     """All ranks' results on rank 0 (None on the others)."""
     import torch.distributed as dist
@@ -291,7 +314,7 @@ def _probe(device: str, out: str) -> int:
     return 0
 
 
-def _measure(case: Case, out: str, snapshot_dir: str | None) -> int:
+def _measure(case: Case, out: str, snapshot_dir: str | None, stream_dir: str | None = None) -> int:
     rank, local_rank = int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     if world_size != case.parallel.gpus:
@@ -303,7 +326,7 @@ def _measure(case: Case, out: str, snapshot_dir: str | None) -> int:
         import torch.distributed as dist
         kw = {"device_id": backend.device} if backend.counts else {}
         dist.init_process_group(backend="nccl" if backend.counts else "gloo", **kw)
-    result = measure_case(case, backend, rank, snapshot_dir)
+    result = measure_case(case, backend, rank, snapshot_dir, stream_dir)
     gc.collect()  # the model is gone; return its memory so the gather (NCCL) has room after an OOM
     if backend.counts:
         torch.cuda.empty_cache()
@@ -323,6 +346,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--case", help="JSON file of one case, as bench.measure writes it")
     p.add_argument("--out", required=True, help="file rank 0 writes the row to (JSON); with --probe, the environment")
     p.add_argument("--snapshot", default=None, help="directory for one CUDA memory snapshot per rank (memory_viz)")
+    p.add_argument("--stream-dir", default=None, help="directory for one allocation stream (.npz) per rank, from "
+                   "the recorded allocator history: python -m bench replay reads it")
     p.add_argument("--probe", choices=("cuda", "cpu"), help="only report the environment and device count")
     args = p.parse_args(argv)
     if (args.case is None) == (args.probe is None):
@@ -330,7 +355,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.probe:
             return _probe(args.probe, args.out)
-        return _measure(Case.from_json(json.loads(Path(args.case).read_text())), args.out, args.snapshot)
+        return _measure(Case.from_json(json.loads(Path(args.case).read_text())), args.out, args.snapshot,
+                        args.stream_dir)
     except NoCudaError as e:
         print(e, file=sys.stderr)
         return 2

@@ -17,6 +17,7 @@ from estimator import components as comp
 from estimator.calibration import SEED_K
 from estimator.calibration_file import CalibrationEntry, entry_for
 from estimator.estimate import COMPONENTS, Estimate, Options, estimate
+from estimator.device import capacity_bytes, capacity_source
 from estimator.gpus import GPU, get_gpu, load_gpus
 from estimator.model import Model, check_context, from_hf_config
 from estimator.presets import load_config, preset_names
@@ -85,7 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
     a("--float8", action="store_true", help="torchao float8 training of the block Linears (torchtitan)")
     a("--compile", action="store_true", help="the model is torch.compile'd: what AOTAutograd's partitioner saves, traced "
       "on one GPU with the full loss (no inductor fusion; estimator.trace.compiled)")
-    a("--gpu", help="GPU preset (see --list-gpus): adds the verdict, headroom, max batch and max seq")
+    a("--gpu", help="GPU preset (see --list-gpus): adds the verdict (device bytes against what cudaMemGetInfo "
+      "reports), headroom, max batch and max seq; picks the CUDA context of its architecture")
+    a("--alloc-conf", default="", metavar="CONF",
+      help="PYTORCH_CUDA_ALLOC_CONF the run uses, e.g. 'expandable_segments:True': changes reserved bytes through "
+           "the fitted classes (docs/allocator.md)")
     a("--gpus", type=int, default=1, help="world size; more than 1 needs --strategy")
     a("--strategy", choices=STRATEGIES, help="parallelism; default single for 1 GPU")
     a("--tp", type=int, default=1, help="tensor-parallel degree (strategy tp uses --gpus if left at 1)")
@@ -135,7 +140,7 @@ def _progress(done: int, total: int, message: str) -> None:
 
 
 def _options(args, model: Model, w: Workload) -> tuple[Options, CalibrationEntry | None]:
-    base = dict(derive=not args.no_derive, progress=_progress)
+    base = dict(derive=not args.no_derive, progress=_progress, alloc_conf=args.alloc_conf, gpu=args.gpu)
     opts, cal = _k_options(args, model, w)
     return Options(overhead=opts.overhead, activation_k=opts.activation_k, **base), cal
 
@@ -175,6 +180,8 @@ def report(model: Model, est: Estimate, gpu: GPU | None, options: Options,
         "activation_model": "detailed" if options.activation_k is None else "k",
         "activation_k": options.activation_k,
         "total_bytes": est.total_bytes, "allocated_bytes": est.allocated_bytes,
+        "reserved_bytes": est.reserved_bytes, "device_bytes": est.device_bytes, "alloc_conf": options.alloc_conf,
+        "device_parts": [{"name": n, "bytes": b, "source": src} for n, b, src in est.device_parts()],
         "peak_stage": est.peak_stage, "pipeline_stage": est.pipeline_stage, "peak_moment": est.peak_moment,
         "paged_bytes": est.paged_bytes, "notes": list(est.notes), "profile": est.profile,
         "components": est.components.as_dict(),
@@ -188,16 +195,18 @@ def report(model: Model, est: Estimate, gpu: GPU | None, options: Options,
                               "checkpointing": cal.checkpointing, "context_bytes": cal.context_bytes}
         out["interval_bytes"] = list(interval)
     if gpu is not None:
-        cap = gpu.memory_bytes
+        cap = capacity_bytes(gpu)   # what cudaMemGetInfo reports, below nvidia-smi's memory.total
         w, p = est.workload, est.parallel
-        out.update(gpu=gpu.name, gpu_bytes=cap, fits=est.total_bytes <= cap, headroom_bytes=cap - est.total_bytes,
-                   verdict=_verdict(est.total_bytes, cap, interval),
+        out.update(gpu=gpu.name, gpu_bytes=cap, gpu_bytes_source=capacity_source(gpu),
+                   gpu_memory_total_bytes=gpu.memory_bytes, fits=est.device_bytes <= cap,
+                   headroom_bytes=cap - est.device_bytes, verdict=_verdict(est.device_bytes, cap, interval),
                    max_batch=max_batch(model, w, p, cap, options),
                    max_seq=max_seq(model, w, p, cap, options, limit=max(model.max_positions, w.seq)),
                    max_positions=model.max_positions)
         if not out["fits"]:
             # pricing other workload classes would trace each one: only classes whose profile is on disk
-            priced = Options(overhead=options.overhead, activation_k=options.activation_k, derive=False)
+            priced = Options(overhead=options.overhead, activation_k=options.activation_k, derive=False,
+                             alloc_conf=options.alloc_conf, gpu=options.gpu)
             out["advice"] = [_advice_dict(a) for a in advice(model, w, p, cap, priced)]
     return out
 
@@ -236,7 +245,10 @@ def render_text(r: dict) -> str:
         n = r["components"][name]
         if n:
             lines.append(f"  {name:<18}{_both(n)}  {_bar(n, scale)}")
-    lines.append(f"  {'TOTAL':<18}{_both(r['total_bytes'])}  (torch allocated: {fmt_bytes(r['allocated_bytes'])})")
+    lines.append(f"  {'TOTAL (device)':<18}{_both(r['total_bytes'])}")
+    lines.append(f"  allocated {fmt_bytes(r['allocated_bytes'])} <= reserved {fmt_bytes(r['reserved_bytes'])} <= device "
+                 f"{fmt_bytes(r['device_bytes'])} (torch memory_allocated / memory_reserved / nvidia-smi; "
+                 f"allocator {r['alloc_conf'] or 'defaults'})")
     if r.get("peak_moment"):
         lines.append(f"  peak moment: {r['peak_moment']}")
     if r.get("paged_bytes"):
@@ -259,7 +271,9 @@ def render_text(r: dict) -> str:
         lines.append(f"\n95% prediction interval (calibrated k={r['calibration']['k']:.2f}, "
                      f"n={r['calibration']['n_points']}): {fmt_bytes(lo)} .. {fmt_bytes(hi)}")
     if "gpu" in r:
-        lines += ["", f"GPU {r['gpu']}: {fmt_bytes(r['gpu_bytes'])} = {fmt_bytes(r['gpu_bytes'], 'GB')}"]
+        lines += ["", f"GPU {r['gpu']}: {fmt_bytes(r['gpu_bytes'])} = {fmt_bytes(r['gpu_bytes'], 'GB')} usable "
+                  f"({r['gpu_bytes_source']}; memory.total {fmt_bytes(r['gpu_memory_total_bytes'])}); the verdict "
+                  "compares device bytes with it"]
         head = r["headroom_bytes"]
         verdict = {"fits": f"fits with {fmt_bytes(head)} ({fmt_bytes(head, 'GB')}) to spare",
                    "oom": f"OOM by {fmt_bytes(-head)} ({fmt_bytes(-head, 'GB')})",
@@ -269,7 +283,8 @@ def render_text(r: dict) -> str:
                      f"(model context {r['max_positions']})")
         if r.get("advice"):
             lines += ["", "What would help (each alone, largest saving first):"]
-            shown = r["advice"][:7] + [a for a in r["advice"][7:] if a["title"].startswith("Combine")]
+            shown = r["advice"][:7] + [a for a in r["advice"][7:] if a["title"].startswith("Combine")
+                                       or "alloc_conf" in a["change"]]
             for a in shown:
                 if not a["priced"]:
                     lines.append(f"  - {a['title']}: {a['note']}")

@@ -10,6 +10,7 @@ traceable workload stands for a given one, and `Estimate.notes` what was priced 
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
@@ -18,10 +19,11 @@ from estimator import components as comp
 from estimator import store
 from estimator.model import Model
 from estimator.parallel import TRACED_SHARDING, shares
+from estimator.reserved import workload_class
 from estimator.spec import Parallel, Workload
 
 COMPONENTS = ("weights", "gradients", "optimizer_states", "master_weights", "activations", "kv_cache",
-              "temporaries", "buffers", "overhead")
+              "temporaries", "buffers", "allocator_cache", "overhead")
 UNTRACEABLE_OPTIMIZERS = ("adamw-8bit", "paged-adamw", "paged-adamw-8bit", "adafactor", "lion")
 ANALYTIC_STRATEGIES = ("zero1", "zero2", "tp", "pp", "ep")
 
@@ -38,12 +40,19 @@ class Breakdown:
     kv_cache: int = 0          # inference K/V cache
     temporaries: int = 0       # the optimizer step's temporaries; dequantized weights of a 4/8-bit matmul
     buffers: int = 0           # model inputs, labels and non-parameter buffers (RoPE tables)
+    allocator_cache: int = 0   # reserved - allocated: cached free blocks and split tails (estimator.reserved)
     overhead: int = 0          # CUDA context, cuBLAS workspace, NCCL buffers
 
     @property
     def total(self) -> int:
         return (self.weights + self.gradients + self.optimizer_states + self.master_weights + self.activations
-                + self.kv_cache + self.temporaries + self.buffers + self.overhead)  # every field (a test checks)
+                + self.kv_cache + self.temporaries + self.buffers + self.allocator_cache
+                + self.overhead)  # every field (a test checks)
+
+    @property
+    def tensor_bytes(self) -> int:
+        """The tensors alone: total less the allocator's cache and the overhead (context, cuBLAS, NCCL)."""
+        return self.total - self.allocator_cache - self.overhead
 
     def as_dict(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -57,6 +66,15 @@ class Options:
     activation_k: float | None = None   # None: the traced profile; a number: the seeds' k * b*s*h*L*bytes form
     derive: bool = True                 # derive a missing profile now (torch); False raises store.ProfileMissing
     progress: Callable | None = field(default=None, compare=False, hash=False)
+    alloc_conf: str = ""                # PYTORCH_CUDA_ALLOC_CONF: which fitted reserved class (estimator.reserved)
+    gpu: str | None = None              # GPU preset: picks the CUDA context of its architecture (estimator.device)
+
+    def __post_init__(self) -> None:
+        if self.alloc_conf:
+            _alloc_mode(self.alloc_conf)   # a bad string: parse_alloc_conf's one line, at construction
+        if self.gpu is not None:
+            from estimator.gpus import get_gpu
+            get_gpu(self.gpu)
 
 
 @dataclass(frozen=True)
@@ -75,6 +93,7 @@ class Estimate:
     notes: tuple[str, ...] = ()  # what was priced analytically instead of traced
     profile: dict = field(default_factory=dict, compare=False)  # the profile's provenance
     paged_bytes: int = 0        # optimizer states in CUDA unified memory (paged optimizers): not in `total`
+    reserved_source: str = ""   # which fitted class priced allocator_cache
 
     @property
     def components(self) -> Breakdown:
@@ -87,8 +106,31 @@ class Estimate:
 
     @property
     def allocated_bytes(self) -> int:
-        """Peak as torch.cuda.max_memory_allocated would see it (no context, no NCCL)."""
-        return self.total_bytes - self.components.overhead + self.allocator_overhead_bytes
+        """Peak as torch.cuda.max_memory_allocated would see it (no cache, no context, no NCCL)."""
+        c = self.components
+        return self.total_bytes - c.overhead - c.allocator_cache + self.allocator_overhead_bytes
+
+    @property
+    def reserved_bytes(self) -> int:
+        """Peak as torch.cuda.max_memory_reserved would see it: allocated + the allocator's cache
+        (reserved = allocated * (1 + r) + c of the workload class, data/allocator_fit.json)."""
+        return self.allocated_bytes + self.components.allocator_cache
+
+    @property
+    def device_bytes(self) -> int:
+        """What nvidia-smi shows for the process: reserved + CUDA context + NCCL buffers. The verdict's number."""
+        return self.total_bytes
+
+    def device_parts(self) -> tuple[tuple[str, int, str], ...]:
+        """(name, bytes, source) of each layer from allocated to device bytes at the peak; they sum to device_bytes."""
+        c = self.components
+        nccl = c.overhead - self.cuda_context_bytes - self.allocator_overhead_bytes
+        return (("tensors", self.allocated_bytes - self.allocator_overhead_bytes,
+                 f"traced profile ({self.profile.get('kernels', 'cuda')} kernels), swapped components"),
+                ("cublas_workspace", self.allocator_overhead_bytes, "aten CublasHandlePool.cpp (sm90 default)"),
+                ("allocator_cache", c.allocator_cache, self.reserved_source),
+                ("cuda_context", self.cuda_context_bytes, "data/cuda_context.json (estimator.device)"),
+                ("nccl", nccl, "NCCL buffers, components.Overhead (only with more than one GPU)"))
 
     def stage(self, name: str) -> Breakdown:
         return dict(self.stages)[name]
@@ -197,10 +239,16 @@ def estimate(model: Model, workload: Workload, parallel: Parallel = Parallel(),
     """Per-GPU memory of one step of `workload` on `model` under `parallel`."""
     from estimator.evaluate import stage_breakdowns
 
+    options = _device_options(options)
     tw, notes, prof, stage_shares = _resolve(model, workload, parallel, options)
+    fit, mode_note, source = _reserved_fit(workload_class(workload, parallel), options.alloc_conf)
+    workspace = options.overhead.cublas_workspace_bytes
     best = None
     for sh in stage_shares:
         stages = stage_breakdowns(model, prof, workload, parallel, tw, sh, options)
+        # the allocator's cache on each stage's allocated peak (monotone in it: the peak stage stays the peak)
+        stages = {n: (label, Breakdown(**{**b.__dict__, "allocator_cache": fit.cache_bytes(
+                      b.total - b.overhead + workspace)})) for n, (label, b) in stages.items()}
         peak_name, (label, peak) = max(((n, v) for n, v in stages.items()), key=lambda kv: kv[1][1].total)
         if best is None or peak.total > best[0]:
             best = (peak.total, sh.stage, stages, peak_name, label)
@@ -214,12 +262,43 @@ def estimate(model: Model, workload: Workload, parallel: Parallel = Parallel(),
                     stages=tuple((n, b) for n, (_, b) in stages.items()), peak_stage=peak_name,
                     pipeline_stage=pstage, cuda_context_bytes=options.overhead.cuda_context_bytes,
                     allocator_overhead_bytes=options.overhead.cublas_workspace_bytes, peak_moment=label,
-                    notes=notes, profile=dict(prof.provenance), paged_bytes=paged)
+                    notes=notes + ((mode_note,) if mode_note else ()), profile=dict(prof.provenance),
+                    paged_bytes=paged, reserved_source=source)
+
+
+@functools.lru_cache(maxsize=64)
+def _alloc_mode(alloc_conf: str):
+    from estimator.reserved import alloc_mode
+    return alloc_mode(alloc_conf)
+
+
+@functools.lru_cache(maxsize=64)
+def _reserved_fit(cls: str, alloc_conf: str):
+    """(ReservedFit, note or None, source in words) for this workload class under this PYTORCH_CUDA_ALLOC_CONF."""
+    from estimator.reserved import fit_for_class
+    mode, note = _alloc_mode(alloc_conf)
+    f = fit_for_class(cls, mode)
+    source = (f"data/allocator_fit.json: {f.workload_class}, {mode} allocator, reserved = allocated x "
+              f"(1 + {f.ratio:.4f}) + {f.const_bytes / 2**20:.1f} MiB (n={f.n}, median error "
+              f"{f.median_rel_error:.1%}, worst {f.worst_rel_error:.1%})")
+    return f, note, source
+
+
+@functools.lru_cache(maxsize=64)
+def _device_options(options: Options) -> Options:
+    """With a GPU and the default overhead, the CUDA context of the GPU's architecture (estimator.device)."""
+    if options.gpu is None or options.overhead != comp.Overhead():
+        return options
+    from estimator.device import context_bytes
+    from estimator.gpus import get_gpu
+    ctx = context_bytes(get_gpu(options.gpu))
+    if ctx == options.overhead.cuda_context_bytes:
+        return options
+    return replace(options, overhead=replace(options.overhead, cuda_context_bytes=ctx))
 
 
 def clear_caches() -> None:
     """Empty every memo the estimator keeps (loaded profiles and inventories, lru_caches): a cold call."""
-    import functools
     import sys
 
     store.clear_memo()

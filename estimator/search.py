@@ -234,7 +234,44 @@ def advice(model: Model, workload: Workload, parallel: Parallel, gpu_bytes: int,
         combined = _combined(model, workload, parallel, gpu_bytes, options, single)
         if combined is not None:
             single.append(combined)
+    expandable = _expandable_advice(model, workload, parallel, gpu_bytes, options)
+    if expandable is not None:
+        single.insert(next((i for i, a in enumerate(single) if a.saving_bytes < expandable.saving_bytes or
+                            not a.priced or a.title.startswith("Combine")), len(single)), expandable)
     return single
+
+
+EXPANDABLE = "expandable_segments:True"
+
+
+def _expandable_advice(model, workload, parallel, gpu_bytes, options) -> Advice | None:
+    """PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, priced through the fitted reserved classes
+    (estimator.reserved), when the run does not use it yet and it would save bytes. The note says when the
+    allocator's cache decides the verdict (the run fits without it and does not with it)."""
+    import re
+
+    if "expandable_segments" in options.alloc_conf and _expandable(options.alloc_conf):
+        return None
+    conf = re.sub(r"expandable_segments\s*:\s*\w+", EXPANDABLE, options.alloc_conf) \
+        if "expandable_segments" in options.alloc_conf else ",".join(filter(None, (options.alloc_conf, EXPANDABLE)))
+    try:
+        now = estimate(model, workload, parallel, options)
+        new = estimate(model, workload, parallel, replace(options, alloc_conf=conf)).total_bytes
+    except ProfileMissing:
+        return None
+    if new >= now.total_bytes:
+        return None
+    decides = now.total_bytes > gpu_bytes >= now.total_bytes - now.components.allocator_cache
+    note = ("Fragmentation decides the verdict: the tensors fit, the allocator's cached segments do not. "
+            if decides else "") + ("One growing virtual segment per pool instead of fixed cudaMalloc segments: "
+                                  "fewer unusable split tails (torch docs, CUDA memory management).")
+    return Advice(f"Set PYTORCH_CUDA_ALLOC_CONF={conf}", {"alloc_conf": conf}, now.total_bytes - new, new,
+                  new <= gpu_bytes, note)
+
+
+def _expandable(conf: str) -> bool:
+    from estimator.allocator.config import parse_alloc_conf
+    return parse_alloc_conf(conf).expandable_segments
 
 
 MAX_COMBINED = 4

@@ -13,7 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from estimator.estimate import Options, _resolve
+from estimator import components as comp
+from estimator.estimate import Options, _device_options, _reserved_fit, _resolve
+from estimator.reserved import workload_class
 from estimator.evaluate import _plans, applies, world
 from estimator.model import Model
 from estimator.spec import MAX_BATCH, MAX_SEQ, Parallel, Workload
@@ -51,6 +53,7 @@ def sweep_points(model: Model, workload: Workload, batch, seq, parallel: Paralle
     out = np.zeros(bs.size, dtype=np.float64)
     if bs.size == 0:
         return out.astype(np.int64)
+    options = _device_options(options)
     tw, _, prof, stage_shares = _resolve(model, workload, parallel, options)
     n = world(parallel)
     gs = np.full(bs.size, workload.gen_tokens)
@@ -72,7 +75,15 @@ def sweep_points(model: Model, workload: Workload, batch, seq, parallel: Paralle
                 best[mask] = np.maximum(best[mask], tot)
     if np.isinf(best).any():
         raise ValueError("seq: some points fall outside every piece of the profile")
-    return np.rint(best).astype(np.int64)
+    return _with_cache(np.rint(best), workload, parallel, options).astype(np.int64)
+
+
+def _with_cache(best: np.ndarray, workload: Workload, parallel: Parallel, options: Options) -> np.ndarray:
+    """Add the allocator's cache as estimate() does (estimator.reserved: monotone in the allocated peak, so it
+    is applied to the largest stage), from the same fitted class."""
+    fit = _reserved_fit(workload_class(workload, parallel), options.alloc_conf)[0]
+    allocated = best - comp.overhead_bytes(parallel.gpus, options.overhead) + options.overhead.cublas_workspace_bytes
+    return best + np.maximum(0.0, np.rint(allocated * fit.ratio) + fit.const_bytes)
 
 
 def sweep(model: Model, workloads, parallels, batches, seqs, options: Options = Options()) -> SweepResult:

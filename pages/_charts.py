@@ -12,7 +12,8 @@ import streamlit as st
 from estimator.estimate import COMPONENTS, Breakdown
 from estimator.units import GB, GiB
 
-COMPONENT_COLORS = ("#4c78a8", "#f58518", "#e45756", "#72b7b2", "#54a24b", "#eeca3b", "#b279a2", "#9d755d")
+COMPONENT_COLORS = ("#4c78a8", "#f58518", "#e45756", "#72b7b2", "#54a24b", "#eeca3b", "#b279a2", "#ff9da6",
+                    "#bab0ac", "#9d755d")
 STAGE_ORDER = ("load", "forward", "backward", "optimizer", "prefill", "decode")
 SOURCE_SHAPES = {"measured": "circle", "traced": "diamond", "published": "square"}
 SOURCE_COLORS = ("#2ca02c", "#9467bd", "#8c564b")
@@ -126,7 +127,7 @@ def curve_chart(curve: pd.DataFrame, pts: pd.DataFrame, x: str, x_title: str, ca
         x=alt.X(f"{x}:Q", title=x_title, scale=alt.Scale(type="log", base=2)),
         y=alt.Y("gib:Q", title="Peak memory per GPU (GiB, 2^30 bytes)"),
         color=alt.Color("series:N", title="Analytic", scale=alt.Scale(range=SERIES_COLORS)),
-        strokeDash=alt.StrokeDash("series:N", title="Analytic", scale=alt.Scale(range=[[1, 0], [6, 3]])),
+        strokeDash=alt.StrokeDash("series:N", title="Analytic", scale=alt.Scale(range=[[1, 0], [6, 3], [2, 2]])),
         tooltip=[alt.Tooltip("series:N"), alt.Tooltip(f"{x}:Q", title=x_title),
                  alt.Tooltip("gib:Q", title="GiB", format=",.2f"), alt.Tooltip("gb:Q", title="GB", format=",.2f")])
     layers = [lines, capacity_rule(capacity_bytes, capacity_label)]

@@ -333,6 +333,25 @@ def hardware_fields() -> list[Field]:
     ]
 
 
+def alloc_conf_field() -> Field:
+    return Field("alloc", "text", "", label="PYTORCH_CUDA_ALLOC_CONF",
+                 help="The allocator settings the run uses, e.g. expandable_segments:True. Changes the reserved "
+                      "bytes through the fitted classes (docs/allocator.md); empty = torch's defaults.")
+
+
+def alloc_conf_input(page: str, field: Field, container) -> str | None:
+    """The alloc-conf text box; a string torch would reject shows parse_alloc_conf's one line and gives None."""
+    from estimator.reserved import alloc_mode
+
+    text = widget(page, field, container).strip()
+    try:
+        alloc_mode(text)
+    except ValueError as e:
+        st.error(f"{e}. Fix PYTORCH_CUDA_ALLOC_CONF in the sidebar (or leave it empty).")
+        return None
+    return text
+
+
 def model_field() -> Field:
     names = tuple(preset_names())
     return Field("model", "choice", DEFAULT_MODEL if DEFAULT_MODEL in names else names[0], names,

@@ -13,6 +13,7 @@ import streamlit as st
 
 from bench import app_data
 from estimator import search
+from estimator.device import capacity_bytes
 from estimator.estimate import Options, estimate
 from estimator.gpus import get_gpu
 from estimator.presets import load_config
@@ -46,14 +47,18 @@ def axis(lo: int, hi: int) -> list[int]:
     return sorted(set(out))
 
 
-def analytic(model, w, par, xs: list[int], x: str) -> pd.DataFrame:
-    """Estimate at each x: the per-GPU total (vs the GPU) and torch's allocated peak (vs stored runs)."""
+SERIES = (("estimate: device (nvidia-smi)", "device_bytes"), ("estimate: torch reserved", "reserved_bytes"),
+          ("estimate: torch allocated", "allocated_bytes"))
+
+
+def analytic(model, w, par, xs: list[int], x: str, options: Options = NO_TRACE) -> pd.DataFrame:
+    """Estimate at each x: device bytes (the verdict's number, vs the GPU), torch's reserved peak, and its
+    allocated peak (vs stored runs)."""
     rows = []
     for v in xs:
-        est = estimate(model, replace(w, **{x: v}), par, NO_TRACE)
-        rows += [{x: v, "series": "estimate: total per GPU", "gib": est.total_bytes / GiB, "gb": est.total_bytes / GB},
-                 {x: v, "series": "estimate: torch allocated", "gib": est.allocated_bytes / GiB,
-                  "gb": est.allocated_bytes / GB}]
+        est = estimate(model, replace(w, **{x: v}), par, options)
+        rows += [{x: v, "series": label, "gib": getattr(est, attr) / GiB, "gb": getattr(est, attr) / GB}
+                 for label, attr in SERIES]
     return pd.DataFrame(rows)
 
 
@@ -90,15 +95,20 @@ def residuals(model, pts: pd.DataFrame) -> None:
 def main() -> None:
     f = {x.name: x for x in ui.workload_fields() + ui.hardware_fields()}
     f["model"] = ui.model_field()
+    f["alloc"] = ui.alloc_conf_field()
     ui.init_state(PAGE, list(f.values()))
     st.title("Curves")
     st.caption("The analytic peak as batch or sequence length grows, stored runs on top, and where the GPU's "
                "memory runs out. Sizes in GiB (2^30 bytes).")
-    shown = {"model", "gpu", "strategy", "gpus"}
+    shown = {"model", "gpu", "strategy", "gpus", "alloc"}
     name = ui.widget(PAGE, f["model"], st.sidebar)
     gpu_name = ui.widget(PAGE, f["gpu"], st.sidebar, format_func=ui.gpu_label)
     strategy = ui.widget(PAGE, f["strategy"], st.sidebar)
     gpus = ui.widget(PAGE, f["gpus"], st.sidebar, disabled=strategy == "single")
+    alloc = ui.alloc_conf_input(PAGE, f["alloc"], st.sidebar)
+    if alloc is None:
+        ui.write_url(PAGE, list(f.values()), shown)
+        return
     _, config = load_config(name)
     model = ui.load_model(config, name)
     ui.prepare_lora_targets(PAGE, ui.lora_target_options(model))
@@ -108,14 +118,16 @@ def main() -> None:
     w = ui.workload_from_dict(values)
     par = Parallel(strategy=strategy, gpus=1 if strategy == "single" else gpus)
     gpu = get_gpu(gpu_name)
-    cap = f"{gpu.display_name}: {fmt_bytes(gpu.memory_bytes, 'GiB')}"
+    usable = capacity_bytes(gpu)
+    cap = f"{gpu.display_name}: {fmt_bytes(usable, 'GiB')} usable"
+    options = replace(NO_TRACE, alloc_conf=alloc, gpu=gpu.name)
 
     pts = ui.or_error(lambda: pd.DataFrame() if ui.empty_db_notice()
                       else ui.points(config, name, w.batch, w.seq, match_filters(w, par)), pd.DataFrame())
     model.inventory.trainable_params(w)  # a LoRA target the model lacks: one line, before any trace
     st.caption(ui.provenance_caption(ui.ensure_profile(model, w, par)))
-    b_max = search.max_batch(model, w, par, gpu.memory_bytes, NO_TRACE)
-    s_max = search.max_seq(model, w, par, gpu.memory_bytes, NO_TRACE, limit=min(MAX_SEQ, 4 * model.max_positions))
+    b_max = search.max_batch(model, w, par, usable, options)
+    s_max = search.max_seq(model, w, par, usable, options, limit=min(MAX_SEQ, 4 * model.max_positions))
     # x runs a little past the cliff (or past the stored runs), so the line's crossing stays readable
     top_b = max([16, 4 * b_max, *(pts["batch"].tolist() if len(pts) else [])])
     top_s = max([4 * w.seq, 4 * s_max, *(pts["seq"].tolist() if len(pts) else [])])
@@ -125,13 +137,12 @@ def main() -> None:
 
     st.subheader(f"Peak vs micro-batch size (seq {w.seq:,})")
     on_b = stored(pts[pts["seq"] == w.seq], "batch") if len(pts) else pts
-    charts.show(charts.curve_chart(analytic(model, w, par, axis(1, min(top_b, MAX_BATCH)), "batch"),
-                                       on_b, "batch", "Micro-batch size (sequences per GPU)",
-                                       gpu.memory_bytes, cap))
+    charts.show(charts.curve_chart(analytic(model, w, par, axis(1, min(top_b, MAX_BATCH)), "batch", options),
+                                       on_b, "batch", "Micro-batch size (sequences per GPU)", usable, cap))
     st.subheader(f"Peak vs sequence length (batch {w.batch})")
     on_s = stored(pts[pts["batch"] == w.batch], "seq") if len(pts) else pts
-    charts.show(charts.curve_chart(analytic(model, w, par, axis(128, min(top_s, MAX_SEQ)), "seq"),
-                                       on_s, "seq", "Sequence length (tokens)", gpu.memory_bytes, cap))
+    charts.show(charts.curve_chart(analytic(model, w, par, axis(128, min(top_s, MAX_SEQ)), "seq", options),
+                                       on_s, "seq", "Sequence length (tokens)", usable, cap))
     residuals(model, pts)
 
 

@@ -14,6 +14,7 @@ from bench import app_data
 from bench.hub import OfflineError, fetch_config, validate_model_id, validate_revision
 from estimator import search
 from estimator.calibration_file import entry_for
+from estimator.device import capacity_bytes, capacity_source
 from estimator.estimate import COMPONENTS, Options, estimate
 from estimator.gpus import get_gpu
 from estimator.model import check_context, from_hf_config
@@ -39,6 +40,7 @@ def fields() -> dict[str, ui.Field]:
                               "Gated models (meta-llama/*) need HF_TOKEN set where the app runs.")
     out["rev"] = ui.Field("rev", "text", "", label="Revision",
                           help="Branch, tag or commit of the hub model (empty: main).")
+    out["alloc"] = ui.alloc_conf_field()
     out["calibrated"] = ui.Field("calibrated", "bool", False, label="Use calibrated k",
                                  help="Activations as k * b*s*h*L*bytes with k fitted on stored runs of this "
                                       "model family (Calibrate page), instead of the detailed per-tensor model.")
@@ -124,32 +126,37 @@ def _parsed(text: str, name: str):
 # ---------------------------------------------------------------- results
 
 def verdict(est, gpu) -> None:
-    spare = gpu.memory_bytes - est.total_bytes
+    cap = capacity_bytes(gpu)
+    spare = cap - est.device_bytes
     where = f"peak in the **{est.peak_stage}** stage" + (
         f" of the {est.pipeline_stage} pipeline stage" if est.pipeline_stage != "only" else "")
     each = "each" if est.parallel.gpus > 1 else "one"
     if spare >= 0:
-        st.success(f"**Fits** on {each} {gpu.display_name}: {ui.both_units(est.total_bytes)} per GPU, "
+        st.success(f"**Fits** on {each} {gpu.display_name}: {ui.both_units(est.device_bytes)} per GPU, "
                    f"**{ui.both_units(spare)} to spare** ({where}).", icon=":material/check_circle:")
     else:
-        st.error(f"**Out of memory** on {each} {gpu.display_name}: needs {ui.both_units(est.total_bytes)} per GPU, "
+        st.error(f"**Out of memory** on {each} {gpu.display_name}: needs {ui.both_units(est.device_bytes)} per GPU, "
                  f"**OOM by {ui.both_units(-spare)}** ({where}).", icon=":material/error:")
-    c1, c2, c3, c4 = st.columns(4)
-    c1.metric("Peak per GPU", fmt_bytes(est.total_bytes, "GiB"), help=f"{fmt_bytes(est.total_bytes, 'GB')}; "
-              "everything on the GPU incl. CUDA context: compare with the GPU's memory.")
-    c2.metric("GPU memory", fmt_bytes(gpu.memory_bytes, "GiB"),
-              help=f"{fmt_bytes(gpu.memory_bytes, 'GB')}; {gpu.memory_reported}. Sold as {gpu.marketing_memory}.")
-    c3.metric("Headroom" if spare >= 0 else "Over by", fmt_bytes(abs(spare), "GiB"),
+    c1, c2, c3, c4, c5 = st.columns(5)
+    c1.metric("torch peak allocated", fmt_bytes(est.allocated_bytes, "GiB"), help=f"{fmt_bytes(est.allocated_bytes, 'GB')}; "
+              "what torch.cuda.max_memory_allocated() would report: the tensors.")
+    c2.metric("torch peak reserved", fmt_bytes(est.reserved_bytes, "GiB"), help=f"{fmt_bytes(est.reserved_bytes, 'GB')}; "
+              f"torch.cuda.max_memory_reserved(): allocated + the allocator's cache. {est.reserved_source}.")
+    c3.metric("Peak per GPU", fmt_bytes(est.device_bytes, "GiB"), help=f"{fmt_bytes(est.device_bytes, 'GB')}; what "
+              "nvidia-smi shows: reserved + CUDA context + NCCL buffers. The verdict's number.")
+    c4.metric("GPU usable", fmt_bytes(cap, "GiB"),
+              help=f"{fmt_bytes(cap, 'GB')}; {capacity_source(gpu)}. nvidia-smi memory.total {gpu.memory_reported}; "
+                   f"sold as {gpu.marketing_memory}.")
+    c5.metric("Headroom" if spare >= 0 else "Over by", fmt_bytes(abs(spare), "GiB"),
               help=fmt_bytes(abs(spare), "GB"))
-    c4.metric("torch peak allocated", fmt_bytes(est.allocated_bytes, "GiB"),
-              help="What torch.cuda.max_memory_allocated() would report: no CUDA context or NCCL buffers.")
 
 
 def breakdown_section(est, gpu) -> None:
-    cap = f"{gpu.display_name}: {fmt_bytes(gpu.memory_bytes, 'GiB')}"
+    usable = capacity_bytes(gpu)
+    cap = f"{gpu.display_name}: {fmt_bytes(usable, 'GiB')} usable"
     st.subheader("Memory at the peak")
     left, right = st.columns([1, 2])
-    charts.show(charts.peak_chart(est.components, f"peak ({est.peak_stage})", gpu.memory_bytes, cap), left)
+    charts.show(charts.peak_chart(est.components, f"peak ({est.peak_stage})", usable, cap), left)
     parts = est.components.as_dict()
     right.dataframe(pd.DataFrame({"GiB": [parts[c] / GiB for c in COMPONENTS], "GB": [parts[c] / GB for c in COMPONENTS],
                                   "share": [parts[c] / est.total_bytes for c in COMPONENTS]}, index=list(COMPONENTS)),
@@ -157,9 +164,14 @@ def breakdown_section(est, gpu) -> None:
                                    "GB": st.column_config.NumberColumn(format="%.2f"),
                                    "share": st.column_config.NumberColumn(format="percent")})
     st.subheader("Stage by stage")
-    st.caption("The step as a waterfall: what is on the GPU at the peak of each stage.")
-    charts.show(charts.stages_chart(est.stages, gpu.memory_bytes, cap))
-    table = pd.DataFrame([{**{c: bd.as_dict()[c] / GiB for c in COMPONENTS}, "total": bd.total / GiB}
+    st.caption("The step as a waterfall: what is on the GPU at the peak of each stage. allocator_cache is what "
+               "torch reserves beyond the tensors (reserved - allocated), overhead the CUDA context, cuBLAS "
+               "workspace and NCCL buffers.")
+    charts.show(charts.stages_chart(est.stages, usable, cap))
+    work = est.allocator_overhead_bytes
+    table = pd.DataFrame([{**{c: bd.as_dict()[c] / GiB for c in COMPONENTS},
+                           "allocated": (bd.total - bd.overhead - bd.allocator_cache + work) / GiB,
+                           "reserved": (bd.total - bd.overhead + work) / GiB, "device": bd.total / GiB}
                           for _, bd in est.stages], index=[name for name, _ in est.stages])
     table = table.loc[:, (table != 0).any(axis=0)]
     st.dataframe(table.style.format("{:,.2f}"), column_config={"_index": "stage (GiB)"})
@@ -167,8 +179,8 @@ def breakdown_section(est, gpu) -> None:
 
 def limits_section(model, w, par, gpu, options) -> None:
     st.subheader(f"Limits on the {gpu.display_name}")
-    b = search.max_batch(model, w, par, gpu.memory_bytes, options)
-    s = search.max_seq(model, w, par, gpu.memory_bytes, options)
+    b = search.max_batch(model, w, par, capacity_bytes(gpu), options)
+    s = search.max_seq(model, w, par, capacity_bytes(gpu), options)
     c1, c2 = st.columns(2)
     c1.metric("Largest micro-batch that fits", f"{b:,}", help=f"At sequence length {w.seq:,}; 0 = not even batch 1.")
     c2.metric("Longest sequence that fits", f"{s:,} tokens", help=f"At micro-batch {w.batch}; 0 = not even 1 token.")
@@ -179,7 +191,7 @@ def limits_section(model, w, par, gpu, options) -> None:
 
 def advice_section(model, w, par, gpu, options) -> None:
     st.subheader("What to change")
-    items = search.advice(model, w, par, gpu.memory_bytes, options)
+    items = search.advice(model, w, par, capacity_bytes(gpu), options)
     if not items:
         st.caption("None of the usual levers lowers the peak for this configuration.")
         return
@@ -273,6 +285,11 @@ def body(f: dict[str, ui.Field], shown: set[str]) -> None:
     par = Parallel(strategy=strategy, gpus=1 if strategy == "single" else gpus)
     gpu = get_gpu(gpu_name)
     options = calibrated_options(model, w, f, shown)
+    alloc = ui.alloc_conf_input(PAGE, f["alloc"], st.sidebar)
+    shown.add("alloc")
+    if alloc is None:
+        return
+    options = replace(options, alloc_conf=alloc, gpu=gpu.name)
     try:
         check_context(model, w.seq, w.gen_tokens)
     except ValueError as e:

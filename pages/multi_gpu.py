@@ -11,6 +11,7 @@ import pandas as pd
 import streamlit as st
 
 from estimator import search
+from estimator.device import capacity_bytes
 from estimator.estimate import COMPONENTS, Options, estimate
 from estimator.gpus import get_gpu
 from estimator.presets import load_config
@@ -77,7 +78,7 @@ def min_gpus_table(model, w, strategies, gpu) -> None:
     rows = []
     for s in strategies:
         try:
-            n = search.min_gpus(model, w, s, gpu.memory_bytes, max_gpus=MAX_SEARCH_GPUS, options=NO_TRACE)
+            n = search.min_gpus(model, w, s, capacity_bytes(gpu), max_gpus=MAX_SEARCH_GPUS, options=NO_TRACE)
         except ValueError as e:  # e.g. expert parallelism on a dense model
             rows.append({"strategy": s, "fewest GPUs": None, "peak per GPU (GiB)": None, "note": str(e)})
             continue
@@ -95,7 +96,7 @@ def compare(model, w, gpu, f) -> None:
     a = ui.widget(PAGE, f["compare_a"], c[0])
     b = ui.widget(PAGE, f["compare_b"], c[1])
     n = ui.widget(PAGE, f["compare_n"], c[2])
-    cap = f"{gpu.display_name}: {fmt_bytes(gpu.memory_bytes, 'GiB')}"
+    cap = f"{gpu.display_name}: {fmt_bytes(capacity_bytes(gpu), 'GiB')}"
     cols = st.columns(2)
     for col, s in zip(cols, (a, b)):
         with col:
@@ -109,12 +110,12 @@ def compare(model, w, gpu, f) -> None:
                            "pick another GPU count.")
                 continue
             est = estimate(model, w, Parallel(strategy=s, gpus=n), NO_TRACE)
-            spare = gpu.memory_bytes - est.total_bytes
+            spare = capacity_bytes(gpu) - est.total_bytes
             st.metric("Peak per GPU", fmt_bytes(est.total_bytes, "GiB"),
                       delta=f"{fmt_bytes(abs(spare), 'GiB')} {'to spare' if spare >= 0 else 'over'}",
                       delta_color="normal" if spare >= 0 else "inverse", help=fmt_bytes(est.total_bytes, "GB"))
             left, right = st.columns([1, 1])
-            charts.show(charts.peak_chart(est.components, f"peak ({est.peak_stage})", gpu.memory_bytes, cap), left)
+            charts.show(charts.peak_chart(est.components, f"peak ({est.peak_stage})", capacity_bytes(gpu), cap), left)
             right.dataframe(pd.DataFrame({"GiB": [est.components.as_dict()[k] / GiB for k in COMPONENTS]},
                                          index=list(COMPONENTS)).style.format("{:,.2f}"))
 
@@ -150,8 +151,8 @@ def main() -> None:
             ui.ensure_profile(model, w, Parallel(strategy=rep, gpus=1 if rep == "single" else 2))
         df = sweep_rows(model, w, strategies, sorted(counts))
         traced = ui.or_error(lambda: traced_points(config, name, w), pd.DataFrame())
-        cap = f"{gpu.display_name}: {fmt_bytes(gpu.memory_bytes, 'GiB')}"
-        charts.show(charts.strategy_chart(df, gpu.memory_bytes, cap, traced if len(traced) else None))
+        cap = f"{gpu.display_name}: {fmt_bytes(capacity_bytes(gpu), 'GiB')}"
+        charts.show(charts.strategy_chart(df, capacity_bytes(gpu), cap, traced if len(traced) else None))
         if len(traced):
             st.caption(f"Black diamonds: {len(traced)} traced FSDP2 run(s), per-rank peak allocated "
                        "(tensors only: no CUDA context or NCCL buffers).")

@@ -70,7 +70,7 @@ def test_summary_equals_a_direct_computation(synthetic_db):
     errs = []
     for b, truth in ((1, 2_500_000), (2, 3_100_000), (4, 4_000_000)):
         est = estimate(model, Workload(batch=b, seq=128))
-        errs.append(abs((est.total_bytes - est.components.overhead - truth) / truth))
+        errs.append(abs((est.components.tensor_bytes - truth) / truth))
     s = accuracy.summarize(ev.errors)
     row = s[(s.method == "ours") & (s.tier == "traced") & (s["mode"] == "train-full")].iloc[0]
     assert row.n == 3  # the OOM row is left out
@@ -87,7 +87,7 @@ def test_measured_row_is_scored_in_three_tiers(synthetic_db):
     ev = accuracy.evaluate(accuracy.load_runs(synthetic_db))
     m = ev.errors[(ev.errors.source == "measured") & (ev.errors.method == "ours")].set_index("tier")
     est = estimate(from_hf_config(TINY_LLAMA_CONFIG), Workload(batch=2, seq=128))
-    allocated = est.total_bytes - est.components.overhead + est.allocator_overhead_bytes  # + cuBLAS workspace
+    allocated = est.components.tensor_bytes + est.allocator_overhead_bytes  # + cuBLAS workspace
     assert m.loc["measured-allocated", "pred_bytes"] == allocated
     assert m.loc["measured-allocated", "truth_bytes"] == 40_000_000
     assert m.loc["measured-reserved", "pred_bytes"] == allocated

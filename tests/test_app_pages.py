@@ -19,6 +19,7 @@ from bench.calibrate import parallel_from_row, workload_from_row
 from bench.ingest import ingest_files
 from estimator import search
 from estimator.estimate import Options, estimate
+from estimator.device import capacity_bytes
 from estimator.gpus import get_gpu
 from estimator.model import from_hf_config
 from estimator.presets import load_config
@@ -28,7 +29,7 @@ from rowfactory import make_row
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
 PAGES = ("pages/fit.py", "pages/benchmarks.py", "pages/curves.py", "pages/calibrate.py", "pages/multi_gpu.py",
-         "pages/contribute.py")
+         "pages/contribute.py", "pages/replay.py")
 MODEL = "llama-3.2-1b"
 H100 = "h100-sxm-80gb"
 TIMEOUT_S = 60
@@ -123,11 +124,12 @@ def test_fit_default_view_is_the_library_answer(env):
     model, gpu = the_model("llama-3.1-8b"), get_gpu(H100)
     est = estimate(model, Workload(), Parallel())
     assert metric(at, "Peak per GPU") == gib(est.total_bytes)
-    assert metric(at, "GPU memory") == gib(gpu.memory_bytes)
+    assert metric(at, "GPU usable") == gib(capacity_bytes(gpu))
+    assert metric(at, "torch peak reserved") == gib(est.reserved_bytes)
     assert metric(at, "torch peak allocated") == gib(est.allocated_bytes)
-    assert metric(at, "Largest micro-batch that fits") == f"{search.max_batch(model, Workload(), Parallel(), gpu.memory_bytes):,}"
-    assert metric(at, "Longest sequence that fits") == f"{search.max_seq(model, Workload(), Parallel(), gpu.memory_bytes):,} tokens"
-    advice = search.advice(model, Workload(), Parallel(), gpu.memory_bytes)
+    assert metric(at, "Largest micro-batch that fits") == f"{search.max_batch(model, Workload(), Parallel(), capacity_bytes(gpu)):,}"
+    assert metric(at, "Longest sequence that fits") == f"{search.max_seq(model, Workload(), Parallel(), capacity_bytes(gpu)):,} tokens"
+    advice = search.advice(model, Workload(), Parallel(), capacity_bytes(gpu))
     table = next(d.value for d in at.dataframe if "change" in d.value.columns)
     assert table["change"].tolist() == [a.title for a in advice]
     assert at.query_params["model"] == "llama-3.1-8b" and at.query_params["batch"] == "1"
@@ -138,7 +140,7 @@ def test_fit_changing_batch_flips_the_verdict_and_the_url(env):
     assert at.success and "Fits" in at.success[0].value
     at.number_input(key="fit:batch").set_value(64).run()
     est = estimate(the_model("llama-3.1-8b"), Workload(batch=64), Parallel())
-    over = est.total_bytes - get_gpu(H100).memory_bytes
+    over = est.total_bytes - capacity_bytes(get_gpu(H100))
     assert over > 0
     verdict = next(e.value for e in at.error if "Out of memory" in e.value)
     assert f"OOM by {fmt_bytes(over, 'GiB')} ({fmt_bytes(over, 'GB')})" in verdict
@@ -156,7 +158,7 @@ def test_fit_link_reproduces_the_view_and_bad_values_fall_back(env):
     w = Workload(mode="infer", seq=8192, gen_tokens=512, batch=4, kv_dtype="fp8")  # precision, attention: defaults
     est = estimate(the_model("qwen2.5-7b"), w, Parallel(strategy="tp", gpus=2))
     assert metric(at, "Peak per GPU") == gib(est.total_bytes)
-    assert metric(at, "GPU memory") == gib(get_gpu("l40s").memory_bytes)
+    assert metric(at, "GPU usable") == gib(capacity_bytes(get_gpu("l40s")))
     assert at.query_params["precision"] == "bf16" and at.query_params["kv_dtype"] == "fp8"
     assert "method" not in at.query_params  # inference shows no training inputs
 
@@ -274,7 +276,7 @@ def test_a_corrupt_database_is_an_error_message_and_the_estimates_still_show(mon
     at = app()
     assert metric(at, "Peak per GPU") == gib(estimate(the_model("llama-3.1-8b"), Workload(), Parallel()).total_bytes)
     assert any("Could not read the database" in e.value for e in at.error)
-    for page in PAGES[1:-1]:  # Contribute reads the database only when inserting
+    for page in PAGES[1:-2]:  # Contribute reads the database only when inserting; the replay page never
         at.switch_page(page).run()
         assert not at.exception, page
         assert any("Could not read the database" in e.value for e in at.error), page
@@ -302,7 +304,7 @@ def test_curves_limits_points_and_residuals(env):
     at = app("pages/curves.py", query={"model": MODEL, "seq": "1024"})
     model, gpu = the_model(), get_gpu(H100)
     w = Workload(seq=1024)
-    assert metric(at, "Largest micro-batch at seq 1,024") == f"{search.max_batch(model, w, Parallel(), gpu.memory_bytes):,}"
+    assert metric(at, "Largest micro-batch at seq 1,024") == f"{search.max_batch(model, w, Parallel(), capacity_bytes(gpu)):,}"
     table = next(d.value for d in at.dataframe if "relative error" in d.value.columns)
     pts = app_data.points(env, load_config(MODEL)[1], MODEL, 1, 1024, {"mode": "train", "method": "full", "recipe": "pure",
                                                               "precision": "bf16", "optimizer": "adamw",
@@ -313,7 +315,7 @@ def test_curves_limits_points_and_residuals(env):
     med = expected.dropna(subset=["rel_error"]).groupby("source")["rel_error"].apply(lambda e: e.abs().median())
     assert metric(at, "measured: median |relative error|") == f"{med['measured']:.1%}"
     at.number_input(key="curves:batch").set_value(8).run()
-    s = search.max_seq(model, Workload(batch=8, seq=1024), Parallel(), gpu.memory_bytes,
+    s = search.max_seq(model, Workload(batch=8, seq=1024), Parallel(), capacity_bytes(gpu),
                        limit=4 * model.max_positions)
     assert metric(at, "Longest sequence at batch 8") == f"{s:,} tokens"
 
@@ -356,7 +358,7 @@ def test_multi_gpu_fewest_gpus_and_comparison(env):
     model, gpu, w = the_model("llama-3.1-70b"), get_gpu(H100), Workload()
     table = next(d.value for d in at.dataframe if "fewest GPUs" in d.value.columns)
     for row in table.to_dict("records"):
-        n = search.min_gpus(model, w, row["strategy"], gpu.memory_bytes, max_gpus=1024)
+        n = search.min_gpus(model, w, row["strategy"], capacity_bytes(gpu), max_gpus=1024)
         assert (None if row["fewest GPUs"] != row["fewest GPUs"] else row["fewest GPUs"]) == n, row
     shown = [m.value for m in at.metric if m.label == "Peak per GPU"]
     assert shown == [gib(estimate(model, w, Parallel(strategy=s, gpus=8)).total_bytes) for s in ("zero3", "tp")]

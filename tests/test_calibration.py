@@ -121,7 +121,7 @@ def predicted_row(source: str = "traced", stage_columns: bool = True, **workload
     w = Workload(**workload)
     est = estimate(TINY, w)
     workspace = est.allocator_overhead_bytes if source == "measured" else 0
-    stage_peaks = {f"{name}_peak_alloc_bytes": b.total - b.overhead + workspace for name, b in est.stages}
+    stage_peaks = {f"{name}_peak_alloc_bytes": b.tensor_bytes + workspace for name, b in est.stages}
     peak_stage = stage_peaks[f"{est.peak_stage}_peak_alloc_bytes"]
     assert peak_stage == est.allocated_bytes - est.allocator_overhead_bytes + workspace
     row = make_row(source=source, batch=w.batch, seq=w.seq, checkpointing=w.checkpointing, attention=w.attention,

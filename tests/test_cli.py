@@ -14,6 +14,7 @@ from estimator import cli
 from estimator.calibration import SEED_K
 from estimator.calibration_file import MISSING_HINT, load_calibration
 from estimator.estimate import COMPONENTS, estimate
+from estimator.device import capacity_bytes
 from estimator.gpus import get_gpu
 from estimator.presets import MODELS_DIR
 from estimator.spec import Workload
@@ -25,7 +26,7 @@ FLAGS = {"--model", "--mode", "--method", "--lora-rank", "--lora-targets", "--re
          "--checkpointing", "--attention", "--kv-dtype", "--gpu", "--gpus", "--strategy", "--tp", "--pp", "--ep",
          "--sequence-parallel", "--offload", "--activation-model", "--k", "--calibrated", "--json", "--list-models",
          "--list-gpus", "--loop", "--loss", "--loss-chunks", "--optimizer-in-backward", "--activation-offload",
-         "--quantize-scope", "--no-double-quant", "--float8", "--compile", "--no-derive"}
+         "--quantize-scope", "--no-double-quant", "--float8", "--compile", "--no-derive", "--alloc-conf"}
 
 
 def run_cli(*args, env=None):
@@ -66,8 +67,8 @@ def test_json_fields(capsys):
     for st in out["stages"].values():
         assert st["total_bytes"] == sum(st[c] for c in COMPONENTS)
     assert out["total_bytes"] == out["stages"][out["peak_stage"]]["total_bytes"]
-    assert out["gpu_bytes"] == get_gpu("h100-sxm-80gb").memory_bytes
-    assert out["headroom_bytes"] == out["gpu_bytes"] - out["total_bytes"]
+    assert out["gpu_bytes"] == capacity_bytes(get_gpu("h100-sxm-80gb")) < get_gpu("h100-sxm-80gb").memory_bytes
+    assert out["headroom_bytes"] == out["gpu_bytes"] - out["device_bytes"]
     # transformers 5's bitsandbytes quantizes nn.Linear modules only (quantizer_bnb_4bit.param_needs_quantization):
     # Mixtral's fused 3-D experts stay bf16, 90 GB of them, so a "4-bit" Mixtral does not fit one H100
     assert out["fits"] is False and out["verdict"] == "oom" and out["advice"]
@@ -208,7 +209,7 @@ def test_calibrated_interval_and_verdict(tmp_path, monkeypatch, capsys):
 def test_calibrated_tight_verdict(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("WILLITFIT_CALIBRATION", str(_write_calibration(tmp_path / "cal.json", residual=0.0)))
     base = run_json(capsys, "--model", "llama-3.1-8b", "--method", "qlora", "--calibrated", "--json")
-    gpu_bytes = get_gpu("l4").memory_bytes
+    gpu_bytes = capacity_bytes(get_gpu("l4"))
     # a residual std that puts capacity inside the interval
     residual = abs(gpu_bytes - base["total_bytes"]) / 1.96 + 1e6
     monkeypatch.setenv("WILLITFIT_CALIBRATION", str(_write_calibration(tmp_path / "cal2.json", residual=residual)))

@@ -12,6 +12,7 @@ as untrusted input: every defect is one ValueError line.
 """
 from __future__ import annotations
 
+import bisect
 import json
 import zipfile
 from dataclasses import dataclass, field
@@ -64,11 +65,15 @@ class Stream:
         return cls(np.array(kinds, np.int8), np.array(handles, np.int64), np.array(sizes, np.int64),
                    np.array(stages, np.int16), tuple(names) or ("all",), dict(meta or {}))
 
-    def save(self, path: str | Path) -> None:
+    def save(self, path) -> None:
+        """Write the .npz to a path or a binary file object (the app keeps streams in memory)."""
         header = json.dumps({"format": FORMAT, "stage_names": list(self.stage_names), "meta": self.meta})
+        arrays = dict(kind=self.kind, handle=self.handle, nbytes=self.nbytes, stage=self.stage, header=np.array(header))
+        if hasattr(path, "write"):
+            np.savez_compressed(path, **arrays)
+            return
         with open(path, "wb") as f:
-            np.savez_compressed(f, kind=self.kind, handle=self.handle, nbytes=self.nbytes, stage=self.stage,
-                                header=np.array(header))
+            np.savez_compressed(f, **arrays)
 
     @classmethod
     def load(cls, path: str | Path) -> Stream:
@@ -153,11 +158,15 @@ def _validate(s: Stream) -> None:
                          f"was allocated with {int(b[j - 1])}")
 
 
-def stream_from_snapshot(snapshot: dict, device: int | None = None, meta: dict | None = None) -> Stream:
+def stream_from_snapshot(snapshot: dict, device: int | None = None, meta: dict | None = None,
+                         stage_ends: list[tuple[int, str]] | None = None) -> Stream:
     """A Stream from a torch.cuda.memory._snapshot() dict recorded with _record_memory_history: its
     device_traces entries `alloc` (addr, size = the requested bytes) and `free_completed` (or, if the trace has
     none, `free_requested`); other actions (segment_*, oom, snapshot) are the allocator's own and are skipped.
     A free of an address allocated before recording began is dropped (counted in meta["dropped_frees"]).
+    `stage_ends`: (time in microseconds, stage name) at the end of each stage, in order (the harness's stage
+    boundaries); an entry belongs to the first stage ending at or after its `time_us`, entries after the last
+    to "end". Without it (or without time_us in the entries) every event is in stage "trace".
     Format: torch/cuda/memory.py `_snapshot` docstring; TraceEntry in c10/core/CachingDeviceAllocator.h."""
     traces = snapshot.get("device_traces") if isinstance(snapshot, dict) else None
     if not isinstance(traces, list) or not all(isinstance(t, list) for t in traces):
@@ -173,10 +182,13 @@ def stream_from_snapshot(snapshot: dict, device: int | None = None, meta: dict |
     free_action = "free_completed" if any(_action(e) == "free_completed" for e in trace) else "free_requested"
     live: dict[int, tuple[int, int]] = {}
     events, next_handle, dropped = [], 0, 0
+    times = [int(t) for t, _ in (stage_ends or [])]
+    names = [str(s) for _, s in (stage_ends or [])]
     for n, e in enumerate(trace):
         action = _action(e)
         if action not in ("alloc", free_action):
             continue
+        stage = _stage_of(e, times, names)
         addr, size = e.get("addr"), e.get("size")
         if not isinstance(addr, int) or not isinstance(size, int) or size < 0:
             raise ValueError(f"snapshot: trace entry {n} ({action}) needs integer addr and size >= 0")
@@ -184,17 +196,25 @@ def stream_from_snapshot(snapshot: dict, device: int | None = None, meta: dict |
             if addr in live:
                 raise ValueError(f"snapshot: trace entry {n} allocates address {addr} twice without a free")
             live[addr] = (next_handle, size)
-            events.append((ALLOC, next_handle, size, "trace"))
+            events.append((ALLOC, next_handle, size, stage))
             next_handle += 1
         elif addr in live:
             handle, asked = live.pop(addr)
-            events.append((FREE, handle, asked, "trace"))
+            events.append((FREE, handle, asked, stage))
         else:
             dropped += 1
     info = {"source": "measured", "from": "torch.cuda.memory._snapshot", "device": device,
             "free_action": free_action, "dropped_frees": dropped, "live_at_end": len(live)}
     info.update(meta or {})
     return Stream.from_events(events, info)
+
+
+def _stage_of(entry: dict, times: list[int], names: list[str]) -> str:
+    t = entry.get("time_us")
+    if not times or not isinstance(t, int):
+        return "trace"
+    i = bisect.bisect_left(times, t)
+    return names[i] if i < len(names) else "end"
 
 
 def _action(entry) -> str | None:

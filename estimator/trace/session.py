@@ -53,6 +53,7 @@ class Trace:
     notes: list[str] = field(default_factory=list)
     per_rank: dict | None = None
     seconds: float = 0.0
+    events: tuple | None = None    # with stream=True: StorageCounter.allocation_events() of the traced rank
 
 
 def check_traceable(workload: Workload, parallel: Parallel) -> None:
@@ -309,11 +310,13 @@ def _decoder_layers(model) -> list[torch.nn.Module]:
 
 
 def run_traced(config: dict, workload: Workload, parallel: Parallel = Parallel(), *, steps: int = 2,
-               check: bool = False, name: str = "model", kernels: str = "cuda") -> Trace:
+               check: bool = False, name: str = "model", kernels: str = "cuda", stream: bool = False) -> Trace:
     """Trace one case: per-stage peaks and breakdowns, parameter counts, notes.
 
     kernels: "cuda" (default) traces what a CUDA GPU keeps (estimator.trace.kernels.emulate); "cpu" the model
     exactly as a plain training loop on fake CPU tensors runs it.
+    stream=True keeps the run's allocation events (`Trace.events`: what the caching allocator would be asked,
+    in order; estimator.allocator.Stream is built from them by bench.trace.stream_of).
     check=True traces the case a second time, counted by torch's own tracker alone (MemTracker for
     single-GPU full fine-tuning, FSDPMemTracker for FSDP), and raises if its overall peak is not
     the same to the byte. The two runs are separate because FSDPMemTracker re-registers FSDP's hooks,
@@ -330,6 +333,8 @@ def run_traced(config: dict, workload: Workload, parallel: Parallel = Parallel()
             counter = _run(case, steps)
             trace = Trace(counter.log(), *_param_counts(case.model), case.notes, case.per_rank)
             trace.notes.append(kernels_mod.note(kernels))
+            if stream:
+                trace.events = counter.allocation_events()
         if check:
             theirs, name_, categories = _torch_tracker_peak(config, workload, parallel, steps, kernels)
             if theirs != counter.peak_bytes:

@@ -1,0 +1,103 @@
+"""What torch reserves and what the device shows, from what the step allocates.
+
+    reserved_bytes = allocated_bytes * (1 + r) + c      (r, c per workload class and allocator mode)
+    device_bytes   = reserved_bytes + CUDA context + NCCL buffers (more than one GPU)
+
+A run fails when the CUDA caching allocator cannot get another segment, not when tensor bytes reach the card's
+size: torch.cuda.memory_reserved (segments held by the allocator: live blocks, cached free blocks, the unused
+tails of split segments) is what comes out of the device, and nvidia-smi adds the CUDA context and NCCL's buffers.
+
+(r, c) come from data/allocator_fit.json, written by scripts/fit_reserved.py: traced runs' allocation streams
+(estimator/trace/counters.py allocation_events) replayed through the caching-allocator model
+(estimator/allocator, after c10/cuda/CUDACachingAllocator.cpp) under the default allocator and under
+expandable_segments:True, one least-squares fit per workload class; docs/allocator.md has the method, the case set
+and the residuals. The file is read once and cached. No torch, no NumPy here: estimate() calls this per stage.
+"""
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from estimator.spec import Parallel, Workload
+
+FIT_PATH = Path(__file__).resolve().parent.parent / "data" / "allocator_fit.json"
+CLASSES = ("train-full", "train-lora", "train-fsdp", "infer")
+MODES = ("default", "expandable")
+
+
+def workload_class(w: Workload, p: Parallel) -> str:
+    """The fitted class a workload falls in: inference (prefill + token-by-token decode: the KV cache grows by
+    concatenation), LoRA/QLoRA training (frozen weights, small gradients and states), sharded training (FSDP
+    all-gathers and frees whole layers' weights every step), or full training on one GPU's worth of parameters."""
+    if w.mode == "infer":
+        return "infer"
+    if w.method in ("lora", "qlora"):
+        return "train-lora"
+    if p.strategy in ("fsdp", "zero3", "hsdp", "fsdp-grad-op"):
+        return "train-fsdp"
+    return "train-full"
+
+
+@dataclass(frozen=True)
+class ReservedFit:
+    """reserved = allocated * (1 + ratio) + const_bytes, fitted on `n` replayed cases of one class and mode."""
+    workload_class: str
+    mode: str                   # "default" | "expandable"
+    ratio: float                # r: cached bytes per allocated byte
+    const_bytes: int            # c
+    n: int                      # cases the fit rests on
+    median_rel_error: float     # |predicted - replayed| / replayed over those cases
+    worst_rel_error: float
+
+    def cache_bytes(self, allocated_bytes: int) -> int:
+        """reserved - allocated: the allocator's cached and split-off bytes on top of `allocated_bytes`."""
+        return max(0, round(allocated_bytes * self.ratio) + self.const_bytes)
+
+
+def alloc_mode(alloc_conf: str) -> tuple[str, str | None]:
+    """(fitted mode, note) for a PYTORCH_CUDA_ALLOC_CONF string, parsed as torch parses it (a bad string raises
+    parse_alloc_conf's one-line ValueError). Only expandable_segments has its own fit; other keys that change
+    device memory are priced as the mode they run in, and the note says so."""
+    from estimator.allocator.config import AllocatorConfig, parse_alloc_conf
+
+    cfg = parse_alloc_conf(alloc_conf)
+    mode = "expandable" if cfg.expandable_segments else "default"
+    base = AllocatorConfig(expandable_segments=cfg.expandable_segments)
+    changed = [k for k in ("max_split_size_bytes", "max_non_split_rounding_bytes", "large_segment_bytes",
+                           "roundup_power2_divisions", "garbage_collection_threshold", "per_process_memory_fraction")
+               if getattr(cfg, k) != getattr(base, k)]
+    note = None
+    if changed:
+        note = (f"alloc-conf: {', '.join(changed)} not in the fitted classes; reserved priced as {mode} "
+                f"(replay a stream with python -m bench replay --alloc-conf to see its effect)")
+    return mode, note
+
+
+@functools.cache
+def _load(path: str) -> dict:
+    doc = json.loads(Path(path).read_text())
+    fits = {}
+    for cls, modes in doc["classes"].items():
+        for mode, f in modes.items():
+            fits[(cls, mode)] = ReservedFit(cls, mode, float(f["ratio"]), int(f["const_bytes"]), int(f["n"]),
+                                            float(f["median_rel_error"]), float(f["worst_rel_error"]))
+    return fits
+
+
+def fit_for(w: Workload, p: Parallel, mode: str = "default", path: Path | None = None) -> ReservedFit:
+    """The fit for this workload's class under `mode` (MODES)."""
+    return fit_for_class(workload_class(w, p), mode, path)
+
+
+def fit_for_class(cls: str, mode: str = "default", path: Path | None = None) -> ReservedFit:
+    """The fit of one class (CLASSES) under `mode`; `path` defaults to FIT_PATH (read at call time)."""
+    path = FIT_PATH if path is None else path
+    if mode not in MODES:
+        raise ValueError(f"mode: {mode!r} is not allowed; choose one of {', '.join(MODES)}")
+    fits = _load(str(path))
+    if (cls, mode) not in fits:
+        raise ValueError(f"allocator_fit: {path} has no fit for class {cls!r} under {mode}; "
+                         "run python scripts/fit_reserved.py")
+    return fits[(cls, mode)]
