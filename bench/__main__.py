@@ -18,6 +18,7 @@ COMMANDS = {
     "ingest": "bench.cmd_db",
     "export": "bench.cmd_db",
     "build-db": "bench.build_db",
+    "import-published": "bench.cmd_published",
     "report": "bench.cmd_accuracy",
     "accuracy": "bench.cmd_accuracy",
     "calibrate": "bench.cmd_calibrate",

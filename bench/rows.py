@@ -15,6 +15,12 @@ from estimator import spec
 
 SOURCES = ("measured", "traced", "published")
 STAGES = ("load", "forward", "backward", "optimizer", "prefill", "decode")
+# published runs (bench/published_map.py): which counter a number is, its unit as published, the source's
+# reliability class, how far the workload could be expressed
+METRICS = ("allocated", "active", "reserved", "device", "tracemalloc", "capacity", "unknown")
+UNITS = ("GB(1e9)", "GiB", "MiB", "GB(ambiguous)")
+RELIABILITY = ("high", "medium", "low", "suspect", "derived")
+MAPPING_STATUS = ("mapped", "partial", "unmapped")
 MAX_TEXT = 256            # ordinary text fields
 MAX_NOTES = 4096          # free-text notes and error messages
 MAX_JSON = 262_144        # config_json, breakdown_json, per_rank_json
@@ -108,6 +114,21 @@ COLUMNS: tuple[Column, ...] = tuple([
     Column("compile", "bool", doc="torch.compile'd model"),
     Column("kernels", "text", allowed=("cuda", "cpu"), doc="traced rows: CUDA's kernels emulated, or the CPU's own"),
     Column("alloc_conf", "text", doc="PYTORCH_CUDA_ALLOC_CONF of a measured run (empty: torch's defaults)"),
+    # migration 005: the workload's CPU offload, and the published tier (bench/published.py)
+    Column("offload", "text", allowed=spec.OFFLOADS, doc="CPU offload of optimizer states (and parameters)"),
+    Column("published_id", "text", max_len=16, doc="published runs: the row's id in data/published/points.csv"),
+    Column("metric", "text", allowed=METRICS, doc="published runs: which counter the number is"),
+    Column("measured_unit", "text", allowed=UNITS, doc="published runs: the unit as published"),
+    Column("per_gpu", "bool", doc="published runs: the number is per GPU"),
+    Column("published_value_bytes", "bytes", doc="published runs: the published number in bytes, any metric"),
+    Column("reliability", "text", allowed=RELIABILITY, doc="published runs: how well the source states its setup"),
+    Column("source_repo", "text", doc="published runs: where it was published"),
+    Column("source_section", "text", max_len=MAX_NOTES, doc="published runs: file or section"),
+    Column("source_version", "text", max_len=MAX_NOTES, doc="published runs: commit or date"),
+    Column("source_url", "text", doc="published runs: a link to the source"),
+    Column("mapping_status", "text", allowed=MAPPING_STATUS, doc="published runs: how far the workload is expressed"),
+    Column("mapping_reason", "text", max_len=MAX_NOTES, doc="published runs: what could not be expressed"),
+    Column("field_origins", "json", max_len=MAX_JSON, doc="published runs: each workload field stated or inferred"),
 ])
 COLUMN_NAMES: tuple[str, ...] = tuple(c.name for c in COLUMNS)
 BY_NAME = {c.name: c for c in COLUMNS}
@@ -125,6 +146,7 @@ LATER_IDENTITY_DEFAULTS = {
     "loop": "loss-only", "loss": "full", "loss_chunks": 8, "optimizer_in_backward": False,
     "activation_offload": False, "quantize_scope": "all", "double_quant": True, "float8": False,
     "compile": False, "kernels": "cuda", "alloc_conf": "",
+    "offload": "none", "published_id": None,
 }
 
 

@@ -86,7 +86,22 @@ CREATE TABLE runs (
     float8                        BOOLEAN,
     compile                       BOOLEAN,
     kernels                       VARCHAR,
-    alloc_conf                    VARCHAR
+    alloc_conf                    VARCHAR,
+    -- from migration 005: the published tier (bench/published.py) and the workload's CPU offload
+    offload                       VARCHAR,
+    published_id                  VARCHAR,
+    metric                        VARCHAR,
+    measured_unit                 VARCHAR,
+    per_gpu                       BOOLEAN,
+    published_value_bytes         BIGINT,   -- >= 0 (bench/validate.py)
+    reliability                   VARCHAR,
+    source_repo                   VARCHAR,
+    source_section                VARCHAR,
+    source_version                VARCHAR,
+    source_url                    VARCHAR,
+    mapping_status                VARCHAR,
+    mapping_reason                VARCHAR,
+    field_origins                 JSON
 );
 
 -- calibrations and the views (from migration 002).

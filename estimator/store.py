@@ -125,7 +125,12 @@ def profile(config: dict, w: Workload, p: Parallel, *, name: str = "model", deri
     for d in _dirs(h):
         text = _read(d / f"{key}.json")
         if text is not None:
-            prof = Profile.from_json(text)
+            try:
+                prof = Profile.from_json(text)
+            except ValueError:
+                if d.parent == SHIPPED_DIR:
+                    raise
+                continue  # a cached file from an older willitfit (another format): derived again below
             _MEMO[memo] = prof
             return prof
     if not derive:

@@ -3,6 +3,7 @@
     python scripts/ship_profiles.py            # every preset's shipped classes (an hour or two of CPU)
     python scripts/ship_profiles.py --list     # print the classes without deriving
     python scripts/ship_profiles.py --model llama-3.1-8b --force
+    python scripts/ship_profiles.py --published  # the classes the published tier's runs need (bench/published.py)
 
 What is shipped, per preset (each a workload class: batch, seq and world size are a profile's variables):
 - its inventory;
@@ -53,23 +54,53 @@ def classes(name: str, config: dict, grid: set[str]) -> list[tuple[Workload, Par
     return out
 
 
+def published_classes() -> list[tuple[str, Workload, Parallel]]:
+    """(preset, workload, parallel) of every mapped or partial published run, so that the accuracy report and the
+    app price them from shipped profiles."""
+    from bench.published import _workload_fields, load_data, run_row
+
+    out = []
+    for p in load_data():
+        if p["mapping_status"] == "unmapped" or not p["preset"]:
+            continue
+        row = run_row(p)
+        try:
+            w = Workload(**_workload_fields(row))
+            par = Parallel(strategy=row["strategy"], gpus=row["world_size"], offload=row["offload"] or "none")
+        except ValueError as e:
+            print(f"{p['published_id']}: cannot express: {e}", flush=True)
+            continue
+        out.append((p["preset"], w, par))
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", help="comma-separated presets (default: all)")
     ap.add_argument("--list", action="store_true", help="print the classes, derive nothing")
     ap.add_argument("--force", action="store_true", help="derive again what is already shipped")
+    ap.add_argument("--published", action="store_true", help="the classes of the published tier's runs")
     args = ap.parse_args(argv)
     from bench.build_db import grid_models
 
     grid = set(grid_models())
     names = args.model.split(",") if args.model else preset_names()
+    if args.published:
+        todo: dict[str, list] = {}
+        for name, w, p in published_classes():
+            todo.setdefault(name, []).append((w, p))
+        names = sorted(todo)
     failed = 0
     for name in names:
         _, config = load_config(name)
         store.inventory(config, name, ship=True)
-        for w, p in classes(name, config, grid):
+        seen = set()
+        for w, p in (todo[name] if args.published else classes(name, config, grid)):
             tw, tp, _ = traced_class(w, p)
             key = store.profile_key(tw, tp)
+            if key in seen:
+                continue
+            seen.add(key)
             label = f"{name}: {w.mode} {w.method} {w.recipe} {w.attention} ckpt={w.checkpointing} {p.strategy}"
             if args.list:
                 print(label, key)

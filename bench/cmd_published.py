@@ -1,0 +1,40 @@
+"""`python -m bench import-published`: rebuild the published tier of the database from data/published/points.csv.
+
+    python -m bench import-published                                        # the shipped data file
+    python -m bench import-published --from ../shared/published/points.csv  # map the collected file first
+
+Every published run is replaced in one transaction (bench/published.py). Exit 2 with one line on bad data.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def run(args) -> int:
+    from bench import published
+
+    try:
+        if args.source:
+            n = published.write_data(args.source)
+            print(f"mapped {n} rows -> {published.DATA_FILE}")
+        n = published.import_published(args.db, wait_s=args.wait)
+    except ValueError as e:
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    rows = published.load_data()
+    by = {}
+    for p in rows:
+        by[p["mapping_status"]] = by.get(p["mapping_status"], 0) + 1
+    print(f"published tier: {n} runs written ({', '.join(f'{v} {k}' for k, v in sorted(by.items()))})")
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("import-published", help="rebuild the published tier from data/published/points.csv",
+                              description=__doc__.split("\n\n")[0])
+    p.add_argument("--from", dest="source", default=None,
+                   help="the collected CSV to map first (writes data/published/points.csv)")
+    p.add_argument("--db", default=None, help="DuckDB file (default: $WILLITFIT_DB, else data/benchmarks.duckdb)")
+    p.add_argument("--wait", type=float, default=30.0, help="seconds to wait for another process's lock")
+    p.set_defaults(func=run)
