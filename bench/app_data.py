@@ -25,7 +25,7 @@ from estimator.model import FAMILIES, Model
 from estimator.spec import Parallel, Workload
 
 # Columns the Benchmarks page filters on; all are columns of `runs` (bench.db.FILTER_COLUMNS allows them).
-BENCH_FILTERS = ("source", "gpu_name", "model_name", "mode", "method", "precision", "oom")
+BENCH_FILTERS = ("source", "metric", "gpu_name", "model_name", "mode", "method", "precision", "oom")
 TABLE_LIMIT = 1_000        # rows the Benchmarks table shows; the download has them all
 POINTS_LIMIT = 20_000      # points a chart draws (Vega-Lite in the browser slows down beyond this)
 CLOSEST_LIMIT = 8
@@ -63,6 +63,24 @@ def filter_values(db_path: str | Path) -> dict[str, list]:
     df = db.query_df("app_filter_values", None, db_path)
     for col, group in df.groupby("col"):
         out[col] = sorted(group["value"].tolist())
+    return out
+
+
+def published_estimates(db_path: str | Path, run_ids: tuple[str, ...]) -> dict[str, int]:
+    """{run_id: the estimator's bytes for the published number's metric} of the given published runs (shipped
+    profiles only; bench/accuracy_published.py decides which estimate a metric is compared with)."""
+    if not db_exists(db_path) or not run_ids:
+        return {}
+    from bench.accuracy_published import COMPARED_WITH
+    from bench.published import estimate_row
+
+    df = db.query_df("published_runs", None, db_path)
+    out = {}
+    for row in df[df["run_id"].isin(run_ids)].to_dict("records"):
+        est = estimate_row(row)
+        col = COMPARED_WITH.get(row["metric"])
+        if est is not None and col and est.get(col) is not None:
+            out[row["run_id"]] = int(est[col])
     return out
 
 

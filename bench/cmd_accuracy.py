@@ -164,6 +164,10 @@ def run_accuracy(args) -> int:
         return _fail(f"no usable traced or measured runs (without OOM) in {path}; nothing to report", 1)
     date = datetime.now(timezone.utc).strftime("%Y-%m-%d")
     text = render_markdown(ev, runs, counts, _db_label(path), date)
+    try:
+        text = text.rstrip() + "\n\n" + "\n".join(published_section(path, args.wait)) + "\n"
+    except DatabaseBusy as e:
+        return _fail(str(e))
     out = Path(args.out) if args.out else REPO_DIR / "docs" / "accuracy.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text, encoding="utf-8")
@@ -402,6 +406,39 @@ def _appendix(ev) -> list[str]:
                      r.run_id[:10]])
     return [accuracy.DOC_APPENDIX, "",
             _md(["tier", "model", "mode", "recipe", "attn", "b", "s", "gpus", "truth GiB", *methods, "run_id"], rows), ""]
+
+
+def published_section(path, wait_s: float) -> list[str]:
+    """## Published tier: every method against the numbers framework authors published (bench/accuracy_published)."""
+    from bench import accuracy_published as ap
+
+    runs = ap.load_published(path, wait_s=wait_s)
+    out = ["## Published tier: GPU numbers from torchtune, litgpt, PEFT, GaLore and unsloth", "",
+           ap.__doc__.split("\n\n", 1)[1].strip(), ""]
+    if runs.empty:
+        return out + ["The database holds no published run (`python -m bench import-published`)."]
+    err, missing = ap.errors(runs)
+    status = runs["mapping_status"].value_counts().to_dict()
+    out += [f"{len(runs)} published runs: " + ", ".join(f"{v} {k}" for k, v in sorted(status.items())) +
+            f". Ours prices {err[err['method'] == ap.OURS]['published_id'].nunique()} of them; "
+            f"{len(missing)} it does not, with the reason below. Error = (predicted - published) / published.", ""]
+    summ = ap.summary(err)
+    out += [_md(["metric", "reliability", "method", "n", "median signed", "median |e|", "worst", "worst run"],
+                [[r.metric, r.reliability, r.method, r.n, _p(r.median_signed), _p(r.median_abs), _p(r.worst),
+                  r.worst_id] for r in summ.itertuples()]), ""]
+    loso = ap.leave_one_source_out(err)
+    out += ["Ours by source (nothing is fitted on these rows, so leaving a source out changes no prediction; the "
+            "table shows how the error differs by who measured):", "",
+            _md(["source", "n", "median signed", "median |e|"],
+                [[r.source, r.n, _p(r.median_signed), _p(r.median_abs)] for r in loso.itertuples()]), ""]
+    why = missing["why"].value_counts()
+    out += ["Runs ours cannot price, by reason:", "", _md(["reason", "runs"], [[k, v] for k, v in why.items()]), ""]
+    ours = err[err["method"] == ap.OURS].sort_values("published_id")
+    out += ["Every run ours prices:", "",
+            _md(["run", "model", "metric", "reliability", "mode", "published GiB", "ours GiB", "error"],
+                [[r.published_id, r.model, r.metric, r.reliability, r.mode, f"{r.truth / GiB:.2f}",
+                  f"{r.pred / GiB:.2f}", _p(r.error)] for r in ours.itertuples()])]
+    return out
 
 
 def render_markdown(ev, runs, counts, db_label: str, date: str) -> str:

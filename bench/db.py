@@ -45,7 +45,7 @@ LATE_MATERIALIZATION_ROWS = 10_000
 FILTER_COLUMNS = (
     "run_id", "source", "gpu_name", "gpu_count", "model_name", "model_type", "family", "config_hash",
     "mode", "method", "recipe", "precision", "weight_format", "optimizer", "optimizer_impl", "batch",
-    "seq", "checkpointing", "attention", "kv_dtype", "strategy", "world_size", "oom",
+    "seq", "checkpointing", "attention", "kv_dtype", "strategy", "world_size", "oom", "metric",
 )
 
 

@@ -148,14 +148,14 @@ def run_row(p: Published) -> dict:
     infer = p["mode"] == "infer"
     row = {
         "source": "published", "created_at": PUBLISHED_AT, "contributor": p["source_repo"],
-        "gpu_name": p["gpu_published"], "gpu_count": p["gpus"] or 1, "torch_version": "unknown",
+        "gpu_name": p["gpu_published"], "gpu_count": _or(p["gpus"], 1), "torch_version": "unknown",
         "model_name": name, "model_type": model_type, "params": params, "config_hash": chash, "config_json": cfg,
         "mode": p["mode"] or "train", "method": p["method"] or "full", "lora_rank": p["lora_rank"],
         "lora_targets": p["lora_targets"], "recipe": p["recipe"] or "pure", "precision": p["precision"] or "bf16",
         "weight_format": p["weight_format"], "optimizer": None if infer else p["optimizer"],
-        "optimizer_impl": p["optimizer_impl"], "batch": p["batch"] or 1, "seq": p["seq"] or 1,
+        "optimizer_impl": p["optimizer_impl"], "batch": _or(p["batch"], 1), "seq": _or(p["seq"], 1),
         "gen_tokens": p["gen_tokens"], "grad_accum": p["grad_accum"], "checkpointing": p["checkpointing"],
-        "attention": p["attention"], "strategy": p["strategy"] or "single", "world_size": p["gpus"] or 1,
+        "attention": p["attention"], "strategy": p["strategy"] or "single", "world_size": _or(p["gpus"], 1),
         "oom": False, "notes": p["note"], "loss": p["loss"], "loss_chunks": p["loss_chunks"],
         "optimizer_in_backward": p["optimizer_in_backward"], "activation_offload": p["activation_offload"],
         "quantize_scope": p["quantize_scope"], "double_quant": p["double_quant"], "compile": p["compile"],
@@ -170,6 +170,11 @@ def run_row(p: Published) -> dict:
     if col:
         row[col] = p["measured_bytes"]
     return row
+
+
+def _or(v, default):
+    """The value, or the default where the data file leaves it empty (an unmapped row's NOT NULL columns)."""
+    return default if v is None else v
 
 
 def import_published(db_path=None, path: Path = DATA_FILE, wait_s: float = 30.0) -> int:

@@ -102,6 +102,11 @@ def _runs_table(path: str, fp: tuple, filters: dict):
     return app_data.runs_table(path, filters)
 
 
+@st.cache_data(show_spinner=False, max_entries=16)
+def _published_estimates(path: str, fp: tuple, run_ids: tuple):
+    return app_data.published_estimates(path, run_ids)
+
+
 @st.cache_data(show_spinner=False, max_entries=64)
 def _run_detail(path: str, fp: tuple, run_id: str):
     return app_data.run_detail(path, run_id)
@@ -133,6 +138,10 @@ def counts(filters: dict):
 
 def runs_table(filters: dict):
     return _runs_table(str(db_path()), fingerprint(), filters)
+
+
+def published_estimates(run_ids: tuple) -> dict:
+    return _published_estimates(str(db_path()), fingerprint(), tuple(run_ids))
 
 
 def run_detail(run_id: str):

@@ -12,8 +12,12 @@ from estimator.units import GiB
 from pages import _common as ui
 
 PAGE = "bench"
-FILTER_LABELS = {"source": "Source", "gpu_name": "GPU", "model_name": "Model", "mode": "Mode", "method": "Method",
-                 "precision": "Precision"}
+FILTER_LABELS = {"source": "Source", "metric": "Metric", "gpu_name": "GPU", "model_name": "Model", "mode": "Mode",
+                 "method": "Method", "precision": "Precision"}
+METRIC_HELP = ("What the number is: allocated (torch.cuda.max_memory_allocated), active, reserved "
+               "(max_memory_reserved: the caching allocator's segments), device (nvidia-smi), tracemalloc (PEFT's "
+               "begin + peak delta of max_memory_allocated), capacity (the largest setting that fits a card, not a "
+               "peak), unknown (the source does not say).")
 OOM_CHOICES = {"all": "all runs", "oom": "OOM only", "ok": "no OOM"}
 DETAIL_CHOICES = 200  # runs offered in the detail selector (a longer list is slow to build and to scroll)
 GIB_COLUMNS = ("peak_alloc_gib", "peak_reserved_gib", "nvml_used_gib", "gpu_total_gib")
@@ -25,8 +29,9 @@ def filters_sidebar() -> dict:
     st.sidebar.header("Filter runs")
     filters = {}
     for col, label in FILTER_LABELS.items():
-        chosen = st.sidebar.multiselect(label, values[col], key=f"{PAGE}:{col}",
-                                        help=f"Show only runs with these {label.lower()} values; empty = all.")
+        chosen = st.sidebar.multiselect(label, values.get(col, []), key=f"{PAGE}:{col}",
+                                        help=METRIC_HELP if col == "metric" else
+                                        f"Show only runs with these {label.lower()} values; empty = all.")
         filters[col] = chosen or None
     oom = st.sidebar.radio("Out of memory", list(OOM_CHOICES), format_func=OOM_CHOICES.get, key=f"{PAGE}:oom",
                            help="OOM runs are data too: they mark where the memory cliff is.")
@@ -37,10 +42,10 @@ def filters_sidebar() -> dict:
 def summary(filters: dict) -> int:
     df = ui.counts(filters)
     total = int(df["n_runs"].sum()) if len(df) else 0
-    c = st.columns(4)
+    c = st.columns(5)
     c[0].metric("Runs", f"{total:,}", help="Runs matching the filters.")
     c[1].metric("OOM runs", f"{int(df['n_oom'].sum()) if len(df) else 0:,}")
-    for i, source in enumerate(("measured", "traced"), start=2):
+    for i, source in enumerate(("measured", "traced", "published"), start=2):
         n = int(df.loc[df["source"] == source, "n_runs"].sum()) if len(df) else 0
         c[i].metric(f"{source.capitalize()} runs", f"{n:,}")
     if len(df):
@@ -54,8 +59,20 @@ def runs_section(filters: dict, total: int) -> pd.DataFrame:
     df = ui.runs_table(filters)
     if total > len(df):
         st.caption(f"Showing the newest {len(df):,} of {total:,} runs; the download below has them all.")
+    published = tuple(df.loc[df["source"] == "published", "run_id"]) if len(df) else ()
+    if published:  # the estimator beside each published number (shipped profiles only: nothing is traced here)
+        est = ui.published_estimates(published)
+        df.insert(6, "estimate_gib", df["run_id"].map(est) / GiB)
+        df.insert(7, "error", (df["estimate_gib"] - df["measured_gib"]) / df["measured_gib"] * 100)
     config = {c: st.column_config.NumberColumn(c.replace("_gib", " (GiB)"), format="%.3f",
-                                               help="GiB = 2^30 bytes") for c in GIB_COLUMNS}
+                                               help="GiB = 2^30 bytes") for c in GIB_COLUMNS + ("measured_gib",)}
+    config["measured_gb"] = st.column_config.NumberColumn("measured (GB)", format="%.3f", help="GB = 10^9 bytes")
+    config["estimate_gib"] = st.column_config.NumberColumn(
+        "estimate (GiB)", format="%.3f", help="willitfit's bytes for the published metric (allocated, or reserved "
+                                              "for a reserved number); empty where the workload cannot be priced "
+                                              "from shipped profiles")
+    config["error"] = st.column_config.NumberColumn("error (%)", format="%+.1f", help="(estimate - measured) / measured")
+    config["source_url"] = st.column_config.LinkColumn("source", help="where the number was published")
     config["params"] = st.column_config.NumberColumn("params", format="localized")
     config["created_at"] = st.column_config.DatetimeColumn("created (UTC)")
     st.dataframe(df, hide_index=True, column_config=config)
@@ -82,7 +99,7 @@ def detail_section(df: pd.DataFrame) -> None:
     left, right = st.columns(2)
     with left:
         st.markdown("**Provenance and workload**")
-        skip = {"config_json", "breakdown_json", "per_rank_json"} | {c for c in row if c.endswith("_peak_alloc_bytes")
+        skip = {"config_json", "breakdown_json", "per_rank_json", "field_origins"} | {c for c in row if c.endswith("_peak_alloc_bytes")
                                                                     or c.endswith("_peak_reserved_bytes")}
         st.dataframe(pd.DataFrame({"column": [k for k in row if k not in skip],
                                    "value": [_show(row[k]) for k in row if k not in skip]}),
@@ -91,11 +108,17 @@ def detail_section(df: pd.DataFrame) -> None:
         st.markdown("**Peaks per stage**")
         st.dataframe(stages, hide_index=True, column_config={
             c: st.column_config.NumberColumn(format="%.3f") for c in stages.columns[1:]})
-        for col, title in (("config_json", "config.json"), ("breakdown_json", "Breakdown at the peak (bytes)"),
+        if row.get("source") == "published":
+            st.markdown(f"**Published** by [{row.get('source_repo')}]({row.get('source_url')}), "
+                        f"{row.get('source_section')}, {row.get('source_version')}; reliability "
+                        f"{row.get('reliability')}; mapping {row.get('mapping_status')}"
+                        + (f": {row.get('mapping_reason')}" if row.get("mapping_reason") else "."))
+        for col, title in (("field_origins", "Workload fields: stated by the source or inferred"),
+                           ("config_json", "config.json"), ("breakdown_json", "Breakdown at the peak (bytes)"),
                            ("per_rank_json", "Per-rank peaks (bytes)")):
             text = row.get(col)
             if isinstance(text, str) and text:
-                with st.expander(title, expanded=col == "config_json"):
+                with st.expander(title, expanded=col in ("config_json", "field_origins")):
                     st.json(json.loads(text), expanded=1)
 
 

@@ -6,4 +6,5 @@ UNION ALL SELECT 'model_name', model_name, count(*) FROM runs GROUP BY model_nam
 UNION ALL SELECT 'mode', mode, count(*) FROM runs GROUP BY mode
 UNION ALL SELECT 'method', method, count(*) FROM runs GROUP BY method
 UNION ALL SELECT 'precision', precision, count(*) FROM runs GROUP BY precision
+UNION ALL SELECT 'metric', metric, count(*) FROM runs WHERE metric IS NOT NULL GROUP BY metric
 ORDER BY col, value;
