@@ -11,9 +11,30 @@ import argparse
 import sys
 
 
+def counts_markdown() -> str:
+    """Mapped / partial / unmapped by source and by metric, as markdown tables (docs/published.md)."""
+    from collections import Counter
+
+    from bench import published
+
+    rows = published.load_data()
+    out = []
+    for key, title in (("source_repo", "source"), ("metric", "metric")):
+        c = Counter((p[key], p["mapping_status"]) for p in rows)
+        out += [f"| {title} | mapped | partial | unmapped | all |", "|---|---:|---:|---:|---:|"]
+        for k in sorted({k for k, _ in c}):
+            n = [c[(k, s)] for s in ("mapped", "partial", "unmapped")]
+            out.append(f"| {k} | {n[0]} | {n[1]} | {n[2]} | {sum(n)} |")
+        out.append("")
+    return "\n".join(out)
+
+
 def run(args) -> int:
     from bench import published
 
+    if args.counts:
+        print(counts_markdown())
+        return 0
     try:
         if args.source:
             n = published.write_data(args.source)
@@ -36,5 +57,6 @@ def register(subparsers) -> None:
     p.add_argument("--from", dest="source", default=None,
                    help="the collected CSV to map first (writes data/published/points.csv)")
     p.add_argument("--db", default=None, help="DuckDB file (default: $WILLITFIT_DB, else data/benchmarks.duckdb)")
+    p.add_argument("--counts", action="store_true", help="print the mapping counts by source and metric; import nothing")
     p.add_argument("--wait", type=float, default=30.0, help="seconds to wait for another process's lock")
     p.set_defaults(func=run)

@@ -413,6 +413,11 @@ def map_row(raw: dict) -> dict:
     if row.get("preset") is None and not reasons:
         reasons.append("no preset")
     status = "unmapped" if reasons else ("partial" if partial else "mapped")
+    if row.get("preset") and fields.get("attention") == "sdpa" and preset_model_type(row["preset"]) == "gemma2":
+        fields["attention"] = "eager"
+        o.inferred("attention", "transformers runs Gemma-2 with eager attention only (it refuses SDPA)")
+        partial.append("Gemma-2 priced with transformers' eager attention; the source ran its own SDPA")
+        status = "partial" if status == "mapped" else status
     if row.get("preset") and fields.get("lora_targets"):
         fields["lora_targets"] = translate_targets(preset_model_type(row["preset"]), fields["lora_targets"])
     row.update(fields)
