@@ -123,8 +123,9 @@ def model_match(config: dict, model_name: str | None) -> tuple[str, str | None]:
 
 
 def closest_runs(db_path: str | Path, config: dict, model_name: str | None, workload: Workload,
-                 parallel: Parallel, limit: int = CLOSEST_LIMIT) -> pd.DataFrame:
-    """Measured and traced runs of this model nearest to `workload` (see bench/queries/app_closest_runs.sql)."""
+                 parallel: Parallel, limit: int = CLOSEST_LIMIT,
+                 sources: tuple[str, ...] = ("measured", "traced")) -> pd.DataFrame:
+    """Runs of this model from `sources` nearest to `workload` (see bench/queries/app_closest_runs.sql)."""
     if not db_exists(db_path):
         return pd.DataFrame()
     chash, name = model_match(config, model_name)
@@ -133,7 +134,7 @@ def closest_runs(db_path: str | Path, config: dict, model_name: str | None, work
         "recipe": workload.recipe, "precision": workload.precision, "weight_format": workload.weight_format,
         "optimizer": workload.optimizer, "checkpointing": workload.checkpointing, "attention": workload.attention,
         "strategy": parallel.strategy, "batch": workload.batch, "seq": workload.seq, "gpus": parallel.gpus,
-        "limit": limit,
+        "limit": limit, "sources": list(sources),
     }
     return db.query_df("app_closest_runs", params, db_path)
 

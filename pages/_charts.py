@@ -135,7 +135,9 @@ def curve_chart(curve: pd.DataFrame, pts: pd.DataFrame, x: str, x_title: str, ca
         ok = pts[~pts["oom"]]
         oom = pts[pts["oom"]].assign(gib=capacity_bytes / GiB, gb=capacity_bytes / GB)
         tip = [alt.Tooltip("source:N"), alt.Tooltip("gpu_name:N", title="GPU"),
-               alt.Tooltip(f"{x}:Q", title=x_title), alt.Tooltip("gib:Q", title="peak allocated (GiB)", format=",.2f"),
+               *([alt.Tooltip("metric:N", title="metric"), alt.Tooltip("where:N", title="published by")]
+                 if "metric" in pts else []),
+               alt.Tooltip(f"{x}:Q", title=x_title), alt.Tooltip("gib:Q", title="peak (GiB)", format=",.2f"),
                alt.Tooltip("gb:Q", title="GB", format=",.2f"), alt.Tooltip("run_id:N")]
         layers.append(alt.Chart(ok).mark_point(filled=True, size=90, opacity=0.9, strokeWidth=0).encode(
             x=f"{x}:Q", y="gib:Q",

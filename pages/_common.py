@@ -113,10 +113,11 @@ def _run_detail(path: str, fp: tuple, run_id: str):
 
 
 @st.cache_data(show_spinner=False, max_entries=128)
-def _closest(path: str, fp: tuple, config: dict, model_name, workload: dict, parallel: dict):
+def _closest(path: str, fp: tuple, config: dict, model_name, workload: dict, parallel: dict,
+             sources: tuple = ("measured", "traced")):
     targets = tuple(t for t in workload["lora_targets"].split(",") if t)
     return app_data.closest_runs(path, config, model_name, spec.Workload(**{**workload, "lora_targets": targets}),
-                                 spec.Parallel(**parallel))
+                                 spec.Parallel(**parallel), sources=sources)
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
@@ -148,9 +149,10 @@ def run_detail(run_id: str):
     return _run_detail(str(db_path()), fingerprint(), run_id)
 
 
-def closest_runs(config: dict, model_name, workload: spec.Workload, parallel: spec.Parallel):
+def closest_runs(config: dict, model_name, workload: spec.Workload, parallel: spec.Parallel,
+                 sources: tuple = ("measured", "traced")):
     return _closest(str(db_path()), fingerprint(), config, model_name, spec.spec_dict(workload),
-                    spec.spec_dict(parallel))
+                    spec.spec_dict(parallel), tuple(sources))
 
 
 def points(config: dict, model_name, batch: int, seq: int, filters: dict):

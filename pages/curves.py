@@ -64,8 +64,11 @@ def analytic(model, w, par, xs: list[int], x: str, options: Options = NO_TRACE) 
 
 def stored(pts: pd.DataFrame, x: str) -> pd.DataFrame:
     """The columns the chart draws (a chart's data travels to the browser: keep it narrow)."""
+    value = pts["value_bytes"] if "value_bytes" in pts else pts["peak_alloc_bytes"]
     return pd.DataFrame({x: pts[x], "source": pts["source"], "gpu_name": pts["gpu_name"], "run_id": pts["run_id"],
-                         "gib": pts["peak_alloc_bytes"] / GiB, "gb": pts["peak_alloc_bytes"] / GB,
+                         "gib": value / GiB, "gb": value / GB,
+                         "metric": pts["metric"] if "metric" in pts else "allocated",
+                         "where": pts["source_repo"] if "source_repo" in pts else "",
                          "oom": pts["oom"].astype(bool), "oom_stage": pts["oom_stage"]})
 
 

@@ -208,6 +208,34 @@ def advice_section(model, w, par, gpu, options) -> None:
                    "sidebar to see its number): " + "; ".join(a.title for a in unpriced) + ".")
 
 
+def closest_published(config, preset, w, par) -> None:
+    """One line beside the verdict: the published GPU measurement nearest this workload, and the estimate for
+    that run's own settings (bench/published.py)."""
+    from bench.accuracy_published import COMPARED_WITH
+    from bench.published import estimate_row
+
+    if not ui.db_path().is_file():
+        return
+    df = ui.closest_runs(config, preset, w, par, sources=("published",))
+    if df.empty:
+        st.caption("Closest published run: none for this model (the published tier holds numbers from torchtune, "
+                   "litgpt, PEFT, GaLore and unsloth; Benchmarks page).")
+        return
+    r = df.iloc[0].to_dict()
+    est = estimate_row(r)
+    col = COMPARED_WITH.get(r["metric"])
+    ours = est.get(col) if est and col else None
+    value = int(r["published_value_bytes"])
+    where = f"[{r['source_repo'].removeprefix('github.com/')}]({r['source_url']})"
+    text = (f"Closest published run: {r['published_id']}, {where}, {r['gpu_name']}: {r['mode']} {r['method']} "
+            f"batch {int(r['batch'])}, seq {int(r['seq']):,}, {r['strategy']} x{int(r['world_size'])} "
+            f"({int(r['n_differences'])} setting(s) differ from yours) measured **{value / GiB:.2f} GiB** "
+            f"({value / GB:.2f} GB, {r['metric']}, reliability {r['reliability']})")
+    if ours:
+        text += f"; willitfit for that run: {ours / GiB:.2f} GiB ({(ours - value) / value:+.1%})."
+    st.caption(text + ".")
+
+
 def closest_section(model, config, preset, w, par, options) -> None:
     st.subheader("Closest runs in the database")
     if ui.empty_db_notice():
@@ -304,6 +332,7 @@ def body(f: dict[str, ui.Field], shown: set[str]) -> None:
                f"{par.strategy} on {par.gpus} GPU(s).")
     st.caption(ui.provenance_caption(prov) + (" " + " ".join(f"Note: {n}." for n in est.notes) if est.notes else ""))
     verdict(est, gpu)
+    ui.or_error(lambda: closest_published(config, preset, w, par), None)
     breakdown_section(est, gpu)
     limits_section(model, w, par, gpu, options)
     advice_section(model, w, par, gpu, options)

@@ -408,3 +408,33 @@ def test_contribute_command_is_built_and_checked_by_bench_grid(env):
 
 def write_bytes(rows: list[dict]) -> bytes:
     return "".join(json.dumps(r) + "\n" for r in rows).encode()
+
+
+# ---------------------------------------------------------------- the published tier
+
+def test_benchmarks_published_filter_shows_published_runs_with_their_estimates(env):
+    from bench import published
+
+    published.import_published(env)
+    at = app("pages/benchmarks.py")
+    assert metric(at, "Published runs") == "169"
+    at.multiselect(key="bench:source").set_value(["published"]).run()
+    assert metric(at, "Runs") == "169" and metric(at, "Traced runs") == "0"
+    at.multiselect(key="bench:metric").set_value(["allocated"]).run()
+    table = next(d.value for d in at.dataframe if "estimate_gib" in d.value.columns)
+    assert set(table["source"]) == {"published"} and set(table["metric"]) == {"allocated"}
+    runs = app_data.runs_table(env, {"source": ["published"], "metric": ["allocated"]})
+    assert sorted(table["run_id"]) == sorted(runs["run_id"])
+    est = app_data.published_estimates(env, tuple(runs["run_id"]))
+    assert est  # shipped profiles price some of them
+    shown = table.set_index("run_id")["estimate_gib"].dropna()
+    assert {k: round(v * GiB) for k, v in shown.items()} == est   # the library's bytes, shown in GiB
+
+
+def test_fit_shows_the_closest_published_run(env):
+    from bench import published
+
+    published.import_published(env)
+    at = app(query={"model": "llama-3.2-1b", "batch": "4", "seq": "512"})
+    line = [c.value for c in at.caption if c.value.startswith("Closest published run")]
+    assert line and "litgpt" in line[0]
