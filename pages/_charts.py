@@ -168,7 +168,7 @@ def calibration_chart(points: pd.DataFrame, lines: pd.DataFrame) -> alt.Chart:
     fitline = alt.Chart(lines).mark_line(strokeDash=[4, 3]).encode(
         x="x_gib:Q", y="y_gib:Q", color=alt.Color("line:N", title="k", scale=alt.Scale(range=SERIES_COLORS)),
         tooltip=[alt.Tooltip("line:N"), alt.Tooltip("k:Q", format=".3f")])
-    return (scatter + fitline).properties(title="Activation bytes vs the seeds' regressor", height=320)
+    return (scatter + fitline).properties(title="Activation bytes vs the blog posts' regressor (b*s*h*L*bytes)", height=320)
 
 
 def residual_chart(points: pd.DataFrame) -> alt.Chart:

@@ -47,7 +47,7 @@ def accuracy_section() -> None:
     """The summary table of docs/accuracy.md (`python -m bench accuracy`), computed from this database."""
     st.subheader("Accuracy: every method against every stored run")
     st.caption("Relative error (prediction − truth) / truth of our estimate, our estimate with a leave-one-family-out "
-               "calibrated k, and the peer formulas (the seeds, accelerate, DeepSpeed, Korthikanti), as in "
+               "calibrated k, and the peer formulas (the original blog posts, accelerate, DeepSpeed, Korthikanti), as in "
                "docs/accuracy.md. Traced truths are allocator-exact peaks; measured ones come from GPUs.")
     if not st.toggle("Compute the accuracy table", key=f"{PAGE}:accuracy",
                      help="Scores every traced and measured row with every method: a few seconds on the shipped "
@@ -110,7 +110,7 @@ def fit_charts(pts: pd.DataFrame, fit) -> None:
         "run_id": pts["run_id"], "x_gib": pts["x"] / GiB, "y_gib": pts["y"] / GiB, "fitted_gib": fitted / GiB,
         "resid_gib": (pts["y"] - fitted) / GiB, "resid_gb": (pts["y"] - fitted) / GB})
     lines = pd.DataFrame([{"line": name, "k": k, "x_gib": x, "y_gib": k * x}
-                          for name, k in ((f"fitted k = {fit.k:.2f}", fit.k), (f"seed k = {SEED_K:g}", SEED_K),
+                          for name, k in ((f"fitted k = {fit.k:.2f}", fit.k), (f"blog-post k = {SEED_K:g}", SEED_K),
                                           (f"detailed (median k = {pts['implied_k'].median():.2f})",
                                            pts["implied_k"].median()))
                           for x in (0.0, float(df["x_gib"].max()))])

@@ -1,0 +1,30 @@
+"""estimator.store: where profiles come from (shipped, cached, derived) and what a stale cache file does."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from estimator import store
+from estimator.estimate import Options, estimate, traced_class
+from estimator.model import from_hf_config
+from estimator.presets import load_config
+from estimator.spec import Parallel, Workload
+
+
+def test_a_cached_profile_of_an_older_format_is_not_an_error(monkeypatch, tmp_path):
+    # A profile written by an older willitfit (format 1) in the user's cache must not break an estimate: it is
+    # treated as missing (derived again when deriving is allowed), while a broken *shipped* file still raises.
+    monkeypatch.setenv("WILLITFIT_CACHE", str(tmp_path))
+    store.clear_memo()
+    name, cfg = load_config("llama-3.2-1b")
+    w = Workload(method="lora", lora_rank=48, attention="eager", batch=1, seq=64)  # a class not shipped
+    tw, tp, _ = traced_class(w, Parallel())
+    key = store.profile_key(tw, tp)
+    assert store.where(cfg, key=key) != "shipped"
+    d = tmp_path / store.config_hash(cfg)[:16]
+    d.mkdir(parents=True)
+    (d / f"{key}.json").write_text(json.dumps({"format": 1, "moments": []}))
+    with pytest.raises(store.ProfileMissing, match="^profile: 'llama-3.2-1b' has no profile on disk"):
+        estimate(from_hf_config(cfg, name, derive=False), w, Parallel(), Options(derive=False))
+    store.clear_memo()
