@@ -127,6 +127,25 @@ def pieces_for(hf_config, max_positions: int, infer: bool) -> list[tuple[int, in
     return out
 
 
+SCAN_CHUNK_KEYS = ("mamba_chunk_size", "chunk_size")   # Mamba-2 style chunked scans (SSD)
+
+
+def chunked_scan(cfg) -> tuple[str, int] | None:
+    """(key, chunk) when the model runs a chunked state-space scan: it pads the sequence to a multiple of the
+    chunk (transformers' Mamba-2 mixers: `pad_tensor_by_size`), so its memory steps with ceil(s / chunk) and is
+    no polynomial in s. Read from the config (a chunk key beside state-space keys), not from a list of families."""
+    for c in (cfg, getattr(cfg, "text_config", None)):
+        if c is None:
+            continue
+        d = vars(c)
+        ssm = any("mamba" in k or "ssm" in k or k in ("state_size", "d_state") for k in d)
+        for k in SCAN_CHUNK_KEYS:
+            v = d.get(k)
+            if ssm and isinstance(v, int) and not isinstance(v, bool) and v > 1:
+                return k, v
+    return None
+
+
 def _window_values(cfg) -> list[int]:
     vals = []
     for c in (cfg, getattr(cfg, "text_config", None)):
@@ -554,6 +573,11 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
     world = FSDP_WORLD if fsdp else ((2,) if parallel.strategy == "ddp" else (1,))
     session.check_traceable(w0, replace(parallel, gpus=world[0]) if parallel.gpus != world[0] else parallel)
     sigs, hf_config, masked = _signatures(config, w0)
+    scan = chunked_scan(hf_config)
+    if scan:
+        raise ValueError(f"model_type: {config.get('model_type')} runs a chunked state-space scan ({scan[0]}="
+                         f"{scan[1]}): it pads the sequence to a multiple of {scan[1]}, so its memory is no "
+                         "polynomial in seq and no exact profile can be derived; trace it (`python -m bench trace`)")
     if masked and infer:
         w0 = replace(w0, gen_tokens=0)  # an encoder runs one forward pass: no decoding
     plan = plan_layers(sigs)
