@@ -141,10 +141,13 @@ class StagePlan:
         self.const = const + np.where(has_states, swap.master - swap.master_traced * swap.state_ratio * swap.state, 0.0)
         self.exps = np.asarray(monos, dtype=float)
 
-    def totals_at(self, b: int, s: int, g: int, n: int) -> np.ndarray:
-        """(k,) totals at one point (the single-estimate path: no array building for the monomials)."""
-        v = np.array([b ** m[0] * s ** m[1] * g ** m[2] / n ** m[3] for m in self.monos], dtype=float)
-        return self.total_coef @ v + self.const
+    def point(self, b: int, s: int, g: int, n: int) -> np.ndarray:
+        """(m,) monomial values at one point (the single-estimate path: no matrix building)."""
+        return np.array([b ** m[0] * s ** m[1] * g ** m[2] / n ** m[3] for m in self.monos], dtype=float)
+
+    def totals_at(self, b: int, s: int, g: int, n: int, v: np.ndarray | None = None) -> np.ndarray:
+        """(k,) totals at one point."""
+        return self.total_coef @ (self.point(b, s, g, n) if v is None else v) + self.const
 
     def totals(self, b, s, g, n) -> np.ndarray:
         """(k, P) totals of every moment at the points."""
@@ -167,7 +170,8 @@ def stage_breakdowns(model, prof: Profile, w: Workload, p: Parallel, tw: Workloa
     for stage, plan in plans.items():
         if not applies(stage, w.gen_tokens):
             continue
-        totals = plan.totals_at(w.batch, w.seq, w.gen_tokens, n)
+        v = plan.point(w.batch, w.seq, w.gen_tokens, n)
+        totals = plan.totals_at(w.batch, w.seq, w.gen_tokens, n, v)
         k = int(np.argmax(totals))
         name = "decode" if stage == "decode1" else stage
         if name in out and out[name][2] >= totals[k]:
@@ -176,7 +180,7 @@ def stage_breakdowns(model, prof: Profile, w: Workload, p: Parallel, tw: Workloa
         if swap.exact:
             cat = moment.exact(w.batch, w.seq, w.gen_tokens, n)
         else:
-            cat = [float(x) for x in plan.values([w.batch], [w.seq], [w.gen_tokens], n)[k, 0]]
+            cat = [float(x) for x in plan.coef[k] @ v]  # plan.values at one point, for the chosen moment only
         out[name] = (moment.label, Breakdown(**swap.breakdown(stage, cat)), totals[k])
     return {k: v[:2] for k, v in out.items()}
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from fractions import Fraction
 from functools import cached_property
 
 import numpy as np
@@ -61,16 +60,20 @@ class Moment:
         if mat is not None and not any(inv) and biggest * max(mono) * len(mono) < 1 << 62:  # no int64 overflow
             return [int(x) // self.den for x in mat @ np.array(mono, dtype=np.int64)]
         out = []
+        top = max(inv)
+        # 1/n terms over a common denominator n**top: integers only (as exact as Fractions, and fast)
+        scale = [n ** (top - e) * v for v, e in zip(mono, inv)]
+        den = self.den * n ** top
         for c in CATEGORIES:
             nums = self.num.get(c)
             if nums is None:
                 out.append(0)
                 continue
-            if any(inv):
-                total = sum(Fraction(x * v, n ** e) for x, v, e in zip(nums, mono, inv) if x)
-                out.append(int(total / self.den) if total >= 0 else -int(-total / self.den))
+            total = sum(x * v for x, v in zip(nums, scale))
+            if top:  # truncated toward zero, as the fit's rational value is
+                out.append(total // den if total >= 0 else -((-total) // den))
             else:
-                out.append(sum(x * v for x, v in zip(nums, mono)) // self.den)
+                out.append(total // den)
         return out
 
 
