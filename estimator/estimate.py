@@ -20,7 +20,7 @@ from estimator import store
 from estimator.model import Model
 from estimator.parallel import TRACED_SHARDING, shares
 from estimator.reserved import workload_class
-from estimator.spec import Parallel, Workload
+from estimator.spec import PAGED_OPTIMIZERS, Parallel, Workload
 
 COMPONENTS = ("weights", "gradients", "optimizer_states", "master_weights", "activations", "kv_cache",
               "temporaries", "buffers", "allocator_cache", "overhead")
@@ -165,6 +165,12 @@ def traced_class(w: Workload, p: Parallel) -> tuple[Workload, Parallel, tuple[st
         notes.append(f"weights: {w.weight_format} priced from the inventory (traced in {w.precision})")
     elif w.weight_format == comp.weight_format(replace(w, weight_format="auto")):
         tw = replace(tw, weight_format="auto")  # the same dtype 'auto' resolves to: the same traced class
+    if w.optimizer_in_backward and w.optimizer in PAGED_OPTIMIZERS:
+        # torchtune's low-memory recipe: paged AdamW stepped in backward. The per-parameter step is traced with
+        # torch's AdamW; the paged states are swapped out of the allocator (paged_bytes) like any paged optimizer.
+        tw = replace(tw, optimizer="adamw", optimizer_impl="foreach")
+        notes.append(f"optimizer: {w.optimizer} stepped in backward, traced as AdamW; its states are in unified "
+                     "memory (paged_bytes)")
     if not w.optimizer_in_backward and (w.optimizer, w.optimizer_impl) != ("adamw", "foreach"):
         # One traced optimizer serves every one: its states and step temporaries are swapped for the
         # inventory's (estimator.components), exactly where the trace and the formula agree (adamw foreach).
