@@ -296,8 +296,9 @@ def test_chunked_loss_profile_lowers_the_estimate():
 
     model = from_hf_config(LLAMA, "t-llama")
     w = Workload(batch=2, seq=256)
-    full = estimate(model, w, options=Options()).stage("forward").total
-    chunked = estimate(model, replace(w, loss="chunked"), options=Options()).stage("forward").total
+    # tensor bytes: the allocator's cache on top is a fitted function of them (estimator.reserved), not traced
+    full = estimate(model, w, options=Options()).stage("forward").tensor_bytes
+    chunked = estimate(model, replace(w, loss="chunked"), options=Options()).stage("forward").tensor_bytes
     assert abs((full - chunked) - 917504) <= 64
 
 
