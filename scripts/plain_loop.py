@@ -3,6 +3,8 @@
     python scripts/plain_loop.py                 # presets <= 13B parameters, batch 4, seq 2048, both loops
     python scripts/plain_loop.py --all           # every preset (a 405B step takes minutes)
     python scripts/plain_loop.py --model llama-3.2-1b --batch 1 --no-doc
+    python scripts/plain_loop.py --all --resume  # rows kept in build/plain_loop.jsonl; a rerun skips those done
+    python scripts/plain_loop.py --report        # only rewrite the doc's section from build/plain_loop.jsonl
 
 The plain loop is what the project's ground truth must match, written without anything from estimator.trace:
 
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import sys
 import time
 import warnings
@@ -36,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from scripts.perf_doc import replace_section  # noqa: E402
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "activations.md"
+ROWS = Path(__file__).resolve().parent.parent / "build" / "plain_loop.jsonl"
 HEADING = "## Plain loop vs tracer"
 LOOPS = ("loss-only", "keep-output")
 DEFAULT_MAX_PARAMS = 13_500_000_000   # "<= 13B": llama-2-13b (13.0B) in, qwen1.5-moe (14.3B) out
@@ -143,12 +147,18 @@ def presets(names: list[str] | None, include_all: bool) -> list[tuple[str, dict,
 
 
 def compare(name: str, config: dict, batch: int, seq: int, loop: str) -> dict:
+    """One row; a run that raises is a row too, with the error (it counts as not equal)."""
     start = time.perf_counter()
-    mem = plain_loop_peak(config, batch, seq, loop)
-    cpu = tracer_peak(config, name, batch, seq, loop, "cpu")
-    cuda = tracer_peak(config, name, batch, seq, loop, "cuda")
-    return {"preset": name, "loop": loop, "seq": seq, "memtracker": mem, "tracer_cpu": cpu, "equal": mem == cpu,
-            "tracer_cuda": cuda, "seconds": time.perf_counter() - start}
+    row = {"preset": name, "loop": loop, "batch": batch, "seq": seq}
+    try:
+        mem = plain_loop_peak(config, batch, seq, loop)
+        cpu = tracer_peak(config, name, batch, seq, loop, "cpu")
+        cuda = tracer_peak(config, name, batch, seq, loop, "cuda")
+    except Exception as e:  # noqa: BLE001 - recorded in the table
+        return {**row, "error": f"{type(e).__name__}: {' '.join(str(e).split())[:200]}", "equal": False,
+                "seconds": time.perf_counter() - start}
+    return {**row, "memtracker": mem, "tracer_cpu": cpu, "equal": mem == cpu, "tracer_cuda": cuda,
+            "seconds": time.perf_counter() - start}
 
 
 def table(rows: list[dict], batch: int) -> str:
@@ -156,6 +166,9 @@ def table(rows: list[dict], batch: int) -> str:
             "tracer `--kernels cuda` (B) | cuda - plain loop (MiB) |")
     lines = [head, "|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['preset']} | {r['loop']} | {r['seq']} | {r['error'].replace('|', '/')} | | **no** | | |")
+            continue
         diff = (r["tracer_cuda"] - r["memtracker"]) / MiB
         lines.append(f"| {r['preset']} | {r['loop']} | {r['seq']} | {r['memtracker']:,} | {r['tracer_cpu']:,} | "
                      f"{'yes' if r['equal'] else '**no**'} | {r['tracer_cuda']:,} | {diff:+,.1f} |")
@@ -172,6 +185,10 @@ def main(argv: list[str] | None = None) -> int:
                    "preset's learned positions)")
     p.add_argument("--loop", default=",".join(LOOPS), help="loss-only, keep-output or both (default both)")
     p.add_argument("--no-doc", action="store_true", help="print only; do not write docs/activations.md")
+    p.add_argument("--resume", action="store_true", help=f"append rows to {ROWS.relative_to(ROWS.parent.parent)} "
+                   "and skip the (preset, loop, batch, seq) already there")
+    p.add_argument("--report", action="store_true", help="run nothing: write the doc's section from the rows kept "
+                   "by --resume")
     p.add_argument("--windows", action="store_true", help="also print the tracer's peak in every stage window "
                    "(load, each step's forward, backward, optimizer) for both kernels")
     args = p.parse_args(argv)
@@ -181,12 +198,25 @@ def main(argv: list[str] | None = None) -> int:
     if bad or not loops:
         p.error(f"loop: {bad or 'none'} not allowed; choose from {', '.join(LOOPS)}")
     names = [x.strip() for x in args.model.split(",")] if args.model else None
+    kept = [json.loads(x) for x in ROWS.read_text().splitlines()] if (args.resume or args.report) and \
+        ROWS.exists() else []
+    done = {(r["preset"], r["loop"], r.get("batch", 4), r["seq"]): r for r in kept}
     rows = []
-    for name, config, params, max_pos in presets(names, args.all):
+    for name, config, params, max_pos in ([] if args.report else presets(names, args.all)):
         seq = min(args.seq, max_pos)
         for loop in loops:
-            r = compare(name, config, args.batch, seq, loop)
+            if (name, loop, args.batch, seq) in done:
+                rows.append(done.pop((name, loop, args.batch, seq)))
+                continue
+            r = {**compare(name, config, args.batch, seq, loop), "params": params}
             rows.append(r)
+            if args.resume:
+                ROWS.parent.mkdir(parents=True, exist_ok=True)
+                with ROWS.open("a") as f:
+                    f.write(json.dumps(r) + "\n")
+            if "error" in r:
+                print(f"{name:20s} {loop:11s} seq {seq:5d}  ERROR {r['error']}", flush=True)
+                continue
             print(f"{name:20s} {loop:11s} seq {seq:5d}  MemTracker {r['memtracker']:>16,}  tracer cpu "
                   f"{r['tracer_cpu']:>16,}  {'equal' if r['equal'] else 'DIFFERENT'}  tracer cuda "
                   f"{r['tracer_cuda']:>16,}  ({r['seconds']:.0f} s)", flush=True)
@@ -194,13 +224,16 @@ def main(argv: list[str] | None = None) -> int:
                 for kind in ("cpu", "cuda"):
                     wins = window_peaks(config, name, args.batch, seq, loop, kind)
                     print(f"  {kind:4s} windows: " + ", ".join(f"{st} {b:,}" for st, b in wins), flush=True)
+    if args.report:
+        rows = sorted(kept, key=lambda r: (r.get("params", 0), r["preset"], r["loop"]))
     text = table(rows, args.batch)
     print(text)
     if not args.no_doc:
-        cmd = "python scripts/plain_loop.py" + (" --all" if args.all else "") + \
+        cmd = "python scripts/plain_loop.py" + (" --all" if args.all or args.report else "") + \
+            (" --resume" if args.resume or args.report else "") + \
             (f" --model {args.model}" if args.model else "") + \
             (f" --batch {args.batch}" if args.batch != 4 else "") + (f" --seq {args.seq}" if args.seq != 2048 else "")
-        which = "every preset" if args.all or args.model else "presets <= 13B parameters (`--all` runs the rest)"
+        which = "every preset" if args.all or args.model or args.report else "presets <= 13B parameters (`--all` runs the rest)"
         replace_section(HEADING, f"{HEADING}\n\nMade with `{cmd}` ({which}); scripts/plain_loop.py says what the "
                         f"plain loop is.\n\n{text}\n", DOC)
     return 0 if all(r["equal"] for r in rows) else 1
