@@ -5,7 +5,7 @@ The counts below were read from meta-device builds with transformers 5.23 (no me
 remote code): `AutoConfig.for_model(model_type, **rest)`, then `AutoModelForCausalLM.from_config` on that config, or
 on its `text_config` for the multimodal checkpoints shipped nested (gemma3, llama4, mistral3), and `AutoModel` for
 BERT (BertModel with its pooler, as published). Tied embeddings count once. An edited preset changes its count and
-fails here; a new preset must add its count (and its row in docs/presets.md). The 51 builds take about 4 s on 2
+fails here; a new preset must add its count (and its row in docs/presets.md). The 52 builds take about 4 s on 2
 cores once transformers is imported (measured: `python -m pytest -q tests/test_presets_data.py --durations=3`).
 """
 from __future__ import annotations
@@ -22,6 +22,7 @@ DOCS = Path(__file__).resolve().parent.parent / "docs" / "presets.md"
 EXPECTED_PARAMS = {
     "bert-large-uncased": 335_141_888,
     "codellama-34b": 33_743_970_304,
+    "deepseek-r1-distill-qwen-7b": 7_615_616_512,   # Qwen2.5-Math-7B's architecture, rope_theta 10000
     "deepseek-v2-lite": 15_706_484_224,
     "deepseek-v3": 671_026_404_352,
     "falcon-40b": 41_303_293_952,
