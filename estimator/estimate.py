@@ -113,7 +113,7 @@ class Estimate:
     @property
     def reserved_bytes(self) -> int:
         """Peak as torch.cuda.max_memory_reserved would see it: allocated + the allocator's cache
-        (reserved = allocated * (1 + r) + c of the workload class, data/allocator_fit.json)."""
+        (reserved = allocated + min(allocated * r + c, allocated * q) of the workload class, data/allocator_fit.json)."""
         return self.allocated_bytes + self.components.allocator_cache
 
     @property

@@ -1,6 +1,7 @@
 """What torch reserves and what the device shows, from what the step allocates.
 
-    reserved_bytes = allocated_bytes * (1 + r) + c      (r, c per workload class and allocator mode)
+    reserved_bytes = allocated_bytes + min(allocated_bytes * r + c, allocated_bytes * q)
+                                         (r, c, q per workload class and allocator mode)
     device_bytes   = reserved_bytes + CUDA context + NCCL buffers (more than one GPU)
 
 A run fails when the CUDA caching allocator cannot get another segment, not when tensor bytes reach the card's
@@ -11,7 +12,9 @@ tails of split segments) is what comes out of the device, and nvidia-smi adds th
 (estimator/trace/counters.py allocation_events) replayed through the caching-allocator model
 (estimator/allocator, after c10/cuda/CUDACachingAllocator.cpp) under the default allocator and under
 expandable_segments:True, one least-squares fit per workload class; docs/allocator.md has the method, the case set
-and the residuals. The file is read once and cached. No torch, no NumPy here: estimate() calls this per stage.
+and the residuals. q is the largest (reserved - allocated) / allocated any replayed case of the class showed: below
+the fitted sizes c alone would dominate (a 10 MB model is not given the ~0.9 GiB of cached logits a 1B model's
+step leaves), so the cache never exceeds the largest share that was seen. The file is read once and cached. No torch, no NumPy here: estimate() calls this per stage.
 """
 from __future__ import annotations
 
@@ -42,7 +45,8 @@ def workload_class(w: Workload, p: Parallel) -> str:
 
 @dataclass(frozen=True)
 class ReservedFit:
-    """reserved = allocated * (1 + ratio) + const_bytes, fitted on `n` replayed cases of one class and mode."""
+    """reserved = allocated + min(allocated * ratio + const_bytes, allocated * max_ratio), fitted on `n` replayed
+    cases of one class and mode."""
     workload_class: str
     mode: str                   # "default" | "expandable"
     ratio: float                # r: cached bytes per allocated byte
@@ -50,10 +54,14 @@ class ReservedFit:
     n: int                      # cases the fit rests on
     median_rel_error: float     # |predicted - replayed| / replayed over those cases
     worst_rel_error: float
+    max_ratio: float = float("inf")   # q: the largest (reserved - allocated) / allocated among those cases
 
     def cache_bytes(self, allocated_bytes: int) -> int:
         """reserved - allocated: the allocator's cached and split-off bytes on top of `allocated_bytes`."""
-        return max(0, round(allocated_bytes * self.ratio) + self.const_bytes)
+        fitted = round(allocated_bytes * self.ratio) + self.const_bytes
+        if self.max_ratio != float("inf"):
+            fitted = min(fitted, round(allocated_bytes * self.max_ratio))
+        return max(0, fitted)
 
 
 def alloc_mode(alloc_conf: str) -> tuple[str, str | None]:
@@ -75,14 +83,28 @@ def alloc_mode(alloc_conf: str) -> tuple[str, str | None]:
     return mode, note
 
 
+def _max_ratios(cases: list[dict]) -> dict:
+    """{(class, mode): largest (reserved - allocated) / allocated} over the replayed cases of the fit file."""
+    out: dict = {}
+    for c in cases:
+        for mode in MODES:
+            res, alloc = c.get(f"reserved_{mode}_bytes"), c.get("allocated_bytes")
+            if res and alloc:
+                key = (c["class"], mode)
+                out[key] = max(out.get(key, 0.0), (res - alloc) / alloc)
+    return out
+
+
 @functools.cache
 def _load(path: str) -> dict:
     doc = json.loads(Path(path).read_text())
+    caps = _max_ratios(doc.get("cases", []))
     fits = {}
     for cls, modes in doc["classes"].items():
         for mode, f in modes.items():
             fits[(cls, mode)] = ReservedFit(cls, mode, float(f["ratio"]), int(f["const_bytes"]), int(f["n"]),
-                                            float(f["median_rel_error"]), float(f["worst_rel_error"]))
+                                            float(f["median_rel_error"]), float(f["worst_rel_error"]),
+                                            caps.get((cls, mode), float("inf")))
     return fits
 
 

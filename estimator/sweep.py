@@ -83,7 +83,10 @@ def _with_cache(best: np.ndarray, workload: Workload, parallel: Parallel, option
     is applied to the largest stage), from the same fitted class."""
     fit = _reserved_fit(workload_class(workload, parallel), options.alloc_conf)[0]
     allocated = best - comp.overhead_bytes(parallel.gpus, options.overhead) + options.overhead.cublas_workspace_bytes
-    return best + np.maximum(0.0, np.rint(allocated * fit.ratio) + fit.const_bytes)
+    cache = np.rint(allocated * fit.ratio) + fit.const_bytes
+    if np.isfinite(fit.max_ratio):
+        cache = np.minimum(cache, np.rint(allocated * fit.max_ratio))
+    return best + np.maximum(0.0, cache)
 
 
 def sweep(model: Model, workloads, parallels, batches, seqs, options: Options = Options()) -> SweepResult:

@@ -18,6 +18,7 @@ from estimator.allocator.stream import Stream, stream_from_snapshot
 from estimator.device import capacity_bytes, context_bytes
 from estimator.estimate import Options, estimate
 from estimator.gpus import get_gpu
+from estimator.model import from_hf_config
 from estimator.spec import Parallel, Workload
 from strategies import model
 
@@ -232,3 +233,20 @@ def test_published_comparison_is_robust_to_zero_rows_and_compares_a_row():
     assert c["metric"] == "reserved" and c["predicted_bytes"] == e.reserved_bytes
     assert c["rel_error"] == (e.reserved_bytes - (e.reserved_bytes + 2**30)) / (e.reserved_bytes + 2**30)
     assert "| reserved | 1 |" in avp.report(comps, {}, 1)
+
+
+def test_cache_is_capped_at_the_largest_share_a_replayed_case_showed():
+    # Below the fitted sizes the constant alone would dominate: a 10 MB step is never given ~0.9 GiB of cache.
+    doc = json.loads(reserved.FIT_PATH.read_text())
+    for cls in reserved.CLASSES:
+        for mode in reserved.MODES:
+            f = reserved.fit_for_class(cls, mode)
+            shares = [(c[f"reserved_{mode}_bytes"] - c["allocated_bytes"]) / c["allocated_bytes"]
+                      for c in doc["cases"] if c["class"] == cls]
+            assert f.max_ratio == max(shares)
+            assert f.cache_bytes(10_000_000) <= round(10_000_000 * f.max_ratio)
+            big = 200 * 2**30   # far above every case: the fitted form, the cap does not bind
+            assert f.cache_bytes(big) == round(big * f.ratio) + f.const_bytes
+    tiny = estimate(from_hf_config(TINY, "t-tiny"), Workload(batch=1, seq=64))
+    share = (tiny.reserved_bytes - tiny.allocated_bytes) / tiny.allocated_bytes
+    assert 0 <= share <= reserved.fit_for(Workload(), Parallel()).max_ratio + 1e-6  # rounding to whole bytes
