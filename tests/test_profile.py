@@ -182,3 +182,23 @@ def test_coverage_sample_hybrid_mamba_is_refused_in_one_line():
         derive_profile(cfg, Workload(), Parallel())
     assert str(e.value).startswith("model_type: bamba runs a chunked state-space scan (mamba_chunk_size=64)")
     assert "\n" not in str(e.value)
+
+
+def test_per_layer_config_and_per_layer_embeddings_are_traced_whole():
+    # Gemma-4: a heterogeneous config (transformers' per_layer_config: head_dim 32 on the global layer, read
+    # globally it raises) and per-layer embeddings outside the layer stack (one table num_hidden_layers x 8 wide,
+    # reshaped by the config's layer count), so a model cut in place cannot run: the derivation says so in the
+    # provenance and traces the model whole; the profile still equals a full-depth trace to the byte.
+    from estimator.inventory.meta import read_inventory
+    from estimator.spec import Workload
+
+    cfg = {"model_type": "gemma4_text", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
+           "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16, "vocab_size": 256,
+           "vocab_size_per_layer_input": 256, "hidden_size_per_layer_input": 8, "max_position_embeddings": 4096,
+           "sliding_window": 512, "layer_types": ["sliding_attention"] * 3 + ["full_attention"],
+           "per_layer_config": {"3": {"head_dim": 32}}}
+    inv = read_inventory(cfg)
+    assert (inv["heads"], inv["kv_heads"], inv["head_dim"], inv["layers"]) == (2, 1, 32, 4)
+    prof = _check_against_trace(cfg, Workload(), [(3, 200)])
+    assert prof.provenance["traced_whole"].startswith("the reduced-depth model failed: shape")
+    assert prof.provenance["reduced_depths"] == []

@@ -17,6 +17,8 @@ and its role:
 from __future__ import annotations
 
 import copy
+import functools
+import math
 from collections import Counter
 
 EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
@@ -102,9 +104,20 @@ def _roles(model, n_experts: int) -> dict[int, str]:
     return roles
 
 
-def _first_int(cfg, keys) -> int:
+def _first_int(cfg, keys, across_layers=max) -> int:
+    """The first positive int among `keys`. On a heterogeneous config (transformers' per_layer_config: Gemma-4's
+    head_dim, DOTS-3's heads differ by layer) a per-layer key is read from every layer and combined with
+    `across_layers` (max for sizes; math.gcd for head counts, which a TP degree must divide in every layer)."""
     for k in keys:
-        v = getattr(cfg, k, None)
+        try:
+            v = getattr(cfg, k, None)
+        except RuntimeError as e:  # AmbiguousGlobalPerLayerAttributeError: a per-layer attribute read globally
+            if type(e).__name__ != "AmbiguousGlobalPerLayerAttributeError":
+                raise
+            per_layer = getattr(cfg, "per_layer_config", None) or []
+            vals = [getattr(c, k, None) for c in per_layer]
+            vals = [x for x in vals if isinstance(x, int) and not isinstance(x, bool) and x > 0]
+            v = functools.reduce(across_layers, vals) if vals else None
         if isinstance(v, int) and not isinstance(v, bool) and v > 0:
             return v
     return 0
@@ -179,7 +192,7 @@ def read_inventory(config: dict) -> dict:
     sig_ids: dict[str, int] = {}
     layer_types = [sig_ids.setdefault(li.signature, len(sig_ids)) for li in infos]
     buffers = sum(b.numel() * b.element_size() for b in model.buffers())
-    heads = _first_int(tcfg, ("num_attention_heads", "n_head", "num_heads"))
+    heads = _first_int(tcfg, ("num_attention_heads", "n_head", "num_heads"), math.gcd)
     hidden = _first_int(tcfg, ("hidden_size", "n_embd", "d_model"))
     return {
         "model_type": str(config["model_type"]), "built_as": type(model).__name__,
@@ -193,7 +206,7 @@ def read_inventory(config: dict) -> dict:
         "layers": len(layers), "layer_params": per_layer, "layer_types": layer_types,
         "tie_embeddings": bool(tie), "tied_names": tied, "buffer_bytes_bf16_build": int(buffers),
         "hidden": hidden, "heads": heads,
-        "kv_heads": _first_int(tcfg, ("num_key_value_heads", "num_kv_heads", "n_head_kv")) or heads,
+        "kv_heads": _first_int(tcfg, ("num_key_value_heads", "num_kv_heads", "n_head_kv"), math.gcd) or heads,
         "head_dim": _first_int(tcfg, ("head_dim",)) or (hidden // heads if heads else 0),
         "vocab": _first_int(tcfg, ("vocab_size",)),
         "max_positions": _first_int(tcfg, ("max_position_embeddings", "n_positions", "max_sequence_length")),

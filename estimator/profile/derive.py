@@ -583,6 +583,48 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
     plan = plan_layers(sigs)
     pieces = pieces_for(hf_config, _max_positions(hf_config), infer)
     fit_world = world[:2] if fsdp else world
+    reduced_refused = ""
+    try:
+        out_pieces, n_jobs, padding = _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp,
+                                                     kernels, progress)
+    except _ReducedDepthFailed as e:
+        # The model's code outside its layer stack depends on the layer count (Gemma-3n / Gemma-4 per-layer
+        # embeddings: one table num_hidden_layers x width wide, reshaped by the config's count), so a model cut in
+        # place cannot run: it is traced whole, at every size (slower, exact by construction).
+        reduced_refused = e.reason
+        plan = Plan(plan.n_layers, plan.types, (tuple(range(plan.n_layers)),), (None,), True)
+        out_pieces, n_jobs, padding = _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp,
+                                                     kernels, progress)
+    jobs = range(n_jobs)
+    if progress:
+        progress(len(jobs), len(jobs), "done")
+    import torch
+    import transformers
+
+    prov = {"torch": torch.__version__, "transformers": transformers.__version__, "kernels": kernels,
+            "python": platform.python_version(), "traces": len(jobs), "fsdp_padding_max_bytes": padding,
+            "seconds": round(time.perf_counter() - start, 2),
+            "reduced_depths": [list(v) for v in plan.variants if v is not None and not reduced_refused],
+            **({"traced_whole": f"the reduced-depth model failed: {reduced_refused}"} if reduced_refused else {}),
+            "derived_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    from estimator.store import parallel_class, workload_class
+
+    return Profile(config_hash, str(config.get("model_type")), workload_class(workload),
+                   parallel_class(parallel), plan.n_layers, tuple(out_pieces), prov)
+
+
+class _ReducedDepthFailed(Exception):
+    """The reduced-depth model raised inside the model's own code on its first trace."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, kernels, progress):
+    """(fitted pieces, traces run, largest FSDP padding): every piece of s and batch region, every variant of
+    `plan` traced, fit, verified and extended. A reduced plan whose first trace fails in the model's code raises
+    _ReducedDepthFailed (the caller traces the model whole)."""
     regions = [(pi, r) for pi in range(len(pieces)) for r in BATCH_REGIONS]
     n_jobs = sum(len(_points(r[0], pieces[pi][2], fit_world)) + 1 for pi, r in regions) * len(plan.variants)
     done, padding = 0, 0
@@ -596,12 +638,17 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
             for pt in _points(batches, seqs, fit_world) + [vpoint]:
                 b, s, n = pt
                 if progress:
-                    progress(done, n_jobs, ("tracing the whole model" if keep is None else
+                    progress(done, n_jobs, ("tracing the whole model" if keep is None or plan.full else
                                             f"tracing {len(keep)} of {plan.n_layers} layers") + f" at batch {b}, seq {s}"
                                            + (f", {n} GPUs" if n > 1 else ""))
                 par = replace(parallel, gpus=n) if parallel.strategy != "single" else parallel
-                traces[pt] = trace_ticks(config, replace(w0, batch=b, seq=s), par,
-                                         None if keep is None else list(keep), kernels)
+                try:
+                    traces[pt] = trace_ticks(config, replace(w0, batch=b, seq=s), par,
+                                             None if keep is None else list(keep), kernels)
+                except RuntimeError as e:
+                    if done or plan.full:
+                        raise
+                    raise _ReducedDepthFailed(" ".join(str(e).split())[:200]) from e
                 done += 1
             check = traces.pop(vpoint)
             fit = fit_variant(traces, fsdp, one_batch=len(batches) == 1)
@@ -609,21 +656,7 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
             fits.append(fit)
         cands = prune(extend(plan, fits))
         out_pieces.append(Piece.from_moments(lo, hi, [_moment(c) for c in cands], b_lo, b_hi))
-    jobs = range(n_jobs)
-    if progress:
-        progress(len(jobs), len(jobs), "done")
-    import torch
-    import transformers
-
-    prov = {"torch": torch.__version__, "transformers": transformers.__version__, "kernels": kernels,
-            "python": platform.python_version(), "traces": len(jobs), "fsdp_padding_max_bytes": padding,
-            "seconds": round(time.perf_counter() - start, 2),
-            "reduced_depths": [list(v) for v in plan.variants if v is not None],
-            "derived_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    from estimator.store import parallel_class, workload_class
-
-    return Profile(config_hash, str(config.get("model_type")), workload_class(workload),
-                   parallel_class(parallel), plan.n_layers, tuple(out_pieces), prov)
+    return out_pieces, n_jobs, padding
 
 
 def _moment(c) -> Moment:

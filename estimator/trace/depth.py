@@ -16,6 +16,7 @@ or index `config.layer_types[i]` by the loop position then run exactly the kept 
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -63,6 +64,13 @@ def per_layer_lists(config, n_layers: int) -> dict[str, list]:
     return out
 
 
+def per_layer_overrides(config) -> dict[int, dict]:
+    """{layer index: overridden attributes} of a heterogeneous config (transformers' per_layer_config, e.g.
+    Gemma-4's head_dim 512 on its global layers; integrations/heterogeneity/configuration_utils.py), else {}."""
+    spec = vars(config).get("_heterogeneity_spec")
+    return dict(getattr(spec, "per_layer_overrides", None) or {})
+
+
 @dataclass(frozen=True)
 class LayerInfo:
     """One decoder layer: its index, its type signature and its parameter count."""
@@ -77,10 +85,13 @@ def layer_infos(model: torch.nn.Module) -> list[LayerInfo]:
     _, _, layers = decoder_layer_list(model)
     cfg = text_config(model.config)
     lists = per_layer_lists(cfg, len(layers))
+    overrides = per_layer_overrides(cfg)
     out = []
     for i, layer in enumerate(layers):
         shapes = sorted((n, tuple(p.shape), str(p.dtype)) for n, p in layer.named_parameters())
         entries = sorted((k, repr(v[i])) for k, v in lists.items())
+        if overrides:
+            entries.append(("per_layer_config", repr(sorted(overrides.get(i, {}).items()))))
         sig = repr((type(layer).__name__, shapes, entries))
         out.append(LayerInfo(i, sig, sum(p.numel() for _, p in layer.named_parameters())))
     return out
@@ -90,8 +101,6 @@ def reduce_depth(model: torch.nn.Module, keep: list[int]) -> None:
     """Keep only the decoder layers at indices `keep`, in place, run in the given order; an index given twice
     keeps a deep copy of that layer too (built on meta: a second layer of the same type, its own parameters).
     See the module docstring for what is renumbered."""
-    import copy
-
     parent, name, layers = decoder_layer_list(model)
     n = len(layers)
     if not keep or any(not 0 <= i < n for i in keep):
@@ -110,4 +119,8 @@ def reduce_depth(model: torch.nn.Module, keep: list[int]) -> None:
         if getattr(cfg, "num_hidden_layers", None) == n:
             for key, values in per_layer_lists(cfg, n).items():
                 setattr(cfg, key, [values[i] for i in keep])
+            overrides = per_layer_overrides(cfg)
+            if overrides:  # heterogeneous config: the kept layers keep their own overrides at their new index
+                cfg.__dict__["_heterogeneity_spec"].per_layer_overrides = {
+                    new: copy.deepcopy(overrides[old]) for new, old in enumerate(keep) if old in overrides}
             cfg.num_hidden_layers = len(keep)
