@@ -226,7 +226,9 @@ def _resolve(model: Model, w: Workload, p: Parallel, options: Options):
     hit = _CLASSES.get(key)
     if hit is None:
         model.inventory.trainable_params(w)  # a LoRA target the model lacks: one clean line, before any trace
+        w, attn_note = _runnable_attention(model, w)
         tw, tp, notes = traced_class(w, p)
+        notes = attn_note + notes
         prof = store.profile(model.config, tw, tp, name=model.name, derive=options.derive,
                              progress=options.progress)
         hit = (tw, notes, prof, shares(model.inventory, p))
@@ -234,6 +236,18 @@ def _resolve(model: Model, w: Workload, p: Parallel, options: Options):
             _CLASSES.clear()
         _CLASSES[key] = hit
     return hit
+
+
+def _runnable_attention(model: Model, w: Workload) -> tuple[Workload, tuple[str, ...]]:
+    """SDPA (or FlashAttention-2, traced as SDPA) on a model transformers runs without an SDPA path (Gemma-2's logit
+    softcapping, gpt-oss's attention sinks) is priced as eager, what transformers runs by default; a note says so."""
+    if w.attention == "eager" or model.inventory.supports_sdpa:
+        return w, ()
+    built = model.inventory.built_as
+    note = (f"attention: {built} has no SDPA path in transformers; priced as eager (its default), which keeps "
+            "the seq x seq scores" + (" (FlashAttention-2 keeps none: an upper bound)" if w.attention == "flash"
+                                      else ""))
+    return replace(w, attention="eager"), (note,)
 
 
 def profile_for(model: Model, w: Workload, p: Parallel, options: Options = Options()):
@@ -246,7 +260,9 @@ def estimate(model: Model, workload: Workload, parallel: Parallel = Parallel(),
     from estimator.evaluate import stage_breakdowns
 
     options = _device_options(options)
+    workload, attn_note = _runnable_attention(model, workload)  # the estimate shows what will run
     tw, notes, prof, stage_shares = _resolve(model, workload, parallel, options)
+    notes = attn_note + notes
     fit, mode_note, source = _reserved_fit(workload_class(workload, parallel), options.alloc_conf)
     workspace = options.overhead.cublas_workspace_bytes
     best = None
@@ -284,9 +300,9 @@ def _reserved_fit(cls: str, alloc_conf: str):
     from estimator.reserved import fit_for_class
     mode, note = _alloc_mode(alloc_conf)
     f = fit_for_class(cls, mode)
-    source = (f"data/allocator_fit.json: {f.workload_class}, {mode} allocator, reserved = allocated x "
-              f"(1 + {f.ratio:.4f}) + {f.const_bytes / 2**20:.1f} MiB (n={f.n}, median error "
-              f"{f.median_rel_error:.1%}, worst {f.worst_rel_error:.1%})")
+    source = (f"data/allocator_fit.json: {f.workload_class}, {mode} allocator, reserved = allocated + min(allocated x "
+              f"{f.ratio:.4f} + {f.const_bytes / 2**20:.1f} MiB, allocated x {f.max_ratio:.4f}) (n={f.n}, median "
+              f"error {f.median_rel_error:.1%}, worst {f.worst_rel_error:.1%})")
     return f, note, source
 
 

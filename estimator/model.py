@@ -99,6 +99,11 @@ class Model:
         return self.inventory.causal
 
     @property
+    def default_attention(self) -> str:
+        """What transformers runs when no attn_implementation is asked for: SDPA where the model has it."""
+        return "sdpa" if self.inventory.supports_sdpa else "eager"
+
+    @property
     def config_hash(self) -> str:
         return self.inventory.config_hash
 

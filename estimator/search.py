@@ -161,7 +161,7 @@ def _candidates(model: Model, w: Workload, p: Parallel, gpu_bytes: int, options:
                     "torch's fused kernel (fused=True) updates in place, no state-sized temporary; same math."))
     out += _method_candidates(model, w)
     out += _parallel_candidates(model, w, p, gpu_bytes, options)
-    if w.attention == "eager":
+    if w.attention == "eager" and model.inventory.supports_sdpa:
         out.append(("Use SDPA attention instead of eager", {"attention": "sdpa"}, {},
                     "attn_implementation='sdpa' never materialises the seq x seq scores; same results."))
     out += _precision_candidates(w)

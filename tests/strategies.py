@@ -17,7 +17,6 @@ from estimator.presets import config_hash, load_config, preset_names
 from estimator.spec import KV_DTYPES, OPTIMIZER_IMPLS, OPTIMIZERS, WEIGHT_FORMATS, Parallel, Workload
 from estimator.store import SHIPPED_DIR
 
-EAGER_ONLY = ("gemma2",)          # transformers refuses SDPA for Gemma-2
 LORA_TARGETS = {"gpt2": ("c_attn",), "gpt_neox": ("query_key_value",), "falcon": ("query_key_value",),
                 "bert": ("query", "value"), "phi3": ("qkv_proj",), "deepseek_v3": ("q_b_proj", "kv_b_proj")}
 # (PEFT's defaults; q_proj,v_proj elsewhere; DeepSeek-V3 has no q_proj or v_proj: its MLA up-projections)
@@ -33,7 +32,7 @@ def lora_names(m: Model) -> list[str]:
 
 
 def attention(m: Model) -> str:
-    return "eager" if m.model_type in EAGER_ONLY else "sdpa"
+    return m.default_attention  # eager where transformers has no SDPA path (Gemma-2, gpt-oss)
 
 
 def lora_targets(m: Model) -> tuple[str, ...]:

@@ -257,3 +257,24 @@ def test_calibration_file_bad_document(tmp_path):
     path.write_text(json.dumps({"version": 2, "calibrations": []}))
     with pytest.raises(ValueError, match="^calibration: .*version=1"):
         load_calibration(path)
+
+
+def test_a_model_without_sdpa_is_priced_with_what_transformers_runs(capsys):
+    # Gemma-2 has no SDPA path in transformers (logit softcapping): the default workload (sdpa) is priced as eager,
+    # the estimate shows eager and says why, and advice never proposes SDPA for it.
+    from estimator.estimate import Options, estimate
+    from estimator.search import advice
+    from estimator.spec import Parallel, Workload
+    from strategies import model
+
+    m = model("gemma-2-2b")
+    assert not m.inventory.supports_sdpa and m.default_attention == "eager"
+    e = estimate(m, Workload(batch=1, seq=512))
+    assert e.workload.attention == "eager" and e.notes[0].startswith("attention: Gemma2ForCausalLM has no SDPA")
+    assert e.total_bytes == estimate(m, Workload(batch=1, seq=512, attention="eager")).total_bytes
+    titles = [a.title for a in advice(m, Workload(batch=8, seq=4096, attention="eager"), Parallel(), 16 * 2**30,
+                                      Options(derive=False))]  # prices only what is on disk: never traces
+    assert not any("SDPA" in t for t in titles)
+    assert cli.main(["--model", "gemma-2-2b", "--batch", "1", "--seq", "512", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["workload"]["attention"] == "eager" and out["notes"][0].startswith("attention: ")

@@ -28,3 +28,24 @@ def test_a_cached_profile_of_an_older_format_is_not_an_error(monkeypatch, tmp_pa
     with pytest.raises(store.ProfileMissing, match="^profile: 'llama-3.2-1b' has no profile on disk"):
         estimate(from_hf_config(cfg, name, derive=False), w, Parallel(), Options(derive=False))
     store.clear_memo()
+
+
+def test_every_preset_ships_the_classes_the_property_tests_draw():
+    # "Ship one for every preset": training (full fine-tuning and LoRA on PEFT's targets) and inference, each a
+    # profile file in data/profiles/, so that estimate() never traces for a preset's common workloads (and the
+    # hypothesis tests, which draw every preset, never derive: scripts/ship_profiles.py fills the gaps).
+    from estimator.presets import preset_names
+    from strategies import attention, lora_targets, model
+
+    missing = []
+    for name in preset_names():
+        m = model(name)
+        kinds = [Workload(attention=attention(m)),
+                 Workload(attention=attention(m), method="lora", lora_targets=lora_targets(m))]
+        if m.causal:
+            kinds.append(Workload(mode="infer", attention=attention(m)))
+        for w in kinds:
+            tw, tp, _ = traced_class(w, Parallel())
+            if store.where(m.config, key=store.profile_key(tw, tp)) != "shipped":
+                missing.append(f"{name}: {w.mode} {w.method}")
+    assert not missing, "not shipped (python scripts/ship_profiles.py): " + ", ".join(missing)

@@ -56,6 +56,12 @@ class Inventory:
 
     # -- summaries ---------------------------------------------------------------------------------
     @property
+    def supports_sdpa(self) -> bool:
+        """Whether transformers runs this model with SDPA (`_supports_sdpa` of its class; older inventories say
+        nothing and are taken to)."""
+        return bool(self.extra.get("sdpa", True))
+
+    @property
     def is_moe(self) -> bool:
         return self.n_experts > 0
 

@@ -215,4 +215,6 @@ def read_inventory(config: dict) -> dict:
         "attention_dropout": max(float(getattr(tcfg, k, 0.0) or 0.0) for k in
                                  ("attention_dropout", "attn_pdrop", "attention_probs_dropout_prob")),
         "decoder_path": f"{type(parent).__name__}.{attr}",
+        # transformers' own flag: Gemma-2 (logit softcapping) and gpt-oss (attention sinks) have no SDPA path
+        "sdpa": bool(getattr(type(model), "_supports_sdpa", True)),
     }
