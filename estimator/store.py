@@ -122,7 +122,7 @@ def profile(config: dict, w: Workload, p: Parallel, *, name: str = "model", deri
     memo = ("prof", h, key)
     if memo in _MEMO:
         return _MEMO[memo]
-    for d in _dirs(h):
+    for d in _dirs(h)[:1] if ship else _dirs(h):  # shipping never takes a user's cached copy
         text = _read(d / f"{key}.json")
         if text is not None:
             try:
