@@ -83,10 +83,13 @@ def one(model_type: str) -> dict:
         row["params_independent_error"] = _line(e)
     row["params_exact"] = row.get("params_independent") == model.params
     prof, err = None, None
-    # pure bf16 with SDPA first; eager where transformers refuses SDPA; fp32 where the model's code cannot run in
-    # bf16 (FNet's FFT, DeBERTa's disentangled attention): the first that derives is the type's row
-    for attention, recipe in (("sdpa", "pure"), ("eager", "pure"), ("sdpa", "fp32"), ("eager", "fp32")):
-        if recipe == "fp32" and err is not None and not _dtype_error(err):
+    # pure bf16 with the attention transformers runs by default (SDPA where the model has it, else eager), then the
+    # other one; fp32 where the model's code cannot run in bf16 (FNet's FFT, DeBERTa's disentangled attention): the
+    # first that derives is the type's row; a refusal gives the default attention's reason
+    first, other = model.default_attention, ("eager" if model.default_attention == "sdpa" else "sdpa")
+    first_err = None
+    for attention, recipe in ((first, "pure"), (other, "pure"), (first, "fp32"), (other, "fp32")):
+        if recipe == "fp32" and not any(_dtype_error(e) for e in (first_err, err) if e is not None):
             break
         w = Workload(attention=attention, recipe=recipe, precision="fp32" if recipe == "fp32" else "bf16")
         t = time.perf_counter()
@@ -98,8 +101,9 @@ def one(model_type: str) -> dict:
             break
         except Exception as e:  # noqa: BLE001
             err = e
+            first_err = first_err or e
     if prof is None:
-        return {**row, "status": "refused", "stage": "profile", "reason": _line(err)}
+        return {**row, "status": "refused", "stage": "profile", "reason": _line(first_err)}
     # a size the fit did not use: batch 3, a sequence halfway between the first two fitted ones
     from estimator.inventory.meta import hf_config
     lo, hi, seqs, _ = pieces_for(hf_config(config), _max_positions(hf_config(config)), False)[0]
