@@ -159,12 +159,15 @@ def test_profile_json_round_trip(tmp_path):
     ("mixtral", 5, [(3, 72)]),          # MoE: router, top-k dispatch, experts
     ("dsv3", 5, [(3, 72)]),             # MLA attention, dense first layers then MoE
     ("bert", 5, [(3, 72)]),             # encoder, masked LM
+    ("trocr", 5, [(3, 72)]),            # parameters no step reaches (cross-attention without encoder states):
+                                        # no gradient, so AdamW creates no state for them
 ])
 def test_coverage_sample_profile_equals_a_full_depth_trace(name, layers, sizes):
     from estimator.spec import Workload
 
-    attention = "eager" if name == "dsv3" else "sdpa"
-    _check_against_trace(_tiny(name, num_hidden_layers=layers), Workload(attention=attention), sizes)
+    attention = "eager" if name in ("dsv3", "trocr") else "sdpa"
+    key = "decoder_layers" if name == "trocr" else "num_hidden_layers"
+    _check_against_trace(_tiny(name, **{key: layers}), Workload(attention=attention), sizes)
 
 
 def test_coverage_sample_hybrid_mamba_is_refused_in_one_line():

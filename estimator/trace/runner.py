@@ -344,6 +344,19 @@ def _train(model, optimizer, workload, inputs, on_stage, steps, live: dict) -> N
         on_stage("optimizer")
 
 
+def params_with_grads(model, workload, inputs) -> set[str]:
+    """Names of the parameters a training step gives a gradient: one forward and backward, then every gradient
+    dropped. Parameters the step never reaches (a cross-attention without encoder states, a vision tower in a
+    text-only step) get none, and torch's optimizers (`_init_group`) create no state for them."""
+    with _autocast(workload, model):
+        loss = recipes.forward(model, workload, inputs).loss
+    loss.backward()
+    del loss
+    names = {n for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return names
+
+
 def _infer(model, workload, inputs, on_stage, live: dict) -> None:
     input_ids = inputs["input_ids"]
     if is_masked_lm(model):
