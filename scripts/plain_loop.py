@@ -16,8 +16,9 @@ The plain loop is what the project's ground truth must match, written without an
         opt.step(); opt.zero_grad()
 
 and, for loop "keep-output", `out = model(...)`, `out.loss.backward()`, with `out` alive until the next
-iteration's `out = model(...)` returns. BERT is a masked LM (AutoModelForMaskedLM, no use_cache); Gemma-2 is built
-with eager attention (transformers refuses SDPA for it), everything else with SDPA. Full fine-tuning, pure bf16.
+iteration's `out = model(...)` returns. BERT is a masked LM (AutoModelForMaskedLM, no use_cache); Gemma-2 and gpt-oss
+are built with eager attention (transformers refuses SDPA for them), everything else with SDPA; a multimodal
+checkpoint is built as transformers' causal LM for its type, or from its text_config when its type has none. Full fine-tuning, pure bf16.
 MemTracker (torch.distributed._tools.mem_tracker) counts it; its overall peak must equal, to the byte,
 `run_traced(..., kernels="cpu")` of the same case (estimator.trace.kernels: the CPU's own kernels, labels the
 input ids tensor itself). The table also gives the `kernels="cuda"` peak (what a GPU keeps) and its difference.
@@ -51,15 +52,20 @@ def build_plain_model(config: dict):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
 
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
     rest = copy.deepcopy({k: v for k, v in config.items() if k not in ("model_type", "auto_map")})
     cfg = AutoConfig.for_model(config["model_type"], **rest)
     cls = AutoModelForMaskedLM if cfg.model_type == "bert" else AutoModelForCausalLM
-    attn = "eager" if cfg.model_type == "gemma2" else "sdpa"
+    if cls is AutoModelForCausalLM and cfg.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        cfg = cfg.text_config  # a multimodal checkpoint without a causal-LM class of its own (Llama-4, Mistral-3)
+    attn = "eager" if cfg.model_type in ("gemma2", "gpt_oss") else "sdpa"  # no SDPA path in transformers
     old = torch.get_default_dtype()
     torch.set_default_dtype(torch.bfloat16)  # module.to(dtype) fails under FakeTensorMode
     try:
         with torch.device("meta"):
-            model = cls.from_config(cfg, attn_implementation=attn)
+            # dtype too: transformers builds in the config's torch_dtype when it names one (gemma-2-9b: float32)
+            model = cls.from_config(cfg, attn_implementation=attn, dtype=torch.bfloat16)
     finally:
         torch.set_default_dtype(old)
     return model
@@ -79,7 +85,7 @@ def plain_loop_peak(config: dict, batch: int, seq: int, loop: str = "loss-only")
         model.to_empty(device="cpu")
         model.tie_weights()
         model.train()
-        x = torch.randint(0, int(config["vocab_size"]), (batch, seq))
+        x = torch.randint(0, int(model.config.get_text_config().vocab_size), (batch, seq))
         opt = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True)
         kw = {} if masked else {"use_cache": False}
         tracker = MemTracker()
@@ -108,9 +114,13 @@ def tracer_peak(config: dict, name: str, batch: int, seq: int, loop: str, kernel
     from estimator.spec import Workload
     from estimator.trace.session import run_traced
 
-    attention = "eager" if config["model_type"] == "gemma2" else "sdpa"
+    attention = "eager" if _eager_only(config) else "sdpa"
     w = Workload(batch=batch, seq=seq, loop=loop, attention=attention)
     return run_traced(config, w, kernels=kernels, name=name).log.peak.peak_bytes
+
+
+def _eager_only(config: dict) -> bool:
+    return config["model_type"] in ("gemma2", "gpt_oss")
 
 
 def window_peaks(config: dict, name: str, batch: int, seq: int, loop: str, kernels: str) -> list[tuple[str, int]]:
@@ -120,7 +130,7 @@ def window_peaks(config: dict, name: str, batch: int, seq: int, loop: str, kerne
     from estimator.trace import kernels as kernels_mod
     from estimator.trace import session
 
-    attention = "eager" if config["model_type"] == "gemma2" else "sdpa"
+    attention = "eager" if _eager_only(config) else "sdpa"
     w = Workload(batch=batch, seq=seq, loop=loop, attention=attention)
     with kernels_mod.emulate(kernels), session._prepared(config, w, Parallel(), kernels=kernels) as case:
         counter = session._run(case, 2)
