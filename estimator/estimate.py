@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, fields, replace
 from estimator import components as comp
 from estimator import store
 from estimator.model import Model
-from estimator.parallel import TRACED_SHARDING, shares
+from estimator.parallel import TRACED_SHARDING, check_model, shares
 from estimator.reserved import workload_class
 from estimator.spec import PAGED_OPTIMIZERS, Parallel, Workload
 
@@ -226,6 +226,7 @@ def _resolve(model: Model, w: Workload, p: Parallel, options: Options):
     hit = _CLASSES.get(key)
     if hit is None:
         model.inventory.trainable_params(w)  # a LoRA target the model lacks: one clean line, before any trace
+        check_model(model.inventory, p, model.name)  # a TP degree that does not divide the heads, ...
         w, attn_note = _runnable_attention(model, w)
         tw, tp, notes = traced_class(w, p)
         notes = attn_note + notes

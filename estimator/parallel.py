@@ -49,6 +49,25 @@ def shard_group(par: Parallel) -> int:
     return par.dp_size
 
 
+def check_model(inv: Inventory, par: Parallel, name: str = "model") -> None:
+    """One line naming the field when `par` cannot split this model: a TP degree must divide the attention heads
+    (Megatron: heads % tp == 0) and the KV heads must divide it or be divided by it (vLLM replicates KV heads past
+    tp > kv_heads); every pipeline stage needs a layer; EP shards routed experts, which the model must have and
+    the degree must divide."""
+    tp, pp, ep = par.tp_size, par.pp_size, par.ep_size
+    if tp > 1 and inv.heads and (inv.heads % tp or (inv.kv_heads % tp and tp % inv.kv_heads)):
+        ok = [n for n in range(2, inv.heads + 1) if inv.heads % n == 0 and (inv.kv_heads % n == 0 or n % inv.kv_heads == 0)]
+        raise ValueError(f"tp: {tp} does not divide the {inv.heads} attention heads ({inv.kv_heads} KV heads) of {name}; "
+                         f"allowed: {', '.join(map(str, ok)) or 'none'}")
+    if pp > 1 and inv.layers and pp > inv.layers:
+        raise ValueError(f"pp: {pp} pipeline stages for {inv.layers} layers of {name}; at most {inv.layers}")
+    if ep > 1:
+        if not inv.n_experts:
+            raise ValueError(f"ep: expert parallelism shards routed experts; {name} is not a mixture-of-experts model")
+        if inv.n_experts % ep:
+            raise ValueError(f"ep: {ep} does not divide the {inv.n_experts} routed experts of {name}")
+
+
 def shares(inv: Inventory, par: Parallel) -> list[Share]:
     """One Share per distinct pipeline stage that could hold the peak (first and last; one without PP)."""
     return list(_shares(inv, par))

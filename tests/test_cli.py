@@ -278,3 +278,16 @@ def test_a_model_without_sdpa_is_priced_with_what_transformers_runs(capsys):
     assert cli.main(["--model", "gemma-2-2b", "--batch", "1", "--seq", "512", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["workload"]["attention"] == "eager" and out["notes"][0].startswith("attention: ")
+
+
+@pytest.mark.parametrize("args, line", [
+    (["--model", "llama-3.1-8b", "--strategy", "tp", "--gpus", "3"],
+     "tp: 3 does not divide the 32 attention heads (8 KV heads) of llama-3.1-8b; allowed: 2, 4, 8, 16, 32"),
+    (["--model", "llama-3.1-8b", "--strategy", "ep", "--gpus", "2"],
+     "ep: expert parallelism shards routed experts; llama-3.1-8b is not a mixture-of-experts model"),
+    (["--model", "mixtral-8x7b", "--strategy", "ep", "--gpus", "3"], "ep: 3 does not divide the 8 routed experts"),
+])
+def test_a_split_the_model_cannot_take_is_one_line(args, line, capsys):
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and line in err

@@ -40,16 +40,26 @@ def hf_config(config: dict):
         raise ValueError(f"model_type: {config['model_type']!r} is not in transformers; its config points to the "
                          "model's own remote code (auto_map), which willitfit never runs (no trust_remote_code)")
     rest = copy.deepcopy({k: v for k, v in config.items() if k not in ("model_type", "auto_map")})
+    if config["model_type"] not in CONFIG_MAPPING_NAMES:
+        raise ValueError(f"model_type: transformers {_transformers_version()} does not know {config['model_type']!r} "
+                         f"(it knows {len(CONFIG_MAPPING_NAMES)} model types; docs/architectures.md lists the "
+                         "causal- and masked-LM ones and how each fares)")
     try:
         cfg = AutoConfig.for_model(config["model_type"], **rest)
     except (ValueError, KeyError, TypeError, StrictDataclassError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
         raise ValueError(f"model_type: transformers cannot build {config['model_type']!r} from this config "
                          f"({first})") from None
     if getattr(cfg, ENCODER_DECODER, False):
         raise ValueError(f"model_type: {config['model_type']!r} is an encoder-decoder model; willitfit models "
                          "decoder (causal LM) and encoder (masked LM) models")
     return cfg
+
+
+def _transformers_version() -> str:
+    import transformers
+
+    return transformers.__version__
 
 
 def model_class(cfg):
