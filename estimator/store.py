@@ -88,15 +88,22 @@ def where(config: dict, name: str = "inventory", key: str | None = None) -> str 
     return None
 
 
+# Keys an inventory written by this version has beyond the dataclass fields; a cached one without them is stale
+INVENTORY_KEYS = ("sdpa", "decoder_path", "text_model_type")
+
+
 def inventory(config: dict, name: str, *, derive: bool = True, progress=None, ship: bool = False) -> Inventory:
     h = config_hash(config)
     memo = ("inv", h, name)
     if memo in _MEMO:
         return _MEMO[memo]
-    for d in _dirs(h):
+    for d in _dirs(h)[:1] if ship else _dirs(h):
         text = _read(d / "inventory.json")
         if text is not None:
-            inv = Inventory.from_dict(json.loads(text), name, h)
+            data = json.loads(text)
+            if any(k not in data for k in INVENTORY_KEYS) and d.parent != SHIPPED_DIR:
+                continue  # a cached file from an older willitfit (fewer fields): read again below
+            inv = Inventory.from_dict(data, name, h)
             _MEMO[memo] = inv
             return inv
     if not derive:

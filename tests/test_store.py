@@ -49,3 +49,22 @@ def test_every_preset_ships_the_classes_the_property_tests_draw():
             if store.where(m.config, key=store.profile_key(tw, tp)) != "shipped":
                 missing.append(f"{name}: {w.mode} {w.method}")
     assert not missing, "not shipped (python scripts/ship_profiles.py): " + ", ".join(missing)
+
+
+def test_a_cached_inventory_of_an_older_version_is_read_again(monkeypatch, tmp_path):
+    # An inventory cached by an older willitfit lacks fields this one reads (whether transformers runs the model
+    # with SDPA): it is read again from a meta-device build, not trusted (Gemma-2 would be priced with SDPA).
+    monkeypatch.setenv("WILLITFIT_CACHE", str(tmp_path))
+    store.clear_memo()
+    cfg = {"model_type": "gemma2", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 256}
+    fresh = store.inventory(cfg, "t-gemma2")
+    path = tmp_path / store.config_hash(cfg)[:16] / "inventory.json"
+    data = json.loads(path.read_text())
+    assert data["sdpa"] is False and not fresh.supports_sdpa
+    del data["sdpa"]
+    path.write_text(json.dumps(data))
+    store.clear_memo()
+    assert not store.inventory(cfg, "t-gemma2").supports_sdpa
+    assert "sdpa" in json.loads(path.read_text())
+    store.clear_memo()
