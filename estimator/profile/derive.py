@@ -180,8 +180,10 @@ def trace_ticks(config: dict, workload: Workload, parallel: Parallel, layers: li
     try:
         # Liger's power-of-two chunk rule is not polynomial in the sizes: the profile uses a bounding fixed count
         with kernels_mod.emulate(kernels), losses.bounding_chunks():
+            prime = None
+            if workload.mode == "train" and workload.loop == "loss-only" and not workload.optimizer_in_backward:
+                prime = session.grad_names(config, workload, parallel, layers, kernels)
             with session._prepared(config, workload, parallel, layers, kernels=kernels) as case:
-                prime = workload.loop == "loss-only" and not workload.optimizer_in_backward
                 counter = session._run(case, steps, observe_layers=layers is not None, prime=prime)
             tl = counter.timeline()
     finally:

@@ -163,14 +163,14 @@ def _fsdp_model(config: dict, workload: Workload, parallel: Parallel, layers: li
         dist.destroy_process_group()
 
 
-def _run(case: _Case, steps: int, observe_layers: bool = False, prime: bool = False) -> StorageCounter:
+def _run(case: _Case, steps: int, observe_layers: bool = False,
+         prime: set[str] | None = None) -> StorageCounter:
     """Count the stages of a built case; roles are (re)assigned at every stage boundary. With
     `observe_layers` the counter also records which decoder layer runs at every tick (`_observe_layers`).
-    With `prime` (training), the optimizer's states are created by one step on zero gradients instead of a
-    whole first training step, and `steps - 1` steps run: the steady state without the cost of step 1."""
-    primed = None
-    if prime and case.workload.mode == "train" and steps > 1:
-        primed = _grad_names(case)  # before counting: an uncounted forward and backward, memoised per model
+    With `prime` (training: the names of the parameters a step reaches, `grad_names`), the optimizer's states are
+    created by one step on zero gradients of those parameters instead of a whole first training step, and
+    `steps - 1` steps run: the steady state without the cost of step 1."""
+    primed = prime if prime is not None and case.workload.mode == "train" and steps > 1 else None
     counter = StorageCounter()
     if observe_layers:
         _observe_layers(case.model, counter)
@@ -201,15 +201,25 @@ def _run(case: _Case, steps: int, observe_layers: bool = False, prime: bool = Fa
 _GRAD_NAMES: dict = {}
 
 
-def _grad_names(case: _Case) -> set[str]:
-    """The parameters a step of this model gives gradients (runner.params_with_grads), memoised by the model's
-    parameter names, shapes and trainability: a derivation traces the same reduced model at many sizes."""
-    key = (type(case.model).__name__, case.workload.method, case.workload.loss, case.workload.compile,
-           tuple((n, tuple(p.shape), p.requires_grad) for n, p in case.model.named_parameters()))
+def grad_names(config: dict, workload: Workload, parallel: Parallel, layers: list[int] | None = None,
+               kernels: str = "cuda") -> set[str]:
+    """The parameters a training step of this (reduced) model gives gradients (runner.params_with_grads), on a
+    build of its own at the smallest size, never the counted one (a first forward does lazy work, FSDP's
+    init among it, that every counted trace must see alike); memoised: a derivation traces the same reduced model
+    at many sizes."""
+    import json
+
+    key = (json.dumps(config, sort_keys=True, default=str), workload.method, workload.lora_rank,
+           workload.lora_targets, workload.loss, workload.compile, workload.recipe, workload.checkpointing,
+           parallel.strategy, tuple(layers) if layers is not None else None, kernels)
     if key not in _GRAD_NAMES:
         if len(_GRAD_NAMES) > 256:
             _GRAD_NAMES.clear()
-        _GRAD_NAMES[key] = runner.params_with_grads(case.model, case.workload, case.inputs)
+        from dataclasses import replace
+
+        small = replace(workload, batch=1, seq=min(workload.seq, 64), gen_tokens=0)
+        with kernels_mod.emulate(kernels), _prepared(config, small, parallel, layers, kernels=kernels) as case:
+            _GRAD_NAMES[key] = runner.params_with_grads(case.model, case.workload, case.inputs)
     return _GRAD_NAMES[key]
 
 
