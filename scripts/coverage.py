@@ -165,7 +165,8 @@ def run(types, timeout: int) -> None:
                                                       (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]}
         except subprocess.TimeoutExpired:
             row = {"model_type": mt, "status": "timeout", "reason": f"more than {timeout} s"}
-        row.update(kind=kind, seconds=round(time.perf_counter() - start, 1), revision=revision)
+        row.update(kind=kind, seconds=round(time.perf_counter() - start, 1))
+        row.setdefault("revision", revision)  # the child's own (the tree can change during a long run)
         with OUT.open("a") as f:
             f.write(json.dumps(row) + "\n")
         print(f"[{i}/{len(todo)}] {mt}: {row['status']} {row.get('worst_error', '')} {row.get('reason', '')[:100]}",
@@ -217,7 +218,7 @@ def main(argv=None) -> int:
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        print(json.dumps(one(args.child)))
+        print(json.dumps({**one(args.child), "revision": _revision()}))
         return 0
     if not args.report:
         types = all_types()
