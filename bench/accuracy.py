@@ -67,7 +67,9 @@ def ours_for_tier(est: Estimate, tier: str) -> int:
     if tier == "traced":
         return comparable_allocated_bytes(est, "traced")
     if tier == "measured-device":
-        return est.total_bytes
+        return est.device_bytes
+    if tier == "measured-reserved":
+        return est.reserved_bytes
     return comparable_allocated_bytes(est, "measured")
 
 
@@ -398,8 +400,8 @@ DOC_COMPARED = """\
 |---|---|---|---|
 | traced | `peak_alloc_bytes` of a traced row: exact bytes of live tensor storage on fake CPU tensors | `comparable_allocated_bytes(est, "traced")` = `total_bytes` − overhead (no CUDA context, no cuBLAS workspace, which a trace never sees) | their one number |
 | measured-allocated | `peak_alloc_bytes` of a measured row (`torch.cuda.max_memory_allocated`) | `comparable_allocated_bytes(est, "measured")` = the above + the 32 MiB cuBLAS workspace | their one number |
-| measured-reserved | `peak_reserved_bytes` (`max_memory_reserved`: the caching allocator's segments) | the same allocated number: the estimator has no allocator model, so this error IS the allocator's rounding and fragmentation | their one number |
-| measured-device | `nvml_used_bytes` (NVML, whole device at the peak) | `est.total_bytes`: allocated + CUDA context + NCCL buffers (what is set against the GPU's capacity) | their one number |
+| measured-reserved | `peak_reserved_bytes` (`max_memory_reserved`: the caching allocator's segments) | `est.reserved_bytes`: allocated + the allocator's cache fitted on replayed streams (estimator/reserved.py, docs/allocator.md) | their one number |
+| measured-device | `nvml_used_bytes` (NVML, whole device at the peak) | `est.device_bytes`: reserved + CUDA context + NCCL buffers (what the verdict sets against the GPU's capacity) | their one number |
 
 Peers give one number, "memory needed", which their authors set against the GPU's capacity; it is compared as
 it is with every tier's truth. Measured rows are GPU runs; traced rows are exact for what the CPU kernels
