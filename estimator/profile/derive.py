@@ -290,9 +290,11 @@ def fit_variant(traces: dict[tuple, Ticks], fsdp: bool, one_batch: bool = False)
         got = list(zip(traces[p].keys, traces[p].gs))
         if got != ref:
             diff = next((i for i, (a, b) in enumerate(zip(ref, got)) if a != b), min(len(ref), len(got)))
-            raise ValueError(f"fit: the traced step changes shape with the sizes (b, s, n) = {p} at tick "
-                             f"{diff} ({ref[diff] if diff < len(ref) else 'end'} vs "
-                             f"{got[diff] if diff < len(got) else 'end'}); its memory is not one polynomial")
+            raise ValueError(f"fit: the step runs other operations at (b, s, n) = {pts[0]} and {p} (from tick "
+                             f"{diff}: {len(ref)} vs {len(got)} ticks), as a loop over sequence chunks or time "
+                             "steps does (linear attention, recurrent or state-space scans, block-sparse attention); "
+                             "its memory is not one polynomial in the sizes and no exact profile can be derived; "
+                             "trace it (`python -m bench trace`)")
     keys = list(dict.fromkeys(k for k, _ in ref))
     index = {kg: i for i, kg in enumerate(ref)}
     out = Fit(keys, {}, {}, {})
