@@ -87,7 +87,7 @@ def one(model_type: str) -> dict:
     # other one; fp32 where the model's code cannot run in bf16 (FNet's FFT, DeBERTa's disentangled attention): the
     # first that derives is the type's row; a refusal gives the default attention's reason
     first, other = model.default_attention, ("eager" if model.default_attention == "sdpa" else "sdpa")
-    first_err = None
+    first_err, errors = None, {}
     for attention, recipe in ((first, "pure"), (other, "pure"), (first, "fp32"), (other, "fp32")):
         if recipe == "fp32" and not any(_dtype_error(e) for e in (first_err, err) if e is not None):
             break
@@ -102,8 +102,11 @@ def one(model_type: str) -> dict:
         except Exception as e:  # noqa: BLE001
             err = e
             first_err = first_err or e
+            errors[(attention, recipe)] = e
     if prof is None:
-        return {**row, "status": "refused", "stage": "profile", "reason": _line(first_err)}
+        # a bf16 dtype error sent it to fp32: the default attention's fp32 error is the reason that remains
+        reason = errors.get((first, "fp32"), first_err) if _dtype_error(first_err) else first_err
+        return {**row, "status": "refused", "stage": "profile", "reason": _line(reason)}
     # a size the fit did not use: batch 3, a sequence halfway between the first two fitted ones
     from estimator.inventory.meta import hf_config
     lo, hi, seqs, _ = pieces_for(hf_config(config), _max_positions(hf_config(config)), False)[0]
@@ -173,6 +176,26 @@ def run(types, timeout: int) -> None:
               flush=True)
 
 
+REFUSAL_KINDS = (  # (what the reason says, how the summary names it); first match wins
+    ("encoder-decoder", "encoder-decoder model (out of scope: decoder and encoder models only)"),
+    ("cannot build", "transformers cannot build it from its config class's defaults (a checkpoint's own config.json may build)"),
+    ("runs other operations", "recurrent or chunked code: the ops themselves change with seq"),
+    ("changes shape with the sizes", "recurrent or chunked code: the ops themselves change with seq"),
+    ("state-space scan", "chunked state-space scan: pads seq to a chunk multiple, no polynomial in seq"),
+    ("DataDependent", "reads tensor values (`.item()`, `nonzero`): fake tensors have none"),
+    ("DynamicOutputShape", "reads tensor values (`.item()`, `nonzero`): fake tensors have none"),
+    ("not exact", "the fit is not exact at a further size"),
+)
+
+
+def refusal_kind(reason: str) -> str:
+    """The summary line a refusal's reason belongs to (docs/architectures.md, "Why the others have no profile")."""
+    for needle, kind in REFUSAL_KINDS:
+        if needle in reason:
+            return kind
+    return "the model's own code fails on its defaults (its error in the table)"
+
+
 def report() -> None:
     rows = [json.loads(x) for x in OUT.read_text().splitlines()]
     rows.sort(key=lambda r: r["model_type"])
@@ -196,6 +219,19 @@ def report() -> None:
              "| model type | kind | status | built as | parameters | params exact | layers (types) | profile: traces, s |"
              " check (b, s) | worst stage error | revision | reason |",
              "|---|---|---|---|---:|---|---|---|---|---:|---|---|"]
+    refused = [r for r in rows if r["status"] not in ("exact", "within 1%")]
+    if refused:
+        groups: dict[str, list[str]] = {}
+        for r in refused:
+            groups.setdefault(refusal_kind(r.get("reason", "")), []).append(r["model_type"])
+        head = lines[:-3]
+        head += ["", "## Why the others have no profile", "",
+                 "`python -m estimator` refuses these in one line with the reason in the table; most can still be "
+                 "traced at one size (`python -m bench trace`).", "",
+                 "| reason | types | which |", "|---|---:|---|"]
+        head += [f"| {k} | {len(v)} | {', '.join(sorted(v))} |"
+                 for k, v in sorted(groups.items(), key=lambda kv: -len(kv[1]))]
+        lines = head + ["", "## Every type"] + lines[-3:]
     for r in rows:
         err = f"{100 * r['worst_error']:+.4f}%" if "worst_error" in r else ""
         prof = f"{r['traces']}, {r['derive_s']}" if "traces" in r else ""

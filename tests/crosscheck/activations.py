@@ -3,8 +3,8 @@
 The detailed model follows Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
 Models" (arXiv 2205.05198, sec. 4 and Table 2: 34*s*b*h + 5*a*s^2*b per layer for GPT with fp16 and dropout),
 rebuilt tensor by tensor for what PyTorch autograd saves in the transformers 5 modules of each family
-(rules: estimator/layer_saved.py; per family: estimator/layer_families.py; op-by-op working sets without
-saved tensors: estimator/layer_forward.py; docs/activations.md has the per-family tables and the checks
+(rules: tests/crosscheck/layer_saved.py; per family: tests/crosscheck/layer_families.py; op-by-op working sets without
+saved tensors: tests/crosscheck/layer_forward.py; docs/activations.md has the per-family tables and the checks
 against the traced tier):
 - Layers: norms, the q/k/v/o copies each family's attention layout makes, SDPA's logsumexp or eager's softmax,
   the MLP or the routed experts, LoRA adapters, dropout masks. Under LoRA the first layer saves less, its
@@ -233,7 +233,7 @@ def autocast_weight_bytes(model: ModelSpec, workload: Workload) -> tuple[int, in
 def prefill_transient_bytes(model: ModelSpec, workload: Workload, tp: int = 1) -> int:
     """Peak working set of a no-grad forward over the prompt (HF generate prefill), beyond weights and KV cache:
     the largest op-by-op live set inside one layer plus what the model keeps beside it, or the end (final norm,
-    the last position's logits and their fp32 copy). estimator/layer_forward.py replays the op order."""
+    the last position's logits and their fp32 copy). tests/crosscheck/layer_forward.py replays the op order."""
     f = lf.Fwd(a=dtype_bytes(workload.precision), b=workload.batch, q=workload.seq, kv=workload.seq,
                eager=workload.attention == "eager", tp=tp)
     return lf.inference_peak(model, f)

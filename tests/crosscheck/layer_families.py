@@ -1,7 +1,7 @@
 """Per-family composition of what one layer (and the model outside its layers) keeps for backward.
 
 Each function below follows the forward of one transformers 5.x module, in order, and lists the tensors the
-rules of estimator/layer_saved.py say autograd keeps: which Linears read which tensor, which tensors need a
+rules of tests/crosscheck/layer_saved.py say autograd keeps: which Linears read which tensor, which tensors need a
 gradient (the first layer under LoRA: none of its input's), the family's attention layout. The tables in
 docs/activations.md are these lists, evaluated per token per layer.
 """

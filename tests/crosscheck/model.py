@@ -83,7 +83,7 @@ class ModelSpec:
     qk_rope_head_dim: int = 0  # MLA decoupled RoPE key width, cached beside the latent
     dtype: str = "bf16"        # dtype the checkpoint ships in (informational)
     learned_positions: bool = False  # absolute position embeddings (GPT-2, OPT, BERT): no run past max_positions
-    # What the layers keep for backward depends on these too (estimator/layer_saved.py):
+    # What the layers keep for backward depends on these too (tests/crosscheck/layer_saved.py):
     act: str = "silu"          # MLP activation, a transformers ACT2FN key (gelu_new saves 4 tensors, relu 0)
     rotary_dim: int = 0        # RoPE-rotated dims per head (partial rotary: NeoX 0.25 * head_dim); 0 = no RoPE
     attn_softcap: bool = False  # Gemma-2 tanh soft-capping of attention scores (eager saves the tanh)
