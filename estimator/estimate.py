@@ -268,10 +268,8 @@ def estimate(model: Model, workload: Workload, parallel: Parallel = Parallel(),
     workspace = options.overhead.cublas_workspace_bytes
     best = None
     for sh in stage_shares:
-        stages = stage_breakdowns(model, prof, workload, parallel, tw, sh, options)
         # the allocator's cache on each stage's allocated peak (monotone in it: the peak stage stays the peak)
-        stages = {n: (label, Breakdown(**{**b.__dict__, "allocator_cache": fit.cache_bytes(
-                      b.total - b.overhead + workspace)})) for n, (label, b) in stages.items()}
+        stages = stage_breakdowns(model, prof, workload, parallel, tw, sh, options, fit, workspace)
         peak_name, (label, peak) = max(((n, v) for n, v in stages.items()), key=lambda kv: kv[1][1].total)
         if best is None or peak.total > best[0]:
             best = (peak.total, sh.stage, stages, peak_name, label)
@@ -320,10 +318,16 @@ def _device_options(options: Options) -> Options:
     return replace(options, overhead=replace(options.overhead, cuda_context_bytes=ctx))
 
 
-def clear_caches() -> None:
-    """Empty every memo the estimator keeps (loaded profiles and inventories, lru_caches): a cold call."""
+def clear_caches(tables: bool = True) -> None:
+    """Empty every memo the estimator keeps (loaded profiles and inventories, lru_caches): a cold call.
+
+    tables=False keeps the process-wide data tables (data/gpus.json, cuda_context.json, cuda_capacity.json,
+    allocator_fit.json: read once per process, whatever the config): what the first estimate of a config never
+    asked before costs in a running app."""
     import sys
 
+    from estimator import device, gpus, reserved
+    keep = set() if tables else {device._capacity, device._context, gpus._load, reserved._load}
     store.clear_memo()
     _CLASSES.clear()
     from estimator import evaluate
@@ -332,6 +336,6 @@ def clear_caches() -> None:
         if not name.startswith("estimator") or mod is None:
             continue
         for obj in vars(mod).values():
-            if isinstance(obj, functools._lru_cache_wrapper):
+            if isinstance(obj, functools._lru_cache_wrapper) and obj not in keep:
                 obj.cache_clear()
 

@@ -158,8 +158,10 @@ class StagePlan:
         return np.einsum("kcm,mp->kpc", self.coef, monomial_matrix(self.monos, b, s, g, n))
 
 
-def stage_breakdowns(model, prof: Profile, w: Workload, p: Parallel, tw: Workload, sh: Share, options) -> dict:
-    """{stage: (moment label, Breakdown)} at this workload's sizes on one pipeline stage's GPU."""
+def stage_breakdowns(model, prof: Profile, w: Workload, p: Parallel, tw: Workload, sh: Share, options,
+                     cache=None, workspace: int = 0) -> dict:
+    """{stage: (moment label, Breakdown)} at this workload's sizes on one pipeline stage's GPU. `cache` (a
+    ReservedFit) fills each breakdown's allocator_cache from its allocated bytes plus `workspace`."""
     from estimator.estimate import Breakdown
 
     n = world(p)
@@ -181,7 +183,10 @@ def stage_breakdowns(model, prof: Profile, w: Workload, p: Parallel, tw: Workloa
             cat = moment.exact(w.batch, w.seq, w.gen_tokens, n)
         else:
             cat = [float(x) for x in plan.coef[k] @ v]  # plan.values at one point, for the chosen moment only
-        out[name] = (moment.label, Breakdown(**swap.breakdown(stage, cat)), totals[k])
+        fields = swap.breakdown(stage, cat)
+        if cache is not None:
+            fields["allocator_cache"] = cache.cache_bytes(sum(fields.values()) - fields["overhead"] + workspace)
+        out[name] = (moment.label, Breakdown(**fields), totals[k])
     return {k: v[:2] for k, v in out.items()}
 
 
