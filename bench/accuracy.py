@@ -113,7 +113,8 @@ def cases_of(runs: pd.DataFrame, derive: bool = True) -> tuple[list[Case], dict[
         if model is not None:
             try:
                 w, p = calibrate.workload_from_row(row), calibrate.parallel_from_row(row)
-                est = estimate(model, w, p, Options(derive=derive))
+                conf = row.get("alloc_conf")  # a measured run's allocator settings pick its reserved fit
+                est = estimate(model, w, p, Options(derive=derive, alloc_conf=conf if isinstance(conf, str) else ""))
             except ProfileMissing:
                 why = "no profile"
             except (ValueError, TypeError):

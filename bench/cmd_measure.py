@@ -11,12 +11,14 @@ stderr); 2 bad input, or no CUDA GPU. How to run it and what each column means: 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 from bench import grid
 from bench import measure
 from bench.rows import MAX_NOTES, MAX_TEXT
+from estimator.allocator.config import parse_alloc_conf
 
 
 def register(subparsers) -> None:
@@ -32,6 +34,10 @@ def register(subparsers) -> None:
     p.add_argument("--snapshot", default=None, metavar="DIR",
                    help="also write a CUDA memory snapshot per case and rank into DIR, to open at "
                         "https://pytorch.org/memory_viz (large; nothing in willitfit reads them)")
+    p.add_argument("--alloc-conf", action="append", default=None, metavar="CONF",
+                   help="PYTORCH_CUDA_ALLOC_CONF to run every case under, e.g. 'expandable_segments:True'; repeat "
+                        "the flag to measure each case under several (an empty string: torch's defaults). Stored "
+                        "in each row's alloc_conf. Default: this shell's PYTORCH_CUDA_ALLOC_CONF, else the defaults")
     p.add_argument("--contributor", default=None, help="who ran it (e.g. a GitHub handle), stored in every row")
     p.add_argument("--notes", default=None, help="free text stored in every row's notes (machine, quirks)")
     p.add_argument("--dry-run", action="store_true", help="list the cases that would run, then exit")
@@ -56,13 +62,19 @@ def _cases(args: argparse.Namespace) -> list[measure.Case]:
     axes = grid.axes_from_args(args)
     models = grid.parse_list("model", args.model, str, None)
     grid_cases, skipped = grid.expand(models, axes)
+    confs = args.alloc_conf if args.alloc_conf is not None else [os.environ.get(measure.ALLOC_CONF_VAR, "")]
+    confs = list(dict.fromkeys(c.strip() for c in confs))
+    for conf in confs:
+        if conf:
+            parse_alloc_conf(conf)  # a bad string stops the command with its one line, before any case runs
     cases = []
     for c in grid_cases:
-        try:
-            cases.append(measure.Case(c.model_name, c.config, c.workload, c.parallel, device=args.device,
-                                      contributor=args.contributor, notes=args.notes))
-        except ValueError as e:
-            skipped[f"not measured: {e}"] += 1
+        for conf in confs:
+            try:
+                cases.append(measure.Case(c.model_name, c.config, c.workload, c.parallel, device=args.device,
+                                          contributor=args.contributor, notes=args.notes, alloc_conf=conf))
+            except ValueError as e:
+                skipped[f"not measured: {e}"] += 1
     if skipped:
         print(grid.summarize_skipped(skipped), file=sys.stderr)
     return cases
@@ -81,7 +93,7 @@ def run_measure(args: argparse.Namespace) -> int:
     if not cases:
         return _error("grid: no measurable case left")
     if args.dry_run:
-        print("\n".join(grid.describe(c) for c in cases))
+        print("\n".join(measure.case_name(c) for c in cases))
         return 0
     try:
         info = measure.probe_environment(args.device)

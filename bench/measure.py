@@ -39,6 +39,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 DEVICES = ("cuda", "cpu")              # cpu = the launch-path test mode; it counts nothing
 MEASURED_STRATEGIES = ("single", "ddp", "fsdp")
 CPU_TEST_NOTE = "cpu launch-path test: nothing was counted; not a measurement"
+ALLOC_CONF_VAR = "PYTORCH_CUDA_ALLOC_CONF"
 DEFAULT_TIMEOUT_S = 1800               # one case; a 70B FSDP step with a cold cache takes minutes
 FAILURE_TAIL_LINES = 20                # lines of a failed worker's output shown on stderr
 
@@ -54,8 +55,12 @@ class Case:
     device: str = "cuda"
     contributor: str | None = None
     notes: str | None = None
+    alloc_conf: str = ""   # PYTORCH_CUDA_ALLOC_CONF the worker runs under ("" : torch's defaults)
 
     def __post_init__(self) -> None:
+        if self.alloc_conf:
+            from estimator.allocator.config import parse_alloc_conf
+            parse_alloc_conf(self.alloc_conf)  # torch's parser, re-implemented: a bad key is one line
         if self.device not in DEVICES:
             raise ValueError(f"device: {self.device!r} is not allowed; choose one of {', '.join(DEVICES)}")
         if not isinstance(self.config, dict) or "model_type" not in self.config:
@@ -65,7 +70,7 @@ class Case:
     def to_json(self) -> dict:
         return {"model_name": self.model_name, "config": self.config, "workload": spec_dict(self.workload),
                 "parallel": spec_dict(self.parallel), "device": self.device,
-                "contributor": self.contributor, "notes": self.notes}
+                "contributor": self.contributor, "notes": self.notes, "alloc_conf": self.alloc_conf}
 
     @classmethod
     def from_json(cls, d: dict) -> "Case":
@@ -73,7 +78,7 @@ class Case:
         wl["lora_targets"] = tuple(t for t in str(wl["lora_targets"]).split(",") if t)
         return cls(model_name=d["model_name"], config=d["config"], workload=Workload(**wl),
                    parallel=Parallel(**d["parallel"]), device=d.get("device", "cuda"),
-                   contributor=d.get("contributor"), notes=d.get("notes"))
+                   contributor=d.get("contributor"), notes=d.get("notes"), alloc_conf=d.get("alloc_conf", ""))
 
     def label(self) -> str:
         """Short name for the progress bar and snapshot files; bench.grid.describe is the full one."""
@@ -125,6 +130,7 @@ def identity_columns(case: Case, env_fields: dict) -> dict:
         **wl,
         "strategy": case.parallel.strategy,
         "world_size": case.parallel.gpus,
+        "alloc_conf": case.alloc_conf,
     }
     row["run_id"] = compute_run_id(row)
     return row
@@ -213,17 +219,23 @@ def worker_command(case: Case, case_file: Path, row_file: Path, snapshot: str | 
             f"--nproc-per-node={case.parallel.gpus}", *worker]
 
 
-def _child_env() -> dict:
+def _child_env(alloc_conf: str | None = None) -> dict:
+    """This process's environment, the repository on PYTHONPATH and, when `alloc_conf` is given, exactly that
+    PYTORCH_CUDA_ALLOC_CONF ("" removes it: torch's defaults), read by torch when the child first touches CUDA."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+    if alloc_conf is not None:
+        env.pop(ALLOC_CONF_VAR, None)
+        if alloc_conf:
+            env[ALLOC_CONF_VAR] = alloc_conf
     return env
 
 
-def run_process(cmd: list[str], timeout_s: float) -> tuple[int | None, str]:
+def run_process(cmd: list[str], timeout_s: float, alloc_conf: str | None = None) -> tuple[int | None, str]:
     """(exit code or None on timeout, combined output). The child gets its own process group so that on
     timeout torchrun *and* its workers are killed together."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=_child_env(), start_new_session=True)
+                            env=_child_env(alloc_conf), start_new_session=True)
     try:
         output, _ = proc.communicate(timeout=timeout_s)
         return proc.returncode, output
@@ -302,7 +314,7 @@ def measure_one(case: Case, workdir: Path, timeout_s: float, snapshot: str | Non
     case_file, row_file = workdir / "case.json", workdir / "row.json"
     row_file.unlink(missing_ok=True)
     case_file.write_text(json.dumps(case.to_json()))
-    code, output = run_process(worker_command(case, case_file, row_file, snapshot), timeout_s)
+    code, output = run_process(worker_command(case, case_file, row_file, snapshot), timeout_s, case.alloc_conf)
     if code != 0 or not row_file.exists():
         return None, _describe_exit(code, timeout_s, output)
     row = json.loads(row_file.read_text())
@@ -319,13 +331,19 @@ def _append(out: Path, row: dict) -> None:
         os.fsync(f.fileno())  # a row on disk survives a crash of the next case or of this process
 
 
+def case_name(case: Case) -> str:
+    """bench.grid.describe's line, and the allocator settings when the case sets any."""
+    return describe(case) + (f" alloc_conf={case.alloc_conf}" if case.alloc_conf else "")
+
+
 def result_line(case: Case, row: dict) -> str:
     """'<case>: peak 12.34 GiB allocated, 13.00 GiB reserved' or '<case>: OOM in backward'."""
+    name = case_name(case)
     if row["oom"]:
-        return f"{describe(case)}: OOM in {row['oom_stage']}"
+        return f"{name}: OOM in {row['oom_stage']}"
     if row["peak_alloc_bytes"] is None:
-        return f"{describe(case)}: ran (nothing counted)"
-    return (f"{describe(case)}: peak {fmt_bytes(row['peak_alloc_bytes'])} allocated, "
+        return f"{name}: ran (nothing counted)"
+    return (f"{name}: peak {fmt_bytes(row['peak_alloc_bytes'])} allocated, "
             f"{fmt_bytes(row['peak_reserved_bytes'])} reserved")
 
 
@@ -347,11 +365,11 @@ def run_cases(cases: list[Case], out: Path, env_fields: dict, timeout_s: float =
             bar.set_postfix_str(case.label(), refresh=True)
             row, why = measure_one(case, Path(tmp), timeout_s, snapshot)
             if row is None:
-                summary.failed.append((describe(case), why))
-                tqdm.write(f"FAILED {describe(case)}: {why}", file=sys.stderr)
+                summary.failed.append((case_name(case), why))
+                tqdm.write(f"FAILED {case_name(case)}: {why}", file=sys.stderr)
                 continue
             if row["run_id"] != expected:  # still a true measurement, so it is kept
-                tqdm.write(f"warning: {describe(case)}: the worker's GPU or versions differ from the probe's; "
+                tqdm.write(f"warning: {case_name(case)}: the worker's GPU or versions differ from the probe's; "
                            "a rerun will not recognise this row and will measure the case again", file=sys.stderr)
             _append(out, row)
             tqdm.write(result_line(case, row), file=sys.stderr)

@@ -294,3 +294,37 @@ def test_failure_report_names_the_workers_exception_not_only_torchruns_summary()
     assert text.splitlines()[-1] == "Root Cause (first observed failure):"
     text = measure._describe_exit(-11, 60, "[rank0]: ValueError: optimizer: lion is not available in torch")
     assert text.splitlines()[0] == "killed by signal SIGSEGV: ValueError: optimizer: lion is not available in torch"
+
+
+def test_alloc_conf_reaches_the_worker_the_row_and_the_run_id(tmp_path, monkeypatch, capsys):
+    """--alloc-conf: validated as torch parses it, set (or removed) in the worker's environment before CUDA
+    starts, stored in the row's alloc_conf, and part of the run's identity (defaults keep the old run_ids)."""
+    fields = env.environment_fields(None)
+    plain, expandable = cpu_case(), cpu_case(alloc_conf="expandable_segments:True")
+    assert measure.Case.from_json(json.loads(json.dumps(expandable.to_json()))) == expandable
+    assert measure.identity_columns(expandable, fields)["alloc_conf"] == "expandable_segments:True"
+    assert measure.identity_columns(expandable, fields)["run_id"] != measure.identity_columns(plain, fields)["run_id"]
+    legacy = {k: v for k, v in measure.identity_columns(plain, fields).items() if k not in ("alloc_conf", "run_id")}
+    assert measure.compute_run_id(legacy) == measure.identity_columns(plain, fields)["run_id"]
+    with pytest.raises(ValueError, match="^PYTORCH_CUDA_ALLOC_CONF: unrecognized key 'bogus'"):
+        cpu_case(alloc_conf="bogus:1")
+
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:256")
+    assert measure._child_env("expandable_segments:True")["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in measure._child_env("")
+    assert measure._child_env(None)["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:256"
+    script = "import os; print('CONF=' + os.environ.get('PYTORCH_CUDA_ALLOC_CONF', 'unset'))"
+    code, out = measure.run_process([sys.executable, "-c", script], 30.0, "expandable_segments:True")
+    assert code == 0 and "CONF=expandable_segments:True" in out
+
+    # the grid: one case per setting; without the flag, this shell's setting
+    out_file = tmp_path / "runs.jsonl"
+    assert bench_main(["measure", "--model", "llama-3.2-1b", "--out", str(out_file), "--dry-run",
+                       "--alloc-conf", "", "--alloc-conf", "expandable_segments:True"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 2 and "alloc_conf" not in lines[0] and lines[1].endswith("alloc_conf=expandable_segments:True")
+    assert bench_main(["measure", "--model", "llama-3.2-1b", "--out", str(out_file), "--dry-run"]) == 0
+    assert capsys.readouterr().out.strip().endswith("alloc_conf=max_split_size_mb:256")
+    assert bench_main(["measure", "--model", "llama-3.2-1b", "--out", str(out_file), "--dry-run",
+                       "--alloc-conf", "bogus:1"]) == 2
+    assert capsys.readouterr().err.startswith("error: PYTORCH_CUDA_ALLOC_CONF: unrecognized key 'bogus'")
