@@ -136,8 +136,9 @@ def render(est, sw, searches) -> str:
     over_warm = [label for label, w, c, cp in est if w > 100e-6]
     over_cold = [label for label, w, c, cp in est if c > 100e-6]
     if over_warm or over_cold:
-        lines += ["", "**Missed** in this run: the 100 µs target warm for "
-                  f"{'; '.join(over_warm) or 'none'}; cold (new config) for {'; '.join(over_cold) or 'none'}. "
+        missed = ([f"warm for {'; '.join(over_warm)}"] if over_warm else []) + \
+                 ([f"cold (new config) for {'; '.join(over_cold)}"] if over_cold else [])
+        lines += ["", f"**Missed** in this run, the 100 µs target: {'; and '.join(missed)}. "
                   "A cold call opens and parses two JSON files (the inventory, a few KiB, and the profile, 5-20 "
                   "KiB), turns each stage's coefficients into NumPy arrays and builds the stage plans; warm calls "
                   "reuse them. Getting a cold call under 100 µs would need a binary profile format read without "
