@@ -41,7 +41,7 @@ MEASURED_STRATEGIES = ("single", "ddp", "fsdp")
 CPU_TEST_NOTE = "cpu launch-path test: nothing was counted; not a measurement"
 ALLOC_CONF_VAR = "PYTORCH_CUDA_ALLOC_CONF"
 DEFAULT_TIMEOUT_S = 1800               # one case; a 70B FSDP step with a cold cache takes minutes
-FAILURE_TAIL_LINES = 20                # lines of a failed worker's output shown on stderr
+FAILURE_TAIL_LINES = 60                 # lines of a failed worker's output shown on stderr
 
 
 @dataclass(frozen=True)

@@ -337,6 +337,9 @@ def _measure(case: Case, out: str, snapshot_dir: str | None, stream_dir: str | N
                         (versions,) if versions else ())
         Path(out).write_text(json.dumps(row) + "\n")
     if distributed:
+        # every rank waits until rank 0 has written the row: a rank that tears its process group down while a
+        # peer still holds the gather's connections can abort that peer (seen once in a while with gloo on CPU)
+        torch.distributed.barrier()
         torch.distributed.destroy_process_group()
     return 0
 
