@@ -4,8 +4,9 @@ A profile's moments are polynomials in (batch, seq, generated tokens), so a swee
 stage: every moment's total at every point (estimator.evaluate.StagePlan.totals), the largest over moments and
 stages, per pipeline stage, the largest again. No formula is copied: the same plans serve `estimate()`.
 Points are grouped by the profile piece they fall in (batch 1 / batch >= 2, sliding-window pieces of seq).
-The result equals `estimate(...).total_bytes` up to float rounding of sums of exact integer terms
-(ROUNDING_TOL_BYTES; tests/test_search.py checks it).
+The result equals `estimate(...).total_bytes` up to rounding (ROUNDING_TOL_BYTES; tests/test_search.py checks
+it): estimate() truncates each of its breakdown's components to whole bytes where a swap scales it by a fraction
+(a TP or ZeRO share of an odd count, 8-bit optimizer states), the sweep sums the float terms and rounds once.
 """
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ from estimator.evaluate import _plans, applies, world
 from estimator.model import Model
 from estimator.spec import MAX_BATCH, MAX_SEQ, Parallel, Workload
 
-ROUNDING_TOL_BYTES = 4
+# at most 1 B per truncated component (10 fields of a Breakdown) plus the allocator cache's rounding of its
+# share of that difference; deepseek-v2-lite under TP 2 with 8-bit AdamW differs by 5 B
+ROUNDING_TOL_BYTES = 12
 
 
 @dataclass(frozen=True)
