@@ -175,6 +175,12 @@ def _cross_checks(row: dict) -> list[str]:
         stage, overall = row[stage_name], row[overall_name]
         if stage is not None and overall is not None and stage > overall:
             errors.append(f"{stage_name}: {stage} exceeds {overall_name} {overall}")
+    if row["alloc_conf"] is not None:
+        from estimator.allocator.config import parse_alloc_conf
+        try:
+            parse_alloc_conf(row["alloc_conf"])  # as torch parses PYTORCH_CUDA_ALLOC_CONF
+        except ValueError as e:
+            errors.append(f"alloc_conf: {e}")
     return errors
 
 

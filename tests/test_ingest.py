@@ -101,6 +101,7 @@ def test_csv_strings_are_coerced():
     (dict(oom_stage="forward"), "oom_stage: set, but oom is false"),
     (dict(run_id="f" * 64), "run_id: 'ffffffffffffffffffffffffffffffffffff... does not match"),
     (dict(contributor="a\x00b"), "contributor: contains control characters"),
+    (dict(alloc_conf="expandable_segments:Maybe"), "alloc_conf: expandable_segments: expected True or False"),
 ])
 def test_invalid_fields_are_named(overrides, message):
     raw = make_row()
