@@ -1,5 +1,5 @@
 """How far each estimator is from the stored truth: ours (uncalibrated and leave-one-architecture-out
-calibrated) and the peers of `estimator.peers`, per run, summarised by tier and mode.
+calibrated) and the peers of `offline.peers`, per run, summarised by tier and mode.
 
     python -m bench accuracy                 # writes docs/accuracy.md from the templates at the end of this file
     python -m bench report --family llama    # the quick per-stage check, to stdout
@@ -20,10 +20,10 @@ import pandas as pd
 
 from bench import calibrate, db
 from bench.app_data import comparable_allocated_bytes
-from estimator.calibration import KFit, fit_k
+from offline.calibration import KFit, fit_k
 from estimator.estimate import Estimate, Options, estimate
 from estimator.model import Model
-from estimator.peers import PEERS, peer_predictions
+from offline.peers import PEERS, peer_predictions
 from estimator.spec import Parallel, Workload
 from estimator.store import ProfileMissing
 
@@ -424,7 +424,7 @@ inside."""
 DOC_PEERS = """\
 ## The peers, and how they are applied
 
-Each is reproduced in `estimator/peers.py` from its source, constants and quirks included (tests/test_peers.py
+Each is reproduced in `offline/peers.py` from its source, constants and quirks included (tests/test_peers.py
 checks each against a number worked by hand from the source). Every rule gets the model's exact parameter
 count, never its own approximation. None of them knows LoRA: a LoRA run gets the rule's full fine-tuning
 number, which is what its user would read. Rules without parallelism give the whole-model number for an

@@ -8,7 +8,7 @@ predicts for that metric:
 - reserved (max_memory_reserved): ours' `reserved_bytes` (the allocator model, estimator/reserved.py);
 - unknown: compared with allocated, and reported in its own rows;
 - capacity: not a peak; never compared.
-Peers (estimator/peers.py) predict one number whatever the metric; it is compared as it is. Paged optimizer
+Peers (offline/peers.py) predict one number whatever the metric; it is compared as it is. Paged optimizer
 states live outside the torch allocator: ours leaves them out of allocated (`paged_bytes`), as the sources'
 counters do. High and medium reliability are reported apart; low, suspect and derived rows are listed but not
 summarised. Nothing is fitted to these rows.
@@ -18,6 +18,11 @@ from __future__ import annotations
 import json
 
 import pandas as pd
+from bench.db import connect, load_sql
+from bench.published import workload_fields, estimate_row
+from estimator.model import from_hf_config
+from offline.peers import peer_predictions
+from estimator.spec import Parallel, Workload
 
 OURS = "willitfit"
 COMPARED_WITH = {"allocated": "allocated_bytes", "active": "allocated_bytes", "tracemalloc": "allocated_bytes",
@@ -26,7 +31,6 @@ SUMMARISED_RELIABILITY = ("high", "medium")
 
 
 def load_published(db_path=None, wait_s: float = 30.0) -> pd.DataFrame:
-    from bench.db import connect, load_sql
 
     with connect(db_path, read_only=True, wait_s=wait_s) as con:
         return con.execute(load_sql("published_runs")).df()
@@ -38,10 +42,6 @@ def _present(v) -> bool:
 
 def predictions(row: dict) -> tuple[dict, str]:
     """({method: bytes}, why ours cannot price it ('' when it can)) for one published run."""
-    from bench.published import _workload_fields, estimate_row
-    from estimator.model import from_hf_config
-    from estimator.peers import peer_predictions
-    from estimator.spec import Parallel, Workload
 
     out = {}
     if row["mapping_status"] == "unmapped":
@@ -58,7 +58,7 @@ def predictions(row: dict) -> tuple[dict, str]:
             why = f"ours gives no {col}"
     try:
         model = from_hf_config(json.loads(row["config_json"]), row["model_name"], derive=False)
-        w = Workload(**_workload_fields(row))
+        w = Workload(**workload_fields(row))
         p = Parallel(strategy=row["strategy"], gpus=int(row["world_size"]),
                      offload=row["offload"] if _present(row.get("offload")) else "none")
         out.update(dict(peer_predictions(model, w, p)))

@@ -23,6 +23,8 @@ from bench.validate import validate_row
 from estimator.estimate import Estimate, Options, estimate
 from estimator.model import FAMILIES, Model
 from estimator.spec import Parallel, Workload
+from bench.accuracy_published import COMPARED_WITH
+from bench.published import estimate_row
 
 # Columns the Benchmarks page filters on; all are columns of `runs` (bench.db.FILTER_COLUMNS allows them).
 BENCH_FILTERS = ("source", "metric", "gpu_name", "model_name", "mode", "method", "precision", "oom")
@@ -71,8 +73,6 @@ def published_estimates(db_path: str | Path, run_ids: tuple[str, ...]) -> dict[s
     profiles only; bench/accuracy_published.py decides which estimate a metric is compared with)."""
     if not db_exists(db_path) or not run_ids:
         return {}
-    from bench.accuracy_published import COMPARED_WITH
-    from bench.published import estimate_row
 
     df = db.query_df("published_runs", None, db_path)
     out = {}

@@ -29,8 +29,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from estimator.model import from_hf_config
-from estimator.presets import load_config, preset_names
+from estimator.presets import load_config
 from estimator.spec import Parallel, Workload
+from bench import grid
+from bench.cmd_trace import done_run_ids, trace_all
+from bench.trace import case_run_id
+from bench import cmd_db
 
 REPO = Path(__file__).resolve().parent.parent
 BUILD_DIR = REPO / "build" / "traced"
@@ -122,18 +126,15 @@ def _trace_shard(shard: int, jobs: int, db_path: str | None, models: str | None 
                  retrace: bool = False) -> int:
     """Trace every `jobs`-th case starting at `shard` into build/traced/shard-<shard>.jsonl (resumable). With
     `retrace`, into build/retrace/ and without skipping what the database holds (only what build/retrace has)."""
-    from bench import grid
-    from bench.cmd_trace import _done_run_ids, _trace_all
-    from bench.trace import case_run_id
 
     out_dir = RETRACE_DIR if retrace else BUILD_DIR
     out_dir.mkdir(parents=True, exist_ok=True)
     out = out_dir / f"shard-{shard}.jsonl"
     done = set()
     for f in out_dir.glob("shard-*.jsonl"):
-        done |= _done_run_ids(str(f), None)
+        done |= done_run_ids(str(f), None)
     if not retrace:
-        done |= _done_run_ids(None, db_path)
+        done |= done_run_ids(None, db_path)
     mine = [c for i, c in enumerate(_selected(models)) if i % jobs == shard]
     cases = []
     for name, w, p in mine:
@@ -143,7 +144,7 @@ def _trace_shard(shard: int, jobs: int, db_path: str | None, models: str | None 
     print(f"shard {shard}/{jobs}: {len(cases)} case(s) to trace, {len(mine) - len(cases)} already done",
           file=sys.stderr)
     args = argparse.Namespace(out=str(out), timeout_per_case=900.0, steps=2, check=False, kernels="cuda")
-    failures = _trace_all(cases, args, single=False)
+    failures = trace_all(cases, args, single=False)
     return 1 if failures else 0
 
 
@@ -175,7 +176,6 @@ def run_build(args: argparse.Namespace) -> int:
         codes = [p.wait() for p in procs]
         if any(codes):
             print("some cases failed (see above); ingesting what was traced", file=sys.stderr)
-    from bench import cmd_db
 
     out_dir = RETRACE_DIR if args.retrace else BUILD_DIR
     files = sorted(str(f) for f in out_dir.glob("shard-*.jsonl"))

@@ -6,7 +6,7 @@
 A point is one training run that did not OOM. Its x is the seeds' regressor b*s*h*L*bytes (bytes of the
 activation dtype; L = the layers on the GPU that holds the peak), and its y is the activation bytes the run
 actually held: the run's allocated peak minus every NON-activation component the estimator puts in the same
-stage (`activation_bytes_from_row`). k is then fitted through the origin per family (`estimator.calibration`).
+stage (`activation_bytes_from_row`). k is then fitted through the origin per family (`offline.calibration`).
 The method and the formulas are in docs/calibration.md.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ import pandas as pd
 from bench import db
 from bench.rows import SOURCES
 from estimator import calibration_file
-from estimator.calibration import KFit, ResidualFit, fit_k, fit_residual
+from offline.calibration import KFit, ResidualFit, fit_k, fit_residual
 from estimator.estimate import Estimate, Options, estimate
 from estimator.model import FAMILIES, Model, from_hf_config
 from estimator.parallel import shares
@@ -163,7 +163,7 @@ def activation_x(model: Model, workload: Workload, parallel: Parallel, pipeline_
 
 def cpu_math_sdpa(source: str, model: Model, workload: Workload, notes: str | None = None) -> bool:
     """A traced training run with SDPA and attention dropout, traced before the tracer followed CUDA's kernels
-    (rows noted "attention-probability dropout traced off", then "kernels cuda", estimator.trace.kernels.note): on
+    (rows noted "attention-probability dropout traced off", then "kernels cuda", tracer.kernels.note): on
     CPU, SDPA with dropout_p > 0 runs the math kernel, which materialises and saves the (b, heads, s, s)
     probabilities and the dropout mask; a GPU's flash / memory-efficient kernel saves neither, and the estimator
     follows the GPU (sdpa: q, k, v, out, lse). Such traced peaks are CPU-specific, so calibration leaves them out

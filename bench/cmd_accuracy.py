@@ -10,7 +10,6 @@ The numbers come from bench/accuracy.py, which also holds the document's hand-wr
 """
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import sys
@@ -19,6 +18,9 @@ from pathlib import Path
 
 from bench.db import DEFAULT_WAIT_S, REPO_DIR, DatabaseBusy, default_db_path
 from estimator.units import GiB
+from bench import accuracy
+from bench import app_data
+from bench import accuracy_published as ap
 
 STAGE_ORDER = ("load", "forward", "backward", "optimizer", "prefill", "decode")
 WORST_IN_DOC = 20
@@ -76,7 +78,6 @@ def _pct(x) -> str:
 
 
 def run_report(args) -> int:
-    from bench import accuracy  # imported here so `--help` stays light
 
     problem = _check_common(args)
     if problem is None and args.worst < 0:
@@ -100,7 +101,6 @@ def run_report(args) -> int:
 def format_report(cases, skipped: dict, source: str, worst: int) -> str:
     import pandas as pd
 
-    from bench import accuracy
 
     stages = accuracy.stage_errors(cases)
     rows = []
@@ -148,7 +148,6 @@ def _db_label(path: Path) -> str:
 
 
 def run_accuracy(args) -> int:
-    from bench import accuracy, app_data
 
     problem = _check_common(args)
     if problem:
@@ -192,7 +191,6 @@ def _clean(records: list[dict]) -> list[dict]:
 
 def summary_json(ev, db_label: str, date: str) -> dict:
     """What the app's Calibrate page draws: the summary table, targets, interval coverage and held-out fits."""
-    from bench import accuracy
 
     fits = [{"family": f.family, "attention": f.attention, "checkpointing": f.checkpointing,
              "k": f.fit.k if f.fit else None, "k_ci_low": f.fit.k_ci_low if f.fit else None,
@@ -222,7 +220,6 @@ def _header(ev, runs, counts, db_label: str, date: str) -> list[str]:
     import numpy as np
     import pandas as pd
 
-    from bench import accuracy
 
     by_source = ", ".join(f"{r.source} {r.n_runs} ({r.n_oom} OOM)" for r in counts.sort_values("source").itertuples())
     used = ev.errors["run_id"].nunique()
@@ -246,7 +243,6 @@ def _value(kind: str, x) -> str:
 
 
 def _targets_section(ev) -> list[str]:
-    from bench import accuracy
 
     t = accuracy.targets(ev.errors)
     rows = [[r.target, r.tier, r.mode, r.n, _value(r.kind, r.value),
@@ -258,7 +254,6 @@ def _targets_section(ev) -> list[str]:
 
 def _misses_section(ev) -> list[str]:
     """One line per missed target, with the numbers that explain it (from these runs, never hand-typed)."""
-    from bench import accuracy
 
     t = accuracy.targets(ev.errors)
     e = ev.errors
@@ -292,7 +287,6 @@ def _misses_section(ev) -> list[str]:
 
 def _own_k(ev) -> str:
     """'llama full 28.4 / LoRA 21.0 vs 66.8 (24 of 72 points with a cause)', per held-out fit."""
-    from bench import accuracy
 
     e = ev.errors[ev.errors["method"] == accuracy.OURS]
     flagged = set(e[e["cause"] != ""]["run_id"])
@@ -311,7 +305,6 @@ def _own_k(ev) -> str:
 
 
 def _summary_section(ev) -> list[str]:
-    from bench import accuracy
 
     s = accuracy.summarize(ev.errors)
     out = ["## Summary by tier, method and mode", ""]
@@ -327,7 +320,6 @@ def _summary_section(ev) -> list[str]:
 
 
 def _calibration_section(ev) -> list[str]:
-    from bench import accuracy
 
     e = ev.errors
     flagged = set(e[(e["method"] == accuracy.OURS) & (e["cause"] != "")]["run_id"])
@@ -346,7 +338,6 @@ def _calibration_section(ev) -> list[str]:
 
 
 def _family_section(ev) -> list[str]:
-    from bench import accuracy
 
     e = ev.errors[ev.errors["method"].isin([accuracy.OURS, accuracy.OURS_CAL])]
     s = accuracy.summarize(e, ("tier", "family", "mode", "method"))
@@ -355,7 +346,6 @@ def _family_section(ev) -> list[str]:
 
 
 def _causes_section(ev) -> list[str]:
-    from bench import accuracy
 
     out = [accuracy.DOC_CAUSES_INTRO, ""]
     causes = [(key, text, accuracy.OURS) for key, _, text in accuracy.KNOWN_CAUSES]
@@ -370,7 +360,6 @@ def _causes_section(ev) -> list[str]:
 
 
 def _worst_section(ev, method: str, n: int) -> list[str]:
-    from bench import accuracy
 
     e = ev.errors[ev.errors["method"] == method]
     e = e.assign(a=e["rel_err"].abs()).sort_values(["a", "run_id", "tier"], ascending=[False, True, True], kind="stable")
@@ -392,7 +381,6 @@ def _worst_section(ev, method: str, n: int) -> list[str]:
 
 
 def _appendix(ev) -> list[str]:
-    from bench import accuracy
 
     e = ev.errors
     piv = e.pivot_table(index=["tier", "run_id"], columns="method", values="rel_err", aggfunc="first")
@@ -410,7 +398,6 @@ def _appendix(ev) -> list[str]:
 
 def published_section(path, wait_s: float) -> list[str]:
     """## Published tier: every method against the numbers framework authors published (bench/accuracy_published)."""
-    from bench import accuracy_published as ap
 
     runs = ap.load_published(path, wait_s=wait_s)
     out = ["## Published tier: GPU numbers from torchtune, litgpt, PEFT, GaLore and unsloth", "",
@@ -443,7 +430,6 @@ def published_section(path, wait_s: float) -> list[str]:
 
 def render_markdown(ev, runs, counts, db_label: str, date: str) -> str:
     """The whole document: deterministic for a given database apart from the generated-on date."""
-    from bench import accuracy
 
     parts = (_header(ev, runs, counts, db_label, date) + _targets_section(ev) + _misses_section(ev)
              + [accuracy.DOC_COMPARED, "", accuracy.DOC_PEERS, ""] + _summary_section(ev)

@@ -13,6 +13,9 @@ import sys
 
 from bench.db import DEFAULT_WAIT_S, DatabaseBusy
 from estimator.spec import ATTENTION, CHECKPOINTING
+from estimator.calibration_file import SEED_K
+from estimator.units import fmt_bytes
+from bench import calibrate
 
 SOURCE_CHOICES = ("traced", "measured", "all")
 
@@ -42,8 +45,6 @@ def register(subparsers) -> None:
 
 
 def _row(fam, attn, ckpt, fit, points) -> str:
-    from estimator.calibration import SEED_K
-    from estimator.units import fmt_bytes
     return (f"{fam:<9} {attn:<6} {ckpt:<9} {fit.n_points:>5} {fit.k:>8.3f}"
             f" [{fit.k_ci_low:>8.3f}, {fit.k_ci_high:>8.3f}]"
             f" {fit.r2:>7.4f} {fmt_bytes(fit.residual_std_bytes, 'GiB', 3):>11} {SEED_K:>6g}"
@@ -51,7 +52,6 @@ def _row(fam, attn, ckpt, fit, points) -> str:
 
 
 def run_calibrate(args) -> int:
-    from bench import calibrate  # imported here so `--help` stays light
     if args.json_out and not args.save:
         print("json-out: only used with --save (it is where the saved calibrations are written)", file=sys.stderr)
         return 2

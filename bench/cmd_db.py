@@ -16,6 +16,8 @@ import duckdb
 
 from bench.db import DEFAULT_WAIT_S, DatabaseBusy, default_db_path
 from bench.rows import SOURCES
+from bench.ingest import ingest_files
+from bench.ingest import export
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -61,7 +63,6 @@ def _wait(args) -> float | None:
 
 
 def run_ingest(args) -> int:
-    from bench.ingest import ingest_files  # imported here so `--help` stays light
     wait_s = _wait(args)
     if wait_s is None:
         return 2
@@ -86,7 +87,6 @@ def run_ingest(args) -> int:
 
 
 def run_export(args) -> int:
-    from bench.ingest import export
     wait_s = _wait(args)
     if wait_s is None:
         return 2

@@ -17,6 +17,10 @@ import sys
 import time
 
 from bench import grid
+from estimator.store import profile_key
+from estimator import store
+from estimator.estimate import traced_class
+from estimator.presets import preset_names
 
 
 def register(subparsers) -> None:
@@ -33,7 +37,6 @@ def register(subparsers) -> None:
 
 
 def _classes(cases) -> list:
-    from estimator.store import profile_key
 
     seen, out = set(), []
     for c in cases:
@@ -45,9 +48,6 @@ def _classes(cases) -> list:
 
 
 def run_derive(args: argparse.Namespace) -> int:
-    from estimator import store
-    from estimator.estimate import traced_class
-    from estimator.presets import preset_names
 
     try:
         models = preset_names() if args.model == "all" else grid.parse_list("model", args.model, str, None)
@@ -85,7 +85,6 @@ def run_derive(args: argparse.Namespace) -> int:
 
 
 def _inventories(cases, args) -> int:
-    from estimator import store
 
     failed = 0
     for c in cases:

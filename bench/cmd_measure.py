@@ -18,7 +18,7 @@ from pathlib import Path
 from bench import grid
 from bench import measure
 from bench.rows import MAX_NOTES, MAX_TEXT
-from estimator.allocator.config import parse_alloc_conf
+from estimator.alloc_conf import parse_alloc_conf
 
 
 def register(subparsers) -> None:

@@ -7,15 +7,14 @@ Every published run is replaced in one transaction (bench/published.py). Exit 2 
 """
 from __future__ import annotations
 
-import argparse
 import sys
+from bench import published
 
 
 def counts_markdown() -> str:
     """Mapped / partial / unmapped by source and by metric, as markdown tables (docs/published.md)."""
     from collections import Counter
 
-    from bench import published
 
     rows = published.load_data()
     out = []
@@ -30,7 +29,6 @@ def counts_markdown() -> str:
 
 
 def run(args) -> int:
-    from bench import published
 
     if args.counts:
         print(counts_markdown())

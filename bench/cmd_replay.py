@@ -17,13 +17,16 @@ import math
 import sys
 
 from estimator.units import GiB
+from bench.streams import format_summary, summary
+from estimator.alloc_conf import parse_alloc_conf
+from offline.allocator.stream import Stream
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("replay", help="replay an allocation stream through the caching-allocator model",
                               description="\n\n".join(__doc__.split("\n\n")[:2]),
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("file", help="stream .npz (estimator.allocator.Stream; validated, never unpickled)")
+    p.add_argument("file", help="stream .npz (offline.allocator.Stream; validated, never unpickled)")
     p.add_argument("--alloc-conf", default="", help="PYTORCH_CUDA_ALLOC_CONF to replay under, e.g. "
                    "'expandable_segments:True' (default: torch's defaults)")
     p.add_argument("--capacity-gib", type=float, default=None,
@@ -35,9 +38,6 @@ def register(subparsers) -> None:
 
 
 def run_replay(args: argparse.Namespace) -> int:
-    from bench.streams import format_summary, summary
-    from estimator.allocator.config import parse_alloc_conf
-    from estimator.allocator.stream import Stream
 
     try:
         config = parse_alloc_conf(args.alloc_conf)

@@ -25,6 +25,9 @@ from pathlib import Path
 
 from bench import grid
 from estimator.units import GiB
+from bench import trace
+from bench.streams import trace_stream
+from bench import cmd_db, db
 
 TABLE_STAGES = ("load", "forward", "backward", "optimizer", "prefill", "decode")
 
@@ -59,7 +62,7 @@ def _register_trace(subparsers) -> None:
                         "masks, its autocast lists, fp32 LayerNorm statistics); cpu: the CPU's own kernels, exactly "
                         "as a plain training loop on fake CPU tensors runs the model (scripts/plain_loop.py)")
     p.add_argument("--stream", default=None, metavar="FILE",
-                   help="one case only: also write its allocation stream (.npz, estimator.allocator.Stream: "
+                   help="one case only: also write its allocation stream (.npz, offline.allocator.Stream: "
                         "every allocation and free in order, stage names, provenance) for python -m bench replay")
     p.set_defaults(func=run_trace)
 
@@ -70,7 +73,6 @@ def _error(msg: str) -> int:
 
 
 def run_trace(args: argparse.Namespace) -> int:
-    from bench import trace
 
     if args.steps < 1:
         return _error(f"steps: must be at least 1, got {args.steps}")
@@ -95,7 +97,7 @@ def run_trace(args: argparse.Namespace) -> int:
             skipped[f"not traced: {e}"] += 1
     if skipped:
         print(grid.summarize_skipped(skipped), file=sys.stderr)
-    done = _done_run_ids(args.out, args.db)
+    done = done_run_ids(args.out, args.db)
     todo = [c for c in runnable if trace.case_run_id(c.config, c.workload, c.parallel, args.kernels) not in done]
     if len(todo) < len(runnable):
         print(f"resuming: {len(runnable) - len(todo)} case(s) already traced, skipped", file=sys.stderr)
@@ -108,7 +110,7 @@ def run_trace(args: argparse.Namespace) -> int:
         return _error(f"stream: --stream FILE takes one case; the grid has {len(runnable)}")
     if args.stream and not todo:
         todo = runnable  # the row exists, but the stream was asked for: trace it again
-    failures = _trace_all(todo, args, single)
+    failures = trace_all(todo, args, single)
     if args.ingest:
         code = _ingest(args.out, args.db)
         if code:
@@ -118,10 +120,9 @@ def run_trace(args: argparse.Namespace) -> int:
     return 1 if failures else 0
 
 
-def _trace_all(cases: list, args: argparse.Namespace, single: bool) -> Counter:
+def trace_all(cases: list, args: argparse.Namespace, single: bool) -> Counter:
     from tqdm import tqdm
 
-    from bench import trace
 
     failures: Counter = Counter()
     out = open(args.out, "a", encoding="utf-8") if args.out else None
@@ -157,7 +158,6 @@ def _trace_all(cases: list, args: argparse.Namespace, single: bool) -> Counter:
 
 def _trace_with_stream(case, args: argparse.Namespace) -> dict:
     """Trace one case keeping its allocation events; write the stream to --stream; return the row."""
-    from bench.streams import trace_stream
 
     if args.check:
         raise ValueError("check: --check and --stream are separate runs; drop one")
@@ -191,7 +191,7 @@ class _time_limit:
         return False
 
 
-def _done_run_ids(out: str | None, db_path: str | None) -> set[str]:
+def done_run_ids(out: str | None, db_path: str | None) -> set[str]:
     """run_ids already traced: every row in --out, and every traced row of the database if it exists."""
     ids: set[str] = set()
     if out and Path(out).is_file():
@@ -201,10 +201,6 @@ def _done_run_ids(out: str | None, db_path: str | None) -> set[str]:
                     ids.add(json.loads(line)["run_id"])
                 except (ValueError, KeyError, TypeError):
                     continue  # a line cut short by an interrupted run is traced again
-    try:
-        from bench import db
-    except ImportError:  # DuckDB missing: resume from the --out file only
-        return ids
     path = Path(db_path) if db_path else db.default_db_path()
     if path.is_file():
         try:
@@ -216,7 +212,6 @@ def _done_run_ids(out: str | None, db_path: str | None) -> set[str]:
 
 def _ingest(out: str, db_path: str | None) -> int:
     """`python -m bench ingest OUT` (bench.cmd_db), with its messages and exit codes."""
-    from bench import cmd_db
 
     return cmd_db.run_ingest(argparse.Namespace(files=[out], db=db_path, skip_invalid=False,
                                                 wait=cmd_db.DEFAULT_WAIT_S))

@@ -34,7 +34,7 @@ AXES = (
     ("lora_rank", "workload", int, None),
     ("grad_accum", "workload", int, None),
     ("gen_tokens", "workload", int, None),
-    # the recipe knobs (estimator.trace.recipes, docs/recipes.md)
+    # the recipe knobs (tracer.recipes, docs/recipes.md)
     ("loss", "workload", str, spec.LOSSES),
     ("loss_chunks", "workload", int, None),
     ("optimizer_in_backward", "workload", bool, None),

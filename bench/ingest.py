@@ -172,7 +172,7 @@ class _Prepared:
     n_rejected: int
 
 
-def _prepare(label: str, raw_rows: Iterable[RawRow], keep_valid: bool) -> _Prepared:
+def prepare_rows(label: str, raw_rows: Iterable[RawRow], keep_valid: bool) -> _Prepared:
     """Validate rows; collect the valid unique ones as Arrow (unless an error means they will not be kept)."""
     seen, chunk, batches, rejected = set(), [], [], []
     duplicates = n_rejected = 0
@@ -243,7 +243,7 @@ def ingest_files(paths: Iterable[str | Path], db_path=None, skip_invalid: bool =
     prepared = []
     for path in paths:
         try:
-            prepared.append(_prepare(str(path), read_rows(path), keep_valid=skip_invalid))
+            prepared.append(prepare_rows(str(path), read_rows(path), keep_valid=skip_invalid))
         except (IngestError, OSError) as e:  # the whole file is unusable: one rejection, line 0
             prepared.append(_Prepared(str(path), None, 0, [(str(path), 0, str(e))], 1))
     return _finish(prepared, db_path, skip_invalid, wait_s, replace)
@@ -253,7 +253,7 @@ def ingest_rows(rows: Iterable[dict], db_path=None, label: str = "<rows>", skip_
                 wait_s: float = DEFAULT_WAIT_S) -> IngestReport:
     """Validate and insert in-memory rows (e.g. from `trace` / `measure`) as one transaction."""
     raw = (RawRow(i, r) for i, r in enumerate(rows, start=1))
-    return _finish([_prepare(label, raw, keep_valid=skip_invalid)], db_path, skip_invalid, wait_s)
+    return _finish([prepare_rows(label, raw, keep_valid=skip_invalid)], db_path, skip_invalid, wait_s)
 
 
 def _export_table(db_path, filters: dict | None, wait_s: float) -> pa.Table:

@@ -34,6 +34,9 @@ from bench.grid import describe
 from bench.rows import COLUMN_NAMES, MAX_NOTES, STAGES, canonical_json, compute_run_id, config_hash
 from estimator.spec import Parallel, Workload, spec_dict
 from estimator.units import fmt_bytes
+from bench.validate import validate_row
+from bench import env
+from estimator.alloc_conf import parse_alloc_conf
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEVICES = ("cuda", "cpu")              # cpu = the launch-path test mode; it counts nothing
@@ -59,7 +62,6 @@ class Case:
 
     def __post_init__(self) -> None:
         if self.alloc_conf:
-            from estimator.allocator.config import parse_alloc_conf
             parse_alloc_conf(self.alloc_conf)  # torch's parser, re-implemented: a bad key is one line
         if self.device not in DEVICES:
             raise ValueError(f"device: {self.device!r} is not allowed; choose one of {', '.join(DEVICES)}")
@@ -95,7 +97,7 @@ class Case:
 def check_measurable(workload: Workload, parallel: Parallel) -> None:
     """Raise ValueError for a case the worker cannot run as labelled (the analytic tier still estimates it).
 
-    Other refusals (an optimizer torch lacks, bitsandbytes missing) come from estimator.trace.runner inside the
+    Other refusals (an optimizer torch lacks, bitsandbytes missing) come from tracer.runner inside the
     worker and are reported as that case's failure.
     """
     if parallel.strategy not in MEASURED_STRATEGIES:
@@ -261,7 +263,6 @@ def probe_environment(device: str, timeout_s: float = 300) -> dict:
     The CPU test mode has no CUDA context to keep out of this process, so it asks in-process.
     """
     if device == "cpu":
-        from bench import env
         return {"env": env.environment_fields(None), "device_count": None}
     with tempfile.TemporaryDirectory(prefix="willitfit-probe-") as tmp:
         out = Path(tmp) / "env.json"
@@ -309,7 +310,6 @@ def _describe_exit(code: int | None, timeout_s: float, output: str) -> str:
 
 def measure_one(case: Case, workdir: Path, timeout_s: float, snapshot: str | None = None) -> tuple[dict | None, str]:
     """Run one case in its own process: (row, "") or (None, why it produced no valid row)."""
-    from bench.validate import validate_row
 
     case_file, row_file = workdir / "case.json", workdir / "row.json"
     row_file.unlink(missing_ok=True)

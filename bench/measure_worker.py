@@ -39,9 +39,11 @@ from pathlib import Path
 import torch
 
 from bench import env
-from estimator.trace import runner
+from tracer import runner
 from bench.measure import Case, build_row
 from bench.rows import MAX_NOTES
+from offline.allocator.stream import stream_from_snapshot
+from estimator.spec import spec_dict
 
 REFUSAL = "measure needs a CUDA GPU; use `python -m bench trace` on CPU"
 SNAPSHOT_MAX_ENTRIES = 100_000  # allocation events kept for memory_viz; enough for a few steps of a large model
@@ -126,7 +128,7 @@ def make_backend(device: str, local_rank: int):
 
 
 def _next_stage(last: str, workload, micro_done: int) -> str:
-    """The stage that runs after `last`, in estimator.trace.runner.run_stages's order (names the stage an OOM hit)."""
+    """The stage that runs after `last`, in tracer.runner.run_stages's order (names the stage an OOM hit)."""
     if workload.mode == "infer":
         return "prefill" if last == "load" else "decode"
     if last == "forward":
@@ -277,11 +279,9 @@ def _dump_snapshot(snapshot_dir: str, case: Case, rank: int) -> None:
 
 
 def _save_stream(stream_dir: str, case: Case, rank: int, stage_ends: list[tuple[int, str]]) -> None:
-    """The recorded allocator history as an allocation stream (.npz, estimator.allocator.Stream) with the run's
+    """The recorded allocator history as an allocation stream (.npz, offline.allocator.Stream) with the run's
     stage names, for python -m bench replay: the measured counterpart of trace --stream."""
-    from estimator.allocator.stream import stream_from_snapshot
 
-    from estimator.spec import spec_dict
 
     meta = {"model": case.label(), "rank": rank, "workload": spec_dict(case.workload),
             "parallel": spec_dict(case.parallel),

@@ -22,6 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.published_map import map_row
+from bench.db import connect, load_sql
+from bench.ingest import RawRow, prepare_rows
+from estimator.estimate import Options, estimate
+from estimator.model import from_hf_config
+from estimator.spec import Parallel, Workload
+from estimator.presets import config_hash, load_config
 
 DATA_FILE = Path(__file__).resolve().parent.parent / "data" / "published" / "points.csv"
 MAX_FILE_BYTES = 2_000_000
@@ -130,8 +136,6 @@ def load_data(path: Path = DATA_FILE) -> list[Published]:
 def _model(p: Published) -> tuple[str, str, int, str, str | None]:
     """(model_name, model_type, params, config_hash, config_json) of a published row."""
     if p["preset"]:
-        from estimator.model import from_hf_config
-        from estimator.presets import config_hash, load_config
 
         name, config = load_config(p["preset"])
         model = from_hf_config(config, name, derive=False)
@@ -179,11 +183,9 @@ def _or(v, default):
 
 def import_published(db_path=None, path: Path = DATA_FILE, wait_s: float = 30.0) -> int:
     """Replace the published tier with the data file's rows in one transaction; returns the rows written."""
-    from bench.db import connect, load_sql
-    from bench.ingest import RawRow, _prepare
 
     rows = [run_row(p) for p in load_data(path)]
-    prepared = _prepare(str(path), (RawRow(i, r) for i, r in enumerate(rows, start=2)), keep_valid=False)
+    prepared = prepare_rows(str(path), (RawRow(i, r) for i, r in enumerate(rows, start=2)), keep_valid=False)
     if prepared.rejected:
         label, line, why = prepared.rejected[0]
         raise ValueError(f"published: row at line {line} of {Path(label).name}: {why}")
@@ -210,14 +212,11 @@ def estimate_row(row: dict) -> dict | None:
     None when its workload cannot be expressed or no profile is shipped. Never traces (Options(derive=False))."""
     if row.get("mapping_status") == "unmapped" or not _present(row.get("config_json")):
         return None
-    from estimator.estimate import Options, estimate
-    from estimator.model import from_hf_config
-    from estimator.spec import Parallel, Workload
 
     try:
         config = json.loads(row["config_json"])
         model = from_hf_config(config, row["model_name"], derive=False)
-        w = Workload(**_workload_fields(row))
+        w = Workload(**workload_fields(row))
         p = Parallel(strategy=row["strategy"], gpus=int(row["world_size"]),
                      offload=row["offload"] if _present(row.get("offload")) else "none")
         est = estimate(model, w, p, Options(derive=False))
@@ -227,7 +226,7 @@ def estimate_row(row: dict) -> dict | None:
             "device_bytes": getattr(est, "device_bytes", None)}
 
 
-def _workload_fields(row: dict) -> dict:
+def workload_fields(row: dict) -> dict:
     keys = ("mode", "method", "lora_rank", "recipe", "precision", "weight_format", "optimizer", "optimizer_impl",
             "batch", "seq", "gen_tokens", "grad_accum", "checkpointing", "attention", "loss", "loss_chunks",
             "optimizer_in_backward", "activation_offload", "quantize_scope", "double_quant", "compile")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+from estimator.presets import load_config
 
 GB, GiB, MiB = 10**9, 2**30, 2**20
 
@@ -64,7 +65,6 @@ def translate_targets(model_type: str, targets: tuple[str, ...]) -> tuple[str, .
 
 
 def preset_model_type(preset: str) -> str:
-    from estimator.presets import load_config
 
     return str(load_config(preset)[1].get("model_type"))
 

@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 
 from estimator import spec
+from estimator.presets import config_hash as _hash
 
 SOURCES = ("measured", "traced", "published")
 STAGES = ("load", "forward", "backward", "optimizer", "prefill", "decode")
@@ -156,7 +157,6 @@ def canonical_json(obj) -> str:
 
 def config_hash(config: dict) -> str:
     """The config's sha256 (estimator.presets.config_hash, so rows and profiles share one key)."""
-    from estimator.presets import config_hash as _hash
 
     return _hash(config)
 

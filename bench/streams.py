@@ -1,11 +1,11 @@
 """Allocation streams of traced runs: what the caching allocator would be asked, in order, as a
-`estimator.allocator.Stream` (.npz) with provenance, and their replay summarised for printing.
+`offline.allocator.Stream` (.npz) with provenance, and their replay summarised for printing.
 
     row, stream = trace_stream(config, "llama-3.2-1b", Workload(batch=1, seq=512), Parallel())
     stream.save("run.npz")                       # python -m bench trace ... --stream run.npz
     print(format_replay(stream, parse_alloc_conf("expandable_segments:True")))   # python -m bench replay run.npz
 
-The events are StorageCounter.allocation_events() of the traced rank (estimator/trace/counters.py): one
+The events are StorageCounter.allocation_events() of the traced rank (tracer/counters.py): one
 allocation per tensor storage the ops create, one free when it dies, stage = the stage window it falls in.
 """
 from __future__ import annotations
@@ -14,11 +14,12 @@ import numpy as np
 
 from bench import env
 from bench.rows import config_hash
-from estimator.allocator.config import AllocatorConfig
-from estimator.allocator.replay import oom_capacity, replay, segments_at
-from estimator.allocator.stream import Stream
+from estimator.alloc_conf import AllocatorConfig
+from offline.allocator.replay import oom_capacity, replay, segments_at
+from offline.allocator.stream import Stream
 from estimator.spec import Parallel, Workload, spec_dict
 from estimator.units import GiB, fmt_bytes
+from bench import trace as trace_mod
 
 
 def stream_of(trace, config: dict, name: str, workload: Workload, parallel: Parallel, kernels: str = "cuda",
@@ -37,8 +38,7 @@ def stream_of(trace, config: dict, name: str, workload: Workload, parallel: Para
 
 def trace_stream(config: dict, name: str, workload: Workload, parallel: Parallel = Parallel(), *,
                  steps: int = 2, kernels: str = "cuda") -> tuple[dict, Stream]:
-    """Trace one case (estimator.trace.session.run_traced) and return its run row and its allocation stream."""
-    from bench import trace as trace_mod
+    """Trace one case (tracer.session.run_traced) and return its run row and its allocation stream."""
 
     t = trace_mod.run_traced(config, workload, parallel, steps=steps, name=name, kernels=kernels, stream=True)
     row = trace_mod.build_row(config, name, workload, parallel, t, kernels)

@@ -1,4 +1,4 @@
-"""Traced tier rows: trace a case on fake CPU tensors (`estimator.trace.session`) and write it as a run row.
+"""Traced tier rows: trace a case on fake CPU tensors (`tracer.session`) and write it as a run row.
 
     row = trace_case(config, "llama-2-7b", Workload(batch=4, seq=512), Parallel())
 """
@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 from bench import env
 from bench.rows import COLUMN_NAMES, canonical_json, compute_run_id, config_hash
 from estimator.spec import Parallel, Workload, spec_dict
-from estimator.trace.session import (FSDP_STRATEGIES, TRACED_STRATEGIES, Trace, check_checkable,  # noqa: F401
+from tracer.session import (FSDP_STRATEGIES, TRACED_STRATEGIES, Trace, check_checkable,  # noqa: F401
                                      check_traceable, run_traced)
 
 

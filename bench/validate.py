@@ -18,6 +18,7 @@ import re
 from datetime import datetime, timezone
 
 from bench.rows import BY_NAME, COLUMNS, STAGES, canonical_json, compute_run_id
+from estimator.alloc_conf import parse_alloc_conf
 
 _INT_TEXT = re.compile(r"\s*[+-]?\d{1,19}\s*")        # 19 digits covers int64; longer is a unit mistake
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")  # tab, newline and CR are allowed in notes
@@ -176,7 +177,6 @@ def _cross_checks(row: dict) -> list[str]:
         if stage is not None and overall is not None and stage > overall:
             errors.append(f"{stage_name}: {stage} exceeds {overall_name} {overall}")
     if row["alloc_conf"] is not None:
-        from estimator.allocator.config import parse_alloc_conf
         try:
             parse_alloc_conf(row["alloc_conf"])  # as torch parses PYTORCH_CUDA_ALLOC_CONF
         except ValueError as e:

@@ -32,6 +32,7 @@ from estimator.model import FAMILIES
 from estimator.presets import DATA_DIR
 from estimator.spec import ATTENTION, CHECKPOINTING
 
+SEED_K = 12.0  # seed 000's flat activation constant: activations = 12 * b*s*h*L*bytes
 DEFAULT_PATH = DATA_DIR / "calibration.json"
 ENV_VAR = "WILLITFIT_CALIBRATION"
 VERSION = 1

@@ -14,9 +14,10 @@ import math
 import sys
 
 from estimator import components as comp
-from estimator.calibration import SEED_K
+from estimator.calibration_file import SEED_K
 from estimator.calibration_file import CalibrationEntry, entry_for
-from estimator.estimate import COMPONENTS, Estimate, Options, estimate
+from estimator.breakdown import COMPONENTS
+from estimator.estimate import Estimate, Options, estimate
 from estimator.device import capacity_bytes, capacity_source
 from estimator.gpus import GPU, get_gpu, load_gpus
 from estimator.model import Model, check_context, from_hf_config
@@ -85,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
       "BitsAndBytesConfig's default) instead of quantizing them again")
     a("--float8", action="store_true", help="torchao float8 training of the block Linears (torchtitan)")
     a("--compile", action="store_true", help="the model is torch.compile'd: what AOTAutograd's partitioner saves, traced "
-      "on one GPU with the full loss (no inductor fusion; estimator.trace.compiled)")
+      "on one GPU with the full loss (no inductor fusion; tracer.compiled)")
     a("--gpu", help="GPU preset (see --list-gpus): adds the verdict (device bytes against what cudaMemGetInfo "
       "reports), headroom, max batch and max seq; picks the CUDA context of its architecture")
     a("--alloc-conf", default="", metavar="CONF",

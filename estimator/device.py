@@ -72,3 +72,9 @@ def context_bytes(gpu: GPU | None = None, path: Path = CONTEXT_PATH) -> int:
     if steps:
         return max(steps)
     return max([default, *(int(e["bytes"]) for e in mine)])
+
+
+def clear_tables() -> None:
+    """Forget the data files read so far (they are read again on next use)."""
+    _capacity.cache_clear()
+    _context.cache_clear()

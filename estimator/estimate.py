@@ -17,45 +17,21 @@ from dataclasses import dataclass, field, fields, replace
 
 from estimator import components as comp
 from estimator import store
+from estimator.breakdown import Breakdown
 from estimator.model import Model
-from estimator.parallel import TRACED_SHARDING, check_model, shares
+from estimator.parallel import check_model, shares
 from estimator.reserved import workload_class
 from estimator.spec import PAGED_OPTIMIZERS, Parallel, Workload
+from estimator.evaluate import stage_breakdowns
+from estimator.reserved import alloc_mode
+from estimator.reserved import fit_for_class
+from estimator.device import context_bytes
+from estimator.gpus import get_gpu
+from estimator import device, evaluate, gpus, parallel, reserved
+from estimator.profile import poly
 
-COMPONENTS = ("weights", "gradients", "optimizer_states", "master_weights", "activations", "kv_cache",
-              "temporaries", "buffers", "allocator_cache", "overhead")
 UNTRACEABLE_OPTIMIZERS = ("adamw-8bit", "paged-adamw", "paged-adamw-8bit", "adafactor", "lion")
 ANALYTIC_STRATEGIES = ("zero1", "zero2", "tp", "pp", "ep")
-
-
-@dataclass(frozen=True)
-class Breakdown:
-    """Bytes per component at one moment on one GPU."""
-
-    weights: int = 0           # model weights (quantized where the format says so), this GPU's share (+ gathered)
-    gradients: int = 0         # .grad of trainable params (+ DDP buckets)
-    optimizer_states: int = 0  # Adam moments etc.
-    master_weights: int = 0    # fp32 master copy (recipe 'mixed')
-    activations: int = 0       # everything else the step holds: saved tensors, temporaries of the ops, logits
-    kv_cache: int = 0          # inference K/V cache
-    temporaries: int = 0       # the optimizer step's temporaries; dequantized weights of a 4/8-bit matmul
-    buffers: int = 0           # model inputs, labels and non-parameter buffers (RoPE tables)
-    allocator_cache: int = 0   # reserved - allocated: cached free blocks and split tails (estimator.reserved)
-    overhead: int = 0          # CUDA context, cuBLAS workspace, NCCL buffers
-
-    @property
-    def total(self) -> int:
-        return (self.weights + self.gradients + self.optimizer_states + self.master_weights + self.activations
-                + self.kv_cache + self.temporaries + self.buffers + self.allocator_cache
-                + self.overhead)  # every field (a test checks)
-
-    @property
-    def tensor_bytes(self) -> int:
-        """The tensors alone: total less the allocator's cache and the overhead (context, cuBLAS, NCCL)."""
-        return self.total - self.allocator_cache - self.overhead
-
-    def as_dict(self) -> dict[str, int]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 @dataclass(frozen=True)
@@ -73,7 +49,6 @@ class Options:
         if self.alloc_conf:
             _alloc_mode(self.alloc_conf)   # a bad string: parse_alloc_conf's one line, at construction
         if self.gpu is not None:
-            from estimator.gpus import get_gpu
             get_gpu(self.gpu)
 
 
@@ -137,7 +112,7 @@ class Estimate:
 
 
 def compile_untraced(w: Workload, p: Parallel) -> str | None:
-    """Why a compile=True workload is not traced compiled (estimator.trace.compiled runs AOTAutograd's partitioner on
+    """Why a compile=True workload is not traced compiled (tracer.compiled runs AOTAutograd's partitioner on
     one GPU's training step with the full loss and no other knob), or None when it is (or compile is off)."""
     if not w.compile:
         return None
@@ -191,7 +166,7 @@ def traced_class(w: Workload, p: Parallel) -> tuple[Workload, Parallel, tuple[st
         notes.append(f"{why}; estimated as eager")
     if w.loss == "fused-linear":
         notes.append("fused-linear: Liger's power-of-two chunks of logits bounded from above in the profile "
-                     "(at most three more chunks; estimator.trace.losses.bounding_chunk_rows)")
+                     "(at most three more chunks; tracer.losses.bounding_chunk_rows)")
     if p.strategy in ("fsdp", "zero3", "hsdp"):
         # FSDP2 fully_shard is ZeRO-3; HSDP is FSDP over its shard group (the replicas hold the same)
         tp = Parallel(strategy="fsdp", gpus=2)
@@ -219,7 +194,7 @@ _CLASS_FIELDS = tuple(f.name for f in fields(Workload) if f.name not in _SIZE_FI
 _CLASSES: dict = {}
 
 
-def _resolve(model: Model, w: Workload, p: Parallel, options: Options):
+def resolve(model: Model, w: Workload, p: Parallel, options: Options):
     """(traced workload, notes, profile, shares) for this workload class, memoised: a search or a sweep only
     changes the sizes, and looking a profile up (hashing its class) costs more than evaluating it."""
     key = (model, p, options.derive, tuple(getattr(w, f) for f in _CLASS_FIELDS))
@@ -252,19 +227,18 @@ def _runnable_attention(model: Model, w: Workload) -> tuple[Workload, tuple[str,
 
 
 def profile_for(model: Model, w: Workload, p: Parallel, options: Options = Options()):
-    return _resolve(model, w, p, options)[2]
+    return resolve(model, w, p, options)[2]
 
 
 def estimate(model: Model, workload: Workload, parallel: Parallel = Parallel(),
              options: Options = Options()) -> Estimate:
     """Per-GPU memory of one step of `workload` on `model` under `parallel`."""
-    from estimator.evaluate import stage_breakdowns
 
-    options = _device_options(options)
+    options = device_options(options)
     workload, attn_note = _runnable_attention(model, workload)  # the estimate shows what will run
-    tw, notes, prof, stage_shares = _resolve(model, workload, parallel, options)
+    tw, notes, prof, stage_shares = resolve(model, workload, parallel, options)
     notes = attn_note + notes
-    fit, mode_note, source = _reserved_fit(workload_class(workload, parallel), options.alloc_conf)
+    fit, mode_note, source = reserved_fit(workload_class(workload, parallel), options.alloc_conf)
     workspace = options.overhead.cublas_workspace_bytes
     best = None
     for sh in stage_shares:
@@ -289,14 +263,12 @@ def estimate(model: Model, workload: Workload, parallel: Parallel = Parallel(),
 
 @functools.lru_cache(maxsize=64)
 def _alloc_mode(alloc_conf: str):
-    from estimator.reserved import alloc_mode
     return alloc_mode(alloc_conf)
 
 
 @functools.lru_cache(maxsize=64)
-def _reserved_fit(cls: str, alloc_conf: str):
+def reserved_fit(cls: str, alloc_conf: str):
     """(ReservedFit, note or None, source in words) for this workload class under this PYTORCH_CUDA_ALLOC_CONF."""
-    from estimator.reserved import fit_for_class
     mode, note = _alloc_mode(alloc_conf)
     f = fit_for_class(cls, mode)
     source = (f"data/allocator_fit.json: {f.workload_class}, {mode} allocator, reserved = allocated + min(allocated x "
@@ -306,12 +278,10 @@ def _reserved_fit(cls: str, alloc_conf: str):
 
 
 @functools.lru_cache(maxsize=64)
-def _device_options(options: Options) -> Options:
+def device_options(options: Options) -> Options:
     """With a GPU and the default overhead, the CUDA context of the GPU's architecture (estimator.device)."""
     if options.gpu is None or options.overhead != comp.Overhead():
         return options
-    from estimator.device import context_bytes
-    from estimator.gpus import get_gpu
     ctx = context_bytes(get_gpu(options.gpu))
     if ctx == options.overhead.cuda_context_bytes:
         return options
@@ -324,18 +294,14 @@ def clear_caches(tables: bool = True) -> None:
     tables=False keeps the process-wide data tables (data/gpus.json, cuda_context.json, cuda_capacity.json,
     allocator_fit.json: read once per process, whatever the config): what the first estimate of a config never
     asked before costs in a running app."""
-    import sys
-
-    from estimator import device, gpus, reserved
-    keep = set() if tables else {device._capacity, device._context, gpus._load, reserved._load}
     store.clear_memo()
     _CLASSES.clear()
-    from estimator import evaluate
-    evaluate._PLANS.clear()
-    for name, mod in list(sys.modules.items()):
-        if not name.startswith("estimator") or mod is None:
-            continue
-        for obj in vars(mod).values():
-            if isinstance(obj, functools._lru_cache_wrapper) and obj not in keep:
-                obj.cache_clear()
-
+    evaluate.clear_plans()
+    parallel.clear_caches()
+    poly.clear_caches()
+    for memo in (_alloc_mode, reserved_fit, device_options):
+        memo.cache_clear()
+    if tables:
+        device.clear_tables()
+        gpus.clear_tables()
+        reserved.clear_tables()

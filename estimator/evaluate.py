@@ -7,9 +7,12 @@ A single estimate then recomputes the winning moment's breakdown in exact intege
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from estimator import components as comp
+from estimator.breakdown import Breakdown
 from estimator.parallel import TRACED_SHARDING, Share, shard_group, tp_activation_scale
 from estimator.profile.profile import CATEGORIES, Piece, Profile
 from estimator.spec import Parallel, Workload
@@ -78,38 +81,58 @@ class Swap:
         return np.array([(self.tp_sq if m[1] >= 2 else self.tp_lin if (m[1] == 1 or m[2]) else 1.0) * self.act_layers
                          for m in monos])
 
-    def totals(self, stage: str, vals: np.ndarray) -> np.ndarray:
-        """vals: (..., categories) bytes -> (...) the GPU's total at each."""
-        v = lambda c: vals[..., C[c]]  # noqa: E731
-        has_states = v("optimizer_states") > 0
-        states = np.where(has_states, (v("optimizer_states") - self.master_traced) * self.state_ratio * self.state
-                          + self.master, 0.0)
-        temps = v("optimizer_step") * self.state + (self.step_add if stage == "optimizer" else 0) \
-            + (self.dequant if stage in FWD_BWD else 0)
-        act = v("activations")
-        return (v("weights") * self.local + self.weights_shift + v("gradients") * self.grad + v("comm_buffers")
-                + states + temps + act + v("kv_cache") * self.kv + v("other") + self.overhead)
+    def rules(self, stage: str) -> tuple[Rule, ...]:
+        """The one declaration of this GPU's affine map, per Breakdown field: which traced categories it takes, by
+        what factor, plus what constant. `StagePlan` sums it into totals over many points; `breakdown` evaluates
+        it per field in whole bytes. Nothing else prices a moment."""
+        k_form = self.k_form is not None and stage in ("forward", "backward")
+        opt, fwd_bwd = stage == "optimizer", stage in FWD_BWD
+        return (
+            Rule("weights", (("weights", (self.local,), 0),), self.weights_shift),
+            Rule("gradients", (("gradients", (self.grad,), 0), ("comm_buffers", (1.0,), 0)), self.buckets),
+            # states exist only after the first step: the traced ones less the traced master copy, rescaled
+            Rule("optimizer_states", (("optimizer_states", (self.state_ratio, self.state), -self.master_traced),),
+                 0, guard=True),
+            Rule("master_weights", (), self.master, guard=True),
+            # the seeds' k form replaces the traced activations with k * b*s*h*L*bytes (a b*s monomial)
+            Rule("activations", () if k_form else (("activations", (1.0,), 0),), 0, self.k_form if k_form else 0.0),
+            Rule("kv_cache", (("kv_cache", (self.kv,), 0),), 0),
+            Rule("temporaries", (("optimizer_step", (self.state,), 0),),
+                 (self.step_add if opt else 0) + (self.dequant if fwd_bwd else 0)),
+            Rule("buffers", (("other", (1.0,), 0),), 0),
+            Rule("overhead", (), self.overhead),
+        )
 
-    def breakdown(self, stage: str, cat) -> dict[str, int]:
-        """One moment's bytes per profile category (ints) -> the Breakdown's fields, in integers."""
-        states_t = cat[C["optimizer_states"]]
-        states = masters = 0
-        if states_t > 0:
-            states = int((states_t - self.master_traced) * self.state_ratio * self.state)
-            masters = self.master
-        temps = int(cat[C["optimizer_step"]] * self.state) + (self.step_add if stage == "optimizer" else 0)
-        if stage in FWD_BWD:
-            temps += self.dequant
-        act = int(cat[C["activations"]])
-        if self.k_form is not None and stage in ("forward", "backward"):
-            act = int(self.k_form * self.b * self.s)
-        return {
-            "weights": int(cat[C["weights"]] * self.local) + self.weights_shift,
-            "gradients": int(cat[C["gradients"]] * self.grad) + int(cat[C["comm_buffers"]]) + self.buckets,
-            "optimizer_states": states, "master_weights": masters, "activations": act,
-            "kv_cache": int(cat[C["kv_cache"]] * self.kv), "temporaries": temps,
-            "buffers": int(cat[C["other"]]), "overhead": self.overhead,
-        }
+    def breakdown(self, stage: str, cat, b: int, s: int) -> dict[str, int]:
+        """One moment's bytes per profile category -> the Breakdown's fields in whole bytes, at sizes (b, s)."""
+        has_states = cat[C["optimizer_states"]] > 0
+        out = {}
+        for r in self.rules(stage):
+            if r.guard and not has_states:
+                out[r.field] = 0
+                continue
+            v = sum(int(_scaled(cat[C[c]] + off, fs)) for c, fs, off in r.terms) + r.const
+            out[r.field] = v + (int(r.bs_coef * b * s) if r.bs_coef else 0)
+        return out
+
+
+def _scaled(x: float, factors: tuple[float, ...]) -> float:
+    for f in factors:
+        x = x * f
+    return x
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One Breakdown field as an affine map of a moment's traced categories: sum of int((cat + offset) * factors...)
+    over `terms` (category, factors multiplied left to right, offset), plus `const`, plus `bs_coef` * b * s;
+    `guard`: only once optimizer states exist."""
+
+    field: str
+    terms: tuple[tuple[str, tuple[float, ...], int], ...]
+    const: int
+    bs_coef: float = 0.0
+    guard: bool = False
 
 
 def monomial_matrix(monos, b, s, g, n) -> np.ndarray:
@@ -122,23 +145,34 @@ def monomial_matrix(monos, b, s, g, n) -> np.ndarray:
 class StagePlan:
     """One stage of one piece, with the swap folded in: totals at points = coef @ monomials + const."""
 
-    def __init__(self, piece: Piece, stage: str, swap: Swap, train: bool):
+    def __init__(self, piece: Piece, stage: str, swap: Swap):
         idx, monos, arr = piece._arrays[stage]
         coef = arr.copy()
         coef[:, C["activations"], :] *= swap.activation_scale(monos)
-        self.idx, self.monos, self.coef = idx, monos, coef             # coef: (k, C, m)
-        alpha = np.array([{"weights": swap.local, "gradients": swap.grad, "optimizer_states": swap.state_ratio
-                           * swap.state, "activations": 0.0 if swap.k_form is not None and stage in
-                           ("forward", "backward") else 1.0, "optimizer_step": swap.state, "kv_cache": swap.kv,
-                           "comm_buffers": 1.0, "other": 1.0}[c] for c in CATEGORIES])
-        self.total_coef = np.einsum("kcm,c->km", coef, alpha)             # (k, m)
-        if swap.k_form is not None and stage in ("forward", "backward"):
+        self.idx, self.monos, self.coef, self.stage, self.swap = idx, monos, coef, stage, swap  # coef: (k, C, m)
+        alpha, guarded_alpha = np.zeros(len(CATEGORIES)), np.zeros(len(CATEGORIES))
+        const = guarded_const = 0.0
+        bs_coef = 0.0
+        for r in swap.rules(stage):
+            for c, fs, off in r.terms:
+                (guarded_alpha if r.guard else alpha)[C[c]] += _scaled(1.0, fs)
+                if r.guard:
+                    guarded_const += _scaled(off, fs)
+                else:
+                    const += _scaled(off, fs)
+            if r.guard:
+                guarded_const += r.const
+            else:
+                const += r.const
+            bs_coef += r.bs_coef
+        # a guarded rule's terms are categories that are zero where the guard is off (no states yet): the factor
+        # applies everywhere, the constant only where the moment holds states
+        self.total_coef = np.einsum("kcm,c->km", coef, alpha + guarded_alpha)  # (k, m)
+        if bs_coef:
             bs = (1, 1, 0, 0) if (1, 1, 0, 0) in monos else (0, 1, 0, 0)  # the batch-1 piece has no b terms
-            self.total_coef[:, list(monos).index(bs)] += swap.k_form
+            self.total_coef[:, list(monos).index(bs)] += bs_coef
         has_states = np.any(coef[:, C["optimizer_states"], :] != 0, axis=1)
-        const = (swap.weights_shift + swap.overhead + swap.buckets + (swap.step_add if stage == "optimizer" else 0)
-                 + (swap.dequant if stage in FWD_BWD else 0))
-        self.const = const + np.where(has_states, swap.master - swap.master_traced * swap.state_ratio * swap.state, 0.0)
+        self.const = const + np.where(has_states, guarded_const, 0.0)
         self.exps = np.asarray(monos, dtype=float)
 
     def point(self, b: int, s: int, g: int, n: int) -> np.ndarray:
@@ -162,12 +196,10 @@ def stage_breakdowns(model, prof: Profile, w: Workload, p: Parallel, tw: Workloa
                      cache=None, workspace: int = 0) -> dict:
     """{stage: (moment label, Breakdown)} at this workload's sizes on one pipeline stage's GPU. `cache` (a
     ReservedFit) fills each breakdown's allocator_cache from its allocated bytes plus `workspace`."""
-    from estimator.estimate import Breakdown
 
     n = world(p)
     piece = prof.piece_for(w.batch, w.seq)
-    swap, plans = _plans(model, prof, w, p, tw, sh, options, piece)
-    swap.b, swap.s = w.batch, w.seq   # the sizes of this estimate (the k form's b*s in a breakdown)
+    swap, plans = stage_plans(model, prof, w, p, tw, sh, options, piece)
     out = {}
     for stage, plan in plans.items():
         if not applies(stage, w.gen_tokens):
@@ -183,7 +215,7 @@ def stage_breakdowns(model, prof: Profile, w: Workload, p: Parallel, tw: Workloa
             cat = moment.exact(w.batch, w.seq, w.gen_tokens, n)
         else:
             cat = [float(x) for x in plan.coef[k] @ v]  # plan.values at one point, for the chosen moment only
-        fields = swap.breakdown(stage, cat)
+        fields = swap.breakdown(stage, cat, w.batch, w.seq)
         if cache is not None:
             fields["allocator_cache"] = cache.cache_bytes(sum(fields.values()) - fields["overhead"] + workspace)
         out[name] = (moment.label, Breakdown(**fields), totals[k])
@@ -198,7 +230,7 @@ def applies(stage: str, gen_tokens: int) -> bool:
 _PLANS: dict = {}
 
 
-def _plans(model, prof, w, p, tw, sh, options, piece):
+def stage_plans(model, prof, w, p, tw, sh, options, piece):
     """The Swap and the stage plans for (model, workload, parallel, stage share, piece), memoised: only the
     sizes change between calls of a search or a sweep (the k form depends on them, so it is not memoised)."""
     key = (model, tuple(getattr(w, f) for f in _CLASS_FIELDS), p, sh, options.activation_k, options.overhead,
@@ -206,8 +238,13 @@ def _plans(model, prof, w, p, tw, sh, options, piece):
     hit = _PLANS.get(key)
     if hit is None:
         swap = Swap(model, w, p, tw, sh, options.activation_k, options.overhead)
-        hit = (swap, {st: StagePlan(piece, st, swap, w.mode == "train") for st in prof.stages if st in piece._arrays})
+        hit = (swap, {st: StagePlan(piece, st, swap) for st in prof.stages if st in piece._arrays})
         if len(_PLANS) > 4096:
             _PLANS.clear()
         _PLANS[key] = hit
     return hit
+
+
+def clear_plans() -> None:
+    """Forget the memoised stage plans (a cold estimate builds them again)."""
+    _PLANS.clear()

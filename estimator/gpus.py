@@ -146,3 +146,8 @@ def get_gpu(name: str, path: Path | str = GPUS_PATH) -> GPU:
         if key in (gpu.name, gpu.display_name.lower()):
             return gpu
     raise ValueError(f"gpu: unknown GPU {name!r}; choose one of {', '.join(gpu_names(path))}")
+
+
+def clear_tables() -> None:
+    """Forget the data files read so far (they are read again on next use)."""
+    _load.cache_clear()

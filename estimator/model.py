@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from estimator.families import FAMILIES, family_of  # noqa: F401  (re-exported: one table, estimator.families)
 from estimator.inventory import Inventory
 from estimator.presets import config_hash
+from estimator import store
 
 
 @dataclass(frozen=True, eq=False)
@@ -116,7 +117,6 @@ def from_hf_config(config: dict, name: str = "model", *, derive: bool = True, pr
     if not isinstance(config, dict):
         raise ValueError("model: a config.json must be a JSON object")
     _check_config(config)
-    from estimator import store
 
     inv = store.inventory(config, name, derive=derive, progress=progress)
     if inv.config_hash != config_hash(config):  # defensive: the store keys by the hash
@@ -126,7 +126,7 @@ def from_hf_config(config: dict, name: str = "model", *, derive: bool = True, pr
 
 def _check_config(config: dict) -> None:
     """The one-line checks a user's config gets before transformers sees it (transformers' own errors are
-    reported too, see estimator.inventory.meta.hf_config)."""
+    reported too, see tracer.meta.hf_config)."""
     cfg = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     hidden = _first(cfg, ("hidden_size", "n_embd", "d_model"))
     heads = _first(cfg, ("num_attention_heads", "n_head", "num_heads"))

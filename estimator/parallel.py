@@ -103,3 +103,8 @@ def tp_activation_scale(tp: int, sequence_parallel: bool) -> tuple[float, float]
     if sequence_parallel:
         return 1 / tp, 1 / tp
     return (1 - KORTHIKANTI_SPLIT) + KORTHIKANTI_SPLIT / tp, 1 / tp
+
+
+def clear_caches() -> None:
+    """Forget the memoised results (a cold estimate computes them again)."""
+    _shares.cache_clear()

@@ -9,8 +9,8 @@ size: torch.cuda.memory_reserved (segments held by the allocator: live blocks, c
 tails of split segments) is what comes out of the device, and nvidia-smi adds the CUDA context and NCCL's buffers.
 
 (r, c) come from data/allocator_fit.json, written by scripts/fit_reserved.py: traced runs' allocation streams
-(estimator/trace/counters.py allocation_events) replayed through the caching-allocator model
-(estimator/allocator, after c10/cuda/CUDACachingAllocator.cpp) under the default allocator and under
+(tracer/counters.py allocation_events) replayed through the caching-allocator model
+(offline/allocator, after c10/cuda/CUDACachingAllocator.cpp) under the default allocator and under
 expandable_segments:True, one least-squares fit per workload class; docs/allocator.md has the method, the case set
 and the residuals. q is the largest (reserved - allocated) / allocated any replayed case of the class showed: below
 the fitted sizes c alone would dominate (a 10 MB model is not given the ~0.9 GiB of cached logits a 1B model's
@@ -23,7 +23,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from estimator.spec import Parallel, Workload
+from estimator.alloc_conf import AllocatorConfig, parse_alloc_conf
 
 FIT_PATH = Path(__file__).resolve().parent.parent / "data" / "allocator_fit.json"
 CLASSES = ("train-full", "train-lora", "train-fsdp", "infer")
@@ -63,12 +66,18 @@ class ReservedFit:
             fitted = min(fitted, round(allocated_bytes * self.max_ratio))
         return max(0, fitted)
 
+    def cache_bytes_array(self, allocated_bytes: np.ndarray) -> np.ndarray:
+        """`cache_bytes` at many points (float64, whole bytes): the sweep's form of the same formula."""
+        fitted = np.rint(allocated_bytes * self.ratio) + self.const_bytes
+        if self.max_ratio != float("inf"):
+            fitted = np.minimum(fitted, np.rint(allocated_bytes * self.max_ratio))
+        return np.maximum(0.0, fitted)
+
 
 def alloc_mode(alloc_conf: str) -> tuple[str, str | None]:
     """(fitted mode, note) for a PYTORCH_CUDA_ALLOC_CONF string, parsed as torch parses it (a bad string raises
     parse_alloc_conf's one-line ValueError). Only expandable_segments has its own fit; other keys that change
     device memory are priced as the mode they run in, and the note says so."""
-    from estimator.allocator.config import AllocatorConfig, parse_alloc_conf
 
     cfg = parse_alloc_conf(alloc_conf)
     mode = "expandable" if cfg.expandable_segments else "default"
@@ -123,3 +132,8 @@ def fit_for_class(cls: str, mode: str = "default", path: Path | None = None) -> 
         raise ValueError(f"allocator_fit: {path} has no fit for class {cls!r} under {mode}; "
                          "run python scripts/fit_reserved.py")
     return fits[(cls, mode)]
+
+
+def clear_tables() -> None:
+    """Forget the data files read so far (they are read again on next use)."""
+    _load.cache_clear()

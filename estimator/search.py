@@ -13,6 +13,7 @@ from estimator.estimate import Options, estimate
 from estimator.model import Model
 from estimator.store import ProfileMissing
 from estimator.spec import MAX_BATCH, MAX_SEQ, STRATEGIES, Parallel, Workload, spec_dict
+from estimator.alloc_conf import parse_alloc_conf
 
 # Strategies whose per-GPU memory never grows with the world size once it is >= 2 (the shard fraction 1/n
 # shrinks; nothing else depends on n), so the fewest GPUs can be found by bisection.
@@ -270,7 +271,6 @@ def _expandable_advice(model, workload, parallel, gpu_bytes, options) -> Advice 
 
 
 def _expandable(conf: str) -> bool:
-    from estimator.allocator.config import parse_alloc_conf
     return parse_alloc_conf(conf).expandable_segments
 
 

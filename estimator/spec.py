@@ -6,7 +6,7 @@ raises `ValueError` naming the field and the allowed values.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 
 MODES = ("train", "infer")
 METHODS = ("full", "lora", "qlora")

@@ -3,7 +3,7 @@
 Two places are searched, in order, after an in-memory memo:
 - shipped: `data/profiles/<config hash[:16]>/` (every preset's inventory and its common profiles, committed);
 - cache: `$WILLITFIT_CACHE`, else `~/.cache/willitfit/`, same layout (what this machine derived).
-A miss derives the file (torch + transformers: `estimator.inventory.meta`, `estimator.profile.derive`),
+A miss derives the file (torch + transformers: `tracer.derive`, the one lazy hand-over to the tier above),
 reporting progress through the caller's callback, and writes it to the cache atomically. `derive=False` raises
 `ProfileMissing` instead, naming the command that derives it.
 
@@ -111,9 +111,7 @@ def inventory(config: dict, name: str, *, derive: bool = True, progress=None, sh
                              f"{name}` (needs torch and transformers)")
     if progress:
         progress(0, 1, f"reading {name}'s parameters from a meta-device build (transformers)")
-    from estimator.inventory.meta import read_inventory
-
-    data = read_inventory(config)
+    data = _derivation().read_inventory(config)
     _write((SHIPPED_DIR if ship else cache_dir()) / h[:16] / "inventory.json",
            json.dumps(data, sort_keys=True, separators=(",", ":")))
     inv = Inventory.from_dict(data, name, h)
@@ -144,14 +142,22 @@ def profile(config: dict, w: Workload, p: Parallel, *, name: str = "model", deri
         raise ProfileMissing(f"profile: {name!r} has no profile on disk for this workload class; it is derived on "
                              "first use (needs torch and transformers), e.g. `python -m bench derive --model "
                              f"{name}` with the same workload flags")
-    try:
-        from estimator.profile.derive import derive_profile
-    except ImportError as e:  # torch/transformers missing: say so in one line
-        raise ProfileMissing(f"profile: deriving one needs torch and transformers ({e})") from None
-    prof = derive_profile(config, w, p, progress=progress, config_hash=h)
+    prof = _derivation().derive_profile(config, w, p, progress=progress, config_hash=h)
     _write((SHIPPED_DIR if ship else cache_dir()) / h[:16] / f"{key}.json", prof.to_json())
     _MEMO[memo] = prof
     return prof
+
+
+def _derivation():
+    """The derivation tier (`tracer.derive`: torch, transformers), imported on the first miss only.
+
+    This is the one import in `estimator` of a higher tier (docs/architecture.md): evaluating what is on disk never
+    loads torch, and a miss hands over to the code that traces the model."""
+    try:
+        from tracer import derive
+    except ImportError as e:  # torch/transformers missing: say so in one line
+        raise ProfileMissing(f"profile: deriving one needs torch and transformers ({e})") from None
+    return derive
 
 
 def forget(config: dict, key: str, *, ship: bool = False) -> None:

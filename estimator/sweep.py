@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from estimator import components as comp
-from estimator.estimate import Options, _device_options, _reserved_fit, _resolve
+from estimator.estimate import Options, device_options, reserved_fit, resolve
 from estimator.reserved import workload_class
-from estimator.evaluate import _plans, applies, world
+from estimator.evaluate import applies, stage_plans, world
 from estimator.model import Model
 from estimator.spec import MAX_BATCH, MAX_SEQ, Parallel, Workload
 
@@ -56,8 +56,8 @@ def sweep_points(model: Model, workload: Workload, batch, seq, parallel: Paralle
     out = np.zeros(bs.size, dtype=np.float64)
     if bs.size == 0:
         return out.astype(np.int64)
-    options = _device_options(options)
-    tw, _, prof, stage_shares = _resolve(model, workload, parallel, options)
+    options = device_options(options)
+    tw, _, prof, stage_shares = resolve(model, workload, parallel, options)
     n = world(parallel)
     gs = np.full(bs.size, workload.gen_tokens)
     best = np.full(bs.size, -np.inf)
@@ -70,7 +70,7 @@ def sweep_points(model: Model, workload: Workload, batch, seq, parallel: Paralle
         if not mask.any():
             continue
         for sh in stage_shares:
-            _, plans = _plans(model, prof, workload, parallel, tw, sh, options, piece)
+            _, plans = stage_plans(model, prof, workload, parallel, tw, sh, options, piece)
             for stage, plan in plans.items():
                 if not applies(stage, workload.gen_tokens):
                     continue
@@ -83,13 +83,10 @@ def sweep_points(model: Model, workload: Workload, batch, seq, parallel: Paralle
 
 def _with_cache(best: np.ndarray, workload: Workload, parallel: Parallel, options: Options) -> np.ndarray:
     """Add the allocator's cache as estimate() does (estimator.reserved: monotone in the allocated peak, so it
-    is applied to the largest stage), from the same fitted class."""
-    fit = _reserved_fit(workload_class(workload, parallel), options.alloc_conf)[0]
+    is applied to the largest stage), from the same fitted class and formula."""
+    fit = reserved_fit(workload_class(workload, parallel), options.alloc_conf)[0]
     allocated = best - comp.overhead_bytes(parallel.gpus, options.overhead) + options.overhead.cublas_workspace_bytes
-    cache = np.rint(allocated * fit.ratio) + fit.const_bytes
-    if np.isfinite(fit.max_ratio):
-        cache = np.minimum(cache, np.rint(allocated * fit.max_ratio))
-    return best + np.maximum(0.0, cache)
+    return best + fit.cache_bytes_array(allocated)
 
 
 def sweep(model: Model, workloads, parallels, batches, seqs, options: Options = Options()) -> SweepResult:

@@ -9,7 +9,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from estimator.estimate import COMPONENTS, Breakdown
+from estimator.breakdown import COMPONENTS, Breakdown
 from estimator.units import GB, GiB
 
 COMPONENT_COLORS = ("#4c78a8", "#f58518", "#e45756", "#72b7b2", "#54a24b", "#eeca3b", "#b279a2", "#ff9da6",

@@ -19,6 +19,11 @@ from estimator.gpus import gpu_names, load_gpus
 from estimator.model import Model
 from estimator.presets import preset_names
 from estimator.units import fmt_bytes
+from estimator.reserved import alloc_mode
+from estimator.model import from_hf_config
+from estimator.store import where
+from estimator import store
+from estimator.estimate import traced_class
 
 log = logging.getLogger("willitfit.app")
 
@@ -352,7 +357,6 @@ def alloc_conf_field() -> Field:
 
 def alloc_conf_input(page: str, field: Field, container) -> str | None:
     """The alloc-conf text box; a string torch would reject shows parse_alloc_conf's one line and gives None."""
-    from estimator.reserved import alloc_mode
 
     text = widget(page, field, container).strip()
     try:
@@ -436,8 +440,6 @@ NO_TRACE = dict(derive=False)  # searches, advice and comparisons price what has
 
 def load_model(config: dict, name: str):
     """The Model for a config (its inventory: shipped, cached, or read once from transformers on meta)."""
-    from estimator.model import from_hf_config
-    from estimator.store import where
 
     if where(config) is None:
         with st.spinner(f"Reading {name}'s parameters from transformers (meta device, no weights)..."):
@@ -448,8 +450,6 @@ def load_model(config: dict, name: str):
 def ensure_profile(model, w: spec.Workload, par: spec.Parallel) -> dict:
     """Make sure the profile this (workload, parallel) evaluates exists; derive it with a progress bar if not.
     Returns its provenance, with 'where' = shipped | cache | derived now."""
-    from estimator import store
-    from estimator.estimate import traced_class
 
     tw, tp, _ = traced_class(w, par)
     key = store.profile_key(tw, tp)

@@ -2,7 +2,7 @@
 
 Each point is one stored training run without OOM (bench.calibrate.collect_points): x = b*s*h*L*bytes and
 y = the run's allocated peak minus every non-activation component the estimator puts in that stage.
-k is least squares through the origin (estimator.calibration.fit_k). docs/calibration.md has the method.
+k is least squares through the origin (offline.calibration.fit_k). docs/calibration.md has the method.
 Saving writes a `calibrations` row (with the run_ids used) and regenerates the calibration JSON that the
 "Use calibrated k" toggle of the Will-it-fit page reads.
 """
@@ -12,11 +12,12 @@ import pandas as pd
 import streamlit as st
 
 from bench import app_data, calibrate, db
-from estimator.calibration import SEED_K
+from estimator.calibration_file import SEED_K
 from estimator.model import FAMILIES
 from estimator.units import GB, GiB, fmt_bytes
 from pages import _charts as ch
 from pages import _common as ui
+from bench.accuracy import accuracy_summary
 
 PAGE = "calib"
 ANY = "any"
@@ -38,7 +39,6 @@ def _latest(path: str, fp: tuple) -> pd.DataFrame:
 
 @st.cache_data(show_spinner="Scoring every stored run against every method", max_entries=4)
 def _accuracy(path: str, fp: tuple) -> pd.DataFrame:
-    from bench.accuracy import accuracy_summary  # imported on demand: the scoring is the page's slow part
 
     return accuracy_summary(path)
 

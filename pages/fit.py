@@ -15,14 +15,17 @@ from bench.hub import OfflineError, fetch_config, validate_model_id, validate_re
 from estimator import search
 from estimator.calibration_file import entry_for
 from estimator.device import capacity_bytes, capacity_source
-from estimator.estimate import COMPONENTS, Options, estimate
+from estimator.breakdown import COMPONENTS
+from estimator.estimate import Options, estimate
 from estimator.gpus import get_gpu
-from estimator.model import check_context, from_hf_config
+from estimator.model import check_context
 from estimator.presets import MAX_CONFIG_BYTES, load_config, parse_config_text
 from estimator.spec import Parallel
 from estimator.units import GB, GiB, fmt_bytes
 from pages import _charts as charts
 from pages import _common as ui
+from bench.accuracy_published import COMPARED_WITH
+from bench.published import estimate_row
 
 PAGE = "fit"
 SOURCES = {"preset": "Preset", "upload": "Upload config.json", "paste": "Paste config.json",
@@ -211,8 +214,6 @@ def advice_section(model, w, par, gpu, options) -> None:
 def closest_published(config, preset, w, par) -> None:
     """One line beside the verdict: the published GPU measurement nearest this workload, and the estimate for
     that run's own settings (bench/published.py)."""
-    from bench.accuracy_published import COMPARED_WITH
-    from bench.published import estimate_row
 
     if not ui.db_path().is_file():
         return

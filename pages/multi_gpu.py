@@ -12,7 +12,8 @@ import streamlit as st
 
 from estimator import search
 from estimator.device import capacity_bytes
-from estimator.estimate import COMPONENTS, Options, estimate
+from estimator.breakdown import COMPONENTS
+from estimator.estimate import Options, estimate
 from estimator.gpus import get_gpu
 from estimator.presets import load_config
 from estimator.spec import STRATEGIES, Parallel

@@ -2,8 +2,8 @@
 pytorch.org/memory_viz): allocated vs reserved over the step's events, and the segments at the reserved peak.
 
 The stream comes from tracing a preset on fake CPU tensors (small sizes; bench.streams.trace_stream) or from an
-uploaded .npz (python -m bench trace --stream / measure --stream-dir), which estimator.allocator.Stream.load
-validates as untrusted input (no pickle). The replay is estimator.allocator.replay; this page only draws it.
+uploaded .npz (python -m bench trace --stream / measure --stream-dir), which offline.allocator.Stream.load
+validates as untrusted input (no pickle). The replay is offline.allocator.replay; this page only draws it.
 """
 from __future__ import annotations
 
@@ -13,14 +13,15 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from estimator.allocator.config import parse_alloc_conf
-from estimator.allocator.replay import replay, segments_at
-from estimator.allocator.stream import Stream
+from estimator.alloc_conf import parse_alloc_conf
+from offline.allocator.replay import replay, segments_at
+from offline.allocator.stream import Stream
 from estimator.presets import load_config
 from estimator.spec import Parallel, Workload
 from estimator.units import GiB, MiB, fmt_bytes
 from pages import _charts as charts
 from pages import _common as ui
+from bench.streams import trace_stream
 
 PAGE = "replay"
 KINDS = {"train": "Training step (full fine-tune, AdamW)", "lora": "LoRA training step",
@@ -61,7 +62,6 @@ def trace_section(f: dict) -> None:
     batch = ui.widget(PAGE, f["batch"], st.sidebar)
     seq = ui.widget(PAGE, f["seq"], st.sidebar)
     if st.sidebar.button("Trace this step", key=f"{PAGE}:trace", type="primary"):
-        from bench.streams import trace_stream
 
         _, config = load_config(name)
         bar = st.progress(0.0, text=f"Tracing {name} on fake CPU tensors (no GPU, no weights)")

@@ -28,9 +28,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from scripts.perf_doc import replace_section  # noqa: E402
-from estimator.allocator.config import parse_alloc_conf  # noqa: E402
-from estimator.allocator.replay import oom_capacity, replay  # noqa: E402
-from estimator.allocator.stream import Stream  # noqa: E402
+from estimator.alloc_conf import parse_alloc_conf  # noqa: E402
+from offline.allocator.replay import oom_capacity, replay  # noqa: E402
+from offline.allocator.stream import Stream  # noqa: E402
 from estimator.units import GiB, MiB  # noqa: E402
 
 SECTION = "## Allocator replay"
@@ -161,7 +161,7 @@ def _section(args, stream, rows, t_load, n_oom, t_cap, cap) -> str:
     lines += ["", ("Over the 2 s target (wall) in this run: " + ", ".join(f"`{m}`" for m in missed) + ".")
               if missed else "All under the 2 s target (wall) in this run.", "",
               f"Loading and validating the stream file (`Stream.load`, .npz, every check of "
-              f"estimator/allocator/stream.py): {t_load:.3f} s. `oom_capacity` (bisection, one replay per step, "
+              f"offline/allocator/stream.py): {t_load:.3f} s. `oom_capacity` (bisection, one replay per step, "
               f"no timeline) on the first {n_oom:,} events: {t_cap:.2f} s, answer {cap / GiB:.3f} GiB."]
     return "\n".join(lines) + "\n"
 

@@ -158,7 +158,7 @@ DERIVE_CASES = (("llama-3.2-1b", Workload()), ("llama-3.1-8b", Workload()), ("ll
 def bench_derive() -> list[tuple[str, str, float, int]]:
     """Derive each case's profile once, from scratch (nothing cached): what a user's first estimate of a new config
     costs. (preset, workload, seconds, traces)."""
-    from estimator.profile.derive import derive_profile
+    from tracer.derive import derive_profile
 
     out = []
     for name, w in DERIVE_CASES:
@@ -178,7 +178,7 @@ def render_derive(rows) -> str:
     lines = [DERIVE_SECTION, "",
              f"Measured by `python scripts/bench_estimator.py --derive` on {os.cpu_count()} CPU cores, torch "
              f"{torch.__version__}, transformers {transformers.__version__}; one derivation each, from scratch "
-             f"(`estimator.profile.derive.derive_profile`: reduced-depth traces on fake CPU tensors at the fit's "
+             f"(`tracer.derive.derive_profile`: reduced-depth traces on fake CPU tensors at the fit's "
              f"sizes plus one held-out size, exact fits, the check, the extension to full depth). 1-minute load "
              f"average when it started: {LOAD_AT_START:.1f}. This is what the first estimate of a config that has "
              "no shipped or cached profile waits for (the app shows a progress bar); later ones read the cached "

@@ -9,8 +9,8 @@ a subprocess of its own (a crash or a hang costs one type, `--timeout` seconds a
 1. the inventory (estimator.inventory, read from a meta-device build), its parameter count checked against an
    independent `sum(p.numel())` of `AutoModelFor{CausalLM,MaskedLM}.from_config(AutoConfig.for_model(type))`;
 2. the profile for training (full fine-tuning, pure bf16, SDPA, or eager where transformers refuses SDPA),
-   derived at reduced depth (estimator.profile.derive), with the time it took, or the reason it was refused;
-3. the estimate against a full-depth trace (estimator.trace.session.run_traced) at a size the fit did not use
+   derived at reduced depth (tracer.derive), with the time it took, or the reason it was refused;
+3. the estimate against a full-depth trace (tracer.session.run_traced) at a size the fit did not use
    (batch 3, a sequence between the fitted ones): every stage's peak, the largest relative error.
 docs/architectures.md gets one row per type (status, parameters, error, times, reason).
 """
@@ -64,9 +64,9 @@ def one(model_type: str) -> dict:
     from dataclasses import replace
 
     from estimator.model import from_hf_config
-    from estimator.profile.derive import derive_profile, pieces_for, _max_positions
+    from tracer.derive import derive_profile, pieces_for, max_positions
     from estimator.spec import Parallel, Workload
-    from estimator.trace.session import run_traced
+    from tracer.session import run_traced
 
     row: dict = {"model_type": model_type}
     config = {"model_type": model_type}
@@ -108,8 +108,8 @@ def one(model_type: str) -> dict:
         reason = errors.get((first, "fp32"), first_err) if _dtype_error(first_err) else first_err
         return {**row, "status": "refused", "stage": "profile", "reason": _line(reason)}
     # a size the fit did not use: batch 3, a sequence halfway between the first two fitted ones
-    from estimator.inventory.meta import hf_config
-    lo, hi, seqs, _ = pieces_for(hf_config(config), _max_positions(hf_config(config)), False)[0]
+    from tracer.meta import hf_config
+    lo, hi, seqs, _ = pieces_for(hf_config(config), max_positions(hf_config(config)), False)[0]
     b, s = 3, (seqs[0] + seqs[1]) // 2
     w = replace(w, batch=b, seq=s)
     t = time.perf_counter()
@@ -211,7 +211,7 @@ def report() -> None:
              "`sum(p.numel())`; its training profile (full fine-tuning, pure bf16, SDPA or eager; fp32 where the code has no bf16 path) is derived at reduced",
              "depth; the estimate is compared with a full-depth trace at a batch and sequence the fit did not use.",
              "The revision column is the commit whose tracer produced the row; rows marked `pre-kernels` were traced",
-             "before the CUDA-kernel emulation (estimator/trace/kernels.py) landed, with the CPU's SDPA made",
+             "before the CUDA-kernel emulation (tracer/kernels.py) landed, with the CPU's SDPA made",
              "CUDA-like by hand; profile and trace of a row always come from the same tracer.", "",
              f"**{len(rows)} model types**: " + ", ".join(f"{n} {k}" for k, n in sorted(by.items())) +
              f". Parameters exact: {exact_params}. Exact parameters and the estimate within 1% of the full-depth trace:"

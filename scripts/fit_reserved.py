@@ -4,7 +4,7 @@
     python scripts/fit_reserved.py --quick      # three cases per class, nothing written (a smoke run)
 
 Each case is a real transformers model traced on fake CPU tensors (bench.streams.trace_stream: every allocation
-and free of the step, in order), replayed through the caching-allocator model (estimator.allocator) under the
+and free of the step, in order), replayed through the caching-allocator model (offline.allocator) under the
 default allocator and under expandable_segments:True. Per class (estimator.reserved.workload_class) and mode,
 
     reserved = allocated * (1 + r) + c
@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 import json
-import statistics
 import sys
 import time
 from datetime import datetime, timezone
@@ -33,7 +32,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from estimator.allocator.config import parse_alloc_conf  # noqa: E402
+from estimator.alloc_conf import parse_alloc_conf  # noqa: E402
 from estimator.presets import load_config  # noqa: E402
 from estimator.reserved import CLASSES, FIT_PATH, workload_class  # noqa: E402
 from estimator.spec import Parallel, Workload  # noqa: E402
@@ -82,7 +81,7 @@ def _kw(w: Workload) -> dict:
 
 def run_case(preset: str, layers: int | None, w: Workload, p: Parallel) -> dict:
     from bench.streams import trace_stream
-    from estimator.allocator.replay import replay
+    from offline.allocator.replay import replay
 
     name, cfg = load_config(preset)
     if layers is not None:
@@ -186,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "_about": "reserved = allocated * (1 + ratio) + const_bytes per workload class (estimator.reserved) and "
                   "allocator mode (default; expandable = expandable_segments:True), fitted on traced allocation "
-                  "streams replayed through estimator.allocator. docs/allocator.md has the method.",
+                  "streams replayed through offline.allocator. docs/allocator.md has the method.",
         "provenance": {"command": "python scripts/fit_reserved.py" + (" --quick" if args.quick else ""),
                        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                        "torch": torch.__version__, "transformers": transformers.__version__,

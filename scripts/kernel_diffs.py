@@ -3,7 +3,7 @@
     python scripts/kernel_diffs.py            # writes the table into docs/activations.md ("## CPU and CUDA kernels")
     python scripts/kernel_diffs.py --no-doc
 
-For every override of estimator.trace.kernels.emulate("cuda") (OVERRIDES) and a preset where it matters, the case
+For every override of tracer.kernels.emulate("cuda") (OVERRIDES) and a preset where it matters, the case
 is traced twice with CUDA's kernels, once with that one override left out (the CPU's own kernel in its place):
 the difference of the forward-stage peak and of the overall peak is what the CPU kernel keeps more (positive) or
 less (negative) than CUDA's. Batch 4, seq 2048 (a preset's learned positions if fewer), full fine-tuning, pure bf16
@@ -58,7 +58,7 @@ CASES = (
 def peaks(config: dict, name: str, workload, skip: tuple[str, ...]) -> tuple[int, int]:
     """(forward-stage peak, overall peak) with CUDA's kernels less `skip`."""
     from estimator.spec import Parallel
-    from estimator.trace import kernels, session
+    from tracer import kernels, session
 
     session.check_learned_positions(config, name, workload)
     with kernels.emulate("cuda", skip=skip), session._prepared(config, workload, Parallel()) as case:

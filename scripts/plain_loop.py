@@ -6,7 +6,7 @@
     python scripts/plain_loop.py --all --resume  # rows kept in build/plain_loop.jsonl; a rerun skips those done
     python scripts/plain_loop.py --report        # only rewrite the doc's section from build/plain_loop.jsonl
 
-The plain loop is what the project's ground truth must match, written without anything from estimator.trace:
+The plain loop is what the project's ground truth must match, written without anything from tracer:
 
     # model built on meta with default dtype bf16, to_empty(device="cpu") inside FakeTensorMode, tie_weights()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True)
@@ -20,7 +20,7 @@ iteration's `out = model(...)` returns. BERT is a masked LM (AutoModelForMaskedL
 are built with eager attention (transformers refuses SDPA for them), everything else with SDPA; a multimodal
 checkpoint is built as transformers' causal LM for its type, or from its text_config when its type has none. Full fine-tuning, pure bf16.
 MemTracker (torch.distributed._tools.mem_tracker) counts it; its overall peak must equal, to the byte,
-`run_traced(..., kernels="cpu")` of the same case (estimator.trace.kernels: the CPU's own kernels, labels the
+`run_traced(..., kernels="cpu")` of the same case (tracer.kernels: the CPU's own kernels, labels the
 input ids tensor itself). The table also gives the `kernels="cuda"` peak (what a GPU keeps) and its difference.
 Presets with learned positions shorter than --seq run at their own maximum (GPT-2 1024, BERT 512).
 Unless --no-doc, the table replaces the section "## Plain loop vs tracer" of docs/activations.md.
@@ -110,9 +110,9 @@ def plain_loop_peak(config: dict, batch: int, seq: int, loop: str = "loss-only")
 
 
 def tracer_peak(config: dict, name: str, batch: int, seq: int, loop: str, kernels: str) -> int:
-    """Overall peak of the tracer (estimator.trace.session.run_traced) on the same case."""
+    """Overall peak of the tracer (tracer.session.run_traced) on the same case."""
     from estimator.spec import Workload
-    from estimator.trace.session import run_traced
+    from tracer.session import run_traced
 
     attention = "eager" if _eager_only(config) else "sdpa"
     w = Workload(batch=batch, seq=seq, loop=loop, attention=attention)
@@ -127,8 +127,8 @@ def window_peaks(config: dict, name: str, batch: int, seq: int, loop: str, kerne
     """(stage, peak) of every stage window of the tracer's run, in order (load, then each step's forward,
     backward, optimizer): where in which step the peak is."""
     from estimator.spec import Parallel, Workload
-    from estimator.trace import kernels as kernels_mod
-    from estimator.trace import session
+    from tracer import kernels as kernels_mod
+    from tracer import session
 
     attention = "eager" if _eager_only(config) else "sdpa"
     w = Workload(batch=batch, seq=seq, loop=loop, attention=attention)

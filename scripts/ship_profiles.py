@@ -58,7 +58,7 @@ def classes(name: str, config: dict, grid: set[str]) -> list[tuple[Workload, Par
 def published_classes() -> list[tuple[str, Workload, Parallel]]:
     """(preset, workload, parallel) of every mapped or partial published run, so that the accuracy report and the
     app price them from shipped profiles."""
-    from bench.published import _workload_fields, load_data, run_row
+    from bench.published import workload_fields, load_data, run_row
 
     out = []
     for p in load_data():
@@ -66,7 +66,7 @@ def published_classes() -> list[tuple[str, Workload, Parallel]]:
             continue
         row = run_row(p)
         try:
-            w = Workload(**_workload_fields(row))
+            w = Workload(**workload_fields(row))
             par = Parallel(strategy=row["strategy"], gpus=row["world_size"], offload=row["offload"] or "none")
         except ValueError as e:
             print(f"{p['published_id']}: cannot express: {e}", flush=True)

@@ -16,7 +16,7 @@ import pytest
 from bench import accuracy, cmd_accuracy
 from bench.__main__ import COMMANDS, main
 from bench.ingest import ingest_files
-from estimator import peers
+from offline import peers
 from estimator.estimate import estimate
 from estimator.model import from_hf_config
 from estimator.spec import Workload
@@ -135,7 +135,7 @@ def test_known_cause_flags_sdpa_dropout_traces(traced_db):
     ours = ev.errors[ev.errors.method == "ours"]
     flagged = set(ours[ours.cause == "cpu-math-sdpa"].model_name)
     # GPT-2's default attn_pdrop is 0.1, but the tracer now runs CUDA's SDPA kernels (flash applies the dropout
-    # in-kernel, estimator.trace.kernels) and says so in the notes: such rows are not CPU artefacts any more
+    # in-kernel, tracer.kernels) and says so in the notes: such rows are not CPU artefacts any more
     assert flagged == set()
     runs = accuracy.load_runs(traced_db)
     gpt2 = runs[runs.model_name == "t-gpt2"]

@@ -9,7 +9,7 @@ hidden size 128) on fake CPU tensors (bench.trace.trace_case: every live storage
 asserts that the estimator's per-stage peak (without CUDA overhead) is within 1% of the traced one for
 every stage that holds activations: forward and backward in training, prefill and decode in inference.
 
-The traces run CUDA's kernels on fake CPU tensors (estimator.trace.kernels.emulate("cuda"), the default): CUDA's
+The traces run CUDA's kernels on fake CPU tensors (tracer.kernels.emulate("cuda"), the default): CUDA's
 SDPA backend, 1-byte dropout masks, CUDA's autocast lists, fp32 LayerNorm statistics.
 
 What the two tiers leave out on purpose, and why 1% is still a real bound here: the analytic side has no

@@ -1,10 +1,9 @@
-"""The caching-allocator model (estimator/allocator/): every expected number below is derived by hand, in the
+"""The caching-allocator model (offline/allocator/): every expected number below is derived by hand, in the
 comments, from the rules of c10/cuda/CUDACachingAllocator.cpp (round_size, get_allocation_size, get_free_block,
 should_split, free_block, release_*_blocks, garbage_collect_cached_blocks, expandable segments); then the config
 parser, the stream format, snapshot conversion, and hypothesis invariants."""
 from __future__ import annotations
 
-import io
 import json
 
 import numpy as np
@@ -12,11 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from estimator.allocator.config import UNLIMITED, AllocatorConfig, parse_alloc_conf
-from estimator.allocator.model import CachingAllocator, OutOfMemory
-from estimator.allocator.pool import round_size
-from estimator.allocator.replay import oom_capacity, replay, segments_at
-from estimator.allocator.stream import Stream, stream_from_snapshot
+from estimator.alloc_conf import UNLIMITED, AllocatorConfig, parse_alloc_conf
+from offline.allocator.model import CachingAllocator, OutOfMemory
+from offline.allocator.pool import round_size
+from offline.allocator.replay import oom_capacity, replay, segments_at
+from offline.allocator.stream import Stream, stream_from_snapshot
 
 MiB = 2**20
 EXPANDABLE = parse_alloc_conf("expandable_segments:True")
@@ -459,5 +458,5 @@ def test_oom_capacity_is_a_fitting_capacity(ops):
 def test_module_imports_no_torch():
     import subprocess
     import sys
-    code = "import sys, estimator.allocator.replay; assert 'torch' not in sys.modules and 'duckdb' not in sys.modules"
+    code = "import sys, offline.allocator.replay; assert 'torch' not in sys.modules and 'duckdb' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,5 +1,5 @@
 """The Allocator replay page, run from app.py with AppTest: a stream in the session (as the trace button or an
-upload leaves it) is replayed and the numbers on screen are estimator.allocator.replay's; a bad alloc-conf is one
+upload leaves it) is replayed and the numbers on screen are offline.allocator.replay's; a bad alloc-conf is one
 error line; the trace button traces a small preset."""
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 from streamlit.testing.v1 import AppTest
 
-from estimator.allocator.config import parse_alloc_conf
-from estimator.allocator.replay import replay
-from estimator.allocator.stream import Stream
+from estimator.alloc_conf import parse_alloc_conf
+from offline.allocator.replay import replay
+from offline.allocator.stream import Stream
 from estimator.units import fmt_bytes
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")

@@ -15,7 +15,7 @@ import pytest
 from bench import calibrate, db
 from bench.__main__ import main
 from bench.ingest import ingest_files
-from estimator.calibration import fit_k, fit_residual, t_quantile
+from offline.calibration import fit_k, fit_residual, t_quantile
 from estimator.estimate import estimate
 from estimator.model import from_hf_config
 from estimator.spec import Workload

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from estimator import cli
-from estimator.calibration import SEED_K
+from estimator.calibration_file import SEED_K
 from estimator.calibration_file import MISSING_HINT, load_calibration
-from estimator.estimate import COMPONENTS, estimate
+from estimator.breakdown import COMPONENTS
+from estimator.estimate import estimate
 from estimator.device import capacity_bytes
 from estimator.gpus import get_gpu
 from estimator.presets import MODELS_DIR

@@ -1,5 +1,5 @@
 """The tracer's kernels: `cpu` is the plain training loop to the byte (torch's MemTracker counts that loop), and
-each `cuda` override keeps what CUDA keeps (estimator.trace.kernels).
+each `cuda` override keeps what CUDA keeps (tracer.kernels).
 
 The full comparison over the shipped presets is scripts/plain_loop.py (docs/activations.md); here a sample:
 tiny configs of three families and llama-3.2-1b's real widths (tied 128k-vocab embeddings) cut to two layers.
@@ -18,8 +18,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
 from estimator.presets import load_config  # noqa: E402
 from estimator.spec import Parallel, Workload  # noqa: E402
-from estimator.trace import kernels, kernels_autocast, kernels_sdpa  # noqa: E402
-from estimator.trace.session import run_traced  # noqa: E402
+from tracer import kernels, kernels_autocast, kernels_sdpa  # noqa: E402
+from tracer.session import run_traced  # noqa: E402
 from scripts.plain_loop import plain_loop_peak, tracer_peak  # noqa: E402
 
 TINY = Path(__file__).parent / "data" / "tiny"

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from bench import env, measure, measure_worker
-from estimator.trace import runner
+from tracer import runner
 from bench.__main__ import main as bench_main
 from bench.rows import MAX_NOTES
 from bench.validate import validate_row

@@ -29,7 +29,7 @@ def _meta_params(cfg: dict) -> int:
 
 def _builds_at_top_level(name: str) -> bool:
     """True unless the preset is a nested multimodal config whose top-level type transformers cannot build as a
-    causal LM (mistral3). The inventory builds those from their text_config (estimator/inventory/meta.py
+    causal LM (mistral3). The inventory builds those from their text_config (tracer/meta.py
     model_class), test_shipped_inventory_is_what_transformers_builds_today below checks that inventory, and
     tests/test_presets_data.py checks their text model's parameter count."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
@@ -48,7 +48,7 @@ def test_params_match_transformers(name):
 @pytest.mark.parametrize("name", preset_names())
 def test_shipped_inventory_is_what_transformers_builds_today(name):
     """A shipped inventory (data/profiles/) read again from a fresh meta-device build: stale data fails here."""
-    from estimator.inventory.meta import read_inventory
+    from tracer.meta import read_inventory
 
     _, cfg = load_config(name)
     shipped = from_hf_config(cfg, name, derive=False).inventory.to_dict()

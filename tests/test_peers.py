@@ -1,4 +1,4 @@
-"""Peer estimators (estimator/peers.py): each rule against a number worked by hand from its source.
+"""Peer estimators (offline/peers.py): each rule against a number worked by hand from its source.
 
 Sources: /work/shared/seeds/000..003, huggingface/accelerate src/accelerate/commands/estimate.py,
 deepspeedai/DeepSpeed deepspeed/runtime/zero/stage_1_and_2.py and stage3.py, arXiv 2205.05198 Table 2,
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from estimator import peers
+from offline import peers
 from estimator.model import from_hf_config
 from estimator.presets import load_config
 from estimator.spec import Parallel, Workload

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from estimator.profile import poly
-from estimator.profile.derive import plan_layers, prune
+from tracer.extend import plan_layers, prune
 from estimator.profile.profile import Profile
 
 TINY = Path(__file__).parent / "data" / "tiny"
@@ -98,9 +98,9 @@ def _tiny(name: str, **overrides) -> dict:
 
 def _check_against_trace(config, workload, sizes):
     """Every stage peak of the profile, extended to full depth, equals a full-depth trace, to the byte."""
-    from estimator.profile.derive import derive_profile
+    from tracer.derive import derive_profile
     from estimator.spec import Parallel
-    from estimator.trace.session import run_traced
+    from tracer.session import run_traced
 
     prof = derive_profile(config, workload, Parallel())
     for b, s in sizes:
@@ -141,7 +141,7 @@ def test_extension_matches_a_full_depth_trace_inference_with_decoding():
 
 
 def test_profile_json_round_trip(tmp_path):
-    from estimator.profile.derive import derive_profile
+    from tracer.derive import derive_profile
     from estimator.spec import Parallel, Workload
 
     prof = derive_profile(_tiny("llama"), Workload(mode="infer", gen_tokens=3), Parallel())
@@ -174,7 +174,7 @@ def test_coverage_sample_hybrid_mamba_is_refused_in_one_line():
     # Bamba: Mamba-2 mixers with attention at two layers. Its chunked scan pads s to a multiple of the chunk, so
     # memory steps with ceil(s / 64): a fit on sizes that are multiples of the chunk would be exact there and
     # wrong in between (21% low at seq 72 on this config), so the derivation refuses it, in one line.
-    from estimator.profile.derive import derive_profile
+    from tracer.derive import derive_profile
     from estimator.spec import Parallel, Workload
 
     cfg = {"model_type": "bamba", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
@@ -192,7 +192,7 @@ def test_per_layer_config_and_per_layer_embeddings_are_traced_whole():
     # globally it raises) and per-layer embeddings outside the layer stack (one table num_hidden_layers x 8 wide,
     # reshaped by the config's layer count), so a model cut in place cannot run: the derivation says so in the
     # provenance and traces the model whole; the profile still equals a full-depth trace to the byte.
-    from estimator.inventory.meta import read_inventory
+    from tracer.meta import read_inventory
     from estimator.spec import Workload
 
     cfg = {"model_type": "gemma4_text", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,

@@ -8,7 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from estimator.estimate import COMPONENTS, estimate
+from estimator.breakdown import COMPONENTS
+from estimator.estimate import estimate
 from estimator.spec import Parallel, Workload
 from strategies import lora_names, model, models, parallels, workloads
 

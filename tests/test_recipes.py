@@ -1,4 +1,4 @@
-"""The recipe knobs (estimator.trace.recipes, losses, offload) do to memory what their framework sources say.
+"""The recipe knobs (tracer.recipes, losses, offload) do to memory what their framework sources say.
 
 Sizes are the tiny configs in tests/data/tiny; t-llama: hidden H = 128, intermediate I = 352, 4 heads of 32, 2 KV
 heads (KV width 64), vocab V = 512, 3 layers, bf16 (2 bytes), tied embeddings (one V x H = 131072-byte weight).
@@ -16,8 +16,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from estimator.spec import Parallel, Workload  # noqa: E402
-from estimator.trace import kernels, losses, offload, recipes, session  # noqa: E402
-from estimator.trace.counters import CATEGORIES, StorageCounter  # noqa: E402
+from tracer import kernels, losses, offload, session  # noqa: E402
+from tracer.counters import CATEGORIES, StorageCounter  # noqa: E402
 
 TINY = Path(__file__).parent / "data" / "tiny"
 LLAMA = json.loads((TINY / "t-llama.json").read_text())
@@ -234,7 +234,7 @@ def test_impossible_combinations_are_refused_in_one_line(workload, parallel, mes
 
 
 def test_chunked_loss_on_a_masked_lm_is_refused():
-    from estimator.trace import runner
+    from tracer import runner
 
     bert = json.loads((TINY / "t-bert.json").read_text())
     with pytest.raises(ValueError, match="^loss: 'chunked' chunks a causal LM's output head"):

@@ -13,8 +13,8 @@ from bench import __main__ as bench_main
 from bench.streams import trace_stream
 from estimator import cli, reserved, search
 from estimator import estimate as est_mod
-from estimator.allocator.replay import replay
-from estimator.allocator.stream import Stream, stream_from_snapshot
+from offline.allocator.replay import replay
+from offline.allocator.stream import Stream, stream_from_snapshot
 from estimator.device import capacity_bytes, context_bytes
 from estimator.estimate import Options, estimate
 from estimator.gpus import get_gpu
@@ -119,7 +119,7 @@ def test_expandable_advice_when_fragmentation_decides(tmp_path, monkeypatch):
     path = tmp_path / "fit.json"
     path.write_text(json.dumps(fit))
     monkeypatch.setattr(reserved, "FIT_PATH", path)
-    est_mod._reserved_fit.cache_clear()
+    est_mod.reserved_fit.cache_clear()
     try:
         m, w = model(L1), Workload(batch=2, seq=1024)
         e = estimate(m, w)
@@ -133,7 +133,7 @@ def test_expandable_advice_when_fragmentation_decides(tmp_path, monkeypatch):
         assert not any("alloc_conf" in b.change for b in search.advice(
             m, w, Parallel(), cap, Options(derive=False, alloc_conf="expandable_segments:True")))
     finally:
-        est_mod._reserved_fit.cache_clear()
+        est_mod.reserved_fit.cache_clear()
 
 
 # ---------------------------------------------------------------- streams of traced runs
@@ -186,7 +186,7 @@ def test_replay_command_output(tiny_stream, tmp_path, capsys):
 
 
 def _conf(text):
-    from estimator.allocator.config import parse_alloc_conf
+    from estimator.alloc_conf import parse_alloc_conf
     return parse_alloc_conf(text)
 
 

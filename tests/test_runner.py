@@ -1,4 +1,4 @@
-"""estimator.trace.runner on real (tiny) CPU tensors: model building, optimizers, inputs and the stage sequence."""
+"""tracer.runner on real (tiny) CPU tensors: model building, optimizers, inputs and the stage sequence."""
 from __future__ import annotations
 
 import importlib.util
@@ -6,7 +6,7 @@ import importlib.util
 import pytest
 import torch
 
-from estimator.trace import runner
+from tracer import runner
 from estimator.spec import Workload
 
 TINY = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
@@ -134,7 +134,7 @@ def test_building_the_hf_config_leaves_the_callers_config_untouched():
     or a row's config_hash would differ from the run_id computed before the run and resume would never match."""
     import copy
 
-    from estimator.trace import runner
+    from tracer import runner
     from bench.rows import config_hash
     from estimator.presets import load_config
 

@@ -8,7 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from estimator.estimate import Breakdown, Options, estimate
+from estimator.breakdown import Breakdown
+from estimator.estimate import Options, estimate
 from estimator.search import advice, max_batch, max_seq, min_gpus, valid_world_sizes
 from estimator.spec import Parallel, Workload
 from estimator.sweep import ROUNDING_TOL_BYTES, sweep, sweep_points

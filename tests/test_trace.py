@@ -12,7 +12,7 @@ import torch
 
 from bench import grid, trace
 from bench.__main__ import main
-from estimator.trace.counters import StorageCounter
+from tracer.counters import StorageCounter
 from bench.validate import validate_row
 from estimator.spec import Parallel, Workload
 
@@ -60,7 +60,7 @@ def test_tiny_llama_stage_peaks_match_hand_derivation(tiny_row):
     #   RMSNorm (x2): fp32 copy of its input (B*T*H*4, saved by pow and mul), rsqrt (B*T*4), bf16
     #     normalised copy (B*T*H*2, saved by the weight mul), its output (B*T*H*2, saved by the mm's).
     norm = B * T * H * FP32 + B * T * FP32 + 2 * B * T * H * BF16
-    #   attention (CUDA's flash kernel, estimator.trace.kernels): q and k after RoPE, v (the SDPA inputs, saved
+    #   attention (CUDA's flash kernel, tracer.kernels): q and k after RoPE, v (the SDPA inputs, saved
     #     by it; with no mask HF passes enable_gqa, so K/V are not repeated), the SDPA output (B*T*NH*HD), its
     #     fp32 logsumexp (B*NH*T) and the RNG state flash_api.cpp mha_fwd allocates on the GPU even without
     #     dropout (rng_state: 2 uint64, _unused: 1 uint64). The q/k projection outputs die once RoPE has

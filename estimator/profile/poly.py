@@ -133,3 +133,8 @@ def _gcd(a: int, b: int) -> int:
     while b:
         a, b = b, a % b
     return a
+
+
+def clear_caches() -> None:
+    """Forget the memoised results (a cold estimate computes them again)."""
+    _pseudo_inverse.cache_clear()

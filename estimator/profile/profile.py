@@ -2,7 +2,7 @@
 
 A `Profile` belongs to one model config and one workload class (the workload less its sizes: batch, seq,
 generated tokens, world size). It is derived from traces of the real transformers code on fake tensors
-(`estimator.profile.derive`) and evaluated here in pure Python/NumPy: no torch, no transformers.
+(`tracer.derive`) and evaluated here in pure Python/NumPy: no torch, no transformers.
 
 Each `Moment` is one tick of the traced step that can be the peak for some sizes (the others are dominated and
 dropped when the profile is derived), extended from the reduced-depth traces to the model's full depth, with one

@@ -144,7 +144,7 @@ _CHUNK_RULE = [liger_chunk_rows]
 
 @contextlib.contextmanager
 def bounding_chunks():
-    """Inside the block, fused-linear chunks follow `bounding_chunk_rows` (estimator.profile.derive uses it)."""
+    """Inside the block, fused-linear chunks follow `bounding_chunk_rows` (tracer.derive uses it)."""
     _CHUNK_RULE.append(bounding_chunk_rows)
     try:
         yield

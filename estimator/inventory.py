@@ -1,9 +1,9 @@
 """A model's inventory: every parameter of the model transformers builds from a config, by role and layer.
 
-    inv = get_inventory(config, "llama-3.1-8b")      # shipped, cached, or read from a meta-device build
+    inv = store.inventory(config, "llama-3.1-8b")     # shipped, cached, or read from a meta-device build
     inv.params, inv.trainable_shapes(workload), inv.lora_shapes(("q_proj", "v_proj"))
 
-It is read from the model itself (`estimator.inventory.meta`, torch, built on the meta device: no memory, no
+It is read from the model itself (`tracer.meta`, torch, built on the meta device: no memory, no
 weights) and kept as JSON, so that the estimator answers for any architecture transformers builds without one
 hand-written line per family, and evaluates without importing torch. Parameter counts are exact by
 construction: they are `sum(p.numel() for p in model.parameters())` of that model, tied weights once.
@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from estimator.spec import Workload
+from estimator.families import family_of
 
 ROLES = ("embedding", "head", "linear", "bias", "router", "expert", "norm", "other")
 FORMAT = 1
@@ -22,7 +23,7 @@ FORMAT = 1
 
 @dataclass(frozen=True, eq=False)
 class Inventory:
-    """What a model holds (see estimator.inventory.meta for how each field is read)."""
+    """What a model holds (see tracer.meta for how each field is read)."""
 
     name: str
     config_hash: str
@@ -67,7 +68,6 @@ class Inventory:
 
     @property
     def family(self) -> str:
-        from estimator.families import family_of
         return family_of(self.model_type)
 
     @cached_property
@@ -159,11 +159,3 @@ class Inventory:
         d.update(self.extra)
         d["format"] = FORMAT
         return json.loads(json.dumps(d))
-
-
-def get_inventory(config: dict, name: str = "model", *, derive: bool = True, progress=None) -> Inventory:
-    """The inventory of this config: from memory, the shipped data, the user's cache, or read now from a
-    meta-device build (needs torch + transformers; `derive=False` raises instead)."""
-    from estimator import store
-
-    return store.inventory(config, name, derive=derive, progress=progress)

@@ -21,6 +21,19 @@ import functools
 import math
 from collections import Counter
 
+import torch
+
+import tracer  # noqa: F401  (quiets torchao's import-time logging before transformers loads it)
+from tracer.depth import decoder_layer_list, layer_infos, text_config
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def is_masked_lm(model) -> bool:
+    """Built as a masked LM (an encoder: one forward pass, no KV cache, no generation)."""
+    return bool(getattr(model, "_willitfit_masked_lm", False) or getattr(getattr(model, "base_model", None),
+                                                                        "_willitfit_masked_lm", False))
+
 EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 TOPK_KEYS = ("num_experts_per_tok", "num_experts_per_token", "experts_per_token", "moe_topk", "top_k")
 ENCODER_DECODER = "is_encoder_decoder"
@@ -28,7 +41,6 @@ ENCODER_DECODER = "is_encoder_decoder"
 
 def hf_config(config: dict):
     """transformers' config object for a config.json dict; refusals in one line naming why."""
-    import estimator.trace  # noqa: F401  (quiets torchao's import-time logging before transformers loads it)
     from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoConfig
 
@@ -65,9 +77,11 @@ def _transformers_version() -> str:
 def model_class(cfg):
     """The Auto class transformers uses for this config: causal LM, else masked LM; the text model of a
     multimodal config (its `text_config`) when the top-level type has neither."""
-    from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
-                                                        MODEL_FOR_MASKED_LM_MAPPING_NAMES)
     from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
 
     mt = cfg.model_type
     if mt in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not getattr(cfg, "is_decoder", False):
@@ -83,7 +97,6 @@ def model_class(cfg):
 
 def _roles(model, n_experts: int) -> dict[int, str]:
     """id(parameter) -> role (see the module docstring)."""
-    import torch
 
     roles: dict[int, str] = {}
     out = model.get_output_embeddings()
@@ -136,7 +149,6 @@ def _first_int(cfg, keys, across_layers=max) -> int:
 def _learned_positions(model, tcfg) -> bool:
     """Absolute position embeddings (GPT-2 wpe, OPT embed_positions with its offset of 2, BERT): an nn.Embedding
     besides the token embedding with one row per position, so no run can go past max_position_embeddings."""
-    import torch
 
     max_pos = _first_int(tcfg, ("max_position_embeddings", "n_positions"))
     return bool(max_pos) and any(isinstance(m, torch.nn.Embedding) and m is not model.get_input_embeddings()
@@ -145,9 +157,7 @@ def _learned_positions(model, tcfg) -> bool:
 
 def read_inventory(config: dict) -> dict:
     """The inventory of the model this config builds, as a JSON-ready dict (see estimator.inventory)."""
-    import torch
 
-    from estimator.trace.depth import decoder_layer_list, layer_infos, text_config
 
     cfg = hf_config(config)
     cls, build_cfg = model_class(cfg)

@@ -10,7 +10,7 @@ snapshot read for this model; functions named after torch's, as `DeviceCachingAl
   then alloc_found_block splits when should_split.
 - free -> free_block: merge with free neighbours (try_merge_blocks), back into the pool. Nothing is returned to
   the device until a release (OOM path, GC, empty_cache).
-- expandable_segments (estimator/allocator/expandable.py): map_block / unmap_block on one growing segment.
+- expandable_segments (offline/allocator/expandable.py): map_block / unmap_block on one growing segment.
 
 What it counts is what torch.cuda.memory_stats counts: allocated = sum of the rounded sizes of live blocks
 (memory_allocated), reserved = sum of mapped segment bytes (memory_reserved). It models the caching allocator
@@ -23,9 +23,9 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from dataclasses import dataclass
 
-from estimator.allocator.config import UNLIMITED, AllocatorConfig
-from estimator.allocator.expandable import ExpandableMixin
-from estimator.allocator.pool import (ADDR_BITS, K_MIN_BLOCK_SIZE, K_SMALL_BUFFER, K_SMALL_SIZE, Block, Pool,
+from estimator.alloc_conf import UNLIMITED, AllocatorConfig
+from offline.allocator.expandable import ExpandableMixin
+from offline.allocator.pool import (ADDR_BITS, K_MIN_BLOCK_SIZE, K_SMALL_BUFFER, K_SMALL_SIZE, Block, Pool,
                                       allocation_size, round_size)
 
 VA_BASE = 1 << 40                 # first model address (any page-aligned value works)
@@ -98,7 +98,7 @@ class CachingAllocator(ExpandableMixin):
         self._live: dict[int, Block | None] = {}
         self._next_addr = VA_BASE
         self._segments: dict[int, Block] = {}        # cudaMalloc segments: base address -> first block at malloc
-        self._expandable_segments: list = []         # ExpandableSegment objects (estimator/allocator/expandable.py)
+        self._expandable_segments: list = []         # ExpandableSegment objects (offline/allocator/expandable.py)
         self._free_unsplit = 0                       # free bytes in whole free cudaMalloc segments
         self.allocated_bytes = 0
         self.reserved_bytes = 0

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 
-from estimator.allocator.config import AllocatorConfig
+from estimator.alloc_conf import AllocatorConfig
 
 K_MIN_BLOCK_SIZE = 512          # all sizes are rounded to at least 512 bytes
 K_SMALL_SIZE = 1 << 20          # largest "small" allocation is 1 MiB

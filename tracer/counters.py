@@ -247,7 +247,7 @@ class StorageCounter(TorchDispatchMode):
         """Record that the ticks after now belong to `block` (a decoder layer's position, or None outside)."""
         self.blocks.append((self._now, block))
 
-    def timeline(self) -> "Timeline":
+    def timeline(self) -> Timeline:
         """Every tick of the run as arrays (after the run, once roles are final); see `Timeline`."""
         import numpy as np
 

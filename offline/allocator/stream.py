@@ -1,5 +1,5 @@
 """The allocation-stream format: what a run asked of the allocator, in order. The tracer (traced tier) and the
-GPU harness (measured tier) both write it; estimator.allocator.replay reads it.
+GPU harness (measured tier) both write it; offline.allocator.replay reads it.
 
 An event is (kind, handle, nbytes, stage): kind 0 = alloc, 1 = free; an alloc and its free share a handle, and a
 handle may be reused after its free; nbytes is the request before rounding (for a free: the size that was

@@ -30,6 +30,8 @@ import warnings
 
 import torch
 
+from tracer import kernels_autocast, kernels_sdpa
+
 KINDS = ("cuda", "cpu")
 # The overrides of "cuda", by name (emulate's `skip` leaves some out to measure what each one changes).
 OVERRIDES = ("sdpa", "dropout", "autocast", "layer_norm", "packed_sequences")
@@ -68,7 +70,6 @@ def emulate(kind: str = "cuda", *, skip: tuple[str, ...] = ()):
         finally:
             _ACTIVE.pop()
         return
-    from estimator.trace import kernels_autocast, kernels_sdpa
 
     lib = torch.library.Library("aten", "IMPL")  # every registration below is undone by lib._destroy()
     try:
@@ -176,14 +177,14 @@ def _unpacked_sequences():
         from torch._subclasses.functional_tensor import FunctionalTensor
 
         if isinstance(position_ids, FunctionalTensor):
-            # AOTAutograd tracing (estimator.trace.compiled): the check's `.all()` is data-dependent control flow
+            # AOTAutograd tracing (tracer.compiled): the check's `.all()` is data-dependent control flow
             # there; the runner's inputs are one sequence per row (a collator's attention mask would skip the
             # check altogether), so the compiled step is traced without the packed mask, as the eager one.
-            return None
+            return
         mask = original(position_ids)           # what a real run computes, as fake tensors
         if mask is not None:
             (mask[:, -1] == 0).all()            # the real run reads this; on arange positions it is True
-        return None
+        return
 
     masking_utils.find_packed_sequence_indices = one_sequence_per_row
     try:

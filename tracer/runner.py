@@ -18,8 +18,6 @@ What each training recipe keeps in which dtype (what this module implements):
 """
 from __future__ import annotations
 
-import copy
-
 import contextlib
 import inspect
 import sys
@@ -29,9 +27,10 @@ from collections.abc import Callable
 import torch
 
 from estimator.spec import Workload
-from estimator.trace import recipes
+from tracer import recipes
+from tracer.depth import reduce_depth
+from tracer.meta import DTYPES, hf_config, is_masked_lm, model_class  # noqa: F401  (DTYPES, is_masked_lm: used by callers of the runner)
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 LEARNING_RATE = 1e-5  # any value; it does not change memory
 
 
@@ -88,23 +87,15 @@ def _selective_attention(base: str) -> str:
 
 
 def _hf_config(config: dict):
-    """transformers' config for a config.json dict (estimator.inventory.meta.hf_config: one rule, one place)."""
-    from estimator.inventory.meta import hf_config
+    """transformers' config for a config.json dict (tracer.meta.hf_config: one rule, one place)."""
 
     return hf_config(config)
 
 
 def _model_class(hf_config):
-    """(Auto class, config to build it from): estimator.inventory.meta.model_class."""
-    from estimator.inventory.meta import model_class
+    """(Auto class, config to build it from): tracer.meta.model_class."""
 
     return model_class(hf_config)
-
-
-def is_masked_lm(model) -> bool:
-    """Built as a masked LM (an encoder: one forward pass, no KV cache, no generation)."""
-    return bool(getattr(model, "_willitfit_masked_lm", False) or getattr(getattr(model, "base_model", None),
-                                                                        "_willitfit_masked_lm", False))
 
 
 def build_model(config: dict, workload: Workload, device: str = "cpu", *, meta_then_empty: bool = False,
@@ -114,7 +105,7 @@ def build_model(config: dict, workload: Workload, device: str = "cpu", *, meta_t
     With meta_then_empty the model is built on the meta device and then given uninitialised storage on
     `device` (fast for big models). Values, RoPE inv_freq included, are then uninitialised, which changes
     no tensor's size. Tied tensors (input/output embeddings) stay tied. `layers` keeps only those decoder
-    layers (reduced depth, estimator.trace.depth.reduce_depth), before any adapter is added.
+    layers (reduced depth, tracer.depth.reduce_depth), before any adapter is added.
     """
     if workload.method == "qlora":
         raise ValueError("method: qlora needs bitsandbytes 4-bit layers, which the runner does not build; "
@@ -132,7 +123,6 @@ def build_model(config: dict, workload: Workload, device: str = "cpu", *, meta_t
         with torch.device("meta" if meta_then_empty else device):
             model = _from_config(cls, hf_config, dtype, attn)
             if layers is not None:
-                from estimator.trace.depth import reduce_depth
                 reduce_depth(model, layers)
             model._willitfit_masked_lm = masked
             if workload.method == "lora":
@@ -149,7 +139,7 @@ def build_model(config: dict, workload: Workload, device: str = "cpu", *, meta_t
         if workload.checkpointing == "full":
             enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
             enable()
-        recipes.prepare(model, workload)  # float8, op-sac (estimator.trace.recipes)
+        recipes.prepare(model, workload)  # float8, op-sac (tracer.recipes)
     return model
 
 

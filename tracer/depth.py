@@ -2,7 +2,7 @@
 
 A profile is derived from traces of a *reduced-depth* model: the model's own first and last decoder layers and
 one or two middle layers of each distinct type (dense / MoE, sliding / global attention, attention / Mamba...),
-then extended to the full depth (`estimator.profile.derive`). Nothing here knows a model family: the layers are
+then extended to the full depth (`tracer.derive`). Nothing here knows a model family: the layers are
 the `GradientCheckpointingLayer` modules transformers builds (modeling_layers.py; every decoder and encoder layer
 of the causal- and masked-LM models in 5.x derives from it), and a layer's type is what it holds and what the
 config says about its index.

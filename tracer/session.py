@@ -2,8 +2,8 @@
 
     trace = run_traced(config, Workload(batch=4, seq=512), Parallel())   # -> Trace (log, params, notes)
 
-The model is built from its config.json by `estimator.trace.runner` inside FakeTensorMode: tensors carry shapes,
-dtypes and storages but no data, so a 70B model traces on a laptop. `estimator.trace.counters.StorageCounter` counts
+The model is built from its config.json by `tracer.runner` inside FakeTensorMode: tensors carry shapes,
+dtypes and storages but no data, so a 70B model traces on a laptop. `tracer.counters.StorageCounter` counts
 the bytes of every live storage, per stage and per category. Fake CUDA tensors abort this CPU-only torch
 build, so the fake device is "cpu"; what is counted is the same op-level allocation a GPU run asks its
 allocator for (`NOTES` says what that leaves out).
@@ -27,10 +27,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from estimator.model import check_context, from_hf_config
 from estimator.spec import Parallel, Workload
-from estimator.trace import kernels as kernels_mod
-from estimator.trace import recipes, runner
-from estimator.trace.counters import StageLog, StorageCounter, memtracker_peak_bytes
+from tracer import kernels as kernels_mod
+from tracer import recipes, runner
+from tracer.counters import StageLog, StorageCounter, memtracker_peak_bytes
+from tracer.depth import decoder_layer_list
 
 FSDP_STRATEGIES = ("fsdp", "zero3", "fsdp-grad-op")
 TRACED_STRATEGIES = ("single", "ddp", *FSDP_STRATEGIES)
@@ -38,7 +40,6 @@ TRACED_STRATEGIES = ("single", "ddp", *FSDP_STRATEGIES)
 
 def check_learned_positions(config: dict, name: str, workload: Workload) -> None:
     """Fake tensors never check an index, so a run past learned position embeddings would 'trace': refuse it."""
-    from estimator.model import check_context, from_hf_config
 
     check_context(from_hf_config(config, name), workload.seq, workload.gen_tokens)
 
@@ -114,7 +115,7 @@ class _Case:
 def _prepared(config: dict, workload: Workload, parallel: Parallel, layers: list[int] | None = None,
               kernels: str = "cuda"):
     """Yield the built _Case inside fake mode (and, for FSDP, a fake process group torn down after).
-    `layers`: keep only these decoder layers (reduced depth; estimator.trace.depth). `kernels` "cpu" passes the
+    `layers`: keep only these decoder layers (reduced depth; tracer.depth). `kernels` "cpu" passes the
     input ids themselves as labels, as the plain loop does (scripts/plain_loop.py); "cuda" a clone, as a data
     collator does (transformers DataCollatorForLanguageModeling: labels = input_ids.clone())."""
     clone = kernels == "cuda"
@@ -243,7 +244,6 @@ def _observe_layers(model, counter: StorageCounter) -> None:
     `forward`, not `__call__` (modeling_layers.GradientCheckpointingLayer), so a recompute in backward fires no
     module hook and stays inside the layer's backward block.
     """
-    from estimator.trace.depth import decoder_layer_list
 
     _, _, layers = decoder_layer_list(model)
 
@@ -342,10 +342,10 @@ def run_traced(config: dict, workload: Workload, parallel: Parallel = Parallel()
                check: bool = False, name: str = "model", kernels: str = "cuda", stream: bool = False) -> Trace:
     """Trace one case: per-stage peaks and breakdowns, parameter counts, notes.
 
-    kernels: "cuda" (default) traces what a CUDA GPU keeps (estimator.trace.kernels.emulate); "cpu" the model
+    kernels: "cuda" (default) traces what a CUDA GPU keeps (tracer.kernels.emulate); "cpu" the model
     exactly as a plain training loop on fake CPU tensors runs it.
     stream=True keeps the run's allocation events (`Trace.events`: what the caching allocator would be asked,
-    in order; estimator.allocator.Stream is built from them by bench.trace.stream_of).
+    in order; offline.allocator.Stream is built from them by bench.trace.stream_of).
     check=True traces the case a second time, counted by torch's own tracker alone (MemTracker for
     single-GPU full fine-tuning, FSDPMemTracker for FSDP), and raises if its overall peak is not
     the same to the byte. The two runs are separate because FSDPMemTracker re-registers FSDP's hooks,

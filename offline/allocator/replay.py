@@ -2,12 +2,12 @@
 reserved bytes, what the cache looked like at the reserved peak, the segment calls and release-and-retry events,
 the first OOM under a capacity, a per-event timeline, and the smallest capacity that runs without OOM.
 
-    from estimator.allocator import replay, oom_capacity, parse_alloc_conf
+    from offline.allocator import replay, oom_capacity, parse_alloc_conf
     r = replay(stream, parse_alloc_conf("expandable_segments:True"), capacity_bytes=80 * 2**30)
     r.overall.peak_reserved_bytes, r.oom, r.timeline(max_points=2000)
 
 What is counted is torch.cuda.memory_allocated / memory_reserved of the modelled allocator
-(estimator/allocator/model.py); the CUDA context and non-PyTorch memory come on top.
+(offline/allocator/model.py); the CUDA context and non-PyTorch memory come on top.
 """
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from estimator.allocator.config import AllocatorConfig
-from estimator.allocator.model import CachingAllocator, OutOfMemory, SegmentInfo
-from estimator.allocator.stream import Stream
+from estimator.alloc_conf import AllocatorConfig
+from offline.allocator.model import CachingAllocator, OutOfMemory, SegmentInfo
+from offline.allocator.stream import Stream
 
 GRANULARITY = 2 << 20           # oom_capacity's step: 2 MiB, the smallest segment / page
 

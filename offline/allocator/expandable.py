@@ -13,7 +13,7 @@ map call is all-or-nothing, as cuMemCreate of each page is rolled back on failur
 """
 from __future__ import annotations
 
-from estimator.allocator.pool import K_SMALL_BUFFER, Block, Pool
+from offline.allocator.pool import K_SMALL_BUFFER, Block, Pool
 
 UNLIMITED_ADDRESS_SPACE = 1 << 46
 

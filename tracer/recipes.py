@@ -1,13 +1,13 @@
 """The recipe knobs of torchtune, torchtitan, litgpt and Liger, executed as their sources do (see docs/recipes.md).
 
-`estimator.trace.runner` calls four functions here and nothing else:
+`tracer.runner` calls four functions here and nothing else:
 
 - ``check(workload, parallel)``: one line for a combination the frameworks do not run (from session.check_traceable)
 - ``prepare(model, workload)``: torchao float8 training and torchtitan's per-op selective checkpointing (op-sac),
   applied to a built model before any sharding
 - ``optimizer(params, make, workload)``: torchtune's optimizer-in-backward, or None for the usual optimizer
-- ``forward(model, workload, inputs)``: one training forward with the workload's loss (estimator.trace.losses) under
-  torchtune's activation offloading (estimator.trace.offload), or AOTAutograd-compiled (estimator.trace.compiled);
+- ``forward(model, workload, inputs)``: one training forward with the workload's loss (tracer.losses) under
+  torchtune's activation offloading (tracer.offload), or AOTAutograd-compiled (tracer.compiled);
   returns an object with ``.loss``
 
 The FSDP2 mixed-precision policy of recipe 'fsdp-mp' is ``mp_policy`` (used by session._fsdp_model).
@@ -18,14 +18,18 @@ import contextlib
 
 import torch
 
+from estimator.estimate import compile_untraced
 from estimator.spec import Parallel, Workload
+from tracer import compiled, losses
+from tracer.losses import causal_lm, head_and_body
+from tracer.offload import offloading
+from tracer.meta import DTYPES, is_masked_lm
 
 FSDP_STRATEGIES = ("fsdp", "zero3", "fsdp-grad-op")
 
 
 def check(w: Workload, p: Parallel) -> None:
     """Raise ValueError (one line naming the field) for a knob combination that cannot be traced as the source runs."""
-    from estimator.estimate import compile_untraced
 
     if w.recipe == "fsdp-mp" and p.strategy not in FSDP_STRATEGIES:
         raise ValueError(f"recipe: fsdp-mp is FSDP2's MixedPrecisionPolicy; it needs strategy fsdp, zero3 or "
@@ -54,8 +58,6 @@ def check(w: Workload, p: Parallel) -> None:
 
 def check_model(model: torch.nn.Module, w: Workload) -> None:
     """Refusals that need the built model."""
-    from estimator.trace.losses import causal_lm, head_and_body
-    from estimator.trace.runner import is_masked_lm
 
     if w.mode == "train" and w.loss != "full":
         if is_masked_lm(model):
@@ -89,7 +91,6 @@ def convert_float8(model: torch.nn.Module) -> None:
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
     except ImportError:
         raise ValueError("float8: needs torchao (pip install -r requirements.txt)") from None
-    from estimator.trace.losses import causal_lm
 
     head = causal_lm(model).get_output_embeddings()
 
@@ -197,7 +198,6 @@ def mp_policy(w: Workload):
         return None
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    from estimator.trace.runner import DTYPES
 
     return MixedPrecisionPolicy(param_dtype=DTYPES[w.precision], reduce_dtype=torch.float32)
 
@@ -252,7 +252,6 @@ def optimizer(params: list[torch.Tensor], make, w: Workload):
 
 def forward(model: torch.nn.Module, w: Workload, inputs: dict):
     """One training forward with the workload's loss, under activation offloading when asked; `.loss` is the loss."""
-    from estimator.trace import losses
 
     if w.loss == "chunked":
         patch = losses.lm_forward(model, losses.chunked_forward(w.loss_chunks))
@@ -261,13 +260,11 @@ def forward(model: torch.nn.Module, w: Workload, inputs: dict):
     else:
         patch = contextlib.nullcontext()
     if w.activation_offload:
-        from estimator.trace.offload import offloading
 
         offload = offloading(model, losses.head_and_body(losses.causal_lm(model))[1])
     else:
         offload = contextlib.nullcontext()
     if w.compile:
-        from estimator.trace import compiled
 
         return losses.LossOutput(compiled.forward(model, inputs))
     try:

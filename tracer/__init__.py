@@ -1,7 +1,7 @@
 """The traced tier's engine: a transformers model built from its config, run on fake CPU tensors, every
 allocation counted. torch and transformers live here and only here in `estimator/`; nothing that evaluates an
 estimate imports this package (tests/test_imports.py checks it): it runs to derive a model's inventory and
-memory profile (`estimator.profile.derive`), and for `python -m bench trace` / `measure`.
+memory profile (`tracer.derive`), and for `python -m bench trace` / `measure`.
 
 - `runner`: a `Workload` becomes a model, optimizer, inputs and a sequence of stages (used on fake tensors and,
   by `bench.measure`, on a real GPU).

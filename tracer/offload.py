@@ -36,7 +36,9 @@ class _HostCopy:
     """The pinned CPU copy torchtune makes (``torch.empty_like(activation, device="cpu")``): its layout only."""
 
     def __init__(self, t: torch.Tensor):
-        from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
+        from torch._prims_common import (
+            is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense,
+        )
 
         self.size, self.dtype, self.device = t.size(), t.dtype, t.device
         # empty_like(preserve_format) keeps the strides of a dense, non-overlapping tensor, else it is contiguous

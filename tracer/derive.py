@@ -1,0 +1,353 @@
+"""Derive a model's memory profile from traces of its own code (torch; imported only to derive a profile).
+
+    profile = derive_profile(config, Workload(method="lora"), Parallel(), progress=print)
+
+The method, for one config and one workload class:
+
+1. **Reduced depth.** The model is built on the meta device and its decoder layers are told apart by type
+   (`tracer.depth.layer_infos`). R1 keeps the first layer, the first middle layer of every type and the
+   last layer; for every middle type that occurs more than once, R2_T is R1 with one more layer of that type
+   right after its first one. A uniform 32-layer Llama is traced with 3 and 4 layers.
+2. **Sizes.** Each reduced model is traced at batch 1, 2 x three sequence lengths (and, for FSDP, a second world
+   size; for inference, two generated tokens), every tick of the step counted (`tracer.session`), and
+   the ticks that can hold a peak (an allocation followed by a free) kept. Their live bytes per category are fit
+   exactly as polynomials in (b, s[, g][, 1/n]) (`estimator.profile.poly`); a further traced size must agree to
+   the byte, or the derivation stops with the moment that disagrees. Sliding-window and chunked attention make
+   memory piecewise in s: each piece between window sizes is fit on its own.
+3. **Full depth.** Ticks outside the decoder layers (embedding, head, loss, optimizer step) extend linearly in the
+   number of layers of each type: c_full = c_R1 + sum_T (n_T - 1) (c_R2T - c_R1). A tick inside a middle layer of
+   type T at full position j sees the layers before and after it: c_R1 plus, per type T', the extra layers before
+   j times the effect of one more T' layer before (measured where R2 puts it before) and likewise after. Every
+   middle position is a candidate; dominated candidates are dropped.
+The result is a `Profile` (pure data, JSON) that `estimator.estimate` evaluates without torch.
+"""
+from __future__ import annotations
+
+import gc
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+import numpy as np
+
+from estimator.profile.profile import CATEGORIES, Moment, Piece, Profile
+from estimator.spec import Parallel, Workload
+from estimator.store import parallel_class, workload_class
+from tracer import kernels as kernels_mod
+from tracer import losses, runner, session
+from tracer.depth import layer_infos, text_config
+from tracer.extend import (
+    TRACER_CATEGORIES,
+    Plan,
+    Ticks,
+    gcd_int,
+    size_points,
+    tick_row,
+    extend,
+    fit_variant,
+    plan_layers,
+    prune,
+    verify,
+)
+from tracer.meta import is_masked_lm, read_inventory  # noqa: F401  (read_inventory: the store's other miss)
+
+FSDP_STRATEGIES = ("fsdp", "zero3", "fsdp-grad-op")
+# Batch 1 is its own region: with one sequence, size-1 dimensions make some copies unnecessary (a sliced
+# (1, s+1) label tensor is already contiguous, so the loss's .contiguous() copies nothing), so bytes at b = 1 are not
+# the b >= 2 polynomial's value. Each region: (batches fit, batch verified, b_lo, b_hi).
+BATCH_REGIONS = (((1,), 1, 1, 1), ((2, 3), 4, 2, None))
+# Decode windows traced per inference point. The first decoding step is its own stage ("decode1": a sliding-window
+# cache still holds the whole prompt then, and crops it); steps g >= 2 are fit in g from windows 2 and 3.
+GEN_TOKENS = 3
+UNITS = (256, 128, 64, 32, 16, 8)  # sequence steps tried, largest first (32 and up keep CUDA padded shapes exact)
+FSDP_WORLD = (2, 4, 8)              # fit at 2 (all sizes) and 4 (one size), verify at 8
+# Config keys whose values are attention windows: memory bends in s there (a sliding-window mask or cache, chunked
+# attention). Data, not code per family: a key that changes nothing only splits the fit in two exact pieces.
+WINDOW_KEYS = ("sliding_window", "sliding_window_size", "attention_chunk_size", "window_size", "local_window_size",
+               "attention_window")
+
+
+# ------------------------------------------------------------------------------------------------- plan
+
+
+def pieces_for(hf_config, max_positions: int, infer: bool) -> list[tuple[int, int | None, tuple[int, ...], int]]:
+    """(s_lo, s_hi, fit seqs, verify seq) per piece of s, split at the config's attention window sizes."""
+    # transformers keeps a sliding window's mask implicit while kv_length < window (masking_utils
+    # `_ignore_causal_mask_sdpa`): s = window is already the other side, so the cut is window - 1
+    cuts = sorted({v - 1 for v in _window_values(hf_config) if 1 < v < max_positions})
+    # a piece too narrow to hold four sizes is merged into the next one (the verification says if that is exact)
+    gen = GEN_TOKENS if infer else 0
+    cuts = [c for i, c in enumerate(cuts) if c - (cuts[i - 1] if i else 0) - gen >= 4 * UNITS[-1]]
+    bounds = [0, *cuts]
+    out = []
+    for k, lo in enumerate(bounds):
+        hi = bounds[k + 1] if k + 1 < len(bounds) else None
+        cap = min(hi if hi is not None else max_positions, max_positions) - gen
+        unit = next((u for u in UNITS if lo + 4 * u <= cap), None)
+        if unit is None:
+            raise ValueError(f"seq: the model's context ({max_positions} positions) is too short to derive a profile")
+        out.append((lo, hi, (lo + unit, lo + 2 * unit, lo + 3 * unit), lo + 4 * unit))
+    if not out:
+        raise ValueError(f"seq: the model's context ({max_positions} positions) is too short to derive a profile")
+    return out
+
+
+SCAN_CHUNK_KEYS = ("mamba_chunk_size", "chunk_size")   # Mamba-2 style chunked scans (SSD)
+
+
+def chunked_scan(cfg) -> tuple[str, int] | None:
+    """(key, chunk) when the model runs a chunked state-space scan: it pads the sequence to a multiple of the
+    chunk (transformers' Mamba-2 mixers: `pad_tensor_by_size`), so its memory steps with ceil(s / chunk) and is
+    no polynomial in s. Read from the config (a chunk key beside state-space keys), not from a list of families."""
+    for c in (cfg, getattr(cfg, "text_config", None)):
+        if c is None:
+            continue
+        d = vars(c)
+        ssm = any("mamba" in k or "ssm" in k or k in ("state_size", "d_state") for k in d)
+        for k in SCAN_CHUNK_KEYS:
+            v = d.get(k)
+            if ssm and isinstance(v, int) and not isinstance(v, bool) and v > 1:
+                return k, v
+    return None
+
+
+def _window_values(cfg) -> list[int]:
+    vals = []
+    for c in (cfg, getattr(cfg, "text_config", None)):
+        if c is None:
+            continue
+        for k, v in vars(c).items():
+            if k in WINDOW_KEYS and isinstance(v, int) and not isinstance(v, bool):
+                vals.append(v)
+    return vals
+
+
+# ------------------------------------------------------------------------------------------------- one trace
+
+
+def trace_ticks(config: dict, workload: Workload, parallel: Parallel, layers: list[int] | None,
+                kernels: str = "cuda") -> Ticks:
+    """Trace one reduced model (or the whole one: layers None) at one size and keep the ticks that can be a peak
+    (with the same kernels as session.run_traced, so a profile and a traced row agree)."""
+
+    steps = 2 if workload.mode == "train" else 1
+    gc.disable()  # frees happen at refcount zero; a collector pass at a random tick would break the alignment
+    try:
+        # Liger's power-of-two chunk rule is not polynomial in the sizes: the profile uses a bounding fixed count
+        with kernels_mod.emulate(kernels), losses.bounding_chunks():
+            prime = None
+            if workload.mode == "train" and workload.loop == "loss-only" and not workload.optimizer_in_backward:
+                prime = session.grad_names(config, workload, parallel, layers, kernels)
+            with session._prepared(config, workload, parallel, layers, kernels=kernels) as case:
+                counter = session._run(case, steps, observe_layers=layers is not None, prime=prime)
+            tl = counter.timeline()
+    finally:
+        gc.enable()
+    return _candidates(tl, workload.mode == "train")
+
+
+def _stage_of_ticks(tl) -> list[tuple[int, int, str, int]]:
+    """(first tick, last tick, stage, window ordinal) per stage window, in order."""
+    out, prev, seen = [], 0, {}
+    for t, st in tl.marks:
+        seen[st] = seen.get(st, 0) + 1
+        out.append((prev + 1, t, st, seen[st]))
+        prev = t
+    return out
+
+
+def _candidates(tl, train: bool) -> Ticks:
+    live = tl.live()                                    # (tracer categories, T + 1)
+    T = len(tl.kind) - 1
+    block = np.full(T + 2, -1, dtype=np.int64)
+    for t, b in sorted(tl.blocks, key=lambda x: x[0]):
+        block[t + 1:] = -1 if b is None else int(b)
+    windows = _stage_of_ticks(tl)
+    if train:  # the steady state: the last step (its micro-batches and its optimizer step)
+        opt_ends = [i for i, w in enumerate(windows) if w[2] == "optimizer"]
+        start = opt_ends[-2] + 1 if len(opt_ends) >= 2 else 1
+        keep = [windows[0]] + windows[start:]
+    else:
+        keep = windows
+    keys, gs, rows = [], [], []
+    act = TRACER_CATEGORIES.index("activations")
+    for lo, hi, stage, ordinal in keep:
+        g = ordinal if stage == "decode" and ordinal >= 2 else 0
+        if stage == "decode" and ordinal == 1:
+            stage = "decode1"
+        if stage == "load":
+            keys.append(("load", 0, None, 0))
+            gs.append(0)
+            rows.append(tick_row(live[:, hi], 0))
+            continue
+        ticks = [t for t in range(lo, hi + 1) if tl.kind[t] == 1 and
+                 (t == hi or tl.kind[t + 1] == -1 or block[t + 1] != block[t])]
+        if stage == "optimizer":  # the step's temporaries differ between its ticks by constants: keep the largest
+            base = live[act, lo - 1]
+            t = max(ticks, key=lambda t: int(live[:, t].sum())) if ticks else hi
+            keys.append(("optimizer", 0, None, 0))
+            gs.append(0)
+            rows.append(tick_row(live[:, t], int(live[act, t] - base)))
+            continue
+        seg, prev_block, local = 0, None, {}
+        for t in ticks:
+            b = None if block[t] < 0 else int(block[t])
+            if b is None and prev_block is not None:
+                seg += 1
+            prev_block = b
+            group = (stage, seg if b is None else 0, b)
+            local[group] = local.get(group, -1) + 1
+            keys.append((*group, local[group]))
+            gs.append(g)
+            rows.append(tick_row(live[:, t], 0))
+    return Ticks(keys, gs, np.array(rows, dtype=np.int64).reshape(len(rows), len(CATEGORIES)))
+
+
+# ------------------------------------------------------------------------------------------------- fit
+
+
+# ------------------------------------------------------------------------------------------------- depth
+
+
+# ------------------------------------------------------------------------------------------------- driver
+
+def max_positions(hf_config) -> int:
+
+    cfg = text_config(hf_config)
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        v = getattr(cfg, key, None)
+        if isinstance(v, int) and v > 0:
+            return v
+    return 1 << 17
+
+
+def _signatures(config: dict, workload: Workload) -> tuple[list[str], object, bool]:
+    """(layer type signatures, transformers config, built as a masked LM)."""
+
+    base = replace(workload, method="full", gen_tokens=0) if workload.method == "lora" else \
+        replace(workload, gen_tokens=0)
+    model = runner.build_model(config, base, device="meta")
+    try:
+        sigs = [li.signature for li in layer_infos(model)]
+    except ValueError:  # no decoder layer stack to tell apart: trace the whole model
+        sigs = []
+    return sigs, model.config, is_masked_lm(model)
+
+
+def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parallel(),
+                   progress: Callable[[int, int, str], None] | None = None, config_hash: str = "",
+                   kernels: str = "cuda") -> Profile:
+    """Trace the model at reduced depth and a few sizes, fit, verify and extend: see the module docstring.
+
+    `workload` and `parallel` fix the class; their sizes (batch, seq, gen_tokens, gpus) are ignored; `kernels`
+    as in session.run_traced. Raises ValueError (one line) when the case cannot be traced or the fit is not
+    exact."""
+
+    start = time.perf_counter()
+    infer = workload.mode == "infer"
+    w0 = replace(workload, batch=1, seq=1, gen_tokens=GEN_TOKENS if infer else 0)
+    fsdp = parallel.strategy in FSDP_STRATEGIES
+    world = FSDP_WORLD if fsdp else ((2,) if parallel.strategy == "ddp" else (1,))
+    session.check_traceable(w0, replace(parallel, gpus=world[0]) if parallel.gpus != world[0] else parallel)
+    sigs, hf_config, masked = _signatures(config, w0)
+    scan = chunked_scan(hf_config)
+    if scan:
+        raise ValueError(f"model_type: {config.get('model_type')} runs a chunked state-space scan ({scan[0]}="
+                         f"{scan[1]}): it pads the sequence to a multiple of {scan[1]}, so its memory is no "
+                         "polynomial in seq and no exact profile can be derived; trace it (`python -m bench trace`)")
+    if masked and infer:
+        w0 = replace(w0, gen_tokens=0)  # an encoder runs one forward pass: no decoding
+    plan = plan_layers(sigs)
+    pieces = pieces_for(hf_config, max_positions(hf_config), infer)
+    fit_world = world[:2] if fsdp else world
+    reduced_refused = ""
+    try:
+        out_pieces, n_jobs, padding = _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp,
+                                                     kernels, progress)
+    except _ReducedDepthFailed as e:
+        # The model's code outside its layer stack depends on the layer count (Gemma-3n / Gemma-4 per-layer
+        # embeddings: one table num_hidden_layers x width wide, reshaped by the config's count), so a model cut in
+        # place cannot run: it is traced whole, at every size (slower, exact by construction).
+        reduced_refused = e.reason
+        plan = Plan(plan.n_layers, plan.types, (tuple(range(plan.n_layers)),), (None,), True)
+        out_pieces, n_jobs, padding = _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp,
+                                                     kernels, progress)
+    jobs = range(n_jobs)
+    if progress:
+        progress(len(jobs), len(jobs), "done")
+    import torch
+    import transformers
+
+    prov = {"torch": torch.__version__, "transformers": transformers.__version__, "kernels": kernels,
+            "python": platform.python_version(), "traces": len(jobs), "fsdp_padding_max_bytes": padding,
+            "seconds": round(time.perf_counter() - start, 2),
+            "reduced_depths": [list(v) for v in plan.variants if v is not None and not reduced_refused],
+            **({"traced_whole": f"the reduced-depth model failed: {reduced_refused}"} if reduced_refused else {}),
+            "derived_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+    return Profile(config_hash, str(config.get("model_type")), workload_class(workload),
+                   parallel_class(parallel), plan.n_layers, tuple(out_pieces), prov)
+
+
+class _ReducedDepthFailed(Exception):
+    """The reduced-depth model raised inside the model's own code on its first trace."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, kernels, progress):
+    """(fitted pieces, traces run, largest FSDP padding): every piece of s and batch region, every variant of
+    `plan` traced, fit, verified and extended. A reduced plan whose first trace fails in the model's code raises
+    _ReducedDepthFailed (the caller traces the model whole)."""
+    regions = [(pi, r) for pi in range(len(pieces)) for r in BATCH_REGIONS]
+    n_jobs = sum(len(size_points(r[0], pieces[pi][2], fit_world)) + 1 for pi, r in regions) * len(plan.variants)
+    done, padding = 0, 0
+    out_pieces = []
+    for pi, (batches, vbatch, b_lo, b_hi) in regions:
+        lo, hi, seqs, vseq = pieces[pi]
+        vpoint = (vbatch, vseq, world[-1])
+        fits = []
+        for keep in plan.variants:
+            traces = {}
+            for pt in size_points(batches, seqs, fit_world) + [vpoint]:
+                b, s, n = pt
+                if progress:
+                    progress(done, n_jobs, ("tracing the whole model" if keep is None or plan.full else
+                                            f"tracing {len(keep)} of {plan.n_layers} layers") + f" at batch {b}, seq {s}"
+                                           + (f", {n} GPUs" if n > 1 else ""))
+                par = replace(parallel, gpus=n) if parallel.strategy != "single" else parallel
+                try:
+                    traces[pt] = trace_ticks(config, replace(w0, batch=b, seq=s), par,
+                                             None if keep is None else list(keep), kernels)
+                except RuntimeError as e:
+                    if done or plan.full:
+                        raise
+                    raise _ReducedDepthFailed(" ".join(str(e).split())[:200]) from e
+                done += 1
+            check = traces.pop(vpoint)
+            fit = fit_variant(traces, fsdp, one_batch=len(batches) == 1)
+            padding = max(padding, verify(fit, check, vpoint))
+            fits.append(fit)
+        cands = prune(extend(plan, fits))
+        out_pieces.append(Piece.from_moments(lo, hi, [_moment(c) for c in cands], b_lo, b_hi))
+    return out_pieces, n_jobs, padding
+
+
+def _moment(c) -> Moment:
+    stage, label, monos, den, num = c
+    nums = {}
+    for ci, cat in enumerate(CATEGORIES):
+        row = tuple(int(x) for x in num[ci])
+        if any(row):
+            nums[cat] = row
+    g = 0
+    for row in nums.values():
+        for x in row:
+            g = gcd_int(g, abs(x))
+    g = gcd_int(g, den) or 1
+    return Moment(stage, label, monos, den // g, {c: tuple(x // g for x in r) for c, r in nums.items()})
+
+
