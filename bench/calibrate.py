@@ -29,15 +29,11 @@ from estimator.model import FAMILIES, Model, from_hf_config
 from estimator.parallel import shares
 from estimator.presets import parse_config_text
 from estimator.spec import Parallel, Workload
+from estimator.knobs import workload_from_row  # noqa: F401  (run rows are read back here and by accuracy)
 from estimator.store import ProfileMissing
 from estimator.units import dtype_bytes
 
 METHOD = "ols-origin"  # calibrations.method of fits made here
-# Workload fields a run row stores under the same name (bench.rows.COLUMNS mirrors estimator.spec.Workload).
-_INT_FIELDS = ("lora_rank", "batch", "seq", "gen_tokens", "grad_accum", "loss_chunks")
-_TEXT_FIELDS = ("mode", "method", "recipe", "precision", "weight_format", "optimizer", "optimizer_impl",
-                "checkpointing", "attention", "kv_dtype", "loop", "loss", "quantize_scope")
-_BOOL_FIELDS = ("optimizer_in_backward", "activation_offload", "double_quant", "float8", "compile")
 POINT_COLUMNS = ("run_id", "source", "family", "model_name", "model_type", "batch", "seq", "attention",
                  "checkpointing", "stage", "x", "y", "predicted_detailed", "implied_k",
                  "analytic_allocated_bytes", "measured_total_bytes")
@@ -45,24 +41,6 @@ POINT_COLUMNS = ("run_id", "source", "family", "model_name", "model_type", "batc
 
 def _present(v) -> bool:
     return v is not None and not (isinstance(v, float) and np.isnan(v)) and v is not pd.NA
-
-
-def workload_from_row(row: dict) -> Workload:
-    """The Workload a run row describes (inverse of `spec_dict`); empty columns take Workload's defaults.
-    Raises ValueError, naming the field, for a value Workload does not allow."""
-    kw = {}
-    for name in _TEXT_FIELDS:
-        if _present(row.get(name)):
-            kw[name] = str(row[name])
-    for name in _INT_FIELDS:
-        if _present(row.get(name)):
-            kw[name] = int(row[name])  # DuckDB hands back numpy integers (or floats when a column has NULLs)
-    for name in _BOOL_FIELDS:
-        if _present(row.get(name)):
-            kw[name] = bool(row[name])
-    if _present(row.get("lora_targets")):
-        kw["lora_targets"] = tuple(t for t in str(row["lora_targets"]).split(",") if t)
-    return Workload(**kw)
 
 
 def parallel_from_row(row: dict) -> Parallel:

@@ -24,6 +24,7 @@ from pathlib import Path
 from bench.published_map import map_row
 from bench.db import connect, load_sql
 from bench.ingest import RawRow, prepare_rows
+from estimator import knobs
 from estimator.estimate import Options, estimate
 from estimator.model import from_hf_config
 from estimator.spec import Parallel, Workload
@@ -227,19 +228,8 @@ def estimate_row(row: dict) -> dict | None:
 
 
 def workload_fields(row: dict) -> dict:
-    keys = ("mode", "method", "lora_rank", "recipe", "precision", "weight_format", "optimizer", "optimizer_impl",
-            "batch", "seq", "gen_tokens", "grad_accum", "checkpointing", "attention", "loss", "loss_chunks",
-            "optimizer_in_backward", "activation_offload", "quantize_scope", "double_quant", "compile")
-    out = {k: row[k] for k in keys if _present(row.get(k))}
-    for k in ("lora_rank", "batch", "seq", "gen_tokens", "grad_accum", "loss_chunks"):
-        if k in out:
-            out[k] = int(out[k])
-    for k in ("optimizer_in_backward", "activation_offload", "double_quant", "compile"):
-        if k in out:
-            out[k] = bool(out[k])
-    if _present(row.get("lora_targets")):
-        out["lora_targets"] = tuple(str(row["lora_targets"]).split(","))
-    return out
+    """Every declared workload field the row states (estimator.knobs), typed; the rest take the defaults."""
+    return knobs.workload_values(row)
 
 
 def _present(v) -> bool:

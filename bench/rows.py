@@ -11,7 +11,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 
-from estimator import spec
+from estimator import knobs, spec
 from estimator.presets import config_hash as _hash
 
 SOURCES = ("measured", "traced", "published")
@@ -38,6 +38,33 @@ class Column:
     lo: float = 0
     hi: float = MAX_BYTES
     doc: str = ""
+
+
+# The workload's columns, in the order migrations 001 and 004 created them; each column's type, bounds, allowed
+# values and doc come from the field's declaration (estimator.spec.Workload), not from here.
+WORKLOAD_001 = ("mode", "method", "lora_rank", "lora_targets", "recipe", "precision", "weight_format", "optimizer",
+                "optimizer_impl", "batch", "seq", "gen_tokens", "grad_accum", "checkpointing", "attention", "kv_dtype")
+WORKLOAD_004 = ("loop", "loss", "loss_chunks", "optimizer_in_backward", "activation_offload", "quantize_scope",
+                "double_quant", "float8", "compile")
+
+
+def _knob_columns(names: tuple[str, ...]) -> list[Column]:
+    by_name = {d.name: d for d in knobs.declared()}
+    cols = []
+    for name in names:
+        d = by_name[name]
+        k = d.knob
+        if d.kind == "choice":
+            cols.append(Column(name, "text", k.row_required, k.choices, doc=k.help))
+        elif d.kind == "int":
+            # lora_rank 0: rows of full fine-tunes written before it was declared say 0 for "no adapters"
+            cols.append(Column(name, "int", k.row_required, lo=0 if name == "lora_rank" else k.lo, hi=k.hi,
+                               doc=k.help))
+        elif d.kind == "bool":
+            cols.append(Column(name, "bool", k.row_required, doc=k.help))
+        else:
+            cols.append(Column(name, "text", k.row_required, doc=k.help))
+    return cols
 
 
 def _stage_columns() -> list[Column]:
@@ -72,22 +99,7 @@ COLUMNS: tuple[Column, ...] = tuple([
     Column("config_hash", "text", True, max_len=64, doc="sha256 of the canonical config JSON"),
     Column("config_json", "json", max_len=MAX_JSON, doc="the model config.json itself"),
     # the workload (same vocabulary as the estimator CLI)
-    Column("mode", "text", True, spec.MODES),
-    Column("method", "text", True, spec.METHODS),
-    Column("lora_rank", "int", lo=0, hi=spec.MAX_LORA_RANK),
-    Column("lora_targets", "text", doc="comma-separated module names"),
-    Column("recipe", "text", True, spec.RECIPES),
-    Column("precision", "text", True, spec.PRECISIONS),
-    Column("weight_format", "text", allowed=spec.WEIGHT_FORMATS),
-    Column("optimizer", "text", allowed=spec.OPTIMIZERS),
-    Column("optimizer_impl", "text", allowed=spec.OPTIMIZER_IMPLS),
-    Column("batch", "int", True, lo=1, hi=spec.MAX_BATCH),
-    Column("seq", "int", True, lo=1, hi=spec.MAX_SEQ),
-    Column("gen_tokens", "int", lo=0, hi=spec.MAX_SEQ),
-    Column("grad_accum", "int", lo=1, hi=spec.MAX_BATCH),
-    Column("checkpointing", "text", allowed=spec.CHECKPOINTING),
-    Column("attention", "text", allowed=spec.ATTENTION),
-    Column("kv_dtype", "text", allowed=spec.KV_DTYPES),
+    *_knob_columns(WORKLOAD_001),
     Column("strategy", "text", True, spec.STRATEGIES),
     Column("world_size", "int", True, lo=1, hi=spec.MAX_GPUS),
     # results
@@ -104,15 +116,7 @@ COLUMNS: tuple[Column, ...] = tuple([
     Column("per_rank_json", "json", max_len=MAX_JSON, doc="per-rank peaks for multi-GPU runs"),
     Column("notes", "text", max_len=MAX_NOTES),
     # migration 004: the training-loop and recipe knobs of the workload, the tracer's kernels, the allocator
-    Column("loop", "text", allowed=spec.LOOPS, doc="what the training loop keeps alive: the loss, or the whole output"),
-    Column("loss", "text", allowed=spec.LOSSES, doc="full, chunked or fused-linear cross-entropy"),
-    Column("loss_chunks", "int", lo=1, hi=spec.MAX_LOSS_CHUNKS, doc="chunks of a chunked loss"),
-    Column("optimizer_in_backward", "bool", doc="optimizer step fused into backward, per parameter"),
-    Column("activation_offload", "bool", doc="saved activations offloaded to CPU"),
-    Column("quantize_scope", "text", allowed=spec.QUANTIZE_SCOPES, doc="QLoRA: which Linears are 4-bit"),
-    Column("double_quant", "bool", doc="QLoRA: 4-bit scales quantized again"),
-    Column("float8", "bool", doc="torchao float8 training"),
-    Column("compile", "bool", doc="torch.compile'd model"),
+    *_knob_columns(WORKLOAD_004),
     Column("kernels", "text", allowed=("cuda", "cpu"), doc="traced rows: CUDA's kernels emulated, or the CPU's own"),
     Column("alloc_conf", "text", doc="PYTORCH_CUDA_ALLOC_CONF of a measured run (empty: torch's defaults)"),
     # migration 005: the workload's CPU offload, and the published tier (bench/published.py)

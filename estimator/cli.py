@@ -14,6 +14,7 @@ import math
 import sys
 
 from estimator import components as comp
+from estimator import knobs
 from estimator.calibration_file import SEED_K
 from estimator.calibration_file import CalibrationEntry, entry_for
 from estimator.breakdown import COMPONENTS
@@ -23,9 +24,9 @@ from estimator.gpus import GPU, get_gpu, load_gpus
 from estimator.model import Model, check_context, from_hf_config
 from estimator.presets import load_config, preset_names
 from estimator.search import Advice, advice, max_batch, max_seq
-from estimator.spec import (ATTENTION, CHECKPOINTING, KV_DTYPES, LOOPS, LOSSES, METHODS, MODES, OFFLOADS,
-                            OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, QUANTIZE_SCOPES, RECIPES, STRATEGIES,
-                            WEIGHT_FORMATS, Parallel, Workload, spec_dict)
+from estimator.spec import (OFFLOADS,
+                            STRATEGIES,
+                            Parallel, Workload, spec_dict)
 from estimator.units import fmt_bytes
 
 MAX_K = 10_000.0  # k is ~10-100 for real models; anything larger is a typo
@@ -42,51 +43,11 @@ def _choices(values) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    d = Workload()
     p = _Parser(prog="python -m estimator", description="Estimate per-GPU memory of training or inference "
                 "of a Hugging Face model, by component and stage. Bytes: GiB = 2**30, GB = 10**9.")
     a = p.add_argument
     a("--model", help="preset name (see --list-models) or path to a Hugging Face config.json")
-    a("--mode", choices=MODES, default=d.mode, help="train: forward+backward+optimizer step; infer: prefill+decode")
-    a("--method", choices=METHODS, default=d.method, help="full fine-tune, LoRA adapters, or QLoRA (4-bit base)")
-    a("--lora-rank", type=int, default=d.lora_rank, help="LoRA rank r of every adapter (PEFT default 8)")
-    a("--lora-targets", default=",".join(d.lora_targets), help="comma-separated module names LoRA adapts")
-    a("--recipe", choices=RECIPES, default=d.recipe,
-      help="training dtypes: pure (all in --precision), amp (fp32 weights, autocast), "
-           "mixed (half weights + fp32 master and states), fp32")
-    a("--precision", choices=PRECISIONS, default=d.precision, help="compute/activation dtype")
-    a("--weight-format", choices=WEIGHT_FORMATS, default=d.weight_format, metavar=_choices(WEIGHT_FORMATS[:6]) + "|...",
-      help=f"storage of frozen/inference weights; one of {', '.join(WEIGHT_FORMATS)}")
-    a("--optimizer", choices=OPTIMIZERS, default=d.optimizer, help="optimizer whose states are held")
-    a("--optimizer-impl", choices=OPTIMIZER_IMPLS, default=d.optimizer_impl,
-      help="torch optimizer implementation: foreach (CUDA default), fused, forloop")
-    a("--batch", type=int, default=d.batch, help="micro-batch per GPU (sequences)")
-    a("--seq", type=int, default=d.seq, help="sequence length (prompt length for inference)")
-    a("--gen-tokens", type=int, default=d.gen_tokens, help="tokens generated after the prompt (inference)")
-    a("--grad-accum", type=int, default=d.grad_accum, help="micro-batches accumulated per optimizer step")
-    a("--checkpointing", choices=CHECKPOINTING, default=d.checkpointing, help="activation checkpointing")
-    a("--attention", choices=ATTENTION, default=d.attention, help="attention kernel; eager stores seq x seq scores")
-    a("--kv-dtype", choices=KV_DTYPES, default=d.kv_dtype, help="KV-cache dtype (auto = --precision)")
-    a("--loop", choices=LOOPS, default=d.loop,
-      help="what the training loop keeps alive: the loss only (HF Trainer, torchtune) or the whole model output "
-           "through backward and the optimizer step (litgpt, `out = model(...)` loops)")
-    a("--loss", choices=LOSSES, default=d.loss,
-      help="full cross-entropy on the logits; chunked (torchtune CEWithChunkedOutputLoss, litgpt "
-           "chunked_cross_entropy); fused-linear (Liger: logits never materialised)")
-    a("--loss-chunks", type=int, default=d.loss_chunks, help="chunks of the sequence for --loss chunked "
-      "(torchtune num_output_chunks, default 8)")
-    a("--optimizer-in-backward", action="store_true",
-      help="step each parameter as its gradient is ready and free it (torchtune optimizer_in_bwd)")
-    a("--activation-offload", action="store_true",
-      help="move saved activations to CPU memory (torchtune enable_activation_offloading)")
-    a("--quantize-scope", choices=QUANTIZE_SCOPES, default=d.quantize_scope,
-      help="QLoRA: 4-bit on every block Linear (all: bitsandbytes, litgpt, PEFT) or only the adapted ones "
-           "(adapted: torchtune)")
-    a("--no-double-quant", action="store_true", help="QLoRA: keep the 4-bit absmax scales in fp32 (HF "
-      "BitsAndBytesConfig's default) instead of quantizing them again")
-    a("--float8", action="store_true", help="torchao float8 training of the block Linears (torchtitan)")
-    a("--compile", action="store_true", help="the model is torch.compile'd: what AOTAutograd's partitioner saves, traced "
-      "on one GPU with the full loss (no inductor fusion; tracer.compiled)")
+    knobs.add_flags(p)  # every workload field, from its declaration (estimator.spec.Workload)
     a("--gpu", help="GPU preset (see --list-gpus): adds the verdict (device bytes against what cudaMemGetInfo "
       "reports), headroom, max batch and max seq; picks the CUDA context of its architecture")
     a("--alloc-conf", default="", metavar="CONF",
@@ -114,15 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _workload(args) -> Workload:
-    targets = tuple(t.strip() for t in args.lora_targets.split(",") if t.strip())
-    return Workload(mode=args.mode, method=args.method, lora_rank=args.lora_rank, lora_targets=targets,
-                    recipe=args.recipe, precision=args.precision, weight_format=args.weight_format,
-                    optimizer=args.optimizer, optimizer_impl=args.optimizer_impl, batch=args.batch, seq=args.seq,
-                    gen_tokens=args.gen_tokens, grad_accum=args.grad_accum, checkpointing=args.checkpointing,
-                    attention=args.attention, kv_dtype=args.kv_dtype, loop=args.loop, loss=args.loss,
-                    loss_chunks=args.loss_chunks, optimizer_in_backward=args.optimizer_in_backward,
-                    activation_offload=args.activation_offload, quantize_scope=args.quantize_scope,
-                    double_quant=not args.no_double_quant, float8=args.float8, compile=args.compile)
+    return knobs.workload_from_args(args)
 
 
 def _parallel(args) -> Parallel:

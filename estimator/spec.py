@@ -6,7 +6,7 @@ raises `ValueError` naming the field and the allowed values.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 MODES = ("train", "infer")
 METHODS = ("full", "lora", "qlora")
@@ -66,63 +66,101 @@ def _check_int(name: str, value: int, lo: int, hi: int) -> None:
 
 
 @dataclass(frozen=True)
+class Knob:
+    """The one declaration of a workload field: everything the CLI flag, the run row's column, the grid axis, the
+    published mapping and the app's widget are generated from (estimator.knobs, bench.rows, pages.inputs)."""
+
+    label: str                     # the app's label
+    help: str                      # the CLI's --help and the app's tooltip
+    choices: tuple[str, ...] = ()  # allowed values of a text field
+    lo: int = 0                    # bounds of an integer field
+    hi: int = 0
+    applies: str = "all"           # when it means something: all | train | infer | adapter (lora/qlora training)
+                                   # | frozen (weights that do not train: inference or adapters)
+    advanced: bool = False         # the app folds it under "More settings"
+    row_required: bool = False     # a run row must state it (bench.rows)
+
+
+def knob(default, label: str, help: str, **kw):
+    """A dataclass field carrying its Knob (dataclasses.field metadata)."""
+    return field(default=default, metadata={"knob": Knob(label, help, **kw)})
+
+
+def knob_of(f) -> Knob:
+    return f.metadata["knob"]
+
+
+@dataclass(frozen=True)
 class Workload:
     """What the user runs on the model. Defaults are a common single-GPU bf16 fine-tune."""
 
-    mode: str = "train"                 # train: forward+backward+optimizer step; infer: prefill + decode
-    method: str = "full"                # full fine-tune, LoRA adapters, or QLoRA (4-bit frozen base + LoRA)
-    lora_rank: int = 8                  # r of every adapter; PEFT default is 8
-    lora_targets: tuple[str, ...] = ("q_proj", "v_proj")  # PEFT's default for Llama-family models
-    recipe: str = "pure"                # which tensors hold which dtype in training, see estimator.components
-    precision: str = "bf16"             # compute / activation dtype (and weight dtype unless recipe says otherwise)
-    weight_format: str = "auto"         # storage of the (frozen / inference) weights; "auto" = from recipe/precision
-    optimizer: str = "adamw"            # PyTorch / bitsandbytes / transformers optimizer
-    optimizer_impl: str = "foreach"     # PyTorch's default on CUDA is foreach (torch/optim/optimizer.py)
-    batch: int = 1                      # micro-batch per GPU (sequences)
-    seq: int = 2048                     # training sequence length, or prompt length for inference
-    gen_tokens: int = 0                 # tokens generated after the prompt (inference only)
-    grad_accum: int = 1                 # micro-batches accumulated per optimizer step
-    checkpointing: str = "none"         # activation checkpointing: none, full (per layer) or selective (attention)
-    attention: str = "sdpa"             # eager materialises the s x s scores; sdpa/flash do not
-    kv_dtype: str = "auto"              # KV-cache dtype; "auto" = precision
-    loop: str = "loss-only"             # what the training loop keeps alive through backward and the step
-    loss: str = "full"                  # full | chunked | fused-linear cross-entropy (LOSSES)
-    loss_chunks: int = 8                # chunks of the sequence for loss='chunked' (torchtune num_output_chunks=8)
-    optimizer_in_backward: bool = False  # step each parameter in its post-accumulate-grad hook, free its grad
-    activation_offload: bool = False    # saved activations moved to CPU (torchtune OffloadActivations)
-    quantize_scope: str = "all"         # QLoRA: 4-bit on every block Linear (all) or the adapted ones only
-    double_quant: bool = True           # QLoRA: quantize the 4-bit absmax scales again (arXiv 2305.14314 sec. 3)
-    float8: bool = False                # torchao float8 training of the block Linears (tensorwise scaling)
-    compile: bool = False               # torch.compile'd model: what AOTAutograd's partitioner saves (traced)
+    mode: str = knob("train", "Mode", "train: forward + backward + optimizer step; infer: prefill the prompt, then "
+                     "decode with a KV cache (Hugging Face generate)", choices=MODES, row_required=True)
+    method: str = knob("full", "Method", "full: every weight trains; lora: frozen base + low-rank adapters; qlora: "
+                       "LoRA on a 4-bit (NF4/FP4) frozen base (arXiv 2305.14314)", choices=METHODS, applies="train",
+                       row_required=True)
+    lora_rank: int = knob(8, "LoRA rank r", "rank r of every adapter (PEFT `r`, default 8): A is r x in, B is "
+                          "out x r", lo=1, hi=MAX_LORA_RANK, applies="adapter")
+    lora_targets: tuple[str, ...] = knob(("q_proj", "v_proj"), "LoRA target modules", "comma-separated Linear "
+                                         "modules that get adapters (PEFT `target_modules`; q_proj,v_proj is its "
+                                         "default for Llama-family models)", applies="adapter")
+    recipe: str = knob("pure", "Precision recipe", "which tensors hold which dtype in training: pure (all in "
+                       "--precision), amp (fp32 weights, autocast), mixed (half weights + fp32 master and states), "
+                       "fp32, fsdp-mp (FSDP2 MixedPrecisionPolicy: fp32 shards, half gathered weights)",
+                       choices=RECIPES, applies="train", row_required=True)
+    precision: str = knob("bf16", "Precision", "compute and activation dtype (and weight dtype unless the recipe "
+                          "says otherwise)", choices=PRECISIONS, row_required=True)
+    weight_format: str = knob("auto", "Weight format", "storage of the frozen or inference weights: auto follows "
+                              "the recipe/precision; int8/nf4/fp4 bitsandbytes; gptq/awq group-wise ints; gguf "
+                              "llama.cpp blocks", choices=WEIGHT_FORMATS, applies="frozen")
+    optimizer: str = knob("adamw", "Optimizer", "optimizer whose states are held (PyTorch, bitsandbytes, "
+                          "transformers); paged-*: states in CUDA unified memory", choices=OPTIMIZERS, applies="train")
+    optimizer_impl: str = knob("foreach", "Optimizer implementation", "torch optimizer implementation: foreach "
+                               "(PyTorch's CUDA default; temporaries as large as a state group), fused, forloop",
+                               choices=OPTIMIZER_IMPLS, applies="train")
+    batch: int = knob(1, "Micro-batch size (per GPU)", "micro-batch per GPU (sequences)", lo=1, hi=MAX_BATCH,
+                      row_required=True)
+    seq: int = knob(2048, "Sequence length (tokens)", "training sequence length, or the prompt length for "
+                    "inference", lo=1, hi=MAX_SEQ, row_required=True)
+    gen_tokens: int = knob(0, "Generated tokens", "tokens generated after the prompt (inference); the KV cache "
+                           "grows to prompt + generated", lo=0, hi=MAX_SEQ, applies="infer")
+    grad_accum: int = knob(1, "Gradient accumulation steps", "micro-batches accumulated per optimizer step "
+                           "(gradients then live through the forward pass too)", lo=1, hi=MAX_BATCH, applies="train")
+    checkpointing: str = knob("none", "Activation checkpointing", "none; full (each layer's input kept, the layer "
+                              "recomputed in backward); selective (the attention core, arXiv 2205.05198 sec. 4.2); "
+                              "op-sac (torchtitan's per-op policy)", choices=CHECKPOINTING, applies="train")
+    attention: str = knob("sdpa", "Attention implementation", "attention kernel: sdpa/flash never store the "
+                          "seq x seq scores; eager does", choices=ATTENTION)
+    kv_dtype: str = knob("auto", "KV-cache dtype", "KV-cache dtype; auto = the precision (fp8/int8 halve a bf16 "
+                         "cache)", choices=KV_DTYPES, applies="infer")
+    loop: str = knob("loss-only", "Training loop keeps", "what the training loop keeps alive: the loss only (HF "
+                     "Trainer, torchtune) or the whole model output through backward and the optimizer step "
+                     "(litgpt, `out = model(...)` loops)", choices=LOOPS, applies="train", advanced=True)
+    loss: str = knob("full", "Loss", "full cross-entropy on the logits; chunked (torchtune "
+                     "CEWithChunkedOutputLoss, litgpt chunked_cross_entropy); fused-linear (Liger: logits never "
+                     "materialised)", choices=LOSSES, applies="train", advanced=True)
+    loss_chunks: int = knob(8, "Loss chunks", "chunks of the sequence for loss chunked (torchtune "
+                            "num_output_chunks, default 8)", lo=1, hi=MAX_LOSS_CHUNKS, applies="train",
+                            advanced=True)
+    optimizer_in_backward: bool = knob(False, "Optimizer in backward", "step each parameter as its gradient is "
+                                       "ready and free it (torchtune optimizer_in_bwd)", applies="train",
+                                       advanced=True)
+    activation_offload: bool = knob(False, "Activation offloading", "move saved activations to CPU memory "
+                                    "(torchtune enable_activation_offloading)", applies="train", advanced=True)
+    quantize_scope: str = knob("all", "QLoRA quantizes", "QLoRA: 4-bit on every block Linear (all: bitsandbytes, "
+                               "litgpt, PEFT) or only the adapted ones (adapted: torchtune)", choices=QUANTIZE_SCOPES,
+                               applies="adapter", advanced=True)
+    double_quant: bool = knob(True, "QLoRA double quantization", "QLoRA: quantize the 4-bit absmax scales again "
+                              "(arXiv 2305.14314 sec. 3); off keeps them in fp32 (HF BitsAndBytesConfig's default)",
+                              applies="adapter", advanced=True)
+    float8: bool = knob(False, "float8 training", "torchao float8 training of the block Linears (torchtitan)",
+                        applies="train", advanced=True)
+    compile: bool = knob(False, "torch.compile", "the model is torch.compile'd: what AOTAutograd's partitioner "
+                         "saves, traced on one GPU with the full loss (no inductor fusion; tracer.compiled)",
+                         advanced=True)
 
     def __post_init__(self) -> None:
-        _check_choice("mode", self.mode, MODES)
-        _check_choice("method", self.method, METHODS)
-        _check_choice("recipe", self.recipe, RECIPES)
-        _check_choice("precision", self.precision, PRECISIONS)
-        _check_choice("weight_format", self.weight_format, WEIGHT_FORMATS)
-        _check_choice("optimizer", self.optimizer, OPTIMIZERS)
-        _check_choice("optimizer_impl", self.optimizer_impl, OPTIMIZER_IMPLS)
-        _check_choice("checkpointing", self.checkpointing, CHECKPOINTING)
-        _check_choice("attention", self.attention, ATTENTION)
-        _check_choice("kv_dtype", self.kv_dtype, KV_DTYPES)
-        _check_choice("loop", self.loop, LOOPS)
-        _check_choice("loss", self.loss, LOSSES)
-        _check_choice("quantize_scope", self.quantize_scope, QUANTIZE_SCOPES)
-        _check_int("loss_chunks", self.loss_chunks, 1, MAX_LOSS_CHUNKS)
-        for name in ("optimizer_in_backward", "activation_offload", "double_quant", "float8", "compile"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name}: must be true or false, got {getattr(self, name)!r}")
-        _check_int("batch", self.batch, 1, MAX_BATCH)
-        _check_int("seq", self.seq, 1, MAX_SEQ)
-        _check_int("gen_tokens", self.gen_tokens, 0, MAX_SEQ)
-        _check_int("grad_accum", self.grad_accum, 1, MAX_BATCH)
-        _check_int("lora_rank", self.lora_rank, 1, MAX_LORA_RANK)
-        if not isinstance(self.lora_targets, tuple) or not self.lora_targets:
-            raise ValueError("lora_targets: must be a non-empty tuple of module names, e.g. ('q_proj', 'v_proj')")
-        for t in self.lora_targets:
-            if not isinstance(t, str) or not t.replace("_", "").replace(".", "").isalnum() or len(t) > 64:
-                raise ValueError(f"lora_targets: {t!r} is not a module name (letters, digits, '_', '.')")
+        check_declared(self)
         if self.mode == "infer":
             if self.method != "full":
                 raise ValueError(f"method: {self.method!r} needs mode='train'; inference uses method='full'")
@@ -219,6 +257,25 @@ class Parallel:
     def dp_size(self) -> int:
         """Data-parallel replicas (the ZeRO/FSDP shard group spans these)."""
         return max(1, self.gpus // (self.tp_size * self.pp_size * (self.ep_size if self.strategy != "ep" else 1)))
+
+
+def check_declared(obj) -> None:
+    """Each declared field alone: its type, its choices, its bounds (the cross-field rules follow in the class)."""
+    for f in fields(obj):
+        k, v = knob_of(f), getattr(obj, f.name)
+        if isinstance(f.default, bool):
+            if not isinstance(v, bool):
+                raise ValueError(f"{f.name}: must be true or false, got {v!r}")
+        elif isinstance(f.default, int):
+            _check_int(f.name, v, k.lo, k.hi)
+        elif k.choices:
+            _check_choice(f.name, v, k.choices)
+        elif isinstance(f.default, tuple):
+            if not isinstance(v, tuple) or not v:
+                raise ValueError(f"{f.name}: must be a non-empty tuple of module names, e.g. {f.default!r}")
+            for t in v:
+                if not isinstance(t, str) or not t.replace("_", "").replace(".", "").isalnum() or len(t) > 64:
+                    raise ValueError(f"{f.name}: {t!r} is not a module name (letters, digits, '_', '.')")
 
 
 def spec_dict(obj) -> dict:

@@ -14,7 +14,7 @@ from pathlib import Path
 import streamlit as st
 
 from bench import app_data, db
-from estimator import spec
+from estimator import knobs, spec
 from estimator.gpus import gpu_names, load_gpus
 from estimator.model import Model
 from estimator.presets import preset_names
@@ -289,50 +289,9 @@ _W = spec.Workload()
 
 
 def workload_fields() -> list[Field]:
-    """Every Workload input, with the help text the widgets show."""
-    return [
-        Field("mode", "choice", _W.mode, spec.MODES, label="Mode",
-              help="train: one step of forward, backward and the optimizer step. infer: prefill the prompt, "
-                   "then decode new tokens with a KV cache (Hugging Face generate)."),
-        Field("method", "choice", _W.method, spec.METHODS, label="Method",
-              help="full: every weight trains. lora: frozen base + low-rank adapters. qlora: LoRA on a 4-bit "
-                   "(NF4/FP4) frozen base (arXiv 2305.14314)."),
-        Field("lora_rank", "int", _W.lora_rank, lo=1, hi=spec.MAX_LORA_RANK, label="LoRA rank r",
-              help="Rank of every adapter (PEFT `r`, default 8): A is r x in, B is out x r."),
-        Field("lora_targets", "multi", list(_W.lora_targets), label="LoRA target modules",
-              help="Linear modules that get adapters (PEFT `target_modules`). Only these save their inputs "
-                   "for backward, so targets change activations too."),
-        Field("recipe", "choice", _W.recipe, spec.RECIPES, label="Precision recipe",
-              help="pure: weights, grads and optimizer states all in the precision (bf16-true). amp: fp32 "
-                   "weights with autocast. mixed: half weights + fp32 master copy and states (DeepSpeed). "
-                   "fp32: everything fp32."),
-        Field("precision", "choice", _W.precision, spec.PRECISIONS, label="Precision",
-              help="Compute and activation dtype (bf16 needs Ampere or newer)."),
-        Field("weight_format", "choice", _W.weight_format, spec.WEIGHT_FORMATS, label="Weight format",
-              help="How the frozen or inference weights are stored: auto follows the recipe/precision; "
-                   "int8/nf4/fp4 are bitsandbytes; gptq/awq group-wise ints; gguf llama.cpp blocks."),
-        Field("optimizer", "choice", _W.optimizer, spec.OPTIMIZERS, label="Optimizer",
-              help="AdamW/Adam keep two states per trainable weight, SGD-momentum and Lion one, SGD none, "
-                   "Adafactor factored rows/columns, adamw-8bit two 8-bit states (bitsandbytes)."),
-        Field("optimizer_impl", "choice", _W.optimizer_impl, spec.OPTIMIZER_IMPLS, label="Optimizer implementation",
-              help="foreach (PyTorch's CUDA default) needs temporaries as large as a state group during the "
-                   "step; fused and forloop need almost none."),
-        Field("batch", "int", _W.batch, lo=1, hi=spec.MAX_BATCH, label="Micro-batch size (per GPU)",
-              help="Sequences per forward pass on each GPU."),
-        Field("seq", "int", _W.seq, lo=1, hi=spec.MAX_SEQ, label="Sequence length (tokens)",
-              help="Training sequence length, or the prompt length for inference."),
-        Field("gen_tokens", "int", _W.gen_tokens, lo=0, hi=spec.MAX_SEQ, label="Generated tokens",
-              help="Tokens decoded after the prompt; the KV cache grows to prompt + generated."),
-        Field("grad_accum", "int", _W.grad_accum, lo=1, hi=spec.MAX_BATCH, label="Gradient accumulation steps",
-              help="Micro-batches per optimizer step. Gradients then live through the forward pass too."),
-        Field("checkpointing", "choice", _W.checkpointing, spec.CHECKPOINTING, label="Activation checkpointing",
-              help="full: keep only each layer's input and recompute the layer in backward. selective: "
-                   "recompute attention only (arXiv 2205.05198)."),
-        Field("attention", "choice", _W.attention, spec.ATTENTION, label="Attention implementation",
-              help="sdpa/flash never store the s x s score matrix; eager does (memory grows with seq^2)."),
-        Field("kv_dtype", "choice", _W.kv_dtype, spec.KV_DTYPES, label="KV-cache dtype",
-              help="Dtype of the cached keys and values; auto = the precision. fp8/int8 halve a bf16 cache."),
-    ]
+    """Every Workload input, generated from its declaration (estimator.spec.Workload: label, help, choices)."""
+    return [Field(d.name, d.kind, list(d.default) if d.kind == "multi" else d.default, d.knob.choices,
+                  lo=d.knob.lo, hi=d.knob.hi, label=d.knob.label, help=d.knob.help) for d in knobs.declared()]
 
 
 def hardware_fields() -> list[Field]:
@@ -378,15 +337,10 @@ def lora_target_options(model: Model) -> list[str]:
     return model.inventory.lora_target_names()
 
 
-def shown_workload_fields(mode: str, method: str) -> list[str]:
-    """Which workload inputs apply: inference has no optimizer or LoRA, training no generated tokens."""
-    if mode == "infer":
-        return ["mode", "precision", "weight_format", "batch", "seq", "gen_tokens", "attention", "kv_dtype"]
-    names = ["mode", "method", "recipe", "precision", "optimizer", "optimizer_impl", "batch", "seq",
-             "grad_accum", "checkpointing", "attention"]
-    if method != "full":
-        names[2:2] = ["lora_rank", "lora_targets", "weight_format"]
-    return names
+def shown_workload_fields(mode: str, method: str, advanced: bool = False) -> list[str]:
+    """Which workload inputs apply (from each field's declaration): inference has no optimizer or LoRA, training
+    no generated tokens. advanced=True adds the recipe knobs the sidebar folds under "More settings"."""
+    return [d.name for d in knobs.declared() if knobs.applies(d, mode, method) and (advanced or not d.knob.advanced)]
 
 
 def workload_from_dict(values: dict) -> spec.Workload:
@@ -394,7 +348,7 @@ def workload_from_dict(values: dict) -> spec.Workload:
 
     Raises ValueError (naming the field) for a contradictory combination, which the page shows.
     """
-    shown = shown_workload_fields(values.get("mode", _W.mode), values.get("method", _W.method))
+    shown = shown_workload_fields(values.get("mode", _W.mode), values.get("method", _W.method), advanced=True)
     kwargs = {k: values[k] for k in shown if k in values}
     if "lora_targets" in kwargs:
         kwargs["lora_targets"] = tuple(kwargs["lora_targets"])
@@ -412,14 +366,16 @@ def prepare_lora_targets(page: str, options: list[str]) -> None:
 
 
 def workload_inputs(page: str, fields: dict[str, Field], container) -> tuple[dict, list[str]]:
-    """Draw the workload widgets that apply; returns (values, names shown)."""
+    """Draw the workload widgets that apply, the advanced ones folded; returns (values, names shown)."""
     mode = widget(page, fields["mode"], container)
     method = widget(page, fields["method"], container) if mode == "train" else _W.method
-    shown = shown_workload_fields(mode, method)
+    shown = shown_workload_fields(mode, method, advanced=True)
+    core = set(shown_workload_fields(mode, method))
     values = {"mode": mode, "method": method}
+    more = container.expander("More settings (loop, loss, recipe knobs)")
     for name in shown:
         if name not in values:
-            values[name] = widget(page, fields[name], container)
+            values[name] = widget(page, fields[name], container if name in core else more)
     return values, shown
 
 

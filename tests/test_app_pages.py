@@ -241,7 +241,7 @@ def test_fit_closest_runs_sit_beside_their_estimates(env):
 
 def test_fit_calibrated_k_toggle_uses_the_saved_fit(env):
     at = app(query={"model": MODEL})
-    assert at.toggle[0].disabled  # nothing saved yet
+    assert at.toggle(key="fit:calibrated_off").disabled  # nothing saved yet
     points = calibrate.collect_points(env, "llama", ("traced",))
     pts = points[points["attention"] == "sdpa"]
     fit = calibrate.fit_family(pts)

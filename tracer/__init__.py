@@ -1,5 +1,5 @@
-"""The traced tier's engine: a transformers model built from its config, run on fake CPU tensors, every
-allocation counted. torch and transformers live here and only here in `estimator/`; nothing that evaluates an
+"""The derivation tier (docs/architecture.md): a transformers model built from its config, run on fake CPU tensors, every
+allocation counted. torch and transformers live here (and above); nothing that evaluates an
 estimate imports this package (tests/test_imports.py checks it): it runs to derive a model's inventory and
 memory profile (`tracer.derive`), and for `python -m bench trace` / `measure`.
 
