@@ -8,7 +8,7 @@ Each tier has one truth column (TRUTH_COLUMN) and `ours_for_tier` says which of 
 DOC_COMPARED below explains the pairing in full (it is the doc's own text).
 Relative error = (predicted - truth) / truth; the summaries are over its absolute value. OOM rows carry no full
 peak and are left out. "Architecture" in leave-one-architecture-out is the estimator family
-(`estimator.model.FAMILIES`: llama, gemma, gpt2, gpt_neox, falcon, opt, bert, moe, deepseek).
+(`estimator.families.FAMILIES`: llama, gemma, gpt2, gpt_neox, falcon, opt, bert, moe, deepseek).
 """
 from __future__ import annotations
 
@@ -413,7 +413,7 @@ allocate, which differs from a GPU where a kernel differs (see Known causes).
 (`Options(activation_k=k)`) where k is fitted LEAVE-ONE-ARCHITECTURE-OUT: for a run of family F, k comes from
 `bench.calibrate`'s points (`point_from_row`, through-origin least squares `fit_k`) of every OTHER family,
 never F's own runs, traced and measured alike. "Architecture" is the estimator family
-(`estimator.model.FAMILIES`: llama covers Llama, Mistral, Qwen2/3 and Phi-3; moe covers Mixtral and
+(`estimator.families.FAMILIES`: llama covers Llama, Mistral, Qwen2/3 and Phi-3; moe covers Mixtral and
 Qwen-MoE; then gemma, gpt2, gpt_neox, falcon, opt, bert, deepseek). As in `bench.calibrate`, one k per
 (attention, checkpointing): the held-out fit uses the other families' points with the same attention and
 checkpointing, and pools all of their points only when none has them (flagged `loao-pooled`). k only

@@ -21,7 +21,8 @@ from bench.ingest import export, read_rows
 from bench.rows import config_hash
 from bench.validate import validate_row
 from estimator.estimate import Estimate, Options, estimate
-from estimator.model import FAMILIES, Model
+from estimator.families import FAMILIES
+from estimator.model import Model
 from estimator.spec import Parallel, Workload
 from bench.accuracy_published import COMPARED_WITH
 from bench.published import estimate_row

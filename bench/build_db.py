@@ -35,6 +35,7 @@ from bench import grid
 from bench.cmd_trace import done_run_ids, trace_all
 from bench.trace import case_run_id
 from bench import cmd_db
+from tracer.lora import default_lora_targets
 
 REPO = Path(__file__).resolve().parent.parent
 BUILD_DIR = REPO / "build" / "traced"
@@ -50,11 +51,6 @@ BATCHES = (1, 2, 4, 8)
 SEQS = (512, 1024, 2048, 4096)
 FSDP_MODELS = ("llama-2-7b", "llama-3.1-8b")
 FSDP_WORLD = (1, 2, 4, 8)
-LORA_TARGETS = {  # PEFT defaults per model_type
-    "gpt2": ("c_attn",), "gpt_neox": ("query_key_value",), "falcon": ("query_key_value",),
-    "bert": ("query", "value"), "phi3": ("qkv_proj",),
-}
-EAGER_ONLY = ("gemma2",)
 
 
 def grid_models() -> list[str]:
@@ -71,9 +67,9 @@ def grid_models() -> list[str]:
 def model_cases(name: str) -> list[tuple[Workload, Parallel]]:
     config = load_config(name)[1]
     mt = config["model_type"]
-    attn = "eager" if mt in EAGER_ONLY else "sdpa"
-    targets = LORA_TARGETS.get(mt, ("q_proj", "v_proj"))
     spec = from_hf_config(config, name)
+    attn = spec.default_attention            # eager where transformers has no SDPA path (the inventory says)
+    targets = default_lora_targets(mt)       # PEFT's defaults (tracer.lora)
     out = []
     for b in BATCHES:
         for s in SEQS:

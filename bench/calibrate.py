@@ -25,7 +25,8 @@ from bench.rows import SOURCES
 from estimator import calibration_file
 from offline.calibration import KFit, ResidualFit, fit_k, fit_residual
 from estimator.estimate import Estimate, Options, estimate
-from estimator.model import FAMILIES, Model, from_hf_config
+from estimator.families import FAMILIES
+from estimator.model import Model, from_hf_config
 from estimator.parallel import shares
 from estimator.presets import parse_config_text
 from estimator.spec import Parallel, Workload
@@ -123,7 +124,7 @@ def activation_bytes_from_row(row: dict, model: Model, workload: Workload, paral
 
 
 def family_model_types(family: str) -> list[str]:
-    """The config.json model_types of an estimator family (estimator.model.FAMILIES)."""
+    """The config.json model_types of an estimator family (estimator.families.FAMILIES)."""
     types = sorted(mt for mt, f in FAMILIES.items() if f == family)
     if not types:
         raise ValueError(f"family: {family!r} is not known; choose one of {', '.join(sorted(set(FAMILIES.values())))}")

@@ -29,7 +29,7 @@ def register(subparsers) -> None:
     p.add_argument("--db", default=None, metavar="PATH",
                    help="DuckDB database file (default: $WILLITFIT_DB, else data/benchmarks.duckdb)")
     p.add_argument("--family", default=None, metavar="F",
-                   help="only this model family (estimator.model.FAMILIES values: llama, gemma, moe, gpt2, ...)")
+                   help="only this model family (estimator.families.FAMILIES values: llama, gemma, moe, gpt2, ...)")
     p.add_argument("--source", default="all", choices=SOURCE_CHOICES,
                    help="which runs to fit: traced, measured, or all of both (default all)")
     p.add_argument("--attention", default=None, choices=ATTENTION, help="only runs with this attention")

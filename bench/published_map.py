@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+from estimator.model import from_hf_config
 from estimator.presets import load_config
 
 GB, GiB, MiB = 10**9, 2**30, 2**20
@@ -62,6 +63,11 @@ def translate_targets(model_type: str, targets: tuple[str, ...]) -> tuple[str, .
         if n not in out:
             out.append(n)
     return tuple(out)
+
+
+def preset_supports_sdpa(preset: str) -> bool:
+    """Whether transformers runs this preset with SDPA (its inventory, read from the shipped profiles)."""
+    return from_hf_config(load_config(preset)[1], preset, derive=False).inventory.supports_sdpa
 
 
 def preset_model_type(preset: str) -> str:
@@ -413,10 +419,11 @@ def map_row(raw: dict) -> dict:
     if row.get("preset") is None and not reasons:
         reasons.append("no preset")
     status = "unmapped" if reasons else ("partial" if partial else "mapped")
-    if row.get("preset") and fields.get("attention") == "sdpa" and preset_model_type(row["preset"]) == "gemma2":
+    if row.get("preset") and fields.get("attention") == "sdpa" and not preset_supports_sdpa(row["preset"]):
+        mt = preset_model_type(row["preset"])
         fields["attention"] = "eager"
-        o.inferred("attention", "transformers runs Gemma-2 with eager attention only (it refuses SDPA)")
-        partial.append("Gemma-2 priced with transformers' eager attention; the source ran its own SDPA")
+        o.inferred("attention", f"transformers runs {mt} with eager attention only (it refuses SDPA)")
+        partial.append(f"{mt} priced with transformers' eager attention; the source ran its own SDPA")
         status = "partial" if status == "mapped" else status
     if row.get("preset") and fields.get("lora_targets"):
         fields["lora_targets"] = translate_targets(preset_model_type(row["preset"]), fields["lora_targets"])

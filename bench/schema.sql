@@ -124,7 +124,7 @@ CREATE TABLE calibrations (
     created_at         TIMESTAMP NOT NULL               -- UTC
 );
 
--- v_runs.family now uses the estimator's families (estimator/model.py FAMILIES), the same grouping the
+-- v_runs.family now uses the estimator's families (estimator/families.py FAMILIES), the same grouping the
 -- activation constant k is fitted and stored under, so a family filter in the app and a calibration agree.
 -- Model types the estimator does not know keep 002's fallback (lower(model_type) without version digits).
 -- tests/test_db.py checks this CASE against FAMILIES.

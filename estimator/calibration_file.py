@@ -6,7 +6,7 @@ it. File format (version 1):
 
     {"version": 1,
      "calibrations": [
-       {"family": "llama",                 # estimator.model.FAMILIES value
+       {"family": "llama",                 # estimator.families.FAMILIES value
         "k": 23.7, "k_ci_low": 23.1, "k_ci_high": 24.3,   # k of k*b*s*h*L*bytes and its 95% CI
         "residual_std_bytes": 1.9e8,       # std of (measured - fitted) activation bytes
         "n_points": 42,                    # runs the fit used
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from estimator.model import FAMILIES
+from estimator.families import FAMILIES
 from estimator.presets import DATA_DIR
 from estimator.spec import ATTENTION, CHECKPOINTING
 

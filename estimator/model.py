@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from estimator.families import FAMILIES, family_of  # noqa: F401  (re-exported: one table, estimator.families)
+from estimator.families import family_of
 from estimator.inventory import Inventory
 from estimator.presets import config_hash
 from estimator import store

@@ -13,7 +13,7 @@ import streamlit as st
 
 from bench import app_data, calibrate, db
 from estimator.calibration_file import SEED_K
-from estimator.model import FAMILIES
+from estimator.families import FAMILIES
 from estimator.units import GB, GiB, fmt_bytes
 from pages import _charts as ch
 from pages import _common as ui
@@ -140,7 +140,7 @@ def main() -> None:
         return
     families = sorted(set(FAMILIES.values()))
     family = st.sidebar.selectbox("Model family", families, index=families.index("llama"), key=f"{PAGE}:family",
-                                  help="Architectures that share activation constants (estimator.model.FAMILIES).")
+                                  help="Architectures that share activation constants (estimator.families.FAMILIES).")
     sources = st.sidebar.multiselect("Sources", ["measured", "traced"], default=["measured", "traced"],
                                      key=f"{PAGE}:sources", help="Which stored runs to fit.")
     if not sources:

@@ -44,7 +44,6 @@ CONFS = {"default": "", "expandable": "expandable_segments:True"}
 # (preset, layers or None for all): small enough for a few minutes on one core
 PRESETS = (("qwen2.5-0.5b", None), ("llama-3.2-1b", None), ("qwen3-1.7b", None), ("gemma-2-2b", 8),
            ("phi-3-mini", 8), ("mistral-7b", 6), ("llama-3.1-8b", 6))
-EAGER = ("gemma-2-2b",)        # transformers runs Gemma-2 with eager attention only (no SDPA)
 FULL = Workload(mode="train", method="full", recipe="pure", precision="bf16")
 SIZES_TRAIN = ((1, 512), (2, 1024), (4, 2048), (8, 512), (1, 4096))
 SIZES_INFER = ((1, 512, 32), (8, 1024, 16))
@@ -71,7 +70,14 @@ def cases(quick: bool) -> list[tuple]:
         seen: dict = {}
         out = [c for c in out if seen.setdefault(workload_class(c[2], c[3]), []).append(c) or
                len(seen[workload_class(c[2], c[3])]) <= 3]
-    return [(pr, la, replace(w, attention="eager") if pr in EAGER else w, p) for pr, la, w, p in out]
+    return [(pr, la, replace(w, attention="eager") if _eager_only(pr) else w, p) for pr, la, w, p in out]
+
+
+def _eager_only(preset: str) -> bool:
+    """Whether transformers runs this preset with eager attention only (its inventory; Gemma-2 here)."""
+    from estimator.model import from_hf_config
+
+    return not from_hf_config(load_config(preset)[1], preset, derive=False).inventory.supports_sdpa
 
 
 def _kw(w: Workload) -> dict:

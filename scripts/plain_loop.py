@@ -59,7 +59,7 @@ def build_plain_model(config: dict):
     cls = AutoModelForMaskedLM if cfg.model_type == "bert" else AutoModelForCausalLM
     if cls is AutoModelForCausalLM and cfg.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         cfg = cfg.text_config  # a multimodal checkpoint without a causal-LM class of its own (Llama-4, Mistral-3)
-    attn = "eager" if cfg.model_type in ("gemma2", "gpt_oss") else "sdpa"  # no SDPA path in transformers
+    attn = "eager" if _eager_only(config) else "sdpa"  # no SDPA path in transformers
     old = torch.get_default_dtype()
     torch.set_default_dtype(torch.bfloat16)  # module.to(dtype) fails under FakeTensorMode
     try:
@@ -120,7 +120,10 @@ def tracer_peak(config: dict, name: str, batch: int, seq: int, loop: str, kernel
 
 
 def _eager_only(config: dict) -> bool:
-    return config["model_type"] in ("gemma2", "gpt_oss")
+    """Whether transformers has no SDPA path for this model (its inventory: `_supports_sdpa` of its class)."""
+    from estimator.model import from_hf_config
+
+    return not from_hf_config(config, "plain").inventory.supports_sdpa
 
 
 def window_peaks(config: dict, name: str, batch: int, seq: int, loop: str, kernels: str) -> list[tuple[str, int]]:

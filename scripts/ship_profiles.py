@@ -27,9 +27,8 @@ from estimator import store  # noqa: E402
 from estimator.estimate import traced_class  # noqa: E402
 from estimator.presets import load_config, preset_names  # noqa: E402
 from estimator.spec import Parallel, Workload  # noqa: E402
+from tracer.lora import default_lora_targets  # noqa: E402
 
-LORA_TARGETS = {"gpt2": ("c_attn",), "gpt_neox": ("query_key_value",), "falcon": ("query_key_value",),
-                "bert": ("query", "value"), "phi3": ("qkv_proj",), "deepseek_v3": ("q_b_proj", "kv_b_proj")}
 
 
 def classes(name: str, config: dict, grid: set[str]) -> list[tuple[Workload, Parallel]]:
@@ -37,7 +36,7 @@ def classes(name: str, config: dict, grid: set[str]) -> list[tuple[Workload, Par
 
     mt = config.get("model_type")
     attn = from_hf_config(config, name, derive=False).default_attention  # eager where transformers has no SDPA
-    lora = dict(method="lora", lora_targets=LORA_TARGETS.get(mt, ("q_proj", "v_proj")))
+    lora = dict(method="lora", lora_targets=default_lora_targets(mt))
     out = [(Workload(attention=attn), Parallel()), (Workload(attention=attn, **lora), Parallel()),
            (Workload(attention=attn, checkpointing="full"), Parallel()),
            (Workload(mode="infer", attention=attn), Parallel())]

@@ -16,10 +16,8 @@ from estimator.model import Model, from_hf_config
 from estimator.presets import config_hash, load_config, preset_names
 from estimator.spec import KV_DTYPES, OPTIMIZER_IMPLS, OPTIMIZERS, WEIGHT_FORMATS, Parallel, Workload
 from estimator.store import SHIPPED_DIR
+from tracer.lora import default_lora_targets
 
-LORA_TARGETS = {"gpt2": ("c_attn",), "gpt_neox": ("query_key_value",), "falcon": ("query_key_value",),
-                "bert": ("query", "value"), "phi3": ("qkv_proj",), "deepseek_v3": ("q_b_proj", "kv_b_proj")}
-# (PEFT's defaults; q_proj,v_proj elsewhere; DeepSeek-V3 has no q_proj or v_proj: its MLA up-projections)
 
 
 @cache
@@ -36,7 +34,7 @@ def attention(m: Model) -> str:
 
 
 def lora_targets(m: Model) -> tuple[str, ...]:
-    return LORA_TARGETS.get(m.model_type, ("q_proj", "v_proj"))
+    return default_lora_targets(m.model_type)   # PEFT's defaults, as the shipped profiles were derived
 
 
 def _has_shipped_profiles(name: str) -> bool:

@@ -225,8 +225,8 @@ def test_calibration_validation(bad, message):
 
 
 def test_v_runs_family_matches_estimator_families(tmp_path):
-    """The view's family column groups model types exactly as estimator.model.FAMILIES does."""
-    from estimator.model import FAMILIES
+    """The view's family column groups model types exactly as estimator.families.FAMILIES does."""
+    from estimator.families import FAMILIES
     from tests.rowfactory import make_row
 
     from bench import ingest

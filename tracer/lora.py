@@ -1,0 +1,32 @@
+"""The LoRA adapters a model gets by default: PEFT's own mapping, one function for every tier above.
+
+`default_lora_targets(model_type)` is what `peft.LoraConfig(target_modules=None)` would pick
+(`TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING`), with two kinds of exception:
+
+- NOT_IN_PEFT: types PEFT has no default for (it asks for target_modules) whose attention has no q_proj/v_proj:
+  the fused or low-rank projections that play their part;
+- ATTENTION_ONLY: types where PEFT's default also adapts the MLP (Phi: fc1, fc2); here, as for every other type,
+  the default adapts attention only (the shipped phi profiles were derived so).
+
+Any other type gets ("q_proj", "v_proj"), `Workload.lora_targets`' default.
+"""
+from __future__ import annotations
+
+FALLBACK = ("q_proj", "v_proj")
+NOT_IN_PEFT = {
+    "phi3": ("qkv_proj",),                      # one fused q/k/v projection
+    "deepseek_v3": ("q_b_proj", "kv_b_proj"),   # MLA: the up-projections out of the low-rank q and kv
+}
+ATTENTION_ONLY = {"phi": ("q_proj", "v_proj")}  # PEFT: q_proj, v_proj, fc1, fc2
+
+
+def default_lora_targets(model_type: str) -> tuple[str, ...]:
+    """The default LoRA target modules of this model_type (see the module docstring)."""
+    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as peft_defaults
+
+    if model_type in ATTENTION_ONLY:
+        return ATTENTION_ONLY[model_type]
+    targets = peft_defaults.get(model_type)
+    if targets:
+        return tuple(targets)
+    return NOT_IN_PEFT.get(model_type, FALLBACK)
