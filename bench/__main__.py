@@ -11,17 +11,17 @@ import sys
 
 # command name -> module that registers it
 COMMANDS = {
-    "trace": "bench.cmd_trace",
-    "replay": "bench.cmd_replay",
-    "derive": "bench.cmd_derive",
-    "measure": "bench.cmd_measure",
-    "ingest": "bench.cmd_db",
-    "export": "bench.cmd_db",
-    "build-db": "bench.build_db",
-    "import-published": "bench.cmd_published",
-    "report": "bench.cmd_accuracy",
-    "accuracy": "bench.cmd_accuracy",
-    "calibrate": "bench.cmd_calibrate",
+    "trace": "bench.commands.trace",
+    "replay": "bench.commands.replay",
+    "derive": "bench.commands.derive",
+    "measure": "bench.commands.measure",
+    "ingest": "bench.commands.db",
+    "export": "bench.commands.db",
+    "build-db": "bench.commands.build_db",
+    "import-published": "bench.commands.published",
+    "report": "bench.commands.accuracy",
+    "accuracy": "bench.commands.accuracy",
+    "calibrate": "bench.commands.calibrate",
 }
 
 

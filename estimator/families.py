@@ -3,7 +3,7 @@
 Memory is never computed per family (profiles are derived from each model's own code); this grouping only
 decides which runs are pooled in a calibration and how the app groups architectures. A model type not listed is
 its own family. This is the one table: code reads families from here. SQL mirrors it in the `v_runs` view's `family` column
-(bench/schema.sql; the migrations that wrote the view, 003-005, are history and stay as they were);
+(bench/store/schema.sql; the migrations that wrote the view, 003-005, are history and stay as they were);
 tests/test_db.py checks the view against this table.
 """
 from __future__ import annotations

@@ -7,7 +7,7 @@
 - `applies`: whether a field means something for a mode and method (the app shows only those).
 
 Adding a knob: declare it in `Workload` (with its cross-field rules in `__post_init__`), teach the tracer what it
-does (tracer.recipes), and test it. The CLI, the row columns, the database column (bench.db adds it), the grid,
+does (tracer.recipes), and test it. The CLI, the row columns, the database column (bench.store.db adds it), the grid,
 the published mapping and the app's inputs follow from here (docs/architecture.md).
 """
 from __future__ import annotations

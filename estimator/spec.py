@@ -1,7 +1,7 @@
 """Workload and parallelism specs: the one vocabulary shared by the estimator, bench and the app.
 
 Every field name and allowed value here is also a CLI flag value (`python -m estimator`), a column of
-the `runs` table (`bench/schema.sql`) and a widget in the app. Validation lives in `__post_init__` and
+the `runs` table (`bench/store/schema.sql`) and a widget in the app. Validation lives in `__post_init__` and
 raises `ValueError` naming the field and the allowed values.
 """
 from __future__ import annotations
@@ -68,7 +68,7 @@ def _check_int(name: str, value: int, lo: int, hi: int) -> None:
 @dataclass(frozen=True)
 class Knob:
     """The one declaration of a workload field: everything the CLI flag, the run row's column, the grid axis, the
-    published mapping and the app's widget are generated from (estimator.knobs, bench.rows, pages.inputs)."""
+    published mapping and the app's widget are generated from (estimator.knobs, bench.store.rows, pages.inputs)."""
 
     label: str                     # the app's label
     help: str                      # the CLI's --help and the app's tooltip
@@ -78,7 +78,7 @@ class Knob:
     applies: str = "all"           # when it means something: all | train | infer | adapter (lora/qlora training)
                                    # | frozen (weights that do not train: inference or adapters)
     advanced: bool = False         # the app folds it under "More settings"
-    row_required: bool = False     # a run row must state it (bench.rows)
+    row_required: bool = False     # a run row must state it (bench.store.rows)
 
 
 def knob(default, label: str, help: str, **kw):

@@ -3,7 +3,7 @@
 Two least-squares fits, both plain NumPy (scipy is imported lazily, only for the t quantile):
 
 1. `fit_k`: OLS through the origin of y = k * x, where x = b*s*h*L*bytes and y = the activation bytes of a run
-   (see bench/calibrate.py for how x and y come out of a run row). Through the origin because zero tokens save
+   (see bench/accuracy/calibrate.py for how x and y come out of a run row). Through the origin because zero tokens save
    zero activations; an intercept would soak up whatever the non-activation terms got wrong.
 2. `fit_residual`: ordinary OLS with intercept of the measured device total on the analytic allocated peak,
        total_measured = (1 + alpha) * analytic_allocated + context_bytes,

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import streamlit as st
 
-from bench import app_data, db
+from bench.store import app_data
+
+from bench.store import db
 from estimator import knobs, spec
 from estimator.gpus import gpu_names, load_gpus
 from estimator.model import Model

@@ -6,8 +6,8 @@ import json
 import pandas as pd
 import streamlit as st
 
-from bench import app_data
-from bench.rows import STAGES
+from bench.store import app_data
+from bench.store.rows import STAGES
 from estimator.units import GiB
 from pages import _common as ui
 

@@ -1,6 +1,6 @@
 """Calibrate: fit the seeds' activation constant k per model family from the stored runs, and save it.
 
-Each point is one stored training run without OOM (bench.calibrate.collect_points): x = b*s*h*L*bytes and
+Each point is one stored training run without OOM (bench.accuracy.calibrate.collect_points): x = b*s*h*L*bytes and
 y = the run's allocated peak minus every non-activation component the estimator puts in that stage.
 k is least squares through the origin (offline.calibration.fit_k). docs/calibration.md has the method.
 Saving writes a `calibrations` row (with the run_ids used) and regenerates the calibration JSON that the
@@ -11,13 +11,17 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from bench import app_data, calibrate, db
+from bench.store import app_data
+
+from bench.accuracy import calibrate
+
+from bench.store import db
 from estimator.calibration_file import SEED_K
 from estimator.families import FAMILIES
 from estimator.units import GB, GiB, fmt_bytes
 from pages import _charts as ch
 from pages import _common as ui
-from bench.accuracy import accuracy_summary
+from bench.accuracy.report import accuracy_summary
 
 PAGE = "calib"
 ANY = "any"

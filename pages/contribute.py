@@ -1,8 +1,8 @@
 """Contribute: build the `python -m bench measure` command for your GPU, then upload its rows.
 
-Uploads go through the same code as `python -m bench ingest` (bench.ingest.ingest_files): every row is
+Uploads go through the same code as `python -m bench ingest` (bench.store.ingest.ingest_files): every row is
 validated, and one invalid row means nothing is written. The file is untrusted: it is size-bounded by
-Streamlit (server.maxUploadSize in .streamlit/config.toml) and by bench.ingest, and parsed strictly.
+Streamlit (server.maxUploadSize in .streamlit/config.toml) and by bench.store.ingest, and parsed strictly.
 """
 from __future__ import annotations
 
@@ -12,9 +12,11 @@ from pathlib import Path
 
 import streamlit as st
 
-from bench import app_data, grid
-from bench.measure import MEASURED_STRATEGIES
-from bench.ingest import IngestError, ingest_files
+from bench.store import app_data
+
+from bench.trace import grid
+from bench.measure.harness import MEASURED_STRATEGIES
+from bench.store.ingest import IngestError, ingest_files
 from estimator import spec
 from estimator.presets import preset_names
 from pages import _common as ui
@@ -57,7 +59,7 @@ def command_section() -> None:
     if strategy != "single":
         axes_text["gpus"] = gpus
     ints = ("batch", "seq", "gpus")
-    try:  # the same parser and grid expansion as the command itself (bench.grid)
+    try:  # the same parser and grid expansion as the command itself (bench.trace.grid)
         axes = {k: grid.parse_list(k, v, int if k in ints else str, None) for k, v in axes_text.items()}
         cases, skipped = grid.expand(models, axes)
     except ValueError as e:

@@ -11,7 +11,7 @@ from dataclasses import replace
 import pandas as pd
 import streamlit as st
 
-from bench import app_data
+from bench.store import app_data
 from estimator import search
 from estimator.device import capacity_bytes
 from estimator.estimate import Options, estimate

@@ -1,7 +1,7 @@
 """Will it fit? The home page: one model, one workload, one GPU type -> the verdict, and why.
 
 Every input lives in the URL (st.query_params), so a copied link reproduces the view. The numbers all come
-from `estimator.estimate`, `estimator.search` and `bench.app_data`; this page only draws them.
+from `estimator.estimate`, `estimator.search` and `bench.store.app_data`; this page only draws them.
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from dataclasses import replace
 import pandas as pd
 import streamlit as st
 
-from bench import app_data
+from bench.store import app_data
 from bench.hub import OfflineError, fetch_config, validate_model_id, validate_revision
 from estimator import search
 from estimator.calibration_file import entry_for
@@ -24,8 +24,8 @@ from estimator.spec import Parallel
 from estimator.units import GB, GiB, fmt_bytes
 from pages import _charts as charts
 from pages import _common as ui
-from bench.accuracy_published import COMPARED_WITH
-from bench.published import estimate_row
+from bench.accuracy.published import COMPARED_WITH
+from bench.published.importer import estimate_row
 
 PAGE = "fit"
 SOURCES = {"preset": "Preset", "upload": "Upload config.json", "paste": "Paste config.json",
@@ -213,7 +213,7 @@ def advice_section(model, w, par, gpu, options) -> None:
 
 def closest_published(config, preset, w, par) -> None:
     """One line beside the verdict: the published GPU measurement nearest this workload, and the estimate for
-    that run's own settings (bench/published.py)."""
+    that run's own settings (bench/published/importer.py)."""
 
     if not ui.db_path().is_file():
         return

@@ -1,7 +1,7 @@
 """Allocator replay: what the CUDA caching allocator does with one traced step, drawn inline (like
 pytorch.org/memory_viz): allocated vs reserved over the step's events, and the segments at the reserved peak.
 
-The stream comes from tracing a preset on fake CPU tensors (small sizes; bench.streams.trace_stream) or from an
+The stream comes from tracing a preset on fake CPU tensors (small sizes; bench.trace.streams.trace_stream) or from an
 uploaded .npz (python -m bench trace --stream / measure --stream-dir), which offline.allocator.Stream.load
 validates as untrusted input (no pickle). The replay is offline.allocator.replay; this page only draws it.
 """
@@ -21,7 +21,7 @@ from estimator.spec import Parallel, Workload
 from estimator.units import GiB, MiB, fmt_bytes
 from pages import _charts as charts
 from pages import _common as ui
-from bench.streams import trace_stream
+from bench.trace.streams import trace_stream
 
 PAGE = "replay"
 KINDS = {"train": "Training step (full fine-tune, AdamW)", "lora": "LoRA training step",

@@ -4,7 +4,7 @@
     python scripts/allocator_vs_published.py --write     # and write it into docs/allocator.md
     python scripts/allocator_vs_published.py --db PATH   # another database (default $WILLITFIT_DB or the shipped one)
 
-Reads every run with source = 'published' (bench/queries/published_device_runs.sql). A row is compared when it
+Reads every run with source = 'published' (bench/store/queries/published_device_runs.sql). A row is compared when it
 carries a reserved figure (peak_reserved_bytes, or metric = 'reserved') or a whole-device one (nvml_used_bytes, or
 metric = 'device': what nvidia-smi showed); the estimate for its own model, workload and parallelism comes from
 estimate() with derive=False (a run whose profile is not on disk is counted as skipped, never traced), with the
@@ -35,7 +35,7 @@ def _present(v) -> bool:
 
 def published_rows(db_path: str | None) -> list[dict]:
     """Published rows as dicts, or [] when there is no database (or no published rows)."""
-    from bench import db
+    from bench.store import db
 
     path = Path(db_path) if db_path else db.default_db_path()
     if not path.is_file():
@@ -46,7 +46,7 @@ def published_rows(db_path: str | None) -> list[dict]:
 
 def comparisons(rows: list[dict]) -> tuple[list[dict], dict]:
     """(one dict per compared figure, counts of rows skipped and why)."""
-    from bench.calibrate import model_from_row, parallel_from_row, workload_from_row
+    from bench.accuracy.calibrate import model_from_row, parallel_from_row, workload_from_row
     from estimator.estimate import Options, estimate
     from estimator.gpus import load_gpus
     from estimator.store import ProfileMissing

@@ -10,7 +10,7 @@ calls (DuckDB reads, estimates, chart specs), without the browser's drawing. One
 everything; then each page is timed `--repeats` times and the median and slowest are reported, plus a rerun
 with warm caches (what every later click costs).
 
-The synthetic database: one valid template run per preset model, inserted through bench.ingest, multiplied to
+The synthetic database: one valid template run per preset model, inserted through bench.store.ingest, multiplied to
 --rows runs by scripts/bench_app_synthetic.sql (varying batch, seq, source, strategy, OOM).
 """
 from __future__ import annotations
@@ -36,8 +36,9 @@ import streamlit as st  # noqa: E402
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
 import pages._common as page_common  # noqa: E402
-from bench import app_data, db  # noqa: E402
-from bench.ingest import ingest_rows  # noqa: E402
+from bench.store import app_data
+from bench.store import db  # noqa: E402
+from bench.store.ingest import ingest_rows  # noqa: E402
 from estimator.model import from_hf_config  # noqa: E402
 from estimator.presets import load_config  # noqa: E402
 from rowfactory import make_row  # noqa: E402

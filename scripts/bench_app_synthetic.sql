@@ -1,5 +1,5 @@
 -- scripts/bench_app.py: grow a database of valid template runs (one per preset model, inserted through
--- bench.ingest) into $n synthetic runs, by varying each template along batch, seq, source, strategy and OOM.
+-- bench.store.ingest) into $n synthetic runs, by varying each template along batch, seq, source, strategy and OOM.
 -- Every value is derived from the row number i; run_id stays unique (sha256 of the template id and i).
 -- Byte counts are made up (they scale with batch * seq), but every column keeps its type and bounds.
 SET enable_progress_bar = false;  -- a script's output is a report, not a terminal animation

@@ -4,7 +4,7 @@
     python scripts/bench_db.py --rows 50000 --no-doc # a quick look, docs untouched
 
 It generates synthetic but fully valid rows (varied models, workloads, GPUs), writes them as JSONL files
-(the contributed-results format, 100k rows a file), times `bench.ingest.ingest_files` on them into a
+(the contributed-results format, 100k rows a file), times `bench.store.ingest.ingest_files` on them into a
 fresh database, then times each main query the way the app calls it: open a read-only connection,
 run, fetch a pandas DataFrame, close. Each query gets burn-in calls first, then timed calls; the
 median and the slowest are reported. Everything happens in a temporary directory.
@@ -28,8 +28,10 @@ from scripts.perf_doc import replace_section  # noqa: E402
 
 import duckdb  # noqa: E402
 
-from bench import db, ingest  # noqa: E402
-from bench.rows import COLUMN_NAMES, canonical_json, compute_run_id, config_hash  # noqa: E402
+from bench.store import db
+
+from bench.store import ingest  # noqa: E402
+from bench.store.rows import COLUMN_NAMES, canonical_json, compute_run_id, config_hash  # noqa: E402
 
 GiB = 2**30
 ROWS_PER_FILE = 100_000
@@ -210,7 +212,7 @@ def main() -> None:
         "cores; CPU time (this process, all DuckDB threads) is the work itself.",
         "",
         f"**Ingest**: {args.rows:,} synthetic valid rows in {len(files)} JSONL files ({mib:.0f} MiB) through "
-        "`bench.ingest.ingest_files` (parse, validate every field, compute run_id, dedupe, one transaction "
+        "`bench.store.ingest.ingest_files` (parse, validate every field, compute run_id, dedupe, one transaction "
         f"per file) into a fresh database: {ingest_s:.1f} s wall = **{rate:,.0f} rows/s** "
         f"({ingest_cpu_s:.1f} s CPU = {cpu_rate:,.0f} rows per CPU-second). The database file is {db_mib:.0f} MiB.",
         "",

@@ -3,7 +3,7 @@
     python scripts/fit_reserved.py              # trace, replay, fit; write data/allocator_fit.json + docs section
     python scripts/fit_reserved.py --quick      # three cases per class, nothing written (a smoke run)
 
-Each case is a real transformers model traced on fake CPU tensors (bench.streams.trace_stream: every allocation
+Each case is a real transformers model traced on fake CPU tensors (bench.trace.streams.trace_stream: every allocation
 and free of the step, in order), replayed through the caching-allocator model (offline.allocator) under the
 default allocator and under expandable_segments:True. Per class (estimator.reserved.workload_class) and mode,
 
@@ -86,7 +86,7 @@ def _kw(w: Workload) -> dict:
 
 
 def run_case(preset: str, layers: int | None, w: Workload, p: Parallel) -> dict:
-    from bench.streams import trace_stream
+    from bench.trace.streams import trace_stream
     from offline.allocator.replay import replay
 
     name, cfg = load_config(preset)

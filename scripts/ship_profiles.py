@@ -3,13 +3,13 @@
     python scripts/ship_profiles.py            # every preset's shipped classes (an hour or two of CPU)
     python scripts/ship_profiles.py --list     # print the classes without deriving
     python scripts/ship_profiles.py --model llama-3.1-8b --force
-    python scripts/ship_profiles.py --published  # the classes the published tier's runs need (bench/published.py)
+    python scripts/ship_profiles.py --published  # the classes the published tier's runs need (bench/published/importer.py)
 
 What is shipped, per preset (each a workload class: batch, seq and world size are a profile's variables):
 - its inventory;
 - training, pure bf16: full fine-tuning, LoRA on PEFT's default targets, full fine-tuning with full activation
   checkpointing (what advice proposes first); inference;
-- the presets of the shipped traced grid (bench/build_db.py: dense up to 13B, plus its MoE): amp full and LoRA, and
+- the presets of the shipped traced grid (bench/commands/build_db.py: dense up to 13B, plus its MoE): amp full and LoRA, and
   eager inference, so every stored traced row has its profile (`python -m bench accuracy`);
 - FSDP (full, pure bf16: the Multi-GPU page's default) for every causal preset; llama-2-7b with `mixed`.
 Everything else is derived on first use and cached (~/.cache/willitfit).
@@ -57,7 +57,7 @@ def classes(name: str, config: dict, grid: set[str]) -> list[tuple[Workload, Par
 def published_classes() -> list[tuple[str, Workload, Parallel]]:
     """(preset, workload, parallel) of every mapped or partial published run, so that the accuracy report and the
     app price them from shipped profiles."""
-    from bench.published import workload_fields, load_data, run_row
+    from bench.published.importer import workload_fields, load_data, run_row
 
     out = []
     for p in load_data():
@@ -81,7 +81,7 @@ def main(argv=None) -> int:
     ap.add_argument("--force", action="store_true", help="derive again what is already shipped")
     ap.add_argument("--published", action="store_true", help="the classes of the published tier's runs")
     args = ap.parse_args(argv)
-    from bench.build_db import grid_models
+    from bench.commands.build_db import grid_models
 
     grid = set(grid_models())
     names = args.model.split(",") if args.model else preset_names()

@@ -9,7 +9,7 @@ field (batch, seq, model, ...) gives a new run_id; pass run_id=... to force one.
 """
 from __future__ import annotations
 
-from bench.rows import COLUMN_NAMES, canonical_json, compute_run_id, config_hash
+from bench.store.rows import COLUMN_NAMES, canonical_json, compute_run_id, config_hash
 
 GiB = 2**30
 
@@ -23,7 +23,7 @@ TINY_LLAMA_CONFIG = {
 
 
 def make_row(**overrides) -> dict:
-    """A valid traced training row of the tiny Llama; every column of bench.rows.COLUMNS is present."""
+    """A valid traced training row of the tiny Llama; every column of bench.store.rows.COLUMNS is present."""
     config = overrides.pop("config", TINY_LLAMA_CONFIG)
     row = dict.fromkeys(COLUMN_NAMES)
     row.update({

@@ -1,4 +1,4 @@
-"""`bench.accuracy` and the `report` / `accuracy` commands, on temporary databases.
+"""`bench.accuracy.report` and the `report` / `accuracy` commands, on temporary databases.
 
 Two databases: a few rowfactory rows (synthetic peaks, traced and measured) whose errors are recomputed here
 by hand from estimate() and the peers, and ten real traced runs of the tiny configs in tests/data/tiny
@@ -13,9 +13,11 @@ import re
 import numpy as np
 import pytest
 
-from bench import accuracy, cmd_accuracy
+from bench.accuracy import report as accuracy
+
+from bench.commands import accuracy as cmd_accuracy
 from bench.__main__ import COMMANDS, main
-from bench.ingest import ingest_files
+from bench.store.ingest import ingest_files
 from offline import peers
 from estimator.estimate import estimate
 from estimator.model import from_hf_config
@@ -108,7 +110,7 @@ def test_loao_never_uses_the_held_out_family(traced_db):
         assert fit.fit is not None and fit.run_ids
         used = {family_of[r] for r in fit.run_ids}
         assert fam not in used and used  # only the other families' runs
-        # every other family's training run except CPU-artefact traces (bench.calibrate.cpu_math_sdpa)
+        # every other family's training run except CPU-artefact traces (bench.accuracy.calibrate.cpu_math_sdpa)
         assert len(fit.run_ids) == sum(1 for r in family_of if family_of[r] != fam
                                        and (ev.errors[ev.errors.run_id == r]["mode"] != "infer").all()
                                        and not (ev.errors[ev.errors.run_id == r]["cause"]
@@ -141,7 +143,7 @@ def test_known_cause_flags_sdpa_dropout_traces(traced_db):
     gpt2 = runs[runs.model_name == "t-gpt2"]
     assert len(gpt2) and gpt2.notes.str.contains("kernels cuda").all()
     # a row traced before that (no note) is still recognised as the math-kernel artefact
-    from bench import calibrate
+    from bench.accuracy import calibrate
     from estimator.model import from_hf_config as build
     row = gpt2.iloc[0].to_dict()
     model = build(json.loads(row["config_json"]), "t-gpt2")
@@ -212,7 +214,7 @@ def test_cli_exit_codes(traced_db, tmp_path, capsys):
 
 
 def test_every_option_has_help_and_commands_route_here():
-    assert COMMANDS["report"] == COMMANDS["accuracy"] == "bench.cmd_accuracy"
+    assert COMMANDS["report"] == COMMANDS["accuracy"] == "bench.commands.accuracy"
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers()
     cmd_accuracy.register(sub)

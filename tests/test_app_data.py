@@ -1,4 +1,4 @@
-"""bench.app_data (the app's reads), the URL-state fields and the chart builders, without running the app."""
+"""bench.store.app_data (the app's reads), the URL-state fields and the chart builders, without running the app."""
 from __future__ import annotations
 
 import io
@@ -9,9 +9,13 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from bench import app_data, calibrate, db
-from bench.calibrate import parallel_from_row, workload_from_row
-from bench.ingest import ingest_files
+from bench.store import app_data
+
+from bench.accuracy import calibrate
+
+from bench.store import db
+from bench.accuracy.calibrate import parallel_from_row, workload_from_row
+from bench.store.ingest import ingest_files
 from estimator.estimate import estimate
 from estimator.model import from_hf_config
 from estimator.presets import load_config

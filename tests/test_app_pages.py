@@ -14,9 +14,13 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from bench import app_data, calibrate, db
-from bench.calibrate import parallel_from_row, workload_from_row
-from bench.ingest import ingest_files
+from bench.store import app_data
+
+from bench.accuracy import calibrate
+
+from bench.store import db
+from bench.accuracy.calibrate import parallel_from_row, workload_from_row
+from bench.store.ingest import ingest_files
 from estimator import search
 from estimator.estimate import Options, estimate
 from estimator.device import capacity_bytes
@@ -338,8 +342,8 @@ def test_calibrate_fits_and_saves(env, tmp_path):
 
 
 def test_calibrate_accuracy_table_is_the_library_summary(env):
-    """The accuracy section shows bench.accuracy.accuracy_summary for the chosen truth tier, in percent."""
-    from bench.accuracy import accuracy_summary
+    """The accuracy section shows bench.accuracy.report.accuracy_summary for the chosen truth tier, in percent."""
+    from bench.accuracy.report import accuracy_summary
 
     at = app("pages/calibrate.py")
     assert not [d for d in at.dataframe if "median |err| (%)" in d.value.columns]  # off until asked
@@ -413,7 +417,7 @@ def write_bytes(rows: list[dict]) -> bytes:
 # ---------------------------------------------------------------- the published tier
 
 def test_benchmarks_published_filter_shows_published_runs_with_their_estimates(env):
-    from bench import published
+    from bench.published import importer as published
 
     published.import_published(env)
     at = app("pages/benchmarks.py")
@@ -432,7 +436,7 @@ def test_benchmarks_published_filter_shows_published_runs_with_their_estimates(e
 
 
 def test_fit_shows_the_closest_published_run(env):
-    from bench import published
+    from bench.published import importer as published
 
     published.import_published(env)
     at = app(query={"model": "llama-3.2-1b", "batch": "4", "seq": "512"})

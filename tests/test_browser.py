@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.ingest import ingest_files
+from bench.store.ingest import ingest_files
 
 REPO = Path(__file__).resolve().parent.parent
 CHROMIUM = Path("/usr/bin/chromium")

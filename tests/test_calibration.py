@@ -12,9 +12,11 @@ import os
 import numpy as np
 import pytest
 
-from bench import calibrate, db
+from bench.accuracy import calibrate
+
+from bench.store import db
 from bench.__main__ import main
-from bench.ingest import ingest_files
+from bench.store.ingest import ingest_files
 from offline.calibration import fit_k, fit_residual, t_quantile
 from estimator.estimate import estimate
 from estimator.model import from_hf_config

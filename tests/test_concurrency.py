@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import db
+from bench.store import db
 from bench.__main__ import main
 from rowfactory import make_row
 
@@ -25,7 +25,7 @@ TESTS = Path(__file__).resolve().parent
 WRITER = textwrap.dedent("""
     import json, sys, time
     sys.path.insert(0, {tests!r})
-    from bench.ingest import ingest_rows
+    from bench.store.ingest import ingest_rows
     from rowfactory import make_row
     db_path, run_s = sys.argv[1], float(sys.argv[2])
     written, batch_no, t_end = 0, 0, time.monotonic() + run_s
@@ -40,7 +40,7 @@ WRITER = textwrap.dedent("""
 
 READER = textwrap.dedent("""
     import json, os, sys
-    from bench.db import query_df, fetch_runs
+    from bench.store.db import query_df, fetch_runs
     db_path, stop_file = sys.argv[1], sys.argv[2]
     queries, errors, counts = 0, [], []
     while True:

@@ -1,4 +1,4 @@
-"""The DuckDB schema, migrations, views and read helpers of bench/db.py."""
+"""The DuckDB schema, migrations, views and read helpers of bench/store/db.py."""
 from __future__ import annotations
 
 from datetime import datetime
@@ -8,10 +8,10 @@ import duckdb
 import pyarrow as pa
 import pytest
 
-from bench import db
-from bench.ingest import ARROW_SCHEMA, ingest_rows
-from bench.rows import COLUMNS, COLUMN_NAMES
-from bench.validate import validate_row
+from bench.store import db
+from bench.store.ingest import ARROW_SCHEMA, ingest_rows
+from bench.store.rows import COLUMNS, COLUMN_NAMES
+from bench.store.validate import validate_row
 from rowfactory import make_row
 
 SQL_TYPES = {"text": "VARCHAR", "int": "BIGINT", "bytes": "BIGINT", "float": "DOUBLE", "bool": "BOOLEAN",
@@ -229,7 +229,7 @@ def test_v_runs_family_matches_estimator_families(tmp_path):
     from estimator.families import FAMILIES
     from tests.rowfactory import make_row
 
-    from bench import ingest
+    from bench.store import ingest
 
     path = tmp_path / "fam.duckdb"
     rows = [make_row(model_type=mt, model_name=f"m-{mt}", batch=i + 1) for i, mt in enumerate(sorted(FAMILIES))]

@@ -1,7 +1,7 @@
 """estimate() against the traced tier, family by family: every stage's tensor bytes equal a traced run, to the byte.
 
 Each case traces a tiny config with its family's real module structure (tests/data/tiny, 3 layers of hidden
-size 128) on fake CPU tensors running CUDA's kernels (bench.trace.trace_case: every live storage counted
+size 128) on fake CPU tensors running CUDA's kernels (bench.trace.cases.trace_case: every live storage counted
 exactly), and asserts that `estimator.estimate` (its profile derived at other sizes by the tracer, evaluated
 at batch 2, seq 64) gives each stage's peak tensor bytes (`Breakdown.tensor_bytes`: no allocator cache, no
 CUDA overhead) equal to the traced stage peak: load, forward, backward and optimizer in training, load,
@@ -21,7 +21,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from bench.trace import trace_case  # noqa: E402
+from bench.trace.cases import trace_case  # noqa: E402
 from estimator.estimate import estimate  # noqa: E402
 from estimator.model import from_hf_config  # noqa: E402
 from estimator.spec import Workload  # noqa: E402

@@ -158,4 +158,4 @@ def test_the_tier_test_sees_a_planted_upward_import(tmp_path, monkeypatch):
     (fake / "bad.py").write_text("def f():\n    from bench import db\n")
     edges = list(_imports(fake / "bad.py", "estimator"))
     assert [(t, local) for t, _, local, _ in edges] == [("bench", True)]
-    assert _tier("estimator.bad") < _tier("bench.db")
+    assert _tier("estimator.bad") < _tier("bench.store.db")

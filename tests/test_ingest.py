@@ -15,10 +15,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench import db, ingest
+from bench.store import db
+
+from bench.store import ingest
 from bench.__main__ import main
-from bench.rows import COLUMN_NAMES, MAX_NOTES
-from bench.validate import validate_row
+from bench.store.rows import COLUMN_NAMES, MAX_NOTES
+from bench.store.validate import validate_row
 from rowfactory import make_row
 
 REPO = Path(__file__).resolve().parent.parent
@@ -116,7 +118,7 @@ def test_invalid_fields_are_named(overrides, message):
 def test_unknown_columns_are_named():
     row, errors = validate_row({**make_row(), "vram_gb": 80, "colour": "red"})
     assert row is None and errors == [
-        "unknown column(s) 'vram_gb', 'colour'; allowed columns are those of bench.rows.COLUMNS"]
+        "unknown column(s) 'vram_gb', 'colour'; allowed columns are those of bench.store.rows.COLUMNS"]
 
 
 def test_oom_run_may_exceed_the_gpu():
@@ -350,7 +352,7 @@ def test_failed_export_leaves_no_partial_file(tmp_path, seeded_db, capsys):
 
 def test_every_cli_option_has_help():
     import argparse
-    from bench import cmd_db
+    from bench.commands import db as cmd_db
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers()
     cmd_db.register(sub)

@@ -161,7 +161,7 @@ def test_kernels_name_the_field():
 
 
 def test_trace_cli_kernels_cpu_row_has_its_own_run_id(tmp_path):
-    from bench import trace
+    from bench.trace import cases as trace
 
     cfg, w = tiny("llama"), Workload(batch=1, seq=8, loop="keep-output")
     cuda, cpu = trace.trace_case(cfg, "t", w), trace.trace_case(cfg, "t", w, kernels="cpu")

@@ -1,4 +1,4 @@
-"""The measured tier (bench/measure.py, bench/measure_worker.py, bench/cmd_measure.py) without a GPU.
+"""The measured tier (bench/measure/harness.py, bench/measure/worker.py, bench/commands/measure.py) without a GPU.
 
 What runs here: the real torchrun launch and rank gather on CPU (gloo) in the hidden `--device cpu` test
 mode, the OOM row built in-process with a fake counting backend, resuming, failure reporting and the
@@ -14,11 +14,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench import env, measure, measure_worker
+from bench.measure import env
+
+from bench.measure import harness as measure
+
+from bench.measure import worker as measure_worker
 from tracer import runner
 from bench.__main__ import main as bench_main
-from bench.rows import MAX_NOTES
-from bench.validate import validate_row
+from bench.store.rows import MAX_NOTES
+from bench.store.validate import validate_row
 from estimator.spec import Parallel, Workload
 from rowfactory import TINY_LLAMA_CONFIG
 
@@ -236,7 +240,7 @@ def test_timeout_kills_the_whole_process_group(tmp_path):
 
 def test_worker_command_uses_torchrun_for_every_distributed_strategy(tmp_path):
     single = measure.worker_command(cpu_case(), tmp_path / "c", tmp_path / "r", None)
-    assert single[:3] == [sys.executable, "-m", "bench.measure_worker"]
+    assert single[:3] == [sys.executable, "-m", "bench.measure.worker"]
     ddp = measure.worker_command(cpu_case(parallel=Parallel("ddp", 1)), tmp_path / "c", tmp_path / "r", "snap")
     assert ddp[:5] == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1"]
     assert ddp[-2:] == ["--snapshot", "snap"]
@@ -270,7 +274,7 @@ def test_cuda_backend_arithmetic_with_the_cuda_calls_faked(monkeypatch):
 def test_every_measure_option_has_help_and_the_cpu_mode_is_hidden(capsys):
     import argparse
 
-    from bench import cmd_measure
+    from bench.commands import measure as cmd_measure
 
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers()

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from bench import published
-from bench.db import connect
-from bench.published_map import map_row, metric, translate_targets, unit_bytes
+from bench.published import importer as published
+from bench.store.db import connect
+from bench.published.mapping import map_row, metric, translate_targets, unit_bytes
 
 ROWS = published.load_data()
 
@@ -44,7 +44,7 @@ def test_a_bad_row_leaves_the_previous_tier_intact(tmp_path):
     bad = tmp_path / "points.csv"
     with published.DATA_FILE.open() as f:
         rows = list(csv.DictReader(f))
-    rows[5]["batch"] = "0"                            # the runs table refuses batch 0 (bench/validate.py)
+    rows[5]["batch"] = "0"                            # the runs table refuses batch 0 (bench/store/validate.py)
     with bad.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=published.FIELDS)
         w.writeheader()

@@ -244,7 +244,7 @@ def test_chunked_loss_on_a_masked_lm_is_refused():
 def test_trace_flags_parse_booleans_and_refuse_others():
     import argparse
 
-    from bench import grid
+    from bench.trace import grid
 
     parser = argparse.ArgumentParser()
     grid.add_arguments(parser)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from bench import __main__ as bench_main
-from bench.streams import trace_stream
+from bench.trace.streams import trace_stream
 from estimator import cli, reserved, search
 from estimator import estimate as est_mod
 from offline.allocator.replay import replay

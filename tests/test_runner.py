@@ -135,7 +135,7 @@ def test_building_the_hf_config_leaves_the_callers_config_untouched():
     import copy
 
     from tracer import runner
-    from bench.rows import config_hash
+    from bench.store.rows import config_hash
     from estimator.presets import load_config
 
     _, cfg = load_config("llama-3.2-1b")

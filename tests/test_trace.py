@@ -10,10 +10,12 @@ import json
 import pytest
 import torch
 
-from bench import grid, trace
+from bench.trace import grid
+
+from bench.trace import cases as trace
 from bench.__main__ import main
 from tracer.counters import StorageCounter
-from bench.validate import validate_row
+from bench.store.validate import validate_row
 from estimator.spec import Parallel, Workload
 
 BF16, FP32, INT64 = 2, 4, 8  # bytes per element
@@ -314,7 +316,7 @@ def test_cli_ingest_then_resume_from_database(tiny_path, tmp_path, capsys):
 
 def test_runs_past_learned_positions_are_refused_before_tracing():
     """Fake tensors never check an index: GPT-2 (1024 learned positions) at 2048 tokens must not 'trace'."""
-    from bench import trace as tr
+    from bench.trace import cases as tr
     from estimator.presets import load_config
 
     _, cfg = load_config("gpt2")

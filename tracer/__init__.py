@@ -4,7 +4,7 @@ estimate imports this package (tests/test_imports.py checks it): it runs to deri
 memory profile (`tracer.derive`), and for `python -m bench trace` / `measure`.
 
 - `runner`: a `Workload` becomes a model, optimizer, inputs and a sequence of stages (used on fake tensors and,
-  by `bench.measure`, on a real GPU).
+  by `bench.measure.harness`, on a real GPU).
 - `counters`: the allocation counter (every storage's bytes, lifetime and role) and its event stream.
 - `session`: one traced run: build the case inside FakeTensorMode (single GPU, DDP buckets, FSDP2 with a fake
   process group), run it, read the counter.

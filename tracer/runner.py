@@ -2,8 +2,8 @@
 
 This is the one place that knows how a `Workload` becomes a model, an optimizer, inputs and a sequence of
 stages. It does not count memory: `run_stages` calls `on_stage(name)` at every stage boundary and the
-caller reads whatever counter it uses there (`bench.trace` reads a dispatch-mode counter on fake CPU
-tensors, `bench.measure` reads torch.cuda's peak statistics on a real GPU).
+caller reads whatever counter it uses there (`bench.trace.cases` reads a dispatch-mode counter on fake CPU
+tensors, `bench.measure.harness` reads torch.cuda's peak statistics on a real GPU).
 
 What each training recipe keeps in which dtype (what this module implements):
 - pure:  weights, gradients and optimizer states in `precision`; compute in `precision`.
@@ -300,7 +300,7 @@ def run_stages(model, optimizer, workload: Workload, inputs: dict, on_stage: Cal
     step 2 is the steady state). The caller calls on_stage("load") itself after building and inputs.
     `live`, if given, receives the objects the stages create that a counter may want to classify at
     on_stage (inference: the KV cache under "kv_cache"); with loop "keep-output" it holds the last model output
-    under "output", so a caller that runs the steps over several calls (bench.measure_worker) keeps the previous
+    under "output", so a caller that runs the steps over several calls (bench.measure.worker) keeps the previous
     step's output alive into the next forward, as one Python loop does.
     """
     if steps < 1:

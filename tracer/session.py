@@ -345,7 +345,7 @@ def run_traced(config: dict, workload: Workload, parallel: Parallel = Parallel()
     kernels: "cuda" (default) traces what a CUDA GPU keeps (tracer.kernels.emulate); "cpu" the model
     exactly as a plain training loop on fake CPU tensors runs it.
     stream=True keeps the run's allocation events (`Trace.events`: what the caching allocator would be asked,
-    in order; offline.allocator.Stream is built from them by bench.trace.stream_of).
+    in order; offline.allocator.Stream is built from them by bench.trace.cases.stream_of).
     check=True traces the case a second time, counted by torch's own tracker alone (MemTracker for
     single-GPU full fine-tuning, FSDPMemTracker for FSDP), and raises if its overall peak is not
     the same to the byte. The two runs are separate because FSDPMemTracker re-registers FSDP's hooks,

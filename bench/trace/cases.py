@@ -1,0 +1,73 @@
+"""Traced tier rows: trace a case on fake CPU tensors (`tracer.session`) and write it as a run row.
+
+    row = trace_case(config, "llama-2-7b", Workload(batch=4, seq=512), Parallel())
+"""
+from __future__ import annotations
+
+import functools
+from datetime import datetime, timezone
+
+from bench.measure import env
+from bench.store.rows import COLUMN_NAMES, canonical_json, compute_run_id, config_hash
+from estimator.spec import Parallel, Workload, spec_dict
+from tracer.session import (FSDP_STRATEGIES, TRACED_STRATEGIES, Trace, check_checkable,  # noqa: F401
+                                     check_traceable, run_traced)
+
+
+FAKE_GPU_NAME = "fake-cpu"
+NOTES = ("traced on fake CPU tensors: exact bytes of every tensor storage the ops allocate; no caching-allocator "
+         "rounding, no fragmentation, no CUDA context, no kernel workspaces (cuBLAS, attention scratch)")
+
+
+def trace_case(config: dict, name: str, workload: Workload, parallel: Parallel = Parallel(), *,
+               steps: int = 2, check: bool = False, kernels: str = "cuda") -> dict:
+    """Trace one case and return its run row (every column of bench.store.rows.COLUMNS); see `run_traced`."""
+    trace = run_traced(config, workload, parallel, steps=steps, check=check, name=name, kernels=kernels)
+    return build_row(config, name, workload, parallel, trace, kernels)
+
+
+@functools.lru_cache(maxsize=1)
+def _software() -> dict:
+    """Library versions (read once per process; a traced row has no driver and no CUDA runtime)."""
+    return {**env.software_fields(), "cuda_version": None, "driver_version": None}
+
+
+def _identity_row(config: dict, workload: Workload, parallel: Parallel, kernels: str = "cuda") -> dict:
+    """Every column None except those that say what was traced where (enough for compute_run_id); `kernels`
+    joins the run_id when it is not the default "cuda" (bench.store.rows.LATER_IDENTITY_DEFAULTS)."""
+    row = dict.fromkeys(COLUMN_NAMES)
+    row.update(_software())
+    row.update(spec_dict(workload))
+    row.update(source="traced", gpu_name=FAKE_GPU_NAME, gpu_total_bytes=None, gpu_count=parallel.gpus,
+               config_hash=config_hash(config), strategy=parallel.strategy, world_size=parallel.gpus,
+               kernels=kernels)
+    return row
+
+
+def case_run_id(config: dict, workload: Workload, parallel: Parallel, kernels: str = "cuda") -> str:
+    """The run_id `trace_case` gives this case on this machine, computed without tracing (for resuming)."""
+    return compute_run_id(_identity_row(config, workload, parallel, kernels))
+
+
+def build_row(config: dict, name: str, workload: Workload, parallel: Parallel, trace: Trace,
+              kernels: str = "cuda") -> dict:
+    """A run row with every column; traced rows have no reserved bytes, no GPU and no step time."""
+    row = _identity_row(config, workload, parallel, kernels)
+    log = trace.log
+    row.update(
+        created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), model_name=name,
+        model_type=str(config.get("model_type")), params=trace.params, trainable_params=trace.trainable_params,
+        config_json=canonical_json(config), peak_alloc_bytes=log.peak.peak_bytes, oom=False,
+        breakdown_json=canonical_json(log.breakdown_json()),
+        notes="; ".join([NOTES, *trace.notes, f"traced in {trace.seconds:.1f} s"]),
+    )
+    for stage in log.stages:
+        row[f"{stage.stage}_peak_alloc_bytes"] = stage.peak_bytes
+    if parallel.gpus > 1:
+        ranks = dict(trace.per_rank or {"world_size": parallel.gpus, "traced_rank": 0})
+        ranks["ranks"] = [{"rank": 0, "peak_alloc_bytes": log.peak.peak_bytes,
+                           **{f"{s.stage}_peak_alloc_bytes": s.peak_bytes for s in log.stages},
+                           "breakdown": log.peak.breakdown}]
+        row["per_rank_json"] = canonical_json(ranks)
+    row["run_id"] = compute_run_id(row)
+    return row
