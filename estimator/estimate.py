@@ -53,6 +53,16 @@ class Options:
 
 
 @dataclass(frozen=True)
+class StageBytes:
+    """One stage's peak as the three counters of a GPU run: torch's allocated and reserved, the device's use."""
+
+    stage: str
+    allocated_bytes: int
+    reserved_bytes: int
+    device_bytes: int
+
+
+@dataclass(frozen=True)
 class Estimate:
     model: Model
     workload: Workload
@@ -82,8 +92,22 @@ class Estimate:
     @property
     def allocated_bytes(self) -> int:
         """Peak as torch.cuda.max_memory_allocated would see it (no cache, no context, no NCCL)."""
-        c = self.components
-        return self.total_bytes - c.overhead - c.allocator_cache + self.allocator_overhead_bytes
+        return self.allocated_at(self.peak_stage)
+
+    def allocated_at(self, stage: str) -> int:
+        """A stage's peak as torch.cuda.max_memory_allocated would see it: its tensors plus the cuBLAS workspace
+        (allocated through torch), without the allocator's cache, the CUDA context or NCCL's buffers."""
+        c = self.stage(stage)
+        return c.total - c.overhead - c.allocator_cache + self.allocator_overhead_bytes
+
+    def stage_bytes(self) -> tuple[StageBytes, ...]:
+        """Per stage: allocated, reserved (allocated + the allocator's cache) and device bytes (everything, the
+        number nvidia-smi shows), the three counters a GPU run reports; the pages draw these, never re-derive them."""
+        out = []
+        for name, c in self.stages:
+            allocated = self.allocated_at(name)
+            out.append(StageBytes(name, allocated, allocated + c.allocator_cache, c.total))
+        return tuple(out)
 
     @property
     def reserved_bytes(self) -> int:
@@ -224,6 +248,18 @@ def _runnable_attention(model: Model, w: Workload) -> tuple[Workload, tuple[str,
             "the seq x seq scores" + (" (FlashAttention-2 keeps none: an upper bound)" if w.attention == "flash"
                                       else ""))
     return replace(w, attention="eager"), (note,)
+
+
+def ensure_profile(model: Model, workload: Workload, parallel: Parallel = Parallel(),
+                   progress: Callable | None = None) -> dict:
+    """Make sure the profile `estimate(model, workload, parallel)` evaluates is on disk, deriving it now (torch;
+    `progress(done, total, message)` per trace) if it is not. Returns its provenance with 'where': shipped, cache or
+    'derived now'."""
+    w, _ = _runnable_attention(model, workload)
+    tw, tp, _ = traced_class(w, parallel)
+    found = store.where(model.config, key=store.profile_key(tw, tp))
+    prof = store.profile(model.config, tw, tp, name=model.name, derive=found is None, progress=progress)
+    return {**prof.provenance, "where": found or "derived now"}
 
 
 def profile_for(model: Model, w: Workload, p: Parallel, options: Options = Options()):

@@ -9,7 +9,7 @@ import streamlit as st
 from bench.store import app_data
 from bench.store.rows import STAGES
 from estimator.units import GiB
-from pages import _common as ui
+from pages import _state as state, _data as reads
 
 PAGE = "bench"
 FILTER_LABELS = {"source": "Source", "metric": "Metric", "gpu_name": "GPU", "model_name": "Model", "mode": "Mode",
@@ -25,7 +25,7 @@ GIB_COLUMNS = ("peak_alloc_gib", "peak_reserved_gib", "nvml_used_gib", "gpu_tota
 
 def filters_sidebar() -> dict:
     """Sidebar filters -> {column: [values] or bool}; an empty choice means no filter on that column."""
-    values = ui.filter_values()
+    values = reads.filter_values()
     st.sidebar.header("Filter runs")
     filters = {}
     for col, label in FILTER_LABELS.items():
@@ -40,7 +40,7 @@ def filters_sidebar() -> dict:
 
 
 def summary(filters: dict) -> int:
-    df = ui.counts(filters)
+    df = reads.counts(filters)
     total = int(df["n_runs"].sum()) if len(df) else 0
     c = st.columns(5)
     c[0].metric("Runs", f"{total:,}", help="Runs matching the filters.")
@@ -56,12 +56,12 @@ def summary(filters: dict) -> int:
 
 
 def runs_section(filters: dict, total: int) -> pd.DataFrame:
-    df = ui.runs_table(filters)
+    df = reads.runs_table(filters)
     if total > len(df):
         st.caption(f"Showing the newest {len(df):,} of {total:,} runs; the download below has them all.")
     published = tuple(df.loc[df["source"] == "published", "run_id"]) if len(df) else ()
     if published:  # the estimator beside each published number (shipped profiles only: nothing is traced here)
-        est = ui.published_estimates(published)
+        est = reads.published_estimates(published)
         df.insert(6, "estimate_gib", df["run_id"].map(est) / GiB)
         df.insert(7, "error", (df["estimate_gib"] - df["measured_gib"]) / df["measured_gib"] * 100)
     config = {c: st.column_config.NumberColumn(c.replace("_gib", " (GiB)"), format="%.3f",
@@ -89,7 +89,7 @@ def detail_section(df: pd.DataFrame) -> None:
     run_id = st.selectbox("Run", list(labels), format_func=labels.get, key=f"{PAGE}:run",
                           help=f"One of the newest {DETAIL_CHOICES} filtered runs (narrow the filters to reach "
                                "others): every column of the stored row, provenance, per-stage peaks, config.")
-    row = ui.run_detail(run_id)
+    row = reads.run_detail(run_id)
     if row is None:
         st.warning("That run is no longer in the database (it changed since the table was read); reload.")
         return
@@ -134,7 +134,7 @@ def download_section(filters: dict) -> None:
     st.subheader("Download")
     fmt = st.radio("Format", app_data.EXPORT_FORMATS, horizontal=True, key=f"{PAGE}:fmt",
                    help="Every column of `runs`, so the file can be ingested again (python -m bench ingest).")
-    path = str(ui.db_path())
+    path = str(reads.db_path())
     st.download_button(f"Download the filtered runs as {fmt.upper()}",
                        data=lambda: app_data.export_bytes(path, filters, fmt),  # built only when clicked
                        file_name=f"willitfit-runs.{fmt}",
@@ -146,7 +146,7 @@ def main() -> None:
     st.title("Benchmarks")
     st.caption("Runs stored in the database: **measured** on a GPU, **traced** on fake CPU tensors, or "
                "**published**. Sizes in GiB (2^30 bytes).")
-    if ui.empty_db_notice():
+    if reads.empty_db_notice():
         return
     filters = filters_sidebar()
     total = summary(filters)
@@ -158,4 +158,4 @@ def main() -> None:
     download_section(filters)
 
 
-ui.run_page(main)
+state.run_page(main)

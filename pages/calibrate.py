@@ -20,7 +20,7 @@ from estimator.calibration_file import SEED_K
 from estimator.families import FAMILIES
 from estimator.units import GB, GiB, fmt_bytes
 from pages import _charts as ch
-from pages import _common as ui
+from pages import _state as state, _data as reads
 from bench.accuracy.report import accuracy_summary
 
 PAGE = "calib"
@@ -57,7 +57,7 @@ def accuracy_section() -> None:
                      help="Scores every traced and measured row with every method: a few seconds on the shipped "
                           "database, then cached until the database changes."):
         return
-    summary = _accuracy(str(ui.db_path()), ui.fingerprint())
+    summary = _accuracy(str(reads.db_path()), reads.fingerprint())
     if summary.empty:
         st.info("No traced or measured run to score yet.")
         return
@@ -132,7 +132,7 @@ def save_section(fit, pts: pd.DataFrame) -> None:
     if st.button("Save calibration", type="primary", key=f"{PAGE}:save",
                  help="Store k, its interval, fit quality and the run_ids used in the calibrations table, and "
                       "regenerate the calibration JSON (the Will-it-fit toggle reads it)."):
-        cid = calibrate.save_calibration(fit, pts, ui.db_path(), residual=ctx)
+        cid = calibrate.save_calibration(fit, pts, reads.db_path(), residual=ctx)
         st.success(f"Saved calibration {cid[:12]} (k = {fit.k:.3f}, {fit.n_points} runs). Turn on "
                    "“Use calibrated k” on the Will it fit? page to use it.")
 
@@ -140,7 +140,7 @@ def save_section(fit, pts: pd.DataFrame) -> None:
 def main() -> None:
     st.title("Calibrate")
     st.caption("Fit k in activations = k · b·s·h·L·bytes per model family, from stored training runs without OOM.")
-    if ui.empty_db_notice():
+    if reads.empty_db_notice():
         return
     families = sorted(set(FAMILIES.values()))
     family = st.sidebar.selectbox("Model family", families, index=families.index("llama"), key=f"{PAGE}:family",
@@ -150,7 +150,7 @@ def main() -> None:
     if not sources:
         st.info("Pick at least one source in the sidebar.")
         return
-    points = _points(str(ui.db_path()), ui.fingerprint(), family, tuple(sources))
+    points = _points(str(reads.db_path()), reads.fingerprint(), family, tuple(sources))
     n_runs = points.attrs["n_runs"]
     if n_runs > app_data.CALIBRATION_SAMPLE:
         st.caption(f"{n_runs:,} {family} training runs match; this page fits a fixed pseudo-random sample of "
@@ -170,7 +170,7 @@ def main() -> None:
     fit_charts(pts, fit)
     save_section(fit, pts)
     st.subheader("Saved calibrations")
-    latest = _latest(str(ui.db_path()), ui.fingerprint())
+    latest = _latest(str(reads.db_path()), reads.fingerprint())
     if latest.empty:
         st.caption("None yet.")
     else:
@@ -178,4 +178,4 @@ def main() -> None:
     accuracy_section()
 
 
-ui.run_page(main)
+state.run_page(main)

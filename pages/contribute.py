@@ -19,7 +19,7 @@ from bench.measure.harness import MEASURED_STRATEGIES
 from bench.store.ingest import IngestError, ingest_files
 from estimator import spec
 from estimator.presets import preset_names
-from pages import _common as ui
+from pages import _state as state, _data as reads
 
 PAGE = "contrib"
 UPLOAD_TYPES = ["jsonl", "ndjson", "csv", "parquet"]
@@ -90,7 +90,7 @@ def _ingest(data: bytes, suffix: str):
     with tempfile.TemporaryDirectory(prefix="willitfit-upload-") as tmp:
         path = Path(tmp) / f"upload{suffix}"
         path.write_bytes(data)
-        return ingest_files([path], ui.db_path())
+        return ingest_files([path], reads.db_path())
 
 
 def upload_section() -> None:
@@ -141,4 +141,4 @@ def main() -> None:
     upload_section()
 
 
-ui.run_page(main)
+state.run_page(main)

@@ -20,7 +20,7 @@ from estimator.presets import load_config
 from estimator.spec import MAX_BATCH, MAX_SEQ, Parallel
 from estimator.units import GB, GiB, fmt_bytes
 from pages import _charts as charts
-from pages import _common as ui
+from pages import _state as state, _data as reads, _inputs as ui
 
 NO_TRACE = Options(derive=False)  # the page makes sure of its profile first (with a progress bar)
 PAGE = "curves"
@@ -99,25 +99,25 @@ def main() -> None:
     f = {x.name: x for x in ui.workload_fields() + ui.hardware_fields()}
     f["model"] = ui.model_field()
     f["alloc"] = ui.alloc_conf_field()
-    ui.init_state(PAGE, list(f.values()))
+    state.init_state(PAGE, list(f.values()))
     st.title("Curves")
     st.caption("The analytic peak as batch or sequence length grows, stored runs on top, and where the GPU's "
                "memory runs out. Sizes in GiB (2^30 bytes).")
     shown = {"model", "gpu", "strategy", "gpus", "alloc"}
-    name = ui.widget(PAGE, f["model"], st.sidebar)
-    gpu_name = ui.widget(PAGE, f["gpu"], st.sidebar, format_func=ui.gpu_label)
-    strategy = ui.widget(PAGE, f["strategy"], st.sidebar)
-    gpus = ui.widget(PAGE, f["gpus"], st.sidebar, disabled=strategy == "single")
+    name = state.widget(PAGE, f["model"], st.sidebar)
+    gpu_name = state.widget(PAGE, f["gpu"], st.sidebar, format_func=ui.gpu_label)
+    strategy = state.widget(PAGE, f["strategy"], st.sidebar)
+    gpus = state.widget(PAGE, f["gpus"], st.sidebar, disabled=strategy == "single")
     alloc = ui.alloc_conf_input(PAGE, f["alloc"], st.sidebar)
     if alloc is None:
-        ui.write_url(PAGE, list(f.values()), shown)
+        state.write_url(PAGE, list(f.values()), shown)
         return
     _, config = load_config(name)
     model = ui.load_model(config, name)
     ui.prepare_lora_targets(PAGE, ui.lora_target_options(model))
     f["lora_targets"] = replace(f["lora_targets"], choices=tuple(ui.lora_target_options(model)))
     values, w_shown = ui.workload_inputs(PAGE, f, st.sidebar)
-    ui.write_url(PAGE, list(f.values()), shown | set(w_shown))
+    state.write_url(PAGE, list(f.values()), shown | set(w_shown))
     w = ui.workload_from_dict(values)
     par = Parallel(strategy=strategy, gpus=1 if strategy == "single" else gpus)
     gpu = get_gpu(gpu_name)
@@ -125,8 +125,8 @@ def main() -> None:
     cap = f"{gpu.display_name}: {fmt_bytes(usable, 'GiB')} usable"
     options = replace(NO_TRACE, alloc_conf=alloc, gpu=gpu.name)
 
-    pts = ui.or_error(lambda: pd.DataFrame() if ui.empty_db_notice()
-                      else ui.points(config, name, w.batch, w.seq, match_filters(w, par)), pd.DataFrame())
+    pts = state.or_error(lambda: pd.DataFrame() if reads.empty_db_notice()
+                      else reads.points(config, name, w.batch, w.seq, match_filters(w, par)), pd.DataFrame())
     model.inventory.trainable_params(w)  # a LoRA target the model lacks: one line, before any trace
     st.caption(ui.provenance_caption(ui.ensure_profile(model, w, par)))
     b_max = search.max_batch(model, w, par, usable, options)
@@ -149,4 +149,4 @@ def main() -> None:
     residuals(model, pts)
 
 
-ui.run_page(main)
+state.run_page(main)

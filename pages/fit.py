@@ -23,7 +23,7 @@ from estimator.presets import MAX_CONFIG_BYTES, load_config, parse_config_text
 from estimator.spec import Parallel
 from estimator.units import GB, GiB, fmt_bytes
 from pages import _charts as charts
-from pages import _common as ui
+from pages import _state as state, _data as reads, _inputs as ui
 from bench.accuracy.published import COMPARED_WITH
 from bench.published.importer import estimate_row
 
@@ -32,19 +32,19 @@ SOURCES = {"preset": "Preset", "upload": "Upload config.json", "paste": "Paste c
            "hub": "Hugging Face model id"}
 
 
-def fields() -> dict[str, ui.Field]:
+def fields() -> dict[str, state.Field]:
     out = {f.name: f for f in ui.workload_fields() + ui.hardware_fields()}
-    out["source"] = ui.Field("source", "choice", "preset", tuple(SOURCES), label="Model from",
+    out["source"] = state.Field("source", "choice", "preset", tuple(SOURCES), label="Model from",
                              help="A shipped preset, your own config.json (uploaded or pasted), or a model id "
                                   "whose config.json is fetched from the Hugging Face hub (needs network).")
     out["model"] = ui.model_field()
-    out["hf"] = ui.Field("hf", "text", "", label="Hugging Face model id",
+    out["hf"] = state.Field("hf", "text", "", label="Hugging Face model id",
                          help="e.g. Qwen/Qwen2.5-0.5B. Only config.json is downloaded: no weights, no code. "
                               "Gated models (meta-llama/*) need HF_TOKEN set where the app runs.")
-    out["rev"] = ui.Field("rev", "text", "", label="Revision",
+    out["rev"] = state.Field("rev", "text", "", label="Revision",
                           help="Branch, tag or commit of the hub model (empty: main).")
     out["alloc"] = ui.alloc_conf_field()
-    out["calibrated"] = ui.Field("calibrated", "bool", False, label="Use calibrated k",
+    out["calibrated"] = state.Field("calibrated", "bool", False, label="Use calibrated k",
                                  help="Activations as k * b*s*h*L*bytes with k fitted on stored runs of this "
                                       "model family (Calibrate page), instead of the detailed per-tensor model.")
     return out
@@ -72,12 +72,12 @@ def _hub_config(model_id: str, revision: str) -> dict:
     return result
 
 
-def choose_model(f: dict[str, ui.Field], shown: set[str]) -> tuple[str, dict, str | None] | None:
+def choose_model(f: dict[str, state.Field], shown: set[str]) -> tuple[str, dict, str | None] | None:
     """Sidebar model inputs -> (display name, config dict, preset name or None), or None with a message."""
-    source = ui.widget(PAGE, f["source"], st.sidebar, format_func=SOURCES.get)
+    source = state.widget(PAGE, f["source"], st.sidebar, format_func=SOURCES.get)
     shown.add("source")
     if source == "preset":
-        name = ui.widget(PAGE, f["model"], st.sidebar)
+        name = state.widget(PAGE, f["model"], st.sidebar)
         shown.add("model")
         return (*load_config(name), name)
     if source == "upload":
@@ -103,8 +103,8 @@ def choose_model(f: dict[str, ui.Field], shown: set[str]) -> tuple[str, dict, st
             st.info("Paste a config.json in the sidebar, or pick a preset.")
             return None
         return _parsed(text, "pasted config")
-    model_id = ui.widget(PAGE, f["hf"], st.sidebar).strip()
-    revision = ui.widget(PAGE, f["rev"], st.sidebar)
+    model_id = state.widget(PAGE, f["hf"], st.sidebar).strip()
+    revision = state.widget(PAGE, f["rev"], st.sidebar)
     shown.update(("hf", "rev"))
     if not model_id:
         st.info("Type a Hugging Face model id in the sidebar (e.g. Qwen/Qwen2.5-0.5B).")
@@ -171,11 +171,10 @@ def breakdown_section(est, gpu) -> None:
                "torch reserves beyond the tensors (reserved - allocated), overhead the CUDA context, cuBLAS "
                "workspace and NCCL buffers.")
     charts.show(charts.stages_chart(est.stages, usable, cap))
-    work = est.allocator_overhead_bytes
     table = pd.DataFrame([{**{c: bd.as_dict()[c] / GiB for c in COMPONENTS},
-                           "allocated": (bd.total - bd.overhead - bd.allocator_cache + work) / GiB,
-                           "reserved": (bd.total - bd.overhead + work) / GiB, "device": bd.total / GiB}
-                          for _, bd in est.stages], index=[name for name, _ in est.stages])
+                           "allocated": sb.allocated_bytes / GiB, "reserved": sb.reserved_bytes / GiB,
+                           "device": sb.device_bytes / GiB}
+                          for (_, bd), sb in zip(est.stages, est.stage_bytes())], index=[n for n, _ in est.stages])
     table = table.loc[:, (table != 0).any(axis=0)]
     st.dataframe(table.style.format("{:,.2f}"), column_config={"_index": "stage (GiB)"})
 
@@ -215,9 +214,9 @@ def closest_published(config, preset, w, par) -> None:
     """One line beside the verdict: the published GPU measurement nearest this workload, and the estimate for
     that run's own settings (bench/published/importer.py)."""
 
-    if not ui.db_path().is_file():
+    if not reads.db_path().is_file():
         return
-    df = ui.closest_runs(config, preset, w, par, sources=("published",))
+    df = reads.closest_runs(config, preset, w, par, sources=("published",))
     if df.empty:
         st.caption("Closest published run: none for this model (the published tier holds numbers from torchtune, "
                    "litgpt, PEFT, GaLore and unsloth; Benchmarks page).")
@@ -239,9 +238,9 @@ def closest_published(config, preset, w, par) -> None:
 
 def closest_section(model, config, preset, w, par, options) -> None:
     st.subheader("Closest runs in the database")
-    if ui.empty_db_notice():
+    if reads.empty_db_notice():
         return
-    df = ui.closest_runs(config, preset, w, par)
+    df = reads.closest_runs(config, preset, w, par)
     if df.empty:
         st.info("No measured or traced run of this model in the database yet. Trace one with "
                 "`python -m bench trace`, or measure one (Contribute page).")
@@ -269,7 +268,7 @@ def calibrated_options(model, w, f, shown) -> Options:
         st.sidebar.toggle(f["calibrated"].label, value=False, disabled=True, key=f"{PAGE}:calibrated_off",
                           help=f"{e}")
         return Options()
-    on = ui.widget(PAGE, f["calibrated"], st.sidebar)
+    on = state.widget(PAGE, f["calibrated"], st.sidebar)
     shown.add("calibrated")
     if on:
         st.caption(f"Activations use calibrated k = {entry.k:.2f} for the {model.family} family "
@@ -280,22 +279,22 @@ def calibrated_options(model, w, f, shown) -> Options:
 
 def main() -> None:
     f = fields()
-    ui.init_state(PAGE, list(f.values()))
+    state.init_state(PAGE, list(f.values()))
     st.title("Will it fit?")
     shown: set[str] = set()
     try:
         body(f, shown)
     finally:  # even when the inputs stop short of a result, the link reproduces them
-        ui.write_url(PAGE, list(f.values()), shown)
+        state.write_url(PAGE, list(f.values()), shown)
 
 
-def body(f: dict[str, ui.Field], shown: set[str]) -> None:
+def body(f: dict[str, state.Field], shown: set[str]) -> None:
     st.sidebar.header("Model")
     chosen = choose_model(f, shown)
     st.sidebar.header("GPU")
-    gpu_name = ui.widget(PAGE, f["gpu"], st.sidebar, format_func=ui.gpu_label)
-    strategy = ui.widget(PAGE, f["strategy"], st.sidebar)
-    gpus = ui.widget(PAGE, f["gpus"], st.sidebar, disabled=strategy == "single")
+    gpu_name = state.widget(PAGE, f["gpu"], st.sidebar, format_func=ui.gpu_label)
+    strategy = state.widget(PAGE, f["strategy"], st.sidebar)
+    gpus = state.widget(PAGE, f["gpus"], st.sidebar, disabled=strategy == "single")
     shown |= {"gpu", "strategy", "gpus"}
     st.sidebar.header("Workload")
     if chosen is None:
@@ -333,11 +332,11 @@ def body(f: dict[str, ui.Field], shown: set[str]) -> None:
                f"{par.strategy} on {par.gpus} GPU(s).")
     st.caption(ui.provenance_caption(prov) + (" " + " ".join(f"Note: {n}." for n in est.notes) if est.notes else ""))
     verdict(est, gpu)
-    ui.or_error(lambda: closest_published(config, preset, w, par), None)
+    state.or_error(lambda: closest_published(config, preset, w, par), None)
     breakdown_section(est, gpu)
     limits_section(model, w, par, gpu, options)
     advice_section(model, w, par, gpu, options)
-    ui.or_error(lambda: closest_section(model, config, preset, w, par, options), None)
+    state.or_error(lambda: closest_section(model, config, preset, w, par, options), None)
 
 
-ui.run_page(main)
+state.run_page(main)

@@ -18,8 +18,9 @@ from estimator.gpus import get_gpu
 from estimator.presets import load_config
 from estimator.spec import STRATEGIES, Parallel
 from estimator.units import GB, GiB, fmt_bytes
+from estimator.parallel import TRACED_SHARDING  # what `python -m bench trace` runs with FSDP2
 from pages import _charts as charts
-from pages import _common as ui
+from pages import _state as state, _data as reads, _inputs as ui
 
 NO_TRACE = Options(derive=False)  # every profile is made sure of (with a progress bar) before the page prices
 PAGE = "multi"
@@ -27,18 +28,17 @@ MULTI = tuple(s for s in STRATEGIES if s != "single")
 DEFAULT_STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp", "tp", "pp")
 GPU_COUNTS = (1, 2, 4, 8, 16, 32, 64)
 MAX_SEARCH_GPUS = 1024
-TRACED_STRATEGIES = ("fsdp", "zero3", "fsdp-grad-op")  # what `python -m bench trace` runs with FSDP2
 
 
-def fields() -> dict[str, ui.Field]:
+def fields() -> dict[str, state.Field]:
     f = {x.name: x for x in ui.workload_fields()}
     f["model"] = ui.model_field()
     f["gpu"] = ui.hardware_fields()[0]
-    f["compare_a"] = ui.Field("compare_a", "choice", "zero3", MULTI, label="Strategy A",
+    f["compare_a"] = state.Field("compare_a", "choice", "zero3", MULTI, label="Strategy A",
                               help="First strategy of the side-by-side comparison.")
-    f["compare_b"] = ui.Field("compare_b", "choice", "tp", MULTI, label="Strategy B",
+    f["compare_b"] = state.Field("compare_b", "choice", "tp", MULTI, label="Strategy B",
                               help="Second strategy of the side-by-side comparison.")
-    f["compare_n"] = ui.Field("compare_n", "int", 8, lo=1, hi=MAX_SEARCH_GPUS, label="GPUs for the comparison",
+    f["compare_n"] = state.Field("compare_n", "int", 8, lo=1, hi=MAX_SEARCH_GPUS, label="GPUs for the comparison",
                               help="World size at which the two strategies are compared.")
     return f
 
@@ -63,11 +63,11 @@ def sweep_rows(model, w, strategies, counts) -> pd.DataFrame:
 
 def traced_points(config, name, w) -> pd.DataFrame:
     """Traced FSDP2 runs of this model and workload: per-rank peak allocated against the world size."""
-    if ui.empty_db_notice():
+    if reads.empty_db_notice():
         return pd.DataFrame()
-    match = {"source": "traced", "strategy": list(TRACED_STRATEGIES), "mode": w.mode, "method": w.method,
+    match = {"source": "traced", "strategy": list(TRACED_SHARDING), "mode": w.mode, "method": w.method,
              "precision": w.precision, "recipe": w.recipe, "batch": w.batch, "seq": w.seq}
-    pts = ui.points(config, name, w.batch, w.seq, match)
+    pts = reads.points(config, name, w.batch, w.seq, match)
     pts = pts[pts["peak_alloc_bytes"].notna()] if len(pts) else pts
     if pts.empty:
         return pts
@@ -94,9 +94,9 @@ def min_gpus_table(model, w, strategies, gpu) -> None:
 def compare(model, w, gpu, f) -> None:
     st.subheader("Side by side")
     c = st.columns(3)
-    a = ui.widget(PAGE, f["compare_a"], c[0])
-    b = ui.widget(PAGE, f["compare_b"], c[1])
-    n = ui.widget(PAGE, f["compare_n"], c[2])
+    a = state.widget(PAGE, f["compare_a"], c[0])
+    b = state.widget(PAGE, f["compare_b"], c[1])
+    n = state.widget(PAGE, f["compare_n"], c[2])
     cap = f"{gpu.display_name}: {fmt_bytes(capacity_bytes(gpu), 'GiB')}"
     cols = st.columns(2)
     for col, s in zip(cols, (a, b)):
@@ -123,12 +123,12 @@ def compare(model, w, gpu, f) -> None:
 
 def main() -> None:
     f = fields()
-    ui.init_state(PAGE, list(f.values()))
+    state.init_state(PAGE, list(f.values()))
     st.title("Multi-GPU")
     st.caption("Memory per GPU as the world size grows, for each way of splitting the run. "
                "Sizes in GiB (2^30 bytes); the dashed line is the chosen GPU's memory.")
-    name = ui.widget(PAGE, f["model"], st.sidebar)
-    gpu = get_gpu(ui.widget(PAGE, f["gpu"], st.sidebar, format_func=ui.gpu_label))
+    name = state.widget(PAGE, f["model"], st.sidebar)
+    gpu = get_gpu(state.widget(PAGE, f["gpu"], st.sidebar, format_func=ui.gpu_label))
     strategies = st.sidebar.multiselect("Strategies", MULTI, default=list(DEFAULT_STRATEGIES), key=f"{PAGE}:strategies",
                                         help="ddp replicates; zero1/2/3 shard states / +grads / +weights; fsdp = "
                                              "ZeRO-3; tp splits matrices; pp splits layers; ep splits experts.")
@@ -151,7 +151,7 @@ def main() -> None:
                                  else "single" for s in strategies):
             ui.ensure_profile(model, w, Parallel(strategy=rep, gpus=1 if rep == "single" else 2))
         df = sweep_rows(model, w, strategies, sorted(counts))
-        traced = ui.or_error(lambda: traced_points(config, name, w), pd.DataFrame())
+        traced = state.or_error(lambda: traced_points(config, name, w), pd.DataFrame())
         cap = f"{gpu.display_name}: {fmt_bytes(capacity_bytes(gpu), 'GiB')}"
         charts.show(charts.strategy_chart(df, capacity_bytes(gpu), cap, traced if len(traced) else None))
         if len(traced):
@@ -160,7 +160,7 @@ def main() -> None:
         min_gpus_table(model, w, strategies, gpu)
         compare(model, w, gpu, f)
     finally:
-        ui.write_url(PAGE, list(f.values()), {"model", "gpu", "compare_a", "compare_b", "compare_n", *shown})
+        state.write_url(PAGE, list(f.values()), {"model", "gpu", "compare_a", "compare_b", "compare_n", *shown})
 
 
-ui.run_page(main)
+state.run_page(main)

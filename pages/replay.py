@@ -20,7 +20,7 @@ from estimator.presets import load_config
 from estimator.spec import Parallel, Workload
 from estimator.units import GiB, MiB, fmt_bytes
 from pages import _charts as charts
-from pages import _common as ui
+from pages import _state as state, _inputs as ui
 from bench.trace.streams import trace_stream
 
 PAGE = "replay"
@@ -31,13 +31,13 @@ MAX_UPLOAD_BYTES = 64 * MiB
 NPZ_KEY = f"{PAGE}:npz"        # the current stream's .npz bytes (session state)
 
 
-def fields() -> dict[str, ui.Field]:
+def fields() -> dict[str, state.Field]:
     return {
         "model": ui.model_field(),
-        "kind": ui.Field("kind", "choice", "train", tuple(KINDS), label="Workload",
+        "kind": state.Field("kind", "choice", "train", tuple(KINDS), label="Workload",
                          help="What to trace: two training steps (the second is the steady state) or generation."),
-        "batch": ui.Field("batch", "int", 1, lo=1, hi=8, label="Batch", help="Small sizes: tracing runs here."),
-        "seq": ui.Field("seq", "int", 128, lo=8, hi=1024, label="Sequence length",
+        "batch": state.Field("batch", "int", 1, lo=1, hi=8, label="Batch", help="Small sizes: tracing runs here."),
+        "seq": state.Field("seq", "int", 128, lo=8, hi=1024, label="Sequence length",
                         help="Tokens per sequence (the prompt, for inference; 8 tokens are then generated)."),
         "alloc": ui.alloc_conf_field(),
     }
@@ -57,10 +57,10 @@ def to_npz(stream: Stream) -> bytes:
 
 
 def trace_section(f: dict) -> None:
-    name = ui.widget(PAGE, f["model"], st.sidebar)
-    kind = ui.widget(PAGE, f["kind"], st.sidebar, format_func=KINDS.get)
-    batch = ui.widget(PAGE, f["batch"], st.sidebar)
-    seq = ui.widget(PAGE, f["seq"], st.sidebar)
+    name = state.widget(PAGE, f["model"], st.sidebar)
+    kind = state.widget(PAGE, f["kind"], st.sidebar, format_func=KINDS.get)
+    batch = state.widget(PAGE, f["batch"], st.sidebar)
+    seq = state.widget(PAGE, f["seq"], st.sidebar)
     if st.sidebar.button("Trace this step", key=f"{PAGE}:trace", type="primary"):
 
         _, config = load_config(name)
@@ -145,7 +145,7 @@ def replay_section(data: bytes, alloc: str) -> None:
 
 def main() -> None:
     f = fields()
-    ui.init_state(PAGE, list(f.values()))
+    state.init_state(PAGE, list(f.values()))
     st.title("Allocator replay")
     st.caption("A traced step replayed through the model of PyTorch's CUDA caching allocator: what "
                "memory_allocated and memory_reserved would show, event by event. Sizes in GiB (2^30 bytes).")
@@ -154,7 +154,7 @@ def main() -> None:
         trace_section(f)
         alloc = ui.alloc_conf_input(PAGE, f["alloc"], st.sidebar)
     finally:
-        ui.write_url(PAGE, list(f.values()), shown)
+        state.write_url(PAGE, list(f.values()), shown)
     if alloc is None:
         return
     data = st.session_state.get(NPZ_KEY)
@@ -164,4 +164,4 @@ def main() -> None:
     replay_section(data, alloc)
 
 
-ui.run_page(main)
+state.run_page(main)

@@ -35,7 +35,7 @@ import duckdb  # noqa: E402
 import streamlit as st  # noqa: E402
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-import pages._common as page_common  # noqa: E402
+import pages._state as page_common  # noqa: E402
 from bench.store import app_data
 from bench.store import db  # noqa: E402
 from bench.store.ingest import ingest_rows  # noqa: E402

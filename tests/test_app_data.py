@@ -21,7 +21,7 @@ from estimator.model import from_hf_config
 from estimator.presets import load_config
 from estimator.spec import MAX_BATCH, Parallel, Workload
 from pages import _charts as charts
-from pages import _common as ui
+from pages import _state as state, _inputs as ui
 from rowfactory import make_row
 from test_app_pages import MODEL, model_rows, write_jsonl
 
@@ -134,12 +134,12 @@ def test_validation_report_lists_every_row(tmp_path):
 # ---------------------------------------------------------------- URL fields
 
 @pytest.mark.parametrize("field, text, value", [
-    (ui.Field("batch", "int", 1, lo=1, hi=MAX_BATCH), "64", 64),
-    (ui.Field("mode", "choice", "train", ("train", "infer")), "infer", "infer"),
-    (ui.Field("calibrated", "bool", False), "true", True),
-    (ui.Field("calibrated", "bool", False), "0", False),
-    (ui.Field("lora_targets", "multi", ["q_proj"]), "q_proj,v_proj", ["q_proj", "v_proj"]),
-    (ui.Field("hf", "text", ""), "Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-0.5B"),
+    (state.Field("batch", "int", 1, lo=1, hi=MAX_BATCH), "64", 64),
+    (state.Field("mode", "choice", "train", ("train", "infer")), "infer", "infer"),
+    (state.Field("calibrated", "bool", False), "true", True),
+    (state.Field("calibrated", "bool", False), "0", False),
+    (state.Field("lora_targets", "multi", ["q_proj"]), "q_proj,v_proj", ["q_proj", "v_proj"]),
+    (state.Field("hf", "text", ""), "Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-0.5B"),
 ])
 def test_url_fields_parse_and_dump_round_trip(field, text, value):
     assert field.parse(text) == value
@@ -147,16 +147,16 @@ def test_url_fields_parse_and_dump_round_trip(field, text, value):
 
 
 @pytest.mark.parametrize("field, text", [
-    (ui.Field("batch", "int", 1, lo=1, hi=MAX_BATCH), "0"),
-    (ui.Field("batch", "int", 1, lo=1, hi=MAX_BATCH), str(MAX_BATCH + 1)),
-    (ui.Field("batch", "int", 1, lo=1, hi=MAX_BATCH), "1e3"),
-    (ui.Field("batch", "int", 1, lo=1, hi=MAX_BATCH), "-4"),
-    (ui.Field("batch", "int", 1, lo=1, hi=MAX_BATCH), "²"),
-    (ui.Field("lora_targets", "multi", ["q_proj"]), "q_pröj"),
-    (ui.Field("mode", "choice", "train", ("train", "infer")), "TRAIN"),
-    (ui.Field("calibrated", "bool", False), "maybe"),
-    (ui.Field("lora_targets", "multi", ["q_proj"]), "q_proj,<script>"),
-    (ui.Field("hf", "text", ""), "x" * 201),
+    (state.Field("batch", "int", 1, lo=1, hi=MAX_BATCH), "0"),
+    (state.Field("batch", "int", 1, lo=1, hi=MAX_BATCH), str(MAX_BATCH + 1)),
+    (state.Field("batch", "int", 1, lo=1, hi=MAX_BATCH), "1e3"),
+    (state.Field("batch", "int", 1, lo=1, hi=MAX_BATCH), "-4"),
+    (state.Field("batch", "int", 1, lo=1, hi=MAX_BATCH), "²"),
+    (state.Field("lora_targets", "multi", ["q_proj"]), "q_pröj"),
+    (state.Field("mode", "choice", "train", ("train", "infer")), "TRAIN"),
+    (state.Field("calibrated", "bool", False), "maybe"),
+    (state.Field("lora_targets", "multi", ["q_proj"]), "q_proj,<script>"),
+    (state.Field("hf", "text", ""), "x" * 201),
 ])
 def test_url_fields_refuse_bad_values_naming_the_field(field, text):
     with pytest.raises(ValueError, match=f"^{field.name}:"):

@@ -34,6 +34,7 @@ import numpy as np
 from estimator.profile.profile import CATEGORIES, Moment, Piece, Profile
 from estimator.spec import Parallel, Workload
 from estimator.store import parallel_class, workload_class
+from estimator.parallel import TRACED_SHARDING
 from tracer import kernels as kernels_mod
 from tracer import losses, runner, session
 from tracer.depth import layer_infos, text_config
@@ -52,7 +53,6 @@ from tracer.extend import (
 )
 from tracer.meta import is_masked_lm, read_inventory  # noqa: F401  (read_inventory: the store's other miss)
 
-FSDP_STRATEGIES = ("fsdp", "zero3", "fsdp-grad-op")
 # Batch 1 is its own region: with one sequence, size-1 dimensions make some copies unnecessary (a sliced
 # (1, s+1) label tensor is already contiguous, so the loss's .contiguous() copies nothing), so bytes at b = 1 are not
 # the b >= 2 polynomial's value. Each region: (batches fit, batch verified, b_lo, b_hi).
@@ -247,7 +247,7 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
     start = time.perf_counter()
     infer = workload.mode == "infer"
     w0 = replace(workload, batch=1, seq=1, gen_tokens=GEN_TOKENS if infer else 0)
-    fsdp = parallel.strategy in FSDP_STRATEGIES
+    fsdp = parallel.strategy in TRACED_SHARDING
     world = FSDP_WORLD if fsdp else ((2,) if parallel.strategy == "ddp" else (1,))
     session.check_traceable(w0, replace(parallel, gpus=world[0]) if parallel.gpus != world[0] else parallel)
     sigs, hf_config, masked = _signatures(config, w0)

@@ -20,12 +20,13 @@ import torch
 
 from estimator.estimate import compile_untraced
 from estimator.spec import Parallel, Workload
+from estimator.parallel import TRACED_SHARDING
 from tracer import compiled, losses
 from tracer.losses import causal_lm, head_and_body
 from tracer.offload import offloading
 from tracer.meta import DTYPES, is_masked_lm
 
-FSDP_STRATEGIES = ("fsdp", "zero3", "fsdp-grad-op")
+FSDP_STRATEGIES = TRACED_SHARDING  # FSDP2 fully_shard runs for each (estimator.parallel)
 
 
 def check(w: Workload, p: Parallel) -> None:

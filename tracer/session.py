@@ -29,12 +29,13 @@ import torch
 
 from estimator.model import check_context, from_hf_config
 from estimator.spec import Parallel, Workload
+from estimator.parallel import TRACED_SHARDING
 from tracer import kernels as kernels_mod
 from tracer import recipes, runner
 from tracer.counters import StageLog, StorageCounter, memtracker_peak_bytes
 from tracer.depth import decoder_layer_list
 
-FSDP_STRATEGIES = ("fsdp", "zero3", "fsdp-grad-op")
+FSDP_STRATEGIES = TRACED_SHARDING  # FSDP2 fully_shard runs for each (estimator.parallel)
 TRACED_STRATEGIES = ("single", "ddp", *FSDP_STRATEGIES)
 
 

@@ -1,0 +1,111 @@
+"""Cached reads of the database for the pages (bench.store.app_data through st.cache_data, keyed by the file's
+fingerprint so a new ingest shows at once). Nothing here computes memory.
+
+Not a page (the underscore; app.py routes with st.navigation, which ignores files it is not given).
+"""
+from __future__ import annotations
+from pathlib import Path
+import streamlit as st
+from bench.store import app_data
+from bench.store import db
+from estimator import spec
+
+
+def db_path() -> Path:
+    return db.default_db_path()
+
+
+def fingerprint() -> tuple[int, int]:
+    """(mtime_ns, size) of the database: part of every cache key, so a changed file is read again."""
+    return db.db_fingerprint(db_path())
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def _count_runs(path: str, fp: tuple) -> int:
+    return app_data.count_runs(path)
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def _filter_values(path: str, fp: tuple) -> dict:
+    return app_data.filter_values(path)
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def _counts(path: str, fp: tuple, filters: dict):
+    return app_data.counts(path, filters)
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def _runs_table(path: str, fp: tuple, filters: dict):
+    return app_data.runs_table(path, filters)
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def _published_estimates(path: str, fp: tuple, run_ids: tuple):
+    return app_data.published_estimates(path, run_ids)
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def _run_detail(path: str, fp: tuple, run_id: str):
+    return app_data.run_detail(path, run_id)
+
+
+@st.cache_data(show_spinner=False, max_entries=128)
+def _closest(path: str, fp: tuple, config: dict, model_name, workload: dict, parallel: dict,
+             sources: tuple = ("measured", "traced")):
+    targets = tuple(t for t in workload["lora_targets"].split(",") if t)
+    return app_data.closest_runs(path, config, model_name, spec.Workload(**{**workload, "lora_targets": targets}),
+                                 spec.Parallel(**parallel), sources=sources)
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def _points(path: str, fp: tuple, config: dict, model_name, batch: int, seq: int, filters: dict):
+    return app_data.points(path, config, model_name, batch, seq, filters)
+
+
+def count_runs() -> int:
+    return _count_runs(str(db_path()), fingerprint())
+
+
+def filter_values() -> dict:
+    return _filter_values(str(db_path()), fingerprint())
+
+
+def counts(filters: dict):
+    return _counts(str(db_path()), fingerprint(), filters)
+
+
+def runs_table(filters: dict):
+    return _runs_table(str(db_path()), fingerprint(), filters)
+
+
+def published_estimates(run_ids: tuple) -> dict:
+    return _published_estimates(str(db_path()), fingerprint(), tuple(run_ids))
+
+
+def run_detail(run_id: str):
+    return _run_detail(str(db_path()), fingerprint(), run_id)
+
+
+def closest_runs(config: dict, model_name, workload: spec.Workload, parallel: spec.Parallel,
+                 sources: tuple = ("measured", "traced")):
+    return _closest(str(db_path()), fingerprint(), config, model_name, spec.spec_dict(workload),
+                    spec.spec_dict(parallel), tuple(sources))
+
+
+def points(config: dict, model_name, batch: int, seq: int, filters: dict):
+    return _points(str(db_path()), fingerprint(), config, model_name, batch, seq, filters)
+
+
+def empty_db_notice() -> bool:
+    """Show an info box and return True when there is nothing to read yet."""
+    path = db_path()
+    if not app_data.db_exists(path):
+        st.info(f"No benchmark database at `{path}` yet. Build one with `python -m bench build-db`, ingest "
+                "runs with `python -m bench ingest`, or add measurements on the Contribute page.")
+        return True
+    if count_runs() == 0:
+        st.info(f"The benchmark database `{path}` holds no runs yet. Add some on the Contribute page or with "
+                "`python -m bench ingest FILE`.")
+        return True
+    return False

@@ -1,0 +1,167 @@
+"""The shared inputs (model, workload, hardware, allocator settings) generated from their declarations
+(estimator.spec), the model and its profile (estimator.estimate.ensure_profile, with a progress bar), and the
+way numbers are shown in both units. Nothing here computes memory.
+
+Not a page (the underscore; app.py routes with st.navigation, which ignores files it is not given).
+"""
+from __future__ import annotations
+import streamlit as st
+from estimator import knobs, spec
+from estimator.gpus import gpu_names, load_gpus
+from estimator.model import Model
+from estimator.presets import preset_names
+from estimator.units import fmt_bytes
+from estimator.reserved import alloc_mode
+from estimator.model import from_hf_config
+from estimator.store import where
+from estimator import estimate as estimate_mod
+from pages._state import Field, state_key, widget
+
+
+DEFAULT_MODEL = "llama-3.1-8b"
+
+
+DEFAULT_GPU = "h100-sxm-80gb"
+
+
+_W = spec.Workload()
+
+
+def workload_fields() -> list[Field]:
+    """Every Workload input, generated from its declaration (estimator.spec.Workload: label, help, choices)."""
+    return [Field(d.name, d.kind, list(d.default) if d.kind == "multi" else d.default, d.knob.choices,
+                  lo=d.knob.lo, hi=d.knob.hi, label=d.knob.label, help=d.knob.help) for d in knobs.declared()]
+
+
+def hardware_fields() -> list[Field]:
+    names = tuple(gpu_names())
+    return [
+        Field("gpu", "choice", DEFAULT_GPU if DEFAULT_GPU in names else names[0], names, label="GPU",
+              help="Memory is what the driver reports (nvidia-smi memory.total), e.g. 81559 MiB for an "
+                   "'80 GB' H100; see data/gpus.json."),
+        Field("strategy", "choice", "single", spec.STRATEGIES, label="Parallelism strategy",
+              help="single GPU; ddp replicates everything; zero1/2/3 shard optimizer states / + gradients / "
+                   "+ weights; fsdp = ZeRO-3; tp splits each matrix; pp splits the layers; ep the experts."),
+        Field("gpus", "int", 1, lo=1, hi=spec.MAX_GPUS, label="Number of GPUs",
+              help="World size. Memory is reported per GPU (the most loaded one)."),
+    ]
+
+
+def alloc_conf_field() -> Field:
+    return Field("alloc", "text", "", label="PYTORCH_CUDA_ALLOC_CONF",
+                 help="The allocator settings the run uses, e.g. expandable_segments:True. Changes the reserved "
+                      "bytes through the fitted classes (docs/allocator.md); empty = torch's defaults.")
+
+
+def alloc_conf_input(page: str, field: Field, container) -> str | None:
+    """The alloc-conf text box; a string torch would reject shows parse_alloc_conf's one line and gives None."""
+
+    text = widget(page, field, container).strip()
+    try:
+        alloc_mode(text)
+    except ValueError as e:
+        st.error(f"{e}. Fix PYTORCH_CUDA_ALLOC_CONF in the sidebar (or leave it empty).")
+        return None
+    return text
+
+
+def model_field() -> Field:
+    names = tuple(preset_names())
+    return Field("model", "choice", DEFAULT_MODEL if DEFAULT_MODEL in names else names[0], names,
+                 label="Model preset", help="A Hugging Face config.json shipped in data/models/.")
+
+
+def lora_target_options(model: Model) -> list[str]:
+    """Names PEFT can target in this model (its Linear modules, read from the model itself)."""
+    return model.inventory.lora_target_names()
+
+
+def shown_workload_fields(mode: str, method: str, advanced: bool = False) -> list[str]:
+    """Which workload inputs apply (from each field's declaration): inference has no optimizer or LoRA, training
+    no generated tokens. advanced=True adds the recipe knobs the sidebar folds under "More settings"."""
+    return [d.name for d in knobs.declared() if knobs.applies(d, mode, method) and (advanced or not d.knob.advanced)]
+
+
+def workload_from_dict(values: dict) -> spec.Workload:
+    """A Workload from input values; inputs that do not apply to the mode/method keep the spec defaults.
+
+    Raises ValueError (naming the field) for a contradictory combination, which the page shows.
+    """
+    shown = shown_workload_fields(values.get("mode", _W.mode), values.get("method", _W.method), advanced=True)
+    kwargs = {k: values[k] for k in shown if k in values}
+    if "lora_targets" in kwargs:
+        kwargs["lora_targets"] = tuple(kwargs["lora_targets"])
+    return spec.Workload(**kwargs)
+
+
+def prepare_lora_targets(page: str, options: list[str]) -> None:
+    """Keep the selected LoRA targets among the model's modules (a model change can invalidate them)."""
+    key = state_key(page, "lora_targets")
+    chosen = [t for t in st.session_state.get(key, []) if t in options]
+    if not chosen:
+        chosen = [t for t in _W.lora_targets if t in options] or options[:1]
+    if chosen != st.session_state.get(key):
+        st.session_state[key] = chosen
+
+
+def workload_inputs(page: str, fields: dict[str, Field], container) -> tuple[dict, list[str]]:
+    """Draw the workload widgets that apply, the advanced ones folded; returns (values, names shown)."""
+    mode = widget(page, fields["mode"], container)
+    method = widget(page, fields["method"], container) if mode == "train" else _W.method
+    shown = shown_workload_fields(mode, method, advanced=True)
+    core = set(shown_workload_fields(mode, method))
+    values = {"mode": mode, "method": method}
+    more = container.expander("More settings (loop, loss, recipe knobs)")
+    for name in shown:
+        if name not in values:
+            values[name] = widget(page, fields[name], container if name in core else more)
+    return values, shown
+
+
+def gpu_label(name: str) -> str:
+    gpu = load_gpus()[name]
+    return f"{gpu.display_name} ({fmt_bytes(gpu.memory_bytes, 'GiB', 1)})"
+
+
+def both_units(n_bytes: int | float) -> str:
+    """'12.55 GiB (13.48 GB)': the binary unit first, the decimal one beside it."""
+    return f"{fmt_bytes(n_bytes, 'GiB')} ({fmt_bytes(n_bytes, 'GB')})"
+
+
+NO_TRACE = dict(derive=False)  # searches, advice and comparisons price what has a profile; they never trace
+
+
+def load_model(config: dict, name: str):
+    """The Model for a config (its inventory: shipped, cached, or read once from transformers on meta)."""
+
+    if where(config) is None:
+        with st.spinner(f"Reading {name}'s parameters from transformers (meta device, no weights)..."):
+            return from_hf_config(config, name)
+    return from_hf_config(config, name, derive=False)
+
+
+def ensure_profile(model, w: spec.Workload, par: spec.Parallel) -> dict:
+    """The library's ensure_profile with a progress bar while it derives (shown only if it has to)."""
+    bar = None
+
+    def progress(done: int, total: int, message: str) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = st.progress(0.0, text=f"Deriving {model.name}'s memory profile for this workload: tracing the "
+                                        "real model at reduced depth on fake tensors...")
+        bar.progress(min(1.0, done / max(total, 1)), text=f"{message} ({done}/{total})")
+
+    prov = estimate_mod.ensure_profile(model, w, par, progress)
+    if bar is not None:
+        bar.empty()
+    return prov
+
+
+def provenance_caption(prov: dict) -> str:
+    """One sentence saying where the numbers come from."""
+    how = {"shipped": "shipped with willitfit", "cache": "derived earlier on this machine",
+           "derived now": "derived just now"}.get(prov.get("where"), "")
+    depths = "/".join(str(len(d)) for d in prov.get("reduced_depths", []))
+    return (f"Memory profile {how}: traced from transformers {prov.get('transformers')} (torch {prov.get('torch')}, "
+            f"{prov.get('kernels')} kernels), {prov.get('traces')} traces of {depths} layers in {prov.get('seconds')} s, "
+            "extended to the full depth.")
