@@ -30,6 +30,7 @@ from estimator.spec import (OFFLOADS,
 from estimator.units import fmt_bytes
 
 MAX_K = 10_000.0  # k is ~10-100 for real models; anything larger is a typo
+MAX_CONTEXT_MIB = 64 * 1024  # --cuda-context: a context is 300-1,500 MiB; more than 64 GiB is a unit mistake
 BAR_WIDTH = 40
 
 
@@ -53,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--alloc-conf", default="", metavar="CONF",
       help="PYTORCH_CUDA_ALLOC_CONF the run uses, e.g. 'expandable_segments:True': changes reserved bytes through "
            "the fitted classes (docs/allocator.md)")
+    a("--cuda-context", metavar="MIB",
+      help="CUDA context in MiB, as measured on the run's machine (e.g. 1343): overrides the GPU preset's "
+           "(data/cuda_context.json) and --calibrated's")
     a("--gpus", type=int, default=1, help="world size; more than 1 needs --strategy")
     a("--strategy", choices=STRATEGIES, help="parallelism; default single for 1 GPU")
     a("--tp", type=int, default=1, help="tensor-parallel degree (strategy tp uses --gpus if left at 1)")
@@ -94,9 +98,23 @@ def _progress(done: int, total: int, message: str) -> None:
 
 
 def _options(args, model: Model, w: Workload) -> tuple[Options, CalibrationEntry | None]:
-    base = dict(derive=not args.no_derive, progress=_progress, alloc_conf=args.alloc_conf, gpu=args.gpu)
+    base = dict(derive=not args.no_derive, progress=_progress, alloc_conf=args.alloc_conf, gpu=args.gpu,
+                cuda_context_bytes=_cuda_context(args.cuda_context))
     opts, cal = _k_options(args, model, w)
     return Options(overhead=opts.overhead, activation_k=opts.activation_k, **base), cal
+
+
+def _cuda_context(text: str | None) -> int | None:
+    """--cuda-context MiB -> bytes (None when not given); one line naming the flag for a bad value."""
+    if text is None:
+        return None
+    try:
+        mib = float(text)
+    except ValueError:
+        raise ValueError(f"cuda_context: {text!r} is not a number of MiB (e.g. 1343)") from None
+    if not (math.isfinite(mib) and 0 <= mib <= MAX_CONTEXT_MIB):
+        raise ValueError(f"cuda_context: {text} MiB is out of range; allowed 0..{MAX_CONTEXT_MIB} MiB (64 GiB)")
+    return round(mib * 2**20)
 
 
 def _k_options(args, model: Model, w: Workload) -> tuple[Options, CalibrationEntry | None]:
@@ -160,7 +178,8 @@ def report(model: Model, est: Estimate, gpu: GPU | None, options: Options,
         if not out["fits"]:
             # pricing other workload classes would trace each one: only classes whose profile is on disk
             priced = Options(overhead=options.overhead, activation_k=options.activation_k, derive=False,
-                             alloc_conf=options.alloc_conf, gpu=options.gpu)
+                             alloc_conf=options.alloc_conf, gpu=options.gpu,
+                             cuda_context_bytes=options.cuda_context_bytes)
             out["advice"] = [_advice_dict(a) for a in advice(model, w, p, cap, priced)]
     return out
 

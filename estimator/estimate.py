@@ -31,6 +31,8 @@ from estimator import device, evaluate, gpus, parallel, reserved
 from estimator.profile import poly
 
 UNTRACEABLE_OPTIMIZERS = ("adamw-8bit", "paged-adamw", "paged-adamw-8bit", "adafactor", "lion")
+MAX_CUDA_CONTEXT = 64 * 2**30  # a context is 0.3-1.5 GiB; more than 64 GiB is a unit mistake (bytes for MiB)
+CONTEXT_SOURCE = "data/cuda_context.json (estimator.device)"
 ANALYTIC_STRATEGIES = ("zero1", "zero2", "tp", "pp", "ep")
 
 
@@ -44,8 +46,13 @@ class Options:
     progress: Callable | None = field(default=None, compare=False, hash=False)
     alloc_conf: str = ""                # PYTORCH_CUDA_ALLOC_CONF: which fitted reserved class (estimator.reserved)
     gpu: str | None = None              # GPU preset: picks the CUDA context of its architecture (estimator.device)
+    cuda_context_bytes: int | None = None  # a measured CUDA context: overrides the GPU preset's and the overhead's
 
     def __post_init__(self) -> None:
+        c = self.cuda_context_bytes
+        if c is not None and (isinstance(c, bool) or not isinstance(c, int) or not 0 <= c <= MAX_CUDA_CONTEXT):
+            raise ValueError(f"cuda_context: must be a whole number of bytes in 0..{MAX_CUDA_CONTEXT} "
+                             f"(64 GiB), got {c!r}")
         if self.alloc_conf:
             _alloc_mode(self.alloc_conf)   # a bad string: parse_alloc_conf's one line, at construction
         if self.gpu is not None:
@@ -79,6 +86,7 @@ class Estimate:
     profile: dict = field(default_factory=dict, compare=False)  # the profile's provenance
     paged_bytes: int = 0        # optimizer states in CUDA unified memory (paged optimizers): not in `total`
     reserved_source: str = ""   # which fitted class priced allocator_cache
+    context_source: str = CONTEXT_SOURCE  # where cuda_context_bytes comes from
 
     @property
     def components(self) -> Breakdown:
@@ -128,7 +136,7 @@ class Estimate:
                  f"traced profile ({self.profile.get('kernels', 'cuda')} kernels), swapped components"),
                 ("cublas_workspace", self.allocator_overhead_bytes, "aten CublasHandlePool.cpp (sm90 default)"),
                 ("allocator_cache", c.allocator_cache, self.reserved_source),
-                ("cuda_context", self.cuda_context_bytes, "data/cuda_context.json (estimator.device)"),
+                ("cuda_context", self.cuda_context_bytes, self.context_source),
                 ("nccl", nccl, "NCCL buffers, components.Overhead (only with more than one GPU)"))
 
     def stage(self, name: str) -> Breakdown:
@@ -294,7 +302,8 @@ def estimate(model: Model, workload: Workload, parallel: Parallel = Parallel(),
                     pipeline_stage=pstage, cuda_context_bytes=options.overhead.cuda_context_bytes,
                     allocator_overhead_bytes=options.overhead.cublas_workspace_bytes, peak_moment=label,
                     notes=notes + ((mode_note,) if mode_note else ()), profile=dict(prof.provenance),
-                    paged_bytes=paged, reserved_source=source)
+                    paged_bytes=paged, reserved_source=source,
+                    context_source=CONTEXT_SOURCE if options.cuda_context_bytes is None else "given (--cuda-context)")
 
 
 @functools.lru_cache(maxsize=64)
@@ -315,7 +324,10 @@ def reserved_fit(cls: str, alloc_conf: str):
 
 @functools.lru_cache(maxsize=64)
 def device_options(options: Options) -> Options:
-    """With a GPU and the default overhead, the CUDA context of the GPU's architecture (estimator.device)."""
+    """With a GPU and the default overhead, the CUDA context of the GPU's architecture (estimator.device); a
+    given context (Options.cuda_context_bytes, a measured one) overrides both."""
+    if options.cuda_context_bytes is not None:
+        return replace(options, overhead=replace(options.overhead, cuda_context_bytes=options.cuda_context_bytes))
     if options.gpu is None or options.overhead != comp.Overhead():
         return options
     ctx = context_bytes(get_gpu(options.gpu))

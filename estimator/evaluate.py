@@ -13,7 +13,7 @@ import numpy as np
 
 from estimator import components as comp
 from estimator.breakdown import Breakdown
-from estimator.parallel import TRACED_SHARDING, Share, shard_group, tp_activation_scale
+from estimator.parallel import FSDP_FAMILY, Share, composed, shard_group, tp_activation_scale
 from estimator.profile.profile import CATEGORIES, Piece, Profile
 from estimator.spec import Parallel, Workload
 from estimator.units import dtype_bytes
@@ -21,11 +21,12 @@ from estimator.units import dtype_bytes
 C = {c: i for i, c in enumerate(CATEGORIES)}
 _CLASS_FIELDS = tuple(f for f in Workload.__dataclass_fields__ if f not in ("batch", "seq", "gen_tokens"))
 FWD_BWD = ("forward", "backward", "prefill", "decode", "decode1")
+STATE_CATEGORIES = ("weights", "gradients", "optimizer_states", "optimizer_step", "comm_buffers")
 
 
 def world(p: Parallel) -> int:
     """The n in a traced FSDP profile's 1/n terms: the shard group of this run (1 for everything else)."""
-    if p.strategy in (*TRACED_SHARDING, "hsdp"):
+    if p.strategy in FSDP_FAMILY:
         return shard_group(p) if p.gpus > 1 else 1
     return 1
 
@@ -36,7 +37,13 @@ class Swap:
     def __init__(self, model, w: Workload, p: Parallel, tw: Workload, sh: Share, activation_k, overhead):
         inv = model.inventory
         rd, trd = comp.recipe_dtypes(w), comp.recipe_dtypes(tw)
-        traced = p.strategy in (*TRACED_SHARDING, "hsdp")
+        traced = p.strategy in FSDP_FAMILY
+        # composed (FSDP x TP/PP/EP): StagePlan scales the traced rank's model-state categories per monomial
+        # (states_scale); the master copy and the step's swapped temporaries are this rank's 1/n slice
+        self.composed = composed(p)
+        self.sharded_frac = sh.fsdp_frac if self.composed else 1.0
+        self.gathered_frac = sh.gathered_frac if self.composed else 1.0
+        per_rank = self.sharded_frac / world(p)
         self.local = 1.0 if traced else sh.params_local / inv.params
         self.grad = self.local * (1.0 if traced else sh.grad_frac)
         state = self.local * (1.0 if traced else sh.state_frac)
@@ -48,6 +55,9 @@ class Swap:
             self.weights_shift -= int(base * self.local * (1 - sh.weight_frac))
         self.master = 0 if offload else int(comp.master_weight_bytes(trainable, w.recipe) * state)
         self.master_traced = comp.master_weight_bytes(trainable, tw.recipe)
+        if self.composed:
+            self.master = 0 if offload else int(comp.master_weight_bytes(trainable, w.recipe) * per_rank)
+            self.master_traced = int(self.master_traced * per_rank)
         self.state_ratio, self.step_add = 1.0, 0
         if (w.optimizer, w.optimizer_impl) != (tw.optimizer, tw.optimizer_impl):
             # states scale by the analytic ratio; the step's temporaries trade the traced optimizer's formula
@@ -61,7 +71,7 @@ class Swap:
         if comp.paged(w.optimizer):
             self.state_ratio = 0.0  # in CUDA unified memory, outside the allocator: Estimate.paged_bytes
         self.state = 0.0 if offload else state
-        self.step_add = 0 if offload else int(self.step_add * state)
+        self.step_add = 0 if offload else int(self.step_add * (per_rank if self.composed else state))
         self.dequant = comp.dequant_temp_bytes(inv, w)
         self.kv = dtype_bytes(comp.kv_dtype(w)) / dtype_bytes(w.precision) * sh.layers_local / max(1, inv.layers) \
             / p.tp_size
@@ -74,12 +84,19 @@ class Swap:
         self.overhead = comp.overhead_bytes(p.gpus, overhead)
         self.buckets = inv.trainable_params(w) * dtype_bytes(rd.grad) if p.strategy == "ddp" and w.mode == "train" \
             else 0
-        self.exact = (self.local, self.grad, self.state_ratio, self.kv, self.act_layers, self.tp_lin) == (1,) * 6
+        self.exact = not self.composed and \
+            (self.local, self.grad, self.state_ratio, self.kv, self.act_layers, self.tp_lin) == (1,) * 6
 
     def activation_scale(self, monos) -> np.ndarray:
         """Per monomial: TP's split of the s-linear and s^2 terms, PP's share of the layers."""
         return np.array([(self.tp_sq if m[1] >= 2 else self.tp_lin if (m[1] == 1 or m[2]) else 1.0) * self.act_layers
                          for m in monos])
+
+    def states_scale(self, monos) -> np.ndarray:
+        """Per monomial of a model-state category (STATE_CATEGORIES) under a composed layout: the sharded terms
+        (1/n, n = the dp group) hold this rank's TP/PP slice of the model over ep (Share.fsdp_frac); the n-free
+        terms (FSDP's all-gathered unit: a layer, the embedding) its TP/EP share of a layer."""
+        return np.array([self.sharded_frac if m[3] else self.gathered_frac for m in monos])
 
     def rules(self, stage: str) -> tuple[Rule, ...]:
         """The one declaration of this GPU's affine map, per Breakdown field: which traced categories it takes, by
@@ -149,6 +166,10 @@ class StagePlan:
         idx, monos, arr = piece._arrays[stage]
         coef = arr.copy()
         coef[:, C["activations"], :] *= swap.activation_scale(monos)
+        if swap.composed:
+            sc = swap.states_scale(monos)
+            for c in STATE_CATEGORIES:
+                coef[:, C[c], :] *= sc
         self.idx, self.monos, self.coef, self.stage, self.swap = idx, monos, coef, stage, swap  # coef: (k, C, m)
         alpha, guarded_alpha = np.zeros(len(CATEGORIES)), np.zeros(len(CATEGORIES))
         const = guarded_const = 0.0

@@ -13,6 +13,12 @@ Sources:
 - Pipeline parallelism (1F1B, Narayanan et al. 2021): a stage holds ceil(L/pp) layers, the first the embedding,
   the last the head; the first stage keeps min(pp, grad_accum) micro-batches of activations.
 - Expert parallelism: the routed experts are sharded over ep.
+- Composed (docs/parallel.md): an FSDP-family strategy with tp, pp or ep > 1 shards over the data-parallel group
+  dp = gpus / (tp*pp*ep) what TP/PP/EP leave on the rank (torchtitan's order: TP on the innermost mesh dimension,
+  `fully_shard` on the dp mesh of each pipeline stage's module): the traced FSDP rank's sharded (1/n) model
+  states, evaluated at n = dp, are scaled by the rank's TP slice of its stage over the whole model, divided by
+  ep since EP borrows its ranks from the FSDP dimension (`fsdp_frac`), and its gathered (n-free) working set by
+  the TP/EP share of a layer (`gathered_frac`).
 """
 from __future__ import annotations
 
@@ -26,6 +32,7 @@ SHARD_STATES = ("zero1", "zero2", "zero3", "fsdp", "fsdp-grad-op", "hsdp")
 SHARD_GRADS = ("zero2", "zero3", "fsdp", "fsdp-grad-op", "hsdp")
 SHARD_PARAMS = ("zero3", "fsdp", "hsdp")
 TRACED_SHARDING = ("fsdp", "zero3", "fsdp-grad-op")   # the profile is of one FSDP2 rank already
+FSDP_FAMILY = (*TRACED_SHARDING, "hsdp")               # priced from that profile (HSDP: over its shard group)
 KORTHIKANTI_SPLIT = 24 / 34                           # share of a layer's s·b·h activations that TP splits
 
 
@@ -40,13 +47,22 @@ class Share:
     grad_frac: float
     state_frac: float
     largest_layer_params: int  # for a ZeRO-3 gathered working set (estimate.py)
+    gathered_frac: float = 1.0  # this GPU's TP/EP share of the largest layer (what FSDP all-gathers per unit)
+    fsdp_frac: float = 1.0      # of the model's params, what FSDP shards over dp on this GPU (composed layouts)
 
 
 def shard_group(par: Parallel) -> int:
-    """Size of the group ZeRO/FSDP shards over."""
+    """Size of the group ZeRO/FSDP shards over: the data-parallel group (HSDP: its shard group, by default half
+    of it, i.e. 2 replicas)."""
     if par.strategy == "hsdp":
-        return par.hsdp_shard or max(1, par.gpus // 2)
+        return par.hsdp_shard or max(1, par.dp_size // 2)
     return par.dp_size
+
+
+def composed(par: Parallel) -> bool:
+    """An FSDP-family strategy on a TP/PP/EP mesh: the traced FSDP rank's model states are scaled to this rank's
+    slice (estimator.evaluate.Swap); plain FSDP (tp = pp = ep = 1) is the traced rank as it is."""
+    return par.strategy in FSDP_FAMILY and (par.tp_size, par.pp_size, par.ep_size) != (1, 1, 1)
 
 
 def check_model(inv: Inventory, par: Parallel, name: str = "model") -> None:
@@ -80,8 +96,13 @@ def _shares(inv: Inventory, par: Parallel) -> tuple[Share, ...]:
     norms = inv.params_by_role.get("norm", 0) / max(1, inv.layers)
     layer = [(p - experts_per_layer - norms) / tp + experts_per_layer / (ep * tp) + norms for p in inv.layer_params]
     largest = int(max(layer, default=0))
+    full = max(inv.layer_params, default=0)
+    gathered = max(layer, default=0) / full if full else 1.0
     layers_local = -(-inv.layers // pp)
     body = int(sum(layer) / max(1, inv.layers) * layers_local)
+    # FSDP on a TP/PP/EP mesh shards the rank's TP slice of its stage; EP borrows its ranks from the FSDP
+    # dimension (torchtitan: dp_shard = dp_shard_mod_ep x ep), so that slice is spread over dp x ep ranks
+    body_tp = sum((p - norms) / tp + norms for p in inv.layer_params) / max(1, inv.layers) * layers_local
     g = shard_group(par)
     s = par.strategy
     frac_w = 1 / g if s in SHARD_PARAMS else 1.0
@@ -90,10 +111,11 @@ def _shares(inv: Inventory, par: Parallel) -> tuple[Share, ...]:
     embed = inv.embedding_params // tp
     head = (inv.params - sum(inv.layer_params) - inv.embedding_params) // tp
     if pp == 1:
-        stages = [("only", embed + body + head)]
+        stages = [("only", embed + body + head, embed + body_tp + head)]
     else:
-        stages = [("first", embed + body), ("last", body + head)]
-    return tuple(Share(name, p, layers_local, frac_w, frac_g, frac_s, largest) for name, p in stages)
+        stages = [("first", embed + body, embed + body_tp), ("last", body + head, body_tp + head)]
+    return tuple(Share(name, p, layers_local, frac_w, frac_g, frac_s, largest, gathered, p_tp / ep / inv.params)
+                 for name, p, p_tp in stages)
 
 
 def tp_activation_scale(tp: int, sequence_parallel: bool) -> tuple[float, float]:

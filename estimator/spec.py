@@ -240,6 +240,9 @@ class Parallel:
             raise ValueError(f"offload: CPU offload needs strategy zero1/zero2/zero3/fsdp, not {self.strategy!r}")
         if self.strategy == "hsdp" and self.hsdp_shard and self.gpus % self.hsdp_shard:
             raise ValueError(f"hsdp_shard: {self.hsdp_shard} must divide gpus={self.gpus}")
+        if self.strategy == "hsdp" and self.hsdp_shard and self.dp_size % self.hsdp_shard:
+            raise ValueError(f"hsdp_shard: {self.hsdp_shard} must divide the data-parallel size "
+                             f"gpus / (tp*pp*ep) = {self.dp_size}")
 
     @property
     def tp_size(self) -> int:

@@ -14,7 +14,7 @@ from estimator import cli
 from estimator.calibration_file import SEED_K
 from estimator.calibration_file import MISSING_HINT, load_calibration
 from estimator.breakdown import COMPONENTS
-from estimator.estimate import estimate
+from estimator.estimate import Options, estimate
 from estimator.device import capacity_bytes
 from estimator.gpus import get_gpu
 from estimator.presets import MODELS_DIR
@@ -27,7 +27,8 @@ FLAGS = {"--model", "--mode", "--method", "--lora-rank", "--lora-targets", "--re
          "--checkpointing", "--attention", "--kv-dtype", "--gpu", "--gpus", "--strategy", "--tp", "--pp", "--ep",
          "--sequence-parallel", "--offload", "--activation-model", "--k", "--calibrated", "--json", "--list-models",
          "--list-gpus", "--loop", "--loss", "--loss-chunks", "--optimizer-in-backward", "--activation-offload",
-         "--quantize-scope", "--no-double-quant", "--float8", "--compile", "--no-derive", "--alloc-conf"}
+         "--quantize-scope", "--no-double-quant", "--float8", "--compile", "--no-derive", "--alloc-conf",
+         "--cuda-context"}
 
 
 def run_cli(*args, env=None):
@@ -292,3 +293,37 @@ def test_a_split_the_model_cannot_take_is_one_line(args, line, capsys):
     assert cli.main(args) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and line in err
+
+
+def test_cuda_context_overrides_the_gpu_preset(capsys):
+    """A measured context (a published BERT run: 1,343 MiB) replaces the preset's, on device bytes only."""
+    base = ["--model", "bert-large-uncased", "--batch", "8", "--seq", "128", "--gpu", "h100-sxm-80gb", "--json"]
+    preset = run_json(capsys, *base)
+    given = run_json(capsys, *base, "--cuda-context", "1343")
+    ctx = {p["name"]: p for p in given["device_parts"]}["cuda_context"]
+    assert ctx["bytes"] == 1343 * 2**20 and "--cuda-context" in ctx["source"]
+    old = {p["name"]: p["bytes"] for p in preset["device_parts"]}["cuda_context"]
+    assert given["device_bytes"] - preset["device_bytes"] == 1343 * 2**20 - old
+    assert given["allocated_bytes"] == preset["allocated_bytes"]
+    assert given["reserved_bytes"] == preset["reserved_bytes"]
+    # without --gpu, and over --calibrated's context, the given one wins too
+    for extra in ([], ["--calibrated"]):
+        r = run_json(capsys, "--model", "bert-large-uncased", "--batch", "8", "--seq", "128", "--json",
+                     "--cuda-context", "0.5", *extra)
+        assert {p["name"]: p["bytes"] for p in r["device_parts"]}["cuda_context"] == 2**19
+
+
+@pytest.mark.parametrize("value, words", [("-1", "out of range"), ("lots", "not a number of MiB"),
+                                          ("65537", "out of range"), ("nan", "out of range"),
+                                          ("inf", "out of range")])
+def test_bad_cuda_context_is_one_line(capsys, value, words):
+    assert cli.main(["--model", "gpt2", "--cuda-context", value]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "error: cuda_context: " in err and words in err
+
+
+def test_options_cuda_context_checked_at_construction():
+    assert Options(cuda_context_bytes=0).cuda_context_bytes == 0
+    for bad in (-1, 1.5, True, 65 * 2**30):
+        with pytest.raises(ValueError, match="^cuda_context: "):
+            Options(cuda_context_bytes=bad)

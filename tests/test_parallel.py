@@ -1,0 +1,129 @@
+"""FSDP-family strategies composed with TP, PP and EP (docs/parallel.md), Megatron-LM style: expectations a reader
+can check by hand from the inventory, and monotonicity in each degree.
+
+Model states = weights + gradients + optimizer states + master weights of the optimizer stage (every state exists,
+no activations), from the shipped FSDP profiles (pure bf16 AdamW: 2 + 2 + 2 x 2 = 8 bytes per parameter, sharded).
+"""
+from __future__ import annotations
+
+import pytest
+
+from estimator.estimate import Options, estimate
+from estimator.parallel import composed, shard_group
+from estimator.spec import Parallel, Workload
+from strategies import model
+
+NO_DERIVE = Options(derive=False)
+W = Workload(batch=1, seq=1024)
+B_PER_PARAM = 8  # pure bf16 AdamW: bf16 weight, bf16 gradient, two bf16 Adam states
+
+
+def states(name: str, p: Parallel, w: Workload = W) -> int:
+    b = estimate(model(name), w, p, NO_DERIVE).stage("optimizer")
+    return b.weights + b.gradients + b.optimizer_states + b.master_weights
+
+
+def test_composed_names_fsdp_family_on_a_tp_pp_ep_mesh():
+    assert not composed(Parallel("fsdp", 64))
+    assert not composed(Parallel("zero1", 64, tp=8))
+    assert not composed(Parallel("ddp", 64, pp=8))
+    assert all(composed(Parallel(s, 64, tp=8)) for s in ("fsdp", "zero3", "fsdp-grad-op", "hsdp"))
+    assert composed(Parallel("fsdp", 64, pp=8)) and composed(Parallel("fsdp", 64, ep=8))
+    # FSDP shards over the data-parallel group what TP/PP leave on a rank
+    assert shard_group(Parallel("fsdp", 512, tp=8, pp=8)) == 8
+    assert shard_group(Parallel("hsdp", 64, tp=4)) == 8  # 16-way dp, 2 replicas of an 8-way shard group
+    assert shard_group(Parallel("hsdp", 64, tp=4, hsdp_shard=4)) == 4
+
+
+def test_hsdp_shard_must_divide_the_dp_group():
+    with pytest.raises(ValueError, match=r"^hsdp_shard: 8 must divide the data-parallel size .* = 4"):
+        Parallel("hsdp", 32, tp=8, hsdp_shard=8)
+
+
+def test_405b_fsdp8_tp8_pp8_holds_a_512th_plus_its_stage_share():
+    """llama-3.1-405b on 512 GPUs as FSDP 8 x TP 8 x PP 8 (issue 19: it read 756 GiB, 64x too much): a rank
+    holds 8 B per parameter of its TP shard of its stage (ceil(126 / 8) = 16 layers, and the embedding on the
+    first stage or the head on the last), sharded 8 ways; about 1/512 of the model's states."""
+    inv = model("llama-3.1-405b").inventory
+    got = states("llama-3.1-405b", Parallel("fsdp", 512, tp=8, pp=8))
+    layer = inv.layer_params[0]
+    head = inv.params - sum(inv.layer_params) - inv.embedding_params
+    stage = 16 * layer + max(inv.embedding_params, head)        # the larger of the first and last stages
+    assert got == pytest.approx(B_PER_PARAM * stage / 64, rel=0.01)
+    whole = B_PER_PARAM * inv.params / 512
+    assert whole < got < 1.1 * whole                             # 16/15.75 layers and the embedding: +5%
+    assert got / 2**30 == pytest.approx(6.2, abs=0.1)            # GiB (mixed bf16 adds the fp32 master: ~12)
+
+
+def test_405b_fsdp8_tp8_holds_what_fsdp64_holds():
+    """TP 8 splits every layer, the embedding and the head 8 ways (norms replicated), FSDP the rest 8 ways."""
+    fsdp = states("llama-3.1-405b", Parallel("fsdp", 64))
+    assert states("llama-3.1-405b", Parallel("fsdp", 64, tp=8)) == pytest.approx(fsdp, rel=0.005)
+
+
+def test_405b_fsdp8_pp8_holds_what_fsdp64_holds_plus_its_stage():
+    """PP 8 gives a rank 16 of 126 layers and the embedding or the head: a little more than 1/8."""
+    inv = model("llama-3.1-405b").inventory
+    fsdp = states("llama-3.1-405b", Parallel("fsdp", 64))
+    got = states("llama-3.1-405b", Parallel("fsdp", 64, pp=8))
+    head = inv.params - sum(inv.layer_params) - inv.embedding_params
+    assert got == pytest.approx(B_PER_PARAM * (16 * inv.layer_params[0] + max(inv.embedding_params, head)) / 8,
+                                rel=0.01)
+    assert fsdp < got < 1.1 * fsdp
+
+
+def test_fsdp_tp_keeps_the_per_gpu_states_of_the_same_world():
+    """On any world size, trading dp for tp leaves the sharded states about where they were."""
+    for gpus, tp in ((16, 2), (16, 4), (32, 8)):
+        plain = states("llama-3.1-8b", Parallel("fsdp", gpus))
+        assert states("llama-3.1-8b", Parallel("fsdp", gpus, tp=tp)) == pytest.approx(plain, rel=0.02), (gpus, tp)
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "zero3", "hsdp"])
+def test_states_per_gpu_fall_as_tp_pp_or_dp_grow(strategy):
+    name = "llama-3.1-8b"  # 32 layers, 32 heads, 8 KV heads
+    for dp in (2, 4):
+        tps = [states(name, Parallel(strategy, dp * tp, tp=tp)) for tp in (1, 2, 4, 8)]
+        assert tps == sorted(tps, reverse=True) and tps[-1] < tps[0] / 6, (dp, tps)
+        pps = [states(name, Parallel(strategy, dp * pp, pp=pp)) for pp in (1, 2, 4, 8)]
+        assert pps == sorted(pps, reverse=True) and pps[-1] < pps[0] / 4, (dp, pps)
+    for tp, pp in ((2, 1), (1, 2), (2, 4)):
+        dps = [states(name, Parallel(strategy, dp * tp * pp, tp=tp, pp=pp)) for dp in (2, 4, 8)]
+        assert dps == sorted(dps, reverse=True), (tp, pp, dps)
+
+
+def test_device_bytes_fall_as_tp_or_pp_grow_under_fsdp():
+    """Activations split as TP and PP split them (Korthikanti et al. 2022; a stage's layers): the whole per-GPU
+    peak falls too."""
+    m, w = model("llama-3.1-8b"), Workload(batch=2, seq=2048)
+    tps = [estimate(m, w, Parallel("fsdp", 4 * tp, tp=tp), NO_DERIVE).total_bytes for tp in (1, 2, 4, 8)]
+    pps = [estimate(m, w, Parallel("fsdp", 4 * pp, pp=pp), NO_DERIVE).total_bytes for pp in (1, 2, 4, 8)]
+    assert tps == sorted(tps, reverse=True) and pps == sorted(pps, reverse=True)
+
+
+def test_fsdp_ep_shards_the_routed_experts():
+    """qwen3-30b-a3b (128 experts, almost all of its parameters): EP 8 x FSDP 8 on 64 GPUs holds about what FSDP
+    on 64 holds; growing ep at a fixed dp cuts the states nearly in proportion."""
+    name = "qwen3-30b-a3b"
+    inv = model(name).inventory
+    assert inv.params_by_role["expert"] > 0.9 * inv.params
+    fsdp = states(name, Parallel("fsdp", 64))
+    assert states(name, Parallel("fsdp", 64, ep=8)) == pytest.approx(fsdp, rel=0.1)
+    eps = [states(name, Parallel("fsdp", 8 * ep, ep=ep)) for ep in (1, 2, 4, 8)]
+    assert eps == sorted(eps, reverse=True) and eps[-1] < eps[0] / 6
+
+
+def test_composed_breakdown_has_no_negative_component():
+    """Swapped optimizers and offload scale this rank's slice, never below zero."""
+    m = model("llama-3.1-8b")
+    for p in (Parallel("fsdp", 16, tp=2), Parallel("fsdp", 16, pp=2), Parallel("fsdp", 16, tp=2, offload="optimizer")):
+        for w in (W, Workload(batch=1, seq=1024, optimizer="sgd"), Workload(batch=1, seq=1024, optimizer="lion")):
+            for _, b in estimate(m, w, p, NO_DERIVE).stages:
+                assert all(v >= 0 for v in b.as_dict().values()), (p, w, b)
+
+
+def test_offload_under_composed_fsdp_moves_the_states_off():
+    m = model("llama-3.1-8b")
+    on = estimate(m, W, Parallel("fsdp", 16, tp=2), NO_DERIVE).stage("optimizer")
+    off = estimate(m, W, Parallel("fsdp", 16, tp=2, offload="optimizer"), NO_DERIVE).stage("optimizer")
+    assert on.optimizer_states > 0 and off.optimizer_states == 0 and off.weights == on.weights
