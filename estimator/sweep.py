@@ -62,11 +62,7 @@ def sweep_points(model: Model, workload: Workload, batch, seq, parallel: Paralle
     gs = np.full(bs.size, workload.gen_tokens)
     best = np.full(bs.size, -np.inf)
     for piece in prof.pieces:
-        mask = (ss > piece.s_lo) & (bs >= piece.b_lo)
-        if piece.s_hi is not None:
-            mask &= ss <= piece.s_hi
-        if piece.b_hi is not None:
-            mask &= bs <= piece.b_hi
+        mask = piece.covers(bs, ss)
         if not mask.any():
             continue
         for sh in stage_shares:

@@ -91,6 +91,15 @@ class Piece:
     b_lo: int = 1
     b_hi: int | None = None
 
+    def covers(self, b, s):
+        """Whether (b, s) falls in this piece: a bool for ints, an element-wise mask for NumPy arrays (the sweep)."""
+        ok = (s > self.s_lo) & (b >= self.b_lo)
+        if self.s_hi is not None:
+            ok = ok & (s <= self.s_hi)
+        if self.b_hi is not None:
+            ok = ok & (b <= self.b_hi)
+        return ok
+
     @staticmethod
     def from_moments(s_lo, s_hi, moments, b_lo=1, b_hi=None) -> "Piece":
         data: dict = {}
@@ -147,7 +156,7 @@ class Profile:
 
     def piece_for(self, b: int, s: int) -> Piece:
         for p in self.pieces:
-            if s > p.s_lo and (p.s_hi is None or s <= p.s_hi) and b >= p.b_lo and (p.b_hi is None or b <= p.b_hi):
+            if p.covers(b, s):
                 return p
         raise ValueError(f"seq: batch {b}, seq {s} is outside every piece of this profile")
 
