@@ -13,6 +13,23 @@ if os.environ.get("HYPOTHESIS_PROFILE"):
     settings.load_profile(os.environ["HYPOTHESIS_PROFILE"])
 
 
+SLOW = os.environ.get("WILLITFIT_SLOW", "") == "1"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: the slow tier, run with WILLITFIT_SLOW=1 (each test derives a profile)")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked slow are skipped, saying how to run them, unless WILLITFIT_SLOW=1."""
+    if SLOW:
+        return
+    skip = pytest.mark.skip(reason="slow tier: run with WILLITFIT_SLOW=1")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _private_profile_cache(tmp_path_factory):
     """WILLITFIT_CACHE points at a fresh directory for the whole session; shipped data/profiles stay read-only."""

@@ -43,49 +43,51 @@ def _config(family: str, **overrides) -> dict:
     return cfg
 
 
-def case(family, *, config=None, **workload):
+def case(family, *, config=None, slow=True, **workload):
+    """One case; slow=True puts it in the slow tier (WILLITFIT_SLOW=1, tests/conftest.py): each case derives a
+    profile, about 10 s of CPU, so the default run keeps one or two per family and the full set runs on demand."""
     label = family + "-" + "-".join(f"{v}" for v in workload.values() if not isinstance(v, tuple))
-    return pytest.param(config or _config(family), workload, id=label)
+    return pytest.param(config or _config(family), workload, id=label, marks=[pytest.mark.slow] if slow else [])
 
 
 LORA_QV = ("q_proj", "v_proj")
 CASES = [
     # Llama-like
-    case("llama", method="full", recipe="pure", attention="sdpa"),
+    case("llama", method="full", recipe="pure", attention="sdpa", slow=False),
     case("llama", method="lora", recipe="amp", attention="eager", lora_targets=LORA_QV),
     case("llama", method="full", recipe="pure", attention="eager", checkpointing="selective"),
     case("llama", method="lora", recipe="pure", attention="sdpa", checkpointing="full", lora_targets=LORA_QV),
     case("llama", method="full", recipe="fp32", precision="fp32", attention="sdpa"),
-    case("llama", mode="infer", attention="eager", gen_tokens=3),
+    case("llama", mode="infer", attention="eager", gen_tokens=3, slow=False),
     case("qwen3", config=_config("llama", model_type="qwen3", head_dim=32), method="full", recipe="amp",
          attention="sdpa"),
     case("gemma2", method="full", recipe="pure", attention="eager"),
-    case("gemma2", method="lora", recipe="amp", attention="eager", lora_targets=LORA_QV),
+    case("gemma2", method="lora", recipe="amp", attention="eager", lora_targets=LORA_QV, slow=False),
     case("gemma2", mode="infer", attention="eager", gen_tokens=3),
     case("phi3", method="full", recipe="pure", attention="sdpa"),
-    case("phi3", method="lora", recipe="amp", attention="eager", checkpointing="selective", lora_targets=("qkv_proj",)),
+    case("phi3", method="lora", recipe="amp", attention="eager", checkpointing="selective", lora_targets=("qkv_proj",), slow=False),
     # MoE: router + grouped_mm experts
-    case("mixtral", method="full", recipe="pure", attention="sdpa"),
+    case("mixtral", method="full", recipe="pure", attention="sdpa", slow=False),
     case("mixtral", method="lora", recipe="pure", attention="eager", lora_targets=LORA_QV),
     case("mixtral", mode="infer", attention="eager", gen_tokens=3),
     case("qwenmoe", method="full", recipe="pure", attention="eager"),
-    case("qwenmoe", mode="infer", attention="sdpa", gen_tokens=3),
+    case("qwenmoe", mode="infer", attention="sdpa", gen_tokens=3, slow=False),
     # GPT-NeoX, Falcon (multi-query: the math SDPA kernel on every device), OPT, GPT-2, BERT, DeepSeek MLA
-    case("neox", method="full", recipe="amp", attention="sdpa"),
+    case("neox", method="full", recipe="amp", attention="sdpa", slow=False),
     case("neox", method="lora", recipe="pure", attention="eager", lora_targets=("query_key_value",)),
     case("neox", mode="infer", attention="sdpa", gen_tokens=3),
-    case("falcon", method="full", recipe="pure", attention="sdpa"),
+    case("falcon", method="full", recipe="pure", attention="sdpa", slow=False),
     case("falcon", method="lora", recipe="amp", attention="eager", lora_targets=("query_key_value",)),
     case("falcon", mode="infer", attention="sdpa", gen_tokens=3),
     case("opt", method="full", recipe="pure", attention="eager"),
-    case("opt", method="lora", recipe="amp", attention="sdpa", lora_targets=LORA_QV),
+    case("opt", method="lora", recipe="amp", attention="sdpa", lora_targets=LORA_QV, slow=False),
     case("gpt2", method="full", recipe="pure", attention="sdpa"),
     case("gpt2", method="lora", recipe="pure", attention="eager", lora_targets=("c_attn",)),
     case("gpt2", mode="infer", attention="eager", gen_tokens=3),
     case("bert", method="full", recipe="pure", attention="sdpa"),
-    case("bert", method="lora", recipe="amp", attention="sdpa", lora_targets=("query", "value")),
+    case("bert", method="lora", recipe="amp", attention="sdpa", lora_targets=("query", "value"), slow=False),
     case("bert", mode="infer", attention="eager"),
-    case("dsv3", method="full", recipe="pure", attention="eager"),
+    case("dsv3", method="full", recipe="pure", attention="eager", slow=False),
     case("dsv3", method="lora", recipe="pure", attention="eager", lora_targets=("q_b_proj", "kv_b_proj")),
     case("dsv3", mode="infer", attention="eager", gen_tokens=3),
     # CUDA's kernels, not the CPU's: flash applies attention dropout in-kernel, native_dropout's 1-byte masks,
@@ -94,7 +96,7 @@ CASES = [
          attention="sdpa"),
     case("opt-dropout", config=json.loads((TINY / "t-opt.json").read_text()), method="full", recipe="pure",
          attention="sdpa"),
-    case("gpt2", method="full", recipe="amp", attention="sdpa"),
+    case("gpt2", method="full", recipe="amp", attention="sdpa", slow=False),
     case("bert", method="full", recipe="amp", attention="eager"),
     case("dsv3", method="full", recipe="pure", attention="sdpa"),
 ]
