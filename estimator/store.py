@@ -1,8 +1,10 @@
 """Where inventories and profiles live, and deriving them on first use.
 
-Two places are searched, in order, after an in-memory memo:
+Places searched, in order, after an in-memory memo:
 - shipped: `data/profiles/<config hash[:16]>/` (every preset's inventory and its common profiles, committed);
-- cache: `$WILLITFIT_CACHE`, else `~/.cache/willitfit/`, same layout (what this machine derived).
+- cache: `$WILLITFIT_CACHE`, else `~/.cache/willitfit/`, same layout (what this machine derived or fetched);
+- bank: `$WILLITFIT_PROFILES`, a directory or URL many machines share (estimator.bank), same layout; a file taken
+  from it is checked to be what its address names and kept in the cache.
 A miss derives the file (torch + transformers: `tracer.derive`, the one lazy hand-over to the tier above),
 reporting progress through the caller's callback, and writes it to the cache atomically. `derive=False` raises
 `ProfileMissing` instead, naming the command that derives it.
@@ -18,6 +20,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from estimator import bank
 from estimator.inventory import Inventory
 from estimator.presets import DATA_DIR, config_hash
 from estimator.profile.profile import Profile
@@ -52,7 +55,13 @@ def parallel_class(p: Parallel) -> dict:
 
 def profile_key(w: Workload, p: Parallel, kernels: str = "cuda") -> str:
     """16 hex digits naming a (workload class, parallel class, kernels) profile file."""
-    ident = json.dumps({"workload": workload_class(w), "parallel": parallel_class(p), "kernels": kernels},
+    return class_key(workload_class(w), parallel_class(p), kernels)
+
+
+def class_key(workload_cls: dict, parallel_cls: dict, kernels: str = "cuda") -> str:
+    """The key of a profile from its classes as stored in it: how a file from a shared bank is checked to be what
+    its address says."""
+    ident = json.dumps({"workload": workload_cls, "parallel": parallel_cls, "kernels": kernels},
                        sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(ident.encode()).hexdigest()[:16]
 
@@ -106,6 +115,17 @@ def inventory(config: dict, name: str, *, derive: bool = True, progress=None, sh
             inv = Inventory.from_dict(data, name, h)
             _MEMO[memo] = inv
             return inv
+    if not ship:
+        text = _from_bank(h, "inventory.json", progress)
+        if text is not None:
+            try:
+                inv = Inventory.from_dict(json.loads(text), name, h)
+            except (ValueError, TypeError, KeyError) as e:
+                _say(progress, f"{bank.ENV_VAR}: {h[:16]}/inventory.json is not a willitfit inventory ({e}); skipped")
+            else:
+                _write(cache_dir() / h[:16] / "inventory.json", text)
+                _MEMO[memo] = inv
+                return inv
     if not derive:
         raise ProfileMissing(f"model: no inventory for {name!r} on disk; run `python -m bench derive --model "
                              f"{name}` (needs torch and transformers)")
@@ -138,6 +158,20 @@ def profile(config: dict, w: Workload, p: Parallel, *, name: str = "model", deri
                 continue  # a cached file from an older willitfit (another format): derived again below
             _MEMO[memo] = prof
             return prof
+    if not ship:
+        text = _from_bank(h, f"{key}.json", progress)
+        if text is not None:
+            try:
+                prof = Profile.from_json(text)
+                if prof.config_hash != h or class_key(prof.workload_class, prof.parallel_class,
+                                                      prof.provenance.get("kernels", "cuda")) != key:
+                    raise ValueError("its config hash or class is not the one its address names")
+            except ValueError as e:
+                _say(progress, f"{bank.ENV_VAR}: {h[:16]}/{key}.json skipped: {e}")
+            else:
+                _write(cache_dir() / h[:16] / f"{key}.json", text)
+                _MEMO[memo] = prof
+                return prof
     if not derive:
         raise ProfileMissing(f"profile: {name!r} has no profile on disk for this workload class; it is derived on "
                              "first use (needs torch and transformers), e.g. `python -m bench derive --model "
@@ -146,6 +180,24 @@ def profile(config: dict, w: Workload, p: Parallel, *, name: str = "model", deri
     _write((SHIPPED_DIR if ship else cache_dir()) / h[:16] / f"{key}.json", prof.to_json())
     _MEMO[memo] = prof
     return prof
+
+
+def _say(progress, message: str) -> None:
+    if progress:
+        progress(0, 1, message)
+
+
+def _from_bank(h: str, fname: str, progress) -> str | None:
+    """A file from the shared bank (WILLITFIT_PROFILES), or None: no bank, not there, or unreachable (then the
+    caller derives, and `progress` hears why)."""
+    bank_url = bank.url()
+    if bank_url is None:
+        return None
+    try:
+        return bank.fetch(bank_url, h[:16], fname)
+    except bank.BankError as e:
+        _say(progress, f"{e}; deriving here instead")
+        return None
 
 
 def _derivation():
@@ -158,6 +210,15 @@ def _derivation():
     except ImportError as e:  # torch/transformers missing: say so in one line
         raise ProfileMissing(f"profile: deriving one needs torch and transformers ({e})") from None
     return derive
+
+
+def local_text(config: dict, fname: str) -> str | None:
+    """The text of a shipped or cached file of this config ('inventory.json' or '<profile key>.json'), or None."""
+    for d in _dirs(config_hash(config)):
+        text = _read(d / fname)
+        if text is not None:
+            return text
+    return None
 
 
 def forget(config: dict, key: str, *, ship: bool = False) -> None:

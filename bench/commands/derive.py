@@ -3,22 +3,27 @@
     python -m bench derive --model llama-3.1-8b                       # the default training class
     python -m bench derive --model qwen3-8b --method lora --mode train,infer
     python -m bench derive --model all --ship                         # every preset's shipped profiles
+    python -m bench derive --model qwen3-8b --method lora --push /shared/willitfit-profiles   # share them
+    python -m bench derive --model qwen3-8b --method lora --pull hf://datasets/org/profiles   # fetch, no tracing
 
 Each distinct (model, workload class, strategy) of the grid is derived once: batch, seq, gen tokens and the
 world size are the profile's variables, not part of its class. Files go to the user's cache
 ($WILLITFIT_CACHE, else ~/.cache/willitfit) or, with --ship, to data/profiles/ (committed with the project).
 A profile already on disk is skipped unless --force. Prints one line per trace while deriving, and a summary
-with the seconds each profile took.
+with the seconds each profile took. --push URL then copies each inventory and profile to a shared bank
+(estimator.bank: content-addressed, never overwritten); --pull URL fetches them from one instead of tracing.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
 from bench.trace import grid
 from estimator.store import profile_key
-from estimator import store
+from estimator import bank, store
+from estimator.presets import config_hash
 from estimator.estimate import traced_class
 from estimator.presets import preset_names
 
@@ -33,6 +38,11 @@ def register(subparsers) -> None:
     p.add_argument("--force", action="store_true", help="derive again even if the profile is on disk")
     p.add_argument("--quiet", action="store_true", help="no per-trace progress lines")
     p.add_argument("--inventory-only", action="store_true", help="read the models' inventories, derive no profile")
+    share = p.add_mutually_exclusive_group()
+    share.add_argument("--push", metavar="URL", help="after deriving, copy the inventories and profiles to this "
+                       "shared bank (a directory, hf://datasets/..., s3://...; WILLITFIT_PROFILES readers use it)")
+    share.add_argument("--pull", metavar="URL", help="fetch the inventories and profiles from this shared bank into "
+                       "the local cache; trace nothing (a class the bank lacks is reported)")
     p.set_defaults(func=run_derive)
 
 
@@ -62,17 +72,31 @@ def run_derive(args: argparse.Namespace) -> int:
         tw, tp, _ = traced_class(c.workload, c.parallel)
         todo.append((c, tw, tp))
     progress = None if args.quiet else (lambda d, t, m: print(f"    [{d}/{t}] {m}", file=sys.stderr, flush=True))
+    if args.pull:
+        if args.ship:
+            print("error: ship: --pull fills the user cache; drop --ship", file=sys.stderr)
+            return 2
+        os.environ[bank.ENV_VAR] = args.pull  # this process only: the store asks the bank before deriving
+    derive = not args.pull
     failed = 0
+    pushed: dict[str, int] = {}
     for i, (c, tw, tp) in enumerate(todo, 1):
         label = f"[{i}/{len(todo)}] {c.model_name} {tw.mode} {tw.method} {tw.recipe} {tw.attention} " \
                 f"ckpt={tw.checkpointing} {tp.strategy}"
         start = time.perf_counter()
         try:
-            store.inventory(c.config, c.model_name, ship=args.ship, progress=progress)
+            store.inventory(c.config, c.model_name, ship=args.ship, progress=progress, derive=derive)
             key = store.profile_key(tw, tp)
-            if args.force:
+            if args.force and derive:
                 store.forget(c.config, key, ship=args.ship)
-            prof = store.profile(c.config, tw, tp, name=c.model_name, progress=progress, ship=args.ship)
+            prof = store.profile(c.config, tw, tp, name=c.model_name, progress=progress, ship=args.ship,
+                                 derive=derive)
+            if args.push:
+                for fname in ("inventory.json", f"{key}.json"):
+                    status = bank.put(args.push, config_hash(c.config)[:16], fname, store.local_text(c.config, fname))
+                    pushed[status] = pushed.get(status, 0) + 1
+                    if status == "conflict":
+                        print(f"{label}: {fname} differs from the bank's copy; the bank keeps its own", flush=True)
         except ValueError as e:
             failed += 1
             print(f"{label}: refused: {' '.join(str(e).split())}", flush=True)
@@ -80,7 +104,11 @@ def run_derive(args: argparse.Namespace) -> int:
         moments = sum(len(p.moments) for p in prof.pieces)
         print(f"{label}: {moments} moments in {len(prof.pieces)} pieces, "
               f"{time.perf_counter() - start:.1f} s", flush=True)
-    print(f"{len(todo) - failed} profile(s) ready, {failed} refused, {skipped} grid combination(s) skipped")
+    print(f"{len(todo) - failed} profile(s) ready, {failed} {'missing from the bank' if args.pull else 'refused'}, "
+          f"{skipped} grid combination(s) skipped")
+    if args.push:
+        print(f"bank {args.push}: " + ", ".join(f"{n} {s}" for s, n in sorted(pushed.items())) if pushed else
+              f"bank {args.push}: nothing pushed")
     return 1 if failed and failed == len(todo) else 0
 
 
