@@ -236,7 +236,7 @@ def resolve(model: Model, w: Workload, p: Parallel, options: Options):
         check_model(model.inventory, p, model.name)  # a TP degree that does not divide the heads, ...
         w, attn_note = _runnable_attention(model, w)
         tw, tp, notes = traced_class(w, p)
-        notes = attn_note + notes
+        notes = attn_note + scope_notes(model) + notes
         prof = store.profile(model.config, tw, tp, name=model.name, derive=options.derive,
                              progress=options.progress)
         hit = (tw, notes, prof, shares(model.inventory, p))
@@ -244,6 +244,21 @@ def resolve(model: Model, w: Workload, p: Parallel, options: Options):
             _CLASSES.clear()
         _CLASSES[key] = hit
     return hit
+
+
+def scope_notes(model: Model) -> tuple[str, ...]:
+    """What part of a multimodal checkpoint the estimate covers, said out loud: a config whose language model is
+    built alone (Mistral-3, Llama-4's text model) leaves the vision tower's weights and the images out; one built
+    whole (Gemma-3) holds the tower's weights but runs a text-only step (no image tokens)."""
+    inv = model.inventory
+    text_type = inv.extra.get("text_model_type", inv.model_type)
+    if text_type == inv.model_type:
+        return ()
+    if inv.built_as.endswith("ForConditionalGeneration"):
+        return (f"scope: {inv.model_type} is built whole ({inv.built_as}: its vision tower's weights are held) but "
+                "the step is text-only: no images, so no vision-tower activations or image tokens",)
+    return (f"scope: {inv.model_type} is priced as its language model alone ({inv.built_as}, {text_type}); its "
+            "vision tower's weights and the images' activations are not included",)
 
 
 def _runnable_attention(model: Model, w: Workload) -> tuple[Workload, tuple[str, ...]]:
