@@ -15,6 +15,7 @@ from estimator.device import capacity_bytes
 from estimator.breakdown import COMPONENTS
 from estimator.estimate import Options, estimate
 from estimator.gpus import get_gpu
+from estimator.layouts import layouts
 from estimator.presets import load_config
 from estimator.spec import STRATEGIES, Parallel
 from estimator.units import GB, GiB, fmt_bytes
@@ -38,6 +39,8 @@ def fields() -> dict[str, state.Field]:
                               help="First strategy of the side-by-side comparison.")
     f["compare_b"] = state.Field("compare_b", "choice", "tp", MULTI, label="Strategy B",
                               help="Second strategy of the side-by-side comparison.")
+    f["layout_n"] = state.Field("layout_n", "int", 8, lo=1, hi=MAX_SEARCH_GPUS, label="GPUs to lay out",
+                                help="World size whose FSDP x TP x PP layouts are ranked (torchtitan's mesh).")
     f["compare_n"] = state.Field("compare_n", "int", 8, lo=1, hi=MAX_SEARCH_GPUS, label="GPUs for the comparison",
                               help="World size at which the two strategies are compared.")
     return f
@@ -89,6 +92,29 @@ def min_gpus_table(model, w, strategies, gpu) -> None:
     st.dataframe(pd.DataFrame(rows), hide_index=True, column_config={
         "fewest GPUs": st.column_config.NumberColumn(format="%d"),
         "peak per GPU (GiB)": st.column_config.NumberColumn(format="%.2f")})
+
+
+def layouts_section(model, w, gpu, f) -> None:
+    """Every FSDP x TP x PP layout of N GPUs (estimator.layouts), the worst rank of each, one drawn stage by stage."""
+    st.subheader("Layouts: FSDP x TP x PP on N GPUs")
+    n = state.widget(PAGE, f["layout_n"], st)
+    rows = layouts(model, w, n, capacity_bytes(gpu), NO_TRACE)
+    if not rows:
+        st.info(f"No FSDP x TP x PP layout of {n} GPUs suits {model.name} (TP must divide its heads, PP its layers).")
+        return
+    st.dataframe(pd.DataFrame([{"layout": lay.label, "worst rank (GiB)": lay.device_bytes / GiB,
+                                "worst rank (GB)": lay.device_bytes / GB, "fits": lay.fits,
+                                "why": lay.why(capacity_bytes(gpu))} for lay in rows]),
+                 hide_index=True, column_config={"worst rank (GiB)": st.column_config.NumberColumn(format="%.2f"),
+                                                 "worst rank (GB)": st.column_config.NumberColumn(format="%.2f")})
+    chosen = st.selectbox("Draw the worst rank of", [lay.label for lay in rows], key=f"{PAGE}:layout",
+                          help="Its step stage by stage: what each component holds at each stage's peak.")
+    lay = next(x for x in rows if x.label == chosen)
+    est = estimate(model, w, lay.parallel, NO_TRACE)
+    charts.show(charts.stages_chart(est.stages, capacity_bytes(gpu),
+                                    f"{gpu.display_name}: {fmt_bytes(capacity_bytes(gpu), 'GiB')}"))
+    st.caption(f"{lay.label}: {lay.why(capacity_bytes(gpu))}. The layouts are priced analytically over the traced "
+               "FSDP rank (docs/parallel.md).")
 
 
 def compare(model, w, gpu, f) -> None:
@@ -145,11 +171,10 @@ def main() -> None:
             st.info("Pick at least one strategy and one GPU count in the sidebar.")
             return
         model.inventory.trainable_params(w)  # a LoRA target the model lacks: one line, before any trace
-        # the strategies need at most three traced profiles: one GPU (ddp, zero1/2, tp, pp, ep are priced over
-        # it), FSDP (fsdp, zero3, hsdp) and FSDP's SHARD_GRAD_OP
-        for rep in dict.fromkeys("fsdp" if s in ("zero3", "hsdp") else s if s in ("fsdp", "fsdp-grad-op")
-                                 else "single" for s in strategies):
-            ui.ensure_profile(model, w, Parallel(strategy=rep, gpus=1 if rep == "single" else 2))
+        # the library decides which traced profile prices each strategy (estimator.estimate.traced_class): make sure
+        # of each once, with a progress bar where one must be derived
+        for s in dict.fromkeys((*strategies, "fsdp")):  # fsdp: the layouts section composes over it
+            ui.ensure_profile(model, w, Parallel(strategy=s, gpus=2))
         df = sweep_rows(model, w, strategies, sorted(counts))
         traced = state.or_error(lambda: traced_points(config, name, w), pd.DataFrame())
         cap = f"{gpu.display_name}: {fmt_bytes(capacity_bytes(gpu), 'GiB')}"
@@ -158,9 +183,10 @@ def main() -> None:
             st.caption(f"Black diamonds: {len(traced)} traced FSDP2 run(s), per-rank peak allocated "
                        "(tensors only: no CUDA context or NCCL buffers).")
         min_gpus_table(model, w, strategies, gpu)
+        layouts_section(model, w, gpu, f)
         compare(model, w, gpu, f)
     finally:
-        state.write_url(PAGE, list(f.values()), {"model", "gpu", "compare_a", "compare_b", "compare_n", *shown})
+        state.write_url(PAGE, list(f.values()), {"model", "gpu", "compare_a", "compare_b", "compare_n", "layout_n", *shown})
 
 
 state.run_page(main)

@@ -25,6 +25,7 @@ from estimator import search
 from estimator.estimate import Options, estimate
 from estimator.device import capacity_bytes
 from estimator.gpus import get_gpu
+from estimator.layouts import layouts
 from estimator.model import from_hf_config
 from estimator.presets import load_config
 from estimator.spec import Parallel, Workload
@@ -371,6 +372,16 @@ def test_multi_gpu_fewest_gpus_and_comparison(env):
     at.number_input(key="multi:compare_n").set_value(16).run()
     shown = [m.value for m in at.metric if m.label == "Peak per GPU"]
     assert shown == [gib(estimate(model, w, Parallel(strategy=s, gpus=16)).total_bytes) for s in ("zero3", "tp")]
+
+
+def test_multi_gpu_layouts_are_the_library_ranking(env):
+    at = app("pages/multi_gpu.py", query={"model": "llama-3.1-70b", "layout_n": "8"})
+    model, gpu, w = the_model("llama-3.1-70b"), get_gpu(H100), Workload()
+    table = next(d.value for d in at.dataframe if "worst rank (GiB)" in d.value.columns)
+    expected = layouts(model, w, 8, capacity_bytes(gpu))
+    assert table["layout"].tolist() == [lay.label for lay in expected]
+    assert table["worst rank (GiB)"].tolist() == [lay.device_bytes / GiB for lay in expected]
+    assert table["why"].tolist() == [lay.why(capacity_bytes(gpu)) for lay in expected]
 
 
 def test_multi_gpu_overlays_traced_fsdp_points(env):
