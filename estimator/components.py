@@ -246,3 +246,19 @@ class Overhead:
 def overhead_bytes(gpus: int, overhead: Overhead = Overhead()) -> int:
     """CUDA context + cuBLAS workspace, + NCCL buffers when more than one GPU communicates."""
     return overhead.cuda_context_bytes + overhead.cublas_workspace_bytes + (overhead.nccl_bytes_per_gpu if gpus > 1 else 0)
+
+
+def model_state_bytes(inv: Inventory, w: Workload) -> dict[str, int]:
+    """What the model itself holds on one GPU before any sharding, from the inventory alone (no profile): the
+    stored weights (base_weight_bytes, plus fp32 adapters for LoRA/QLoRA), the gradients and optimizer states of the
+    trainable parameters and the `mixed` recipe's master copy. Paged optimizers' states live in unified memory and
+    are left out, as in `Estimate`. What the first answer shows while a step's profile is being derived; the
+    estimate itself prices these through the traced profile (estimator.evaluate)."""
+    rd = recipe_dtypes(w)
+    trainable = inv.trainable_params(w) if w.mode == "train" else 0
+    adapters = trainable * dtype_bytes(rd.weight) if w.method != "full" else 0
+    out = {"weights": base_weight_bytes(inv, w) + adapters, "gradients": trainable * dtype_bytes(rd.grad),
+           "optimizer_states": 0, "master_weights": master_weight_bytes(trainable, w.recipe)}
+    if trainable and not paged(w.optimizer):
+        out["optimizer_states"] = optimizer_state_bytes(inv.trainable_shapes(w), w.optimizer, rd.state)
+    return out

@@ -285,6 +285,14 @@ def ensure_profile(model: Model, workload: Workload, parallel: Parallel = Parall
     return {**prof.provenance, "where": found or "derived now"}
 
 
+def profile_where(model: Model, workload: Workload, parallel: Parallel = Parallel()) -> str | None:
+    """Where the profile `estimate(model, workload, parallel)` evaluates is: 'shipped', 'cache', or None when it
+    must be derived (or fetched from a bank) first. A file check: no profile is read."""
+    w, _ = _runnable_attention(model, workload)
+    tw, tp, _ = traced_class(w, parallel)
+    return store.where(model.config, key=store.profile_key(tw, tp))
+
+
 def profile_for(model: Model, w: Workload, p: Parallel, options: Options = Options()):
     return resolve(model, w, p, options)[2]
 

@@ -1,5 +1,5 @@
 """The shared inputs (model, workload, hardware, allocator settings) generated from their declarations
-(estimator.spec), the model and its profile (estimator.estimate.ensure_profile, with a progress bar), and the
+(estimator.spec), the model, and the
 way numbers are shown in both units. Nothing here computes memory.
 
 Not a page (the underscore; app.py routes with st.navigation, which ignores files it is not given).
@@ -14,7 +14,6 @@ from estimator.units import fmt_bytes
 from estimator.reserved import alloc_mode
 from estimator.model import from_hf_config
 from estimator.store import where
-from estimator import estimate as estimate_mod
 from pages._state import Field, state_key, widget
 
 
@@ -138,23 +137,6 @@ def load_model(config: dict, name: str):
         with st.spinner(f"Reading {name}'s parameters from transformers (meta device, no weights)..."):
             return from_hf_config(config, name)
     return from_hf_config(config, name, derive=False)
-
-
-def ensure_profile(model, w: spec.Workload, par: spec.Parallel) -> dict:
-    """The library's ensure_profile with a progress bar while it derives (shown only if it has to)."""
-    bar = None
-
-    def progress(done: int, total: int, message: str) -> None:
-        nonlocal bar
-        if bar is None:
-            bar = st.progress(0.0, text=f"Deriving {model.name}'s memory profile for this workload: tracing the "
-                                        "real model at reduced depth on fake tensors...")
-        bar.progress(min(1.0, done / max(total, 1)), text=f"{message} ({done}/{total})")
-
-    prov = estimate_mod.ensure_profile(model, w, par, progress)
-    if bar is not None:
-        bar.empty()
-    return prov
 
 
 def provenance_caption(prov: dict) -> str:

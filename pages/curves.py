@@ -20,6 +20,7 @@ from estimator.presets import load_config
 from estimator.spec import MAX_BATCH, MAX_SEQ, Parallel
 from estimator.units import GB, GiB, fmt_bytes
 from pages import _charts as charts
+from pages import _derive as derive
 from pages import _state as state, _data as reads, _inputs as ui
 
 NO_TRACE = Options(derive=False)  # the page makes sure of its profile first (with a progress bar)
@@ -128,7 +129,10 @@ def main() -> None:
     pts = state.or_error(lambda: pd.DataFrame() if reads.empty_db_notice()
                       else reads.points(config, name, w.batch, w.seq, match_filters(w, par)), pd.DataFrame())
     model.inventory.trainable_params(w)  # a LoRA target the model lacks: one line, before any trace
-    st.caption(ui.provenance_caption(ui.ensure_profile(model, w, par)))
+    prov = derive.profile_or_background(PAGE, model, w, par)
+    if prov is None:  # deriving in the background; the page reruns when it is done
+        return
+    st.caption(ui.provenance_caption(prov))
     b_max = search.max_batch(model, w, par, usable, options)
     s_max = search.max_seq(model, w, par, usable, options, limit=min(MAX_SEQ, 4 * model.max_positions))
     # x runs a little past the cliff (or past the stored runs), so the line's crossing stays readable

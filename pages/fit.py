@@ -23,6 +23,7 @@ from estimator.presets import MAX_CONFIG_BYTES, load_config, parse_config_text
 from estimator.spec import Parallel
 from estimator.units import GB, GiB, fmt_bytes
 from pages import _charts as charts
+from pages import _derive as derive
 from pages import _state as state, _data as reads, _inputs as ui
 from bench.accuracy.published import COMPARED_WITH
 from bench.published.importer import estimate_row
@@ -324,7 +325,9 @@ def body(f: dict[str, state.Field], shown: set[str]) -> None:
         st.error(f"{e}. Lower the sequence length (and generated tokens).")
         return
     model.inventory.trainable_params(w)  # a LoRA target the model lacks: one line, before any trace
-    prov = ui.ensure_profile(model, w, par)
+    prov = derive.profile_or_background(PAGE, model, w, par)
+    if prov is None:  # deriving in the background: the model states are shown, the page reruns when it is done
+        return
     options = replace(options, **ui.NO_TRACE)
     est = estimate(model, w, par, options)
     st.caption(f"**{name}** ({model.model_type}, built as {model.inventory.built_as}): {est.params:,} parameters, "

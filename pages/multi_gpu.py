@@ -21,6 +21,7 @@ from estimator.spec import STRATEGIES, Parallel
 from estimator.units import GB, GiB, fmt_bytes
 from estimator.parallel import TRACED_SHARDING  # what `python -m bench trace` runs with FSDP2
 from pages import _charts as charts
+from pages import _derive as derive
 from pages import _state as state, _data as reads, _inputs as ui
 
 NO_TRACE = Options(derive=False)  # every profile is made sure of (with a progress bar) before the page prices
@@ -174,7 +175,8 @@ def main() -> None:
         # the library decides which traced profile prices each strategy (estimator.estimate.traced_class): make sure
         # of each once, with a progress bar where one must be derived
         for s in dict.fromkeys((*strategies, "fsdp")):  # fsdp: the layouts section composes over it
-            ui.ensure_profile(model, w, Parallel(strategy=s, gpus=2))
+            if derive.profile_or_background(PAGE, model, w, Parallel(strategy=s, gpus=2)) is None:
+                return  # deriving in the background; the page reruns when it is done
         df = sweep_rows(model, w, strategies, sorted(counts))
         traced = state.or_error(lambda: traced_points(config, name, w), pd.DataFrame())
         cap = f"{gpu.display_name}: {fmt_bytes(capacity_bytes(gpu), 'GiB')}"

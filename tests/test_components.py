@@ -208,3 +208,22 @@ def test_overhead_bytes():
 def test_dtype_bytes_unknown():
     with pytest.raises(ValueError, match="^dtype:"):
         dtype_bytes("int4")
+
+
+@pytest.mark.parametrize("workload", [Workload(batch=1, seq=512), Workload(method="lora", batch=1, seq=512),
+                                      Workload(optimizer="adamw-8bit", batch=1, seq=512),
+                                      Workload(method="qlora", batch=1, seq=512)])
+def test_model_states_priced_at_once_are_the_estimates(workload):
+    """What the app shows before a profile exists (components.model_state_bytes, the inventory alone) is what the
+    traced estimate holds at its optimizer step, but for the step counters torch keeps beside each state (a few
+    bytes per parameter tensor)."""
+    from estimator.components import model_state_bytes
+    from estimator.estimate import Options, estimate
+    from estimator.model import from_hf_config
+    from estimator.presets import load_config
+
+    model = from_hf_config(load_config("llama-3.1-8b")[1], "llama-3.1-8b", derive=False)
+    got = model_state_bytes(model.inventory, workload)
+    at_step = estimate(model, workload, options=Options(derive=False)).stage("optimizer")
+    for name, b in got.items():
+        assert b <= getattr(at_step, name) <= b + 8 * 1024, (name, b, getattr(at_step, name))
