@@ -68,19 +68,19 @@ def parse_dataset(url: str | None) -> Dataset:
         raise ValueError(f"dataset: not set; set {ENV} or pass --dataset ({ALLOWED})")
     if len(text) > 1024 or any(ord(c) < 32 for c in text):
         raise ValueError(f"dataset: {text[:60]!r} is not a dataset address; use {ALLOWED}")
+    scheme = text.split("://", 1)[0].lower() if "://" in text else ""
     text = text.rstrip("/") or "/"
+    if scheme and len(text) <= len(scheme) + 3:
+        raise ValueError(f"dataset: {text!r} names no bucket or path; use {ALLOWED}")
     if text.startswith("hf://"):
         m = HF_RE.fullmatch(text)
         if not m or ".." in text:
             raise ValueError(f"dataset: {text[:80]!r} is not hf://datasets/<org>/<name>")
         return Dataset(text, "hf", f"{m.group(1)}/{m.group(2)}")
-    scheme = text.split("://", 1)[0].lower() if "://" in text else ""
     if scheme and scheme not in FSSPEC_SCHEMES:
         raise ValueError(f"dataset: scheme {scheme + '://'!r} not supported; use {ALLOWED}")
     if scheme in ("", "file"):
         return Dataset(text, "local")
-    if len(text) <= len(scheme) + 3:
-        raise ValueError(f"dataset: {text!r} names no bucket or path; use {ALLOWED}")
     return Dataset(text, "fsspec")
 
 
