@@ -185,6 +185,8 @@ def test_bad_dataset_address_is_one_line_naming_the_field_before_any_work(tmp_pa
         assert expected in str(e.value) and "\n" not in str(e.value)
     with pytest.raises(ValueError, match="^dataset: no"):
         pull(None, tmp_path / "x.duckdb")
+    with pytest.raises(ShareError, match="^dataset: no such directory"):
+        pull(str(tmp_path / "nowhere"), tmp_path / "x.duckdb")
     assert not (tmp_path / "x.duckdb").exists()
 
 
@@ -206,6 +208,10 @@ def test_hub_push_needs_a_token_and_the_network_and_sends_one_pull_request(tmp_p
         return "https://huggingface.co/datasets/org/runs/discussions/1"
 
     report = push([path], "hf://datasets/org/runs", uploader=fake_upload)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")   # and a pull from the hub says why it cannot, before any request
+    with pytest.raises(ShareError, match="^HF_HUB_OFFLINE: set, so hf://datasets/org/runs cannot be read"):
+        pull("hf://datasets/org/runs", tmp_path / "local.duckdb")
+    assert not (tmp_path / "local.duckdb").exists()
     (repo_id, name, parquet, manifest, token), = sent
     assert report.uploaded and report.where.endswith("/discussions/1") and (repo_id, token) == ("org/runs", "hf_test")
     assert manifest["sha256"] == hashlib.sha256(parquet).hexdigest() and manifest["file"] == f"contributions/{name}.parquet"

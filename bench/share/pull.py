@@ -156,6 +156,7 @@ def pull(dataset: str | None = None, db_path=None, cache_base: Path | None = Non
          wait_s: float = DEFAULT_WAIT_S) -> PullReport:
     """Bring every contribution of `dataset` (default $WILLITFIT_DATASET) not yet pulled into the database."""
     ds = remote.dataset_from_env(dataset)
+    remote.check_readable(ds)   # before the database is touched
     root = cache_root(ds, cache_base)
     manifests, report = fetch(ds, root, pulled_files(ds, db_path, wait_s))
     return load_and_write(ds, root, manifests, db_path, report, wait_s)

@@ -30,6 +30,8 @@ from pathlib import Path
 
 import fsspec
 
+from bench.hub import hub_offline
+
 ENV = "WILLITFIT_DATASET"
 CONTRIBUTIONS = "contributions"
 MANIFESTS = "manifest"
@@ -155,11 +157,20 @@ def parse_manifest(name: str, data: bytes, head_version: int) -> Manifest:
     return Manifest(name, rec["file"], sha, rows, version)
 
 
+def check_readable(ds: Dataset) -> None:
+    """ShareError (one line) when the dataset cannot be read at all: the hub while offline, a missing directory."""
+    if ds.kind == "hf" and hub_offline():
+        raise ShareError(f"HF_HUB_OFFLINE: set, so {ds.url} cannot be read; unset it to pull from the hub")
+    if ds.kind == "local":
+        fs, root = filesystem(ds)
+        if not fs.isdir(root):
+            raise ShareError(f"dataset: no such directory {root}")
+
+
 def list_manifests(ds: Dataset) -> list[str]:
     """Names ('<timestamp>-<sha prefix>') of the manifests in the dataset, oldest first; other files ignored."""
+    check_readable(ds)
     fs, root = filesystem(ds)
-    if ds.kind == "local" and not fs.isdir(root):
-        raise ShareError(f"dataset: no such directory {root}")
     try:
         entries = fs.ls(f"{root.rstrip('/')}/{MANIFESTS}", detail=False)
     except FileNotFoundError:
@@ -209,7 +220,7 @@ def upload_fsspec(ds: Dataset, name: str, parquet: bytes, manifest: bytes) -> No
 
 def hf_token() -> str:
     """HF_TOKEN for a push to the hub, or ShareError naming what is missing (checked before any slow work)."""
-    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "on", "yes", "true"}:
+    if hub_offline():
         raise ShareError("HF_HUB_OFFLINE: set, so nothing can be pushed to the hub; unset it to push")
     token = os.environ.get("HF_TOKEN", "").strip()
     if not token:
@@ -239,5 +250,5 @@ def cache_root(ds: Dataset, base: Path) -> Path:
 
 
 __all__ = ["ALLOWED", "CONTRIBUTIONS", "Dataset", "ENV", "MANIFESTS", "Manifest", "ShareError", "cache_root",
-           "configured", "contribution_name", "dataset_from_env", "filesystem", "hf_token", "list_manifests",
+           "check_readable", "configured", "contribution_name", "dataset_from_env", "filesystem", "hf_token", "list_manifests",
            "manifest_bytes", "parse_dataset", "parse_manifest", "read_bounded", "upload_fsspec", "upload_hf"]
