@@ -22,6 +22,8 @@ COMMANDS = {
     "report": "bench.commands.accuracy",
     "accuracy": "bench.commands.accuracy",
     "calibrate": "bench.commands.calibrate",
+    "push": "bench.commands.share",
+    "pull": "bench.commands.share",
 }
 
 

@@ -6,6 +6,8 @@ Not a page (the underscore; app.py routes with st.navigation, which ignores file
 from __future__ import annotations
 from pathlib import Path
 import streamlit as st
+from bench.share import pull as share_pull
+from bench.share import remote
 from bench.store import app_data
 from bench.store import db
 from estimator import spec
@@ -15,9 +17,9 @@ def db_path() -> Path:
     return db.default_db_path()
 
 
-def fingerprint() -> tuple[int, int]:
+def fingerprint(path: Path | None = None) -> tuple[int, int]:
     """(mtime_ns, size) of the database: part of every cache key, so a changed file is read again."""
-    return db.db_fingerprint(db_path())
+    return db.db_fingerprint(path or db_path())
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
@@ -63,28 +65,53 @@ def _points(path: str, fp: tuple, config: dict, model_name, batch: int, seq: int
     return app_data.points(path, config, model_name, batch, seq, filters)
 
 
-def count_runs() -> int:
-    return _count_runs(str(db_path()), fingerprint())
+# The readers below take the database to read (`path`): the local one by default, or the shared dataset's read-only
+# copy (shared_db) on the Benchmarks page.
+
+def count_runs(path: Path | None = None) -> int:
+    path = path or db_path()
+    return _count_runs(str(path), fingerprint(path))
 
 
-def filter_values() -> dict:
-    return _filter_values(str(db_path()), fingerprint())
+def filter_values(path: Path | None = None) -> dict:
+    path = path or db_path()
+    return _filter_values(str(path), fingerprint(path))
 
 
-def counts(filters: dict):
-    return _counts(str(db_path()), fingerprint(), filters)
+def counts(filters: dict, path: Path | None = None):
+    path = path or db_path()
+    return _counts(str(path), fingerprint(path), filters)
 
 
-def runs_table(filters: dict):
-    return _runs_table(str(db_path()), fingerprint(), filters)
+def runs_table(filters: dict, path: Path | None = None):
+    path = path or db_path()
+    return _runs_table(str(path), fingerprint(path), filters)
 
 
-def published_estimates(run_ids: tuple) -> dict:
-    return _published_estimates(str(db_path()), fingerprint(), tuple(run_ids))
+def published_estimates(run_ids: tuple, path: Path | None = None) -> dict:
+    path = path or db_path()
+    return _published_estimates(str(path), fingerprint(path), tuple(run_ids))
 
 
-def run_detail(run_id: str):
-    return _run_detail(str(db_path()), fingerprint(), run_id)
+def run_detail(run_id: str, path: Path | None = None):
+    path = path or db_path()
+    return _run_detail(str(path), fingerprint(path), run_id)
+
+
+@st.cache_data(show_spinner="Reading the shared dataset's cached contributions", max_entries=8)
+def _shared_db(url: str, listing: tuple) -> tuple[str, list]:
+    path, report = share_pull.browse_db(remote.parse_dataset(url))
+    return str(path), report.skipped
+
+
+def shared_db(url: str) -> tuple[Path, list[tuple[str, str]]]:
+    """The read-only DuckDB copy of the shared dataset's cached contributions, and the files it refused; rebuilt
+    when the cache changes (its listing is the cache key). ValueError naming `dataset` for a bad address."""
+    ds = remote.parse_dataset(url)
+    folder = share_pull.cache_root(ds) / remote.CONTRIBUTIONS
+    listing = tuple(sorted((p.name, p.stat().st_size) for p in folder.glob("*.parquet"))) if folder.is_dir() else ()
+    path, skipped = _shared_db(ds.url, listing)
+    return Path(path), skipped
 
 
 def closest_runs(config: dict, model_name, workload: spec.Workload, parallel: spec.Parallel,
@@ -97,14 +124,14 @@ def points(config: dict, model_name, batch: int, seq: int, filters: dict):
     return _points(str(db_path()), fingerprint(), config, model_name, batch, seq, filters)
 
 
-def empty_db_notice() -> bool:
+def empty_db_notice(path: Path | None = None) -> bool:
     """Show an info box and return True when there is nothing to read yet."""
-    path = db_path()
+    path = path or db_path()
     if not app_data.db_exists(path):
         st.info(f"No benchmark database at `{path}` yet. Build one with `python -m bench build-db`, ingest "
                 "runs with `python -m bench ingest`, or add measurements on the Contribute page.")
         return True
-    if count_runs() == 0:
+    if count_runs(path) == 0:
         st.info(f"The benchmark database `{path}` holds no runs yet. Add some on the Contribute page or with "
                 "`python -m bench ingest FILE`.")
         return True

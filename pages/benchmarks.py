@@ -6,6 +6,9 @@ import json
 import pandas as pd
 import streamlit as st
 
+from bench.share import pull as share_pull
+from bench.share import remote
+from bench.share.remote import ShareError
 from bench.store import app_data
 from bench.store.rows import STAGES
 from estimator.units import GiB
@@ -21,15 +24,58 @@ METRIC_HELP = ("What the number is: allocated (torch.cuda.max_memory_allocated),
 OOM_CHOICES = {"all": "all runs", "oom": "OOM only", "ok": "no OOM"}
 DETAIL_CHOICES = 200  # runs offered in the detail selector (a longer list is slow to build and to scroll)
 GIB_COLUMNS = ("peak_alloc_gib", "peak_reserved_gib", "nvml_used_gib", "gpu_total_gib")
+DATASETS = {"local": "local database", "shared": "shared dataset"}
 
 
-def filters_sidebar() -> dict:
+def choose_database():
+    """The database to browse: the local one, or (when WILLITFIT_DATASET is set and chosen) the read-only copy of the
+    shared dataset's contributions cached on this machine. None after an error message."""
+    url = remote.configured()
+    if not url:
+        return reads.db_path()
+    choice = st.sidebar.radio("Runs from", list(DATASETS), format_func=DATASETS.get, key=f"{PAGE}:dataset",
+                              help=f"The shared dataset is {url} ({remote.ENV}); it is read-only here. "
+                                   "`python -m bench pull` adds its rows to your local database.")
+    if choice == "local":
+        return reads.db_path()
+    try:
+        ds = remote.parse_dataset(url)
+    except ValueError as e:
+        st.error(f"{e}. Fix {remote.ENV} and restart the app.")
+        return None
+    if st.sidebar.button("Fetch new contributions", key=f"{PAGE}:fetch",
+                         help="Download the contributions not yet cached here; each is checked against its "
+                              "manifest's sha256 and every row validated again before it shows."):
+        try:
+            fetched = share_pull.refresh(ds.url)
+        except ShareError as e:
+            st.error(str(e))
+        else:
+            for file, reason in fetched.skipped:
+                st.warning(f"Skipped {file}: {reason}")
+    path, refused = reads.shared_db(ds.url)
+    for file, reason in refused:
+        st.warning(f"Skipped {file}: {reason}")
+    st.caption(f"Browsing the shared dataset **{ds.url}** (read-only): the contributions fetched to this machine. "
+               "`python -m bench pull` adds them to your local database.")
+    if reads.count_runs(path) == 0:
+        st.info("No contribution of the shared dataset is cached here yet: press **Fetch new contributions** in "
+                "the sidebar.")
+        return None
+    return path
+
+
+def filters_sidebar(path) -> dict:
     """Sidebar filters -> {column: [values] or bool}; an empty choice means no filter on that column."""
-    values = reads.filter_values()
+    values = reads.filter_values(path)
     st.sidebar.header("Filter runs")
     filters = {}
     for col, label in FILTER_LABELS.items():
-        chosen = st.sidebar.multiselect(label, values.get(col, []), key=f"{PAGE}:{col}",
+        options = values.get(col, [])
+        key = f"{PAGE}:{col}"
+        if key in st.session_state:  # values of the other database (local / shared) are not options here
+            st.session_state[key] = [v for v in st.session_state[key] if v in options]
+        chosen = st.sidebar.multiselect(label, options, key=key,
                                         help=METRIC_HELP if col == "metric" else
                                         f"Show only runs with these {label.lower()} values; empty = all.")
         filters[col] = chosen or None
@@ -39,8 +85,8 @@ def filters_sidebar() -> dict:
     return {k: v for k, v in filters.items() if v is not None}
 
 
-def summary(filters: dict) -> int:
-    df = reads.counts(filters)
+def summary(filters: dict, path) -> int:
+    df = reads.counts(filters, path)
     total = int(df["n_runs"].sum()) if len(df) else 0
     c = st.columns(5)
     c[0].metric("Runs", f"{total:,}", help="Runs matching the filters.")
@@ -55,13 +101,13 @@ def summary(filters: dict) -> int:
     return total
 
 
-def runs_section(filters: dict, total: int) -> pd.DataFrame:
-    df = reads.runs_table(filters)
+def runs_section(filters: dict, total: int, path) -> pd.DataFrame:
+    df = reads.runs_table(filters, path)
     if total > len(df):
         st.caption(f"Showing the newest {len(df):,} of {total:,} runs; the download below has them all.")
     published = tuple(df.loc[df["source"] == "published", "run_id"]) if len(df) else ()
     if published:  # the estimator beside each published number (shipped profiles only: nothing is traced here)
-        est = reads.published_estimates(published)
+        est = reads.published_estimates(published, path)
         df.insert(6, "estimate_gib", df["run_id"].map(est) / GiB)
         df.insert(7, "error", (df["estimate_gib"] - df["measured_gib"]) / df["measured_gib"] * 100)
     config = {c: st.column_config.NumberColumn(c.replace("_gib", " (GiB)"), format="%.3f",
@@ -79,7 +125,7 @@ def runs_section(filters: dict, total: int) -> pd.DataFrame:
     return df
 
 
-def detail_section(df: pd.DataFrame) -> None:
+def detail_section(df: pd.DataFrame, path) -> None:
     st.subheader("One run in full")
     if df.empty:
         return
@@ -89,7 +135,7 @@ def detail_section(df: pd.DataFrame) -> None:
     run_id = st.selectbox("Run", list(labels), format_func=labels.get, key=f"{PAGE}:run",
                           help=f"One of the newest {DETAIL_CHOICES} filtered runs (narrow the filters to reach "
                                "others): every column of the stored row, provenance, per-stage peaks, config.")
-    row = reads.run_detail(run_id)
+    row = reads.run_detail(run_id, path)
     if row is None:
         st.warning("That run is no longer in the database (it changed since the table was read); reload.")
         return
@@ -130,11 +176,11 @@ def _show(v) -> str:
     return "" if v is None or (not isinstance(v, str) and pd.isna(v)) else str(v)
 
 
-def download_section(filters: dict) -> None:
+def download_section(filters: dict, db_file) -> None:
     st.subheader("Download")
     fmt = st.radio("Format", app_data.EXPORT_FORMATS, horizontal=True, key=f"{PAGE}:fmt",
                    help="Every column of `runs`, so the file can be ingested again (python -m bench ingest).")
-    path = str(reads.db_path())
+    path = str(db_file)
     st.download_button(f"Download the filtered runs as {fmt.upper()}",
                        data=lambda: app_data.export_bytes(path, filters, fmt),  # built only when clicked
                        file_name=f"willitfit-runs.{fmt}",
@@ -146,16 +192,17 @@ def main() -> None:
     st.title("Benchmarks")
     st.caption("Runs stored in the database: **measured** on a GPU, **traced** on fake CPU tensors, or "
                "**published**. Sizes in GiB (2^30 bytes).")
-    if reads.empty_db_notice():
+    path = choose_database()
+    if path is None or reads.empty_db_notice(path):
         return
-    filters = filters_sidebar()
-    total = summary(filters)
+    filters = filters_sidebar(path)
+    total = summary(filters, path)
     if total == 0:
         st.info("No run matches these filters; clear some in the sidebar.")
         return
-    df = runs_section(filters, total)
-    detail_section(df)
-    download_section(filters)
+    df = runs_section(filters, total, path)
+    detail_section(df, path)
+    download_section(filters, path)
 
 
 state.run_page(main)

@@ -6,12 +6,16 @@ Streamlit (server.maxUploadSize in .streamlit/config.toml) and by bench.store.in
 """
 from __future__ import annotations
 
+import hashlib
 import shlex
 import tempfile
 from pathlib import Path
 
 import streamlit as st
 
+from bench.share import remote
+from bench.share.push import push
+from bench.share.remote import ShareError
 from bench.store import app_data
 
 from bench.trace import grid
@@ -93,6 +97,35 @@ def _ingest(data: bytes, suffix: str):
         return ingest_files([path], reads.db_path())
 
 
+def _push(data: bytes, suffix: str):
+    with tempfile.TemporaryDirectory(prefix="willitfit-push-") as tmp:
+        path = Path(tmp) / f"upload{suffix}"
+        path.write_bytes(data)
+        return push([path])
+
+
+def push_section(data: bytes, suffix: str) -> None:
+    """After a local ingest of this file: offer to push it to the shared dataset (WILLITFIT_DATASET)."""
+    st.subheader("3. Share the rows")
+    url = remote.configured()
+    st.caption(f"Pushes the same rows as one contribution to the shared dataset ({url or remote.ENV + ' is not set'}); "
+               "on a Hugging Face dataset this opens a pull request that maintainers review. Details: "
+               f"`{DOCS}`, section *The shared dataset*.")
+    if not st.button("Push to the shared dataset", key=f"{PAGE}:push",
+                     help="Validated again, written as one parquet file with its manifest and uploaded."):
+        return
+    try:
+        report = _push(data, suffix)
+    except (ValueError, ShareError) as e:
+        st.error(f"{e}. Nothing was pushed.")
+        return
+    if not report.uploaded:
+        st.error("Nothing was pushed: " + ("; ".join(f"line {line}: {why}" for _, line, why in report.rejected[:10])
+                                           or "the file holds no rows"))
+        return
+    st.success(f"Pushed {report.rows} row(s) as contribution {report.name}: {report.where}")
+
+
 def upload_section() -> None:
     st.subheader("2. Upload the rows")
     limit_mb = st.get_option("server.maxUploadSize")
@@ -127,11 +160,14 @@ def upload_section() -> None:
                  help="Writes every row in one transaction; rows whose run_id is already stored are skipped."):
         result = _ingest(data, suffix)
         if result.written:
+            st.session_state[f"{PAGE}:ingested"] = hashlib.sha256(data).hexdigest()
             st.success(f"Inserted {result.inserted} new row(s)"
                        + (f"; {result.duplicates} already stored were skipped" if result.duplicates else "")
                        + ". They now show on the Benchmarks page.")
         else:
             st.error("Nothing was written: " + "; ".join(f"line {line}: {why}" for _, line, why in result.rejected[:10]))
+    if st.session_state.get(f"{PAGE}:ingested") == hashlib.sha256(data).hexdigest():
+        push_section(data, suffix)
 
 
 def main() -> None:

@@ -19,6 +19,9 @@ from bench.store import app_data
 
 from bench.accuracy import calibrate
 
+from bench.share import pull as share_pull
+from bench.share import push as share_push
+from bench.share import remote as share_remote
 from bench.store import db
 from bench.accuracy.calibrate import parallel_from_row, workload_from_row
 from bench.store.ingest import ingest_files
@@ -471,3 +474,74 @@ def test_fit_shows_the_closest_published_run(env):
     at = app(query={"model": "llama-3.2-1b", "batch": "4", "seq": "512"})
     line = [c.value for c in at.caption if c.value.startswith("Closest published run")]
     assert line and "litgpt" in line[0]
+
+
+# ---------------------------------------------------------------- the shared dataset (bench/share/)
+
+@pytest.fixture
+def shared(env, tmp_path, monkeypatch) -> str:
+    """A local-directory remote and a private willitfit cache; WILLITFIT_DATASET is left to each test."""
+    monkeypatch.setenv("WILLITFIT_CACHE", str(tmp_path / "wcache"))
+    monkeypatch.delenv(share_remote.ENV, raising=False)
+    return str(tmp_path / "remote")
+
+
+def test_contribute_pushes_to_the_shared_dataset_after_a_local_ingest(env, shared, monkeypatch, tmp_path):
+    at = app("pages/contribute.py")
+    good = [make_row(batch=b, seq=3072) for b in (3, 5, 7)]
+    at.file_uploader(key="contrib:upload").set_value(("runs.jsonl", write_bytes(good), "application/json")).run()
+    assert not at.button(key="contrib:insert").disabled
+    assert not [b for b in at.button if b.key == "contrib:push"]  # offered only after the local ingest
+    at.button(key="contrib:insert").click().run()
+    at.button(key="contrib:push").click().run()  # WILLITFIT_DATASET not set: one line, nothing pushed
+    assert [e.value for e in at.error] == [f"dataset: not set; set {share_remote.ENV} or pass --dataset "
+                                           f"({share_remote.ALLOWED}). Nothing was pushed."]
+    assert not at.exception and not Path(shared).exists()
+    monkeypatch.setenv(share_remote.ENV, shared)
+    at.button(key="contrib:push").click().run()
+    assert not at.error and any("Pushed 3 row(s) as contribution" in s.value for s in at.success)
+    got = share_pull.pull(shared, tmp_path / "other.duckdb")
+    assert got.skipped == [] and got.inserted == 3
+    assert {r for (r,) in db.fetch_runs(db_path=tmp_path / "other.duckdb")[["run_id"]].values} == \
+        {r["run_id"] for r in good}
+
+
+def test_benchmarks_browses_the_shared_dataset_read_only(env, shared, monkeypatch, tmp_path):
+    at = app("pages/benchmarks.py")
+    assert not [r for r in at.radio if r.key == "bench:dataset"]  # no dataset configured: the local database only
+    contributed = [make_row(batch=b, seq=6144, gpu_name="NVIDIA A100-SXM4-80GB", source="measured") for b in (1, 2)]
+    jsonl = tmp_path / "contrib.jsonl"
+    jsonl.write_bytes(write_bytes(contributed))
+    first = share_push.push([jsonl], shared).name
+    jsonl.write_bytes(write_bytes([make_row(batch=4, seq=6144)]))
+    second = share_push.push([jsonl], shared).name
+    bad = Path(shared) / "contributions" / f"{second}.parquet"
+    bad.write_bytes(bad.read_bytes()[:-40] + bytes(40))   # corrupted on the remote
+    monkeypatch.setenv(share_remote.ENV, shared)
+    local_runs = db.count_runs(env)
+    at = app("pages/benchmarks.py")
+    assert at.radio(key="bench:dataset").value == "local" and metric(at, "Runs") == f"{local_runs:,}"
+    at.radio(key="bench:dataset").set_value("shared").run()
+    assert any("No contribution of the shared dataset is cached here yet" in i.value for i in at.info)
+    at.button(key="bench:fetch").click().run()
+    assert not at.exception
+    warnings = [w.value for w in at.warning]
+    assert len(warnings) == 1 and warnings[0].startswith(f"Skipped contributions/{second}.parquet: sha256: ")
+    assert metric(at, "Runs") == "2" and metric(at, "Measured runs") == "2"
+    at.multiselect(key="bench:gpu_name").set_value(["NVIDIA A100-SXM4-80GB"]).run()
+    run_id = at.selectbox(key="bench:run").value
+    assert run_id in {r["run_id"] for r in contributed}
+    assert db.count_runs(env) == local_runs   # browsing wrote nothing to the local database
+    at.radio(key="bench:dataset").set_value("local").run()   # the A100 filter is not an option there: dropped
+    assert not at.exception and metric(at, "Runs") == f"{local_runs:,}"
+    assert first in {p.stem for p in (share_pull.cache_root(share_remote.parse_dataset(shared))
+                                      / "contributions").glob("*.parquet")}
+
+
+def test_benchmarks_names_a_malformed_dataset_address(env, shared, monkeypatch):
+    monkeypatch.setenv(share_remote.ENV, "ftp://example.org/runs")
+    at = app("pages/benchmarks.py")
+    at.radio(key="bench:dataset").set_value("shared").run()
+    assert not at.exception
+    assert [e.value for e in at.error] == [f"dataset: scheme 'ftp://' not supported; use {share_remote.ALLOWED}. "
+                                           f"Fix {share_remote.ENV} and restart the app."]
