@@ -24,7 +24,7 @@ from estimator.gpus import GPU, get_gpu, load_gpus
 from estimator.model import Model, check_context, from_hf_config
 from estimator.presets import load_config, preset_names
 from estimator.search import Advice, advice, max_batch, max_seq
-from estimator.spec import (OFFLOADS,
+from estimator.spec import (PP_SCHEDULES, OFFLOADS,
                             STRATEGIES,
                             Parallel, Workload, spec_dict)
 from estimator.units import fmt_bytes
@@ -63,6 +63,16 @@ def build_parser() -> argparse.ArgumentParser:
     a("--pp", type=int, default=1, help="pipeline stages (strategy pp uses --gpus if left at 1)")
     a("--ep", type=int, default=1, help="expert-parallel degree for MoE (strategy ep uses --gpus if left at 1)")
     a("--sequence-parallel", action="store_true", help="Megatron sequence parallelism (needs tensor parallelism)")
+    a("--pp-schedule", choices=PP_SCHEDULES, default="1f1b",
+      help="pipeline schedule: 1f1b (the first stage keeps min(pp, micro-batches) of activations) or gpipe (every "
+           "stage keeps all of them); needs --pp")
+    a("--microbatches", type=int, default=0, metavar="N",
+      help="micro-batches per step through the pipeline (default: --grad-accum); needs --pp")
+    a("--dp-shard", type=int, default=0, metavar="N",
+      help="torchtitan's data_parallel_shard_degree: FSDP shards over N ranks (with --dp-replicate: HSDP); sets "
+           "--gpus to dp-shard x dp-replicate x tp x pp and the strategy to fsdp or hsdp")
+    a("--dp-replicate", type=int, default=0, metavar="N",
+      help="torchtitan's data_parallel_replicate_degree: N replicas of the FSDP shard group (HSDP)")
     a("--offload", choices=OFFLOADS, default="none", help="CPU offload of optimizer states (and params)")
     a("--activation-model", choices=("detailed", "k"),
       help="detailed: the model's traced profile (default); k: the seeds' k*b*s*h*L*bytes form for activations")
@@ -82,14 +92,35 @@ def _workload(args) -> Workload:
     return knobs.workload_from_args(args)
 
 
-def _parallel(args) -> Parallel:
+def parallel_from_args(args) -> Parallel:
+    if args.dp_shard or args.dp_replicate:
+        return _torchtitan_mesh(args)
     strategy = args.strategy
     if strategy is None:
         if args.gpus > 1:
             raise ValueError(f"strategy: --gpus {args.gpus} needs --strategy; choose one of {', '.join(STRATEGIES[1:])}")
         strategy = "single"
     return Parallel(strategy=strategy, gpus=args.gpus, tp=args.tp, pp=args.pp, ep=args.ep,
-                    sequence_parallel=args.sequence_parallel, offload=args.offload)
+                    sequence_parallel=args.sequence_parallel, offload=args.offload, pp_schedule=args.pp_schedule,
+                    microbatches=args.microbatches)
+
+
+def _torchtitan_mesh(args) -> Parallel:
+    """--dp-shard / --dp-replicate as torchtitan's ParallelDims reads them: world = replicate x shard x tp x pp;
+    one replica is FSDP, several are HSDP sharded over dp-shard ranks."""
+    shard, replicate = args.dp_shard or 1, args.dp_replicate or 1
+    for name, v in (("dp_shard", shard), ("dp_replicate", replicate)):
+        if v < 1:
+            raise ValueError(f"{name}: must be a positive integer, got {v}")
+    gpus = shard * replicate * args.tp * args.pp * args.ep
+    if args.strategy not in (None, "fsdp", "hsdp") or (args.gpus != 1 and args.gpus != gpus):
+        raise ValueError(f"dp_shard: --dp-shard/--dp-replicate set the world size ({gpus}) and the strategy (fsdp or "
+                         "hsdp); drop --gpus/--strategy or make them agree")
+    strategy = "hsdp" if replicate > 1 else ("fsdp" if gpus > 1 else "single")
+    return Parallel(strategy=strategy, gpus=gpus, tp=args.tp, pp=args.pp, ep=args.ep,
+                    sequence_parallel=args.sequence_parallel, offload=args.offload,
+                    hsdp_shard=shard if strategy == "hsdp" else 0, pp_schedule=args.pp_schedule,
+                    microbatches=args.microbatches)
 
 
 def _progress(done: int, total: int, message: str) -> None:
@@ -293,7 +324,7 @@ def run(args) -> dict | str:
         model = from_hf_config(cfg, name, derive=not args.no_derive, progress=_progress)
     except (TypeError, KeyError, ArithmeticError) as e:  # a config.json with wrongly typed fields
         raise ValueError(f"model: cannot build {name!r} from its config ({type(e).__name__}: {e})") from None
-    w, p = _workload(args), _parallel(args)
+    w, p = _workload(args), parallel_from_args(args)
     gpu = get_gpu(args.gpu) if args.gpu else None
     options, cal = _options(args, model, w)
     check_context(model, w.seq, w.gen_tokens)

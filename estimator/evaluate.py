@@ -75,7 +75,14 @@ class Swap:
         self.dequant = comp.dequant_temp_bytes(inv, w)
         self.kv = dtype_bytes(comp.kv_dtype(w)) / dtype_bytes(w.precision) * sh.layers_local / max(1, inv.layers) \
             / p.tp_size
-        in_flight = min(p.pp_size, w.grad_accum) if p.pp_size > 1 and sh.stage == "first" else 1
+        # micro-batches whose activations a stage holds at once: the schedule decides (estimator.spec.PP_SCHEDULES)
+        micro = p.microbatches or w.grad_accum
+        if p.pp_size == 1:
+            in_flight = 1
+        elif p.pp_schedule == "gpipe":
+            in_flight = micro
+        else:
+            in_flight = min(p.pp_size, micro) if sh.stage == "first" else 1
         self.act_layers = sh.layers_local / max(1, inv.layers) * in_flight if p.pp_size > 1 else 1.0
         self.tp_lin, self.tp_sq = tp_activation_scale(p.tp_size, p.sequence_parallel)
         self.k_form = None  # the seeds' form: k * b*s*h*L*bytes, i.e. a b*s monomial with this coefficient

@@ -34,6 +34,10 @@ ATTENTION = ("sdpa", "flash", "eager")
 KV_DTYPES = ("auto", "fp32", "bf16", "fp16", "fp8", "int8")
 STRATEGIES = ("single", "ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp-grad-op", "hsdp", "tp", "pp", "ep")
 OFFLOADS = ("none", "optimizer", "optimizer+params")
+# Pipeline schedules (torch.distributed.pipelining, torchtitan's pipeline_parallel_schedule): in 1F1B stage i keeps
+# min(pp - i, microbatches) micro-batches of activations (the first stage the most); GPipe runs every forward first,
+# so each stage keeps all of them.
+PP_SCHEDULES = ("1f1b", "gpipe")
 # What the training loop keeps alive: HF Trainer and torchtune keep only the loss; seed 000's harness and
 # litgpt's loops keep the model output (logits) through backward and the optimizer step.
 LOOPS = ("loss-only", "keep-output")
@@ -221,6 +225,8 @@ class Parallel:
     sequence_parallel: bool = False  # Megatron sequence parallelism (shards LayerNorm/dropout activations over tp)
     offload: str = "none"     # ZeRO-Offload / FSDP CPU offload of optimizer states (and params)
     hsdp_shard: int = 0       # HSDP shard-group size (0 = gpus // 2, i.e. 2 replicas); only for strategy 'hsdp'
+    pp_schedule: str = "1f1b"  # pipeline schedule (PP_SCHEDULES); only with pipeline parallelism
+    microbatches: int = 0     # micro-batches per step through the pipeline (0: the workload's grad_accum)
 
     def __post_init__(self) -> None:
         _check_choice("strategy", self.strategy, STRATEGIES)
@@ -230,6 +236,8 @@ class Parallel:
         _check_int("pp", self.pp, 1, MAX_GPUS)
         _check_int("ep", self.ep, 1, MAX_GPUS)
         _check_int("hsdp_shard", self.hsdp_shard, 0, MAX_GPUS)
+        _check_choice("pp_schedule", self.pp_schedule, PP_SCHEDULES)
+        _check_int("microbatches", self.microbatches, 0, MAX_BATCH)
         if self.strategy == "single" and self.gpus != 1:
             raise ValueError(f"strategy: 'single' runs on one GPU, got gpus={self.gpus}; pick ddp, zero1..3, fsdp, tp or pp")
         if self.tp * self.pp * self.ep > self.gpus or self.gpus % (self.tp * self.pp * self.ep):
@@ -238,6 +246,9 @@ class Parallel:
             raise ValueError("sequence_parallel: needs tensor parallelism (tp > 1 or strategy 'tp')")
         if self.offload != "none" and self.strategy not in ("zero1", "zero2", "zero3", "fsdp", "single"):
             raise ValueError(f"offload: CPU offload needs strategy zero1/zero2/zero3/fsdp, not {self.strategy!r}")
+        if (self.pp_schedule != "1f1b" or self.microbatches) and self.pp_size == 1:
+            raise ValueError("pp_schedule: the schedule and micro-batches of a pipeline need pipeline parallelism "
+                             "(pp > 1 or strategy 'pp')")
         if self.strategy == "hsdp" and self.hsdp_shard and self.gpus % self.hsdp_shard:
             raise ValueError(f"hsdp_shard: {self.hsdp_shard} must divide gpus={self.gpus}")
         if self.strategy == "hsdp" and self.hsdp_shard and self.dp_size % self.hsdp_shard:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import pytest
 
 from estimator.estimate import Options, estimate
+from estimator.model import from_hf_config
+from estimator.presets import load_config
 from estimator.parallel import composed, shard_group
 from estimator.spec import Parallel, Workload
 from strategies import model
@@ -127,3 +129,45 @@ def test_offload_under_composed_fsdp_moves_the_states_off():
     on = estimate(m, W, Parallel("fsdp", 16, tp=2), NO_DERIVE).stage("optimizer")
     off = estimate(m, W, Parallel("fsdp", 16, tp=2, offload="optimizer"), NO_DERIVE).stage("optimizer")
     assert on.optimizer_states > 0 and off.optimizer_states == 0 and off.weights == on.weights
+
+
+# ---------------------------------------------------------------- pipeline schedules and torchtitan's mesh flags
+
+def _pp(schedule, micro, **kw):
+    model = from_hf_config(load_config("llama-3.1-70b")[1], "llama-3.1-70b", derive=False)
+    par = Parallel(strategy="fsdp", gpus=64, tp=8, pp=4, pp_schedule=schedule, microbatches=micro)
+    return estimate(model, Workload(batch=1, seq=4096, **kw), par, Options(derive=False))
+
+
+def test_gpipe_keeps_every_micro_batch_1f1b_at_most_pp():
+    """1F1B's first stage holds min(pp, m) micro-batches of activations, GPipe's every stage all m: with one
+    micro-batch they agree; with 8 on 4 stages GPipe holds more; 1F1B stops growing past pp micro-batches."""
+    assert _pp("gpipe", 1).total_bytes == _pp("1f1b", 1).total_bytes
+    assert _pp("gpipe", 8).total_bytes > _pp("1f1b", 8).total_bytes
+    assert _pp("1f1b", 8).total_bytes == _pp("1f1b", 4).total_bytes > _pp("1f1b", 2).total_bytes
+    assert _pp("gpipe", 8).total_bytes > _pp("gpipe", 4).total_bytes
+
+
+def test_micro_batches_default_to_grad_accum():
+    assert _pp("1f1b", 0).total_bytes == _pp("1f1b", 1).total_bytes
+
+
+def test_a_schedule_without_a_pipeline_is_one_line():
+    with pytest.raises(ValueError, match="^pp_schedule:"):
+        Parallel(strategy="fsdp", gpus=8, pp_schedule="gpipe")
+    with pytest.raises(ValueError, match="^pp_schedule:"):
+        Parallel(strategy="fsdp", gpus=8, microbatches=4)
+
+
+def test_torchtitan_mesh_flags_build_the_parallel():
+    from estimator import cli
+
+    args = cli.build_parser().parse_args(["--model", "llama-3.1-70b", "--dp-shard", "4", "--dp-replicate", "2",
+                                          "--tp", "8", "--pp", "2", "--pp-schedule", "gpipe", "--microbatches", "4"])
+    par = cli.parallel_from_args(args)
+    assert par == Parallel(strategy="hsdp", gpus=128, tp=8, pp=2, hsdp_shard=4, pp_schedule="gpipe", microbatches=4)
+    args = cli.build_parser().parse_args(["--model", "x", "--dp-shard", "8", "--tp", "2"])
+    assert cli.parallel_from_args(args) == Parallel(strategy="fsdp", gpus=16, tp=2)
+    bad = cli.build_parser().parse_args(["--model", "x", "--dp-shard", "8", "--gpus", "4", "--strategy", "fsdp"])
+    with pytest.raises(ValueError, match="^dp_shard:"):
+        cli.parallel_from_args(bad)
