@@ -106,6 +106,7 @@ def inventory(config: dict, name: str, *, derive: bool = True, progress=None, sh
             inv = Inventory.from_dict(data, name, h)
             _MEMO[memo] = inv
             return inv
+    _model_types().check_model_type(config)  # an unknown model_type, refused before transformers is imported
     if not derive:
         raise ProfileMissing(f"model: no inventory for {name!r} on disk; run `python -m bench derive --model "
                              f"{name}` (needs torch and transformers)")
@@ -158,6 +159,14 @@ def _derivation():
     except ImportError as e:  # torch/transformers missing: say so in one line
         raise ProfileMissing(f"profile: deriving one needs torch and transformers ({e})") from None
     return derive
+
+
+def _model_types():
+    """tracer.model_types (the model types transformers has, read from its source without importing it or torch):
+    the derivation tier's fast check, imported on an inventory miss, before the derivation itself."""
+    from tracer import model_types
+
+    return model_types
 
 
 def forget(config: dict, key: str, *, ship: bool = False) -> None:
