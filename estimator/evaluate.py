@@ -14,6 +14,7 @@ import numpy as np
 from estimator import components as comp
 from estimator.breakdown import Breakdown
 from estimator.parallel import TRACED_SHARDING, Share, shard_group, tp_activation_scale
+from estimator.profile.poly import exponents, s_factor, s_functions_array, seq_degree
 from estimator.profile.profile import CATEGORIES, Piece, Profile
 from estimator.spec import Parallel, Workload
 from estimator.units import dtype_bytes
@@ -78,8 +79,8 @@ class Swap:
 
     def activation_scale(self, monos) -> np.ndarray:
         """Per monomial: TP's split of the s-linear and s^2 terms, PP's share of the layers."""
-        return np.array([(self.tp_sq if m[1] >= 2 else self.tp_lin if (m[1] == 1 or m[2]) else 1.0) * self.act_layers
-                         for m in monos])
+        return np.array([(self.tp_sq if seq_degree(m) >= 2 else self.tp_lin if (seq_degree(m) == 1 or m[2]) else 1.0)
+                         * self.act_layers for m in monos])
 
     def rules(self, stage: str) -> tuple[Rule, ...]:
         """The one declaration of this GPU's affine map, per Breakdown field: which traced categories it takes, by
@@ -137,9 +138,11 @@ class Rule:
 
 def monomial_matrix(monos, b, s, g, n) -> np.ndarray:
     """(monomials, points) float values of each monomial at arrays of b, s, g (n scalar)."""
-    e = np.asarray(monos, dtype=float)                                  # (m, 4)
+    e = np.asarray([exponents(m) for m in monos], dtype=float)          # (m, 6)
+    w, rows = (x.astype(float) for x in s_functions_array(s))
     b, s, g = (np.asarray(x, dtype=float) for x in (b, s, g))
-    return (b[None, :] ** e[:, :1] * s[None, :] ** e[:, 1:2] * g[None, :] ** e[:, 2:3]) * (1.0 / n) ** e[:, 3:4]
+    return (b[None, :] ** e[:, :1] * s[None, :] ** e[:, 1:2] * g[None, :] ** e[:, 2:3] * w[None, :] ** e[:, 4:5]
+            * rows[None, :] ** e[:, 5:6]) * (1.0 / n) ** e[:, 3:4]
 
 
 class StagePlan:
@@ -173,11 +176,12 @@ class StagePlan:
             self.total_coef[:, list(monos).index(bs)] += bs_coef
         has_states = np.any(coef[:, C["optimizer_states"], :] != 0, axis=1)
         self.const = const + np.where(has_states, guarded_const, 0.0)
-        self.exps = np.asarray(monos, dtype=float)
+        self.exps = np.asarray([exponents(m) for m in monos], dtype=float)
 
     def point(self, b: int, s: int, g: int, n: int) -> np.ndarray:
         """(m,) monomial values at one point (the single-estimate path: no matrix building)."""
-        return np.array([b ** m[0] * s ** m[1] * g ** m[2] / n ** m[3] for m in self.monos], dtype=float)
+        return np.array([b ** m[0] * s ** m[1] * g ** m[2] * s_factor(m, s) / n ** m[3] for m in self.monos],
+                        dtype=float)
 
     def totals_at(self, b: int, s: int, g: int, n: int, v: np.ndarray | None = None) -> np.ndarray:
         """(k,) totals at one point."""

@@ -19,6 +19,7 @@ from estimator.estimate import Options, device_options, reserved_fit, resolve
 from estimator.reserved import workload_class
 from estimator.evaluate import applies, stage_plans, world
 from estimator.model import Model
+from estimator.profile.poly import MASK_ALIGNMENT
 from estimator.spec import MAX_BATCH, MAX_SEQ, Parallel, Workload
 
 # at most 1 B per truncated component (10 fields of a Breakdown) plus the allocator cache's rounding of its
@@ -67,6 +68,8 @@ def sweep_points(model: Model, workload: Workload, batch, seq, parallel: Paralle
             mask &= ss <= piece.s_hi
         if piece.b_hi is not None:
             mask &= bs <= piece.b_hi
+        if piece.align is not None:
+            mask &= (ss % MASK_ALIGNMENT == 0) == (piece.align == "aligned")
         if not mask.any():
             continue
         for sh in stage_shares:
