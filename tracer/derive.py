@@ -11,9 +11,12 @@ The method, for one config and one workload class:
 2. **Sizes.** Each reduced model is traced at batch 1, 2 x three sequence lengths (and, for FSDP, a second world
    size; for inference, two generated tokens), every tick of the step counted (`tracer.session`), and
    the ticks that can hold a peak (an allocation followed by a free) kept. Their live bytes per category are fit
-   exactly as polynomials in (b, s[, g][, 1/n]) (`estimator.profile.poly`); a further traced size must agree to
-   the byte, or the derivation stops with the moment that disagrees. Sliding-window and chunked attention make
-   memory piecewise in s: each piece between window sizes is fit on its own.
+   exactly as polynomials in (b, s[, g][, 1/n]) (`estimator.profile.poly`); a further traced size (larger, of
+   a remainder mod 32 no fitted seq has) must agree to the byte, or the derivation stops with the moment that
+   disagrees. Sliding-window and chunked attention make memory piecewise in s: each piece between window sizes
+   is fit on its own. Where CUDA's memory-efficient attention runs, its padding (a logsumexp of 32 * ceil(s / 32)
+   rows, a mask copied to a multiple of 16 columns on unaligned s) adds monomials in l and m, more seqs, and,
+   with a mask, a split of the piece by s's alignment (`choose_seqs`, `_derive_pieces`).
 3. **Full depth.** Ticks outside the decoder layers (embedding, head, loss, optimizer step) extend linearly in the
    number of layers of each type: c_full = c_R1 + sum_T (n_T - 1) (c_R2T - c_R1). A tick inside a middle layer of
    type T at full position j sees the layers before and after it: c_R1 plus, per type T', the extra layers before
