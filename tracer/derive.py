@@ -364,8 +364,8 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
     """(fitted pieces, traces run, largest FSDP padding): every piece of s and batch region, every variant of
     `plan` traced, fit, verified and extended. Where the step calls CUDA's memory-efficient attention (seen on the
     piece's first trace) the fit gets its monomials in l and m and the seqs that determine them (`choose_seqs`);
-    with a mask, the piece is split by s's alignment (the mask is copied on unaligned s only). A reduced plan whose first trace fails
-    in the model's code raises _ReducedDepthFailed (the caller traces the model whole)."""
+    with a mask, the piece is split by s's alignment (the mask is copied on unaligned s only). A reduced plan whose
+    first trace fails in the model's code raises _ReducedDepthFailed (the caller traces the model whole)."""
 
     def jobs(fseqs) -> int:
         return sum(len(size_points(r[0], fseqs, fit_world)) + 1 for r in BATCH_REGIONS) * len(plan.variants)

@@ -4,8 +4,9 @@
 
 Importing transformers imports torch (seconds); a config whose `model_type` transformers does not have is refused
 before that, from the keys of `CONFIG_MAPPING_NAMES` in the installed transformers' own
-`models/auto/auto_mappings.py` and `configuration_auto.py`, read as text (`ast`). `tracer.meta.hf_config` keeps the authoritative check
-(with transformers imported); where the source cannot be read here, this check passes and that one decides.
+`models/auto/auto_mappings.py` and `configuration_auto.py`, read as text (`ast`). `tracer.meta.hf_config` keeps
+the authoritative check (with transformers imported); where the source cannot be read here, this check passes and
+that one decides.
 """
 from __future__ import annotations
 
