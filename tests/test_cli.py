@@ -328,3 +328,13 @@ def test_bad_config_is_refused_without_importing_transformers_or_torch(tmp_path,
     r = subprocess.run([sys.executable, "-c", code, str(path)], cwd=ROOT, capture_output=True, text=True,
                        env={**os.environ, "WILLITFIT_CACHE": str(tmp_path / "cache")}, timeout=120)
     assert r.stdout.split() == ["2", "False", "False"], r.stdout + r.stderr
+
+
+def test_model_types_read_from_source_are_transformers_own():
+    # tracer.model_types reads CONFIG_MAPPING_NAMES from transformers' source without importing it: the same keys
+    pytest.importorskip("transformers")
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    from tracer.model_types import known_model_types
+
+    assert known_model_types() == frozenset(CONFIG_MAPPING_NAMES)
