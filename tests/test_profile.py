@@ -55,6 +55,45 @@ def test_fsdp_world_size_term():
     assert Fraction(nums[-1][0], den) == 1000 and Fraction(nums[3][0], den) == 4
 
 
+def test_padding_monomials_m_and_l_evaluate_alike_everywhere():
+    # m = 16 * ceil(s / 16) where s % 16 != 0 (0 where aligned: no mask copy), l = 32 * ceil(s / 32): every
+    # evaluator (Poly, Moment.exact, the sweep's monomial matrix and a StagePlan's point) reads them from s
+    import numpy as np
+
+    from estimator.evaluate import monomial_matrix
+    from estimator.profile.profile import Moment
+
+    assert [poly.mask_width(s) for s in (16, 17, 31, 32, 2048, 2046)] == [0, 32, 32, 0, 0, 2048]
+    assert [poly.lse_rows(s) for s in (1, 32, 33, 2046)] == [32, 32, 64, 2048]
+    monos = poly.STEP_MONOMIALS + poly.MASK_MONOMIALS + poly.LSE_MONOMIALS
+    coef = (5, 0, 0, 7, 0, 0, 3, 11, 13, 17)
+    p = poly.Poly(monos, coef, 2)
+    m = Moment("forward", "x", monos, 2, {"activations": coef})
+    for b, s in ((1, 2046), (4, 2048), (3, 2100), (2, 31)):
+        want = (5 + 7 * b * s + 3 * s * poly.mask_width(s) + 11 * b * s * poly.mask_width(s)
+                + 13 * poly.lse_rows(s) + 17 * b * poly.lse_rows(s)) // 2
+        assert p(b, s) == m.bytes_at(b, s)["activations"] == want
+        assert float(np.asarray(coef) @ monomial_matrix(monos, [b], [s], [0], 1)[:, 0]) // 2 == want
+    assert poly.exponents(poly.ONE) == (0,) * 6 and poly.seq_degree(poly.BSM) == 2 and poly.seq_degree(poly.BL) == 1
+
+
+def test_a_piece_split_by_alignment_round_trips_and_is_found():
+    from estimator.profile.profile import Moment, Piece
+
+    def piece(align, k):
+        return Piece.from_moments(127, None, [Moment("forward", "x", poly.STEP_MONOMIALS + poly.LSE_MONOMIALS, 1,
+                                                     {"activations": (k, 0, 0, 1, 0, 0, 1, 1)})], 2, None, align)
+
+    prof = Profile("h", "phi3", {"mode": "train"}, {"strategy": "single"}, 3,
+                   (piece("aligned", 1), piece("unaligned", 2)))
+    again = Profile.from_json(prof.to_json())
+    assert again == prof
+    assert again.piece_for(2, 256).align == "aligned" and again.piece_for(2, 257).align == "unaligned"
+    with pytest.raises(ValueError, match="outside every piece"):
+        again.piece_for(1, 256)
+    assert '"align"' not in Profile("h", "x", {}, {}, 3, (Piece.from_moments(0, None, []),)).to_json()
+
+
 # ---------------------------------------------------------------- the plan
 
 def test_plan_uniform_model_traces_first_middle_last_then_one_more():
