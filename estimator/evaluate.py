@@ -14,6 +14,7 @@ import numpy as np
 from estimator import components as comp
 from estimator.breakdown import Breakdown
 from estimator.parallel import FSDP_FAMILY, Share, composed, shard_group, tp_activation_scale
+from estimator.profile.poly import exponents, s_factor, s_functions_array, seq_degree
 from estimator.profile.profile import CATEGORIES, Piece, Profile
 from estimator.spec import Parallel, Workload
 from estimator.units import dtype_bytes
@@ -96,8 +97,8 @@ class Swap:
 
     def activation_scale(self, monos) -> np.ndarray:
         """Per monomial: TP's split of the s-linear and s^2 terms, PP's share of the layers."""
-        return np.array([(self.tp_sq if m[1] >= 2 else self.tp_lin if (m[1] == 1 or m[2]) else 1.0) * self.act_layers
-                         for m in monos])
+        return np.array([(self.tp_sq if seq_degree(m) >= 2 else self.tp_lin if (seq_degree(m) == 1 or m[2]) else 1.0)
+                         * self.act_layers for m in monos])
 
     def states_scale(self, monos) -> np.ndarray:
         """Per monomial of a model-state category (STATE_CATEGORIES) under a composed layout: the sharded terms
@@ -161,9 +162,11 @@ class Rule:
 
 def monomial_matrix(monos, b, s, g, n) -> np.ndarray:
     """(monomials, points) float values of each monomial at arrays of b, s, g (n scalar)."""
-    e = np.asarray(monos, dtype=float)                                  # (m, 4)
+    e = np.asarray([exponents(m) for m in monos], dtype=float)          # (m, 6)
+    w, rows = (x.astype(float) for x in s_functions_array(s))
     b, s, g = (np.asarray(x, dtype=float) for x in (b, s, g))
-    return (b[None, :] ** e[:, :1] * s[None, :] ** e[:, 1:2] * g[None, :] ** e[:, 2:3]) * (1.0 / n) ** e[:, 3:4]
+    return (b[None, :] ** e[:, :1] * s[None, :] ** e[:, 1:2] * g[None, :] ** e[:, 2:3] * w[None, :] ** e[:, 4:5]
+            * rows[None, :] ** e[:, 5:6]) * (1.0 / n) ** e[:, 3:4]
 
 
 class StagePlan:
@@ -197,15 +200,17 @@ class StagePlan:
         # applies everywhere, the constant only where the moment holds states
         self.total_coef = np.einsum("kcm,c->km", coef, alpha + guarded_alpha)  # (k, m)
         if bs_coef:
-            bs = (1, 1, 0, 0) if (1, 1, 0, 0) in monos else (0, 1, 0, 0)  # the batch-1 piece has no b terms
-            self.total_coef[:, list(monos).index(bs)] += bs_coef
+            full = [exponents(m) for m in monos]  # 4- or 6-exponent monomials (poly.exponents)
+            bs = (1, 1, 0, 0, 0, 0) if (1, 1, 0, 0, 0, 0) in full else (0, 1, 0, 0, 0, 0)  # batch-1 piece: no b
+            self.total_coef[:, full.index(bs)] += bs_coef
         has_states = np.any(coef[:, C["optimizer_states"], :] != 0, axis=1)
         self.const = const + np.where(has_states, guarded_const, 0.0)
-        self.exps = np.asarray(monos, dtype=float)
+        self.exps = np.asarray([exponents(m) for m in monos], dtype=float)
 
     def point(self, b: int, s: int, g: int, n: int) -> np.ndarray:
         """(m,) monomial values at one point (the single-estimate path: no matrix building)."""
-        return np.array([b ** m[0] * s ** m[1] * g ** m[2] / n ** m[3] for m in self.monos], dtype=float)
+        return np.array([b ** m[0] * s ** m[1] * g ** m[2] * s_factor(m, s) / n ** m[3] for m in self.monos],
+                        dtype=float)
 
     def totals_at(self, b: int, s: int, g: int, n: int, v: np.ndarray | None = None) -> np.ndarray:
         """(k,) totals at one point."""

@@ -124,10 +124,25 @@ def from_hf_config(config: dict, name: str = "model", *, derive: bool = True, pr
     return Model(name, config, inv)
 
 
+# Sizes every decoder config names (where it names them): a value that is no positive integer is refused here, in
+# one line naming the field, before transformers (and torch) is imported; lists and null pass (per-layer sizes).
+SIZE_FIELDS = ("vocab_size", "num_hidden_layers", "n_layer", "intermediate_size", "max_position_embeddings",
+               "n_positions", "head_dim", "num_local_experts", "num_experts", "num_experts_per_tok")
+
+
 def _check_config(config: dict) -> None:
     """The one-line checks a user's config gets before transformers sees it (transformers' own errors are
-    reported too, see tracer.meta.hf_config)."""
+    reported too, see tracer.meta.hf_config); the model type itself is checked against the installed
+    transformers before it is imported (estimator.store.inventory)."""
+    if not isinstance(config.get("model_type"), str) or not config["model_type"].strip():
+        raise ValueError("model_type: missing; a config.json names its model_type" if config.get("model_type") is None
+                         else f"model_type: must be a model type name, got {config['model_type']!r}")
     cfg = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    for key in SIZE_FIELDS:
+        v = cfg.get(key)
+        if v is not None and not isinstance(v, (list, dict)) and (isinstance(v, bool) or not isinstance(v, int)
+                                                                   or v < 1):
+            raise ValueError(f"{key}: must be a positive integer, got {v!r}")
     hidden = _first(cfg, ("hidden_size", "n_embd", "d_model"))
     heads = _first(cfg, ("num_attention_heads", "n_head", "num_heads"))
     kv = _first(cfg, ("num_key_value_heads", "num_kv_heads"))

@@ -115,6 +115,7 @@ def inventory(config: dict, name: str, *, derive: bool = True, progress=None, sh
             inv = Inventory.from_dict(data, name, h)
             _MEMO[memo] = inv
             return inv
+    _model_types().check_model_type(config)  # an unknown model_type, refused before transformers is imported
     if not ship:
         text = _from_bank(h, "inventory.json", progress)
         if text is not None:
@@ -219,6 +220,14 @@ def local_text(config: dict, fname: str) -> str | None:
         if text is not None:
             return text
     return None
+
+
+def _model_types():
+    """tracer.model_types (the model types transformers has, read from its source without importing it or torch):
+    the derivation tier's fast check, imported on an inventory miss, before the derivation itself."""
+    from tracer import model_types
+
+    return model_types
 
 
 def forget(config: dict, key: str, *, ship: bool = False) -> None:

@@ -340,3 +340,49 @@ def test_a_multimodal_checkpoint_says_what_part_is_priced():
     assert "language model alone" in notes("mistral-small-3.1-24b") and "vision tower" in notes("mistral-small-3.1-24b")
     assert "text-only" in notes("gemma-3-4b")
     assert "scope:" not in notes("llama-3.1-8b")
+
+
+# A config that cannot be a model is refused in one line naming the field, before transformers (and torch) is
+# imported and before anything is traced: an empty one, a model_type the installed transformers does not have
+# (read from its source: tracer.model_types), a size no config can have.
+BAD_CONFIGS = [({}, "model_type", "missing"),
+               ({"model_type": "nope"}, "model_type", "does not know 'nope'"),
+               ({"model_type": 7}, "model_type", "must be a model type name"),
+               ({"model_type": "nope", "auto_map": {"AutoConfig": "x.XConfig"}}, "model_type", "remote code"),
+               ({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "vocab_size": "lots"},
+                "vocab_size", "positive integer"),
+               ({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 0},
+                "num_hidden_layers", "positive integer")]
+
+
+@pytest.mark.parametrize("config, field, words", BAD_CONFIGS)
+def test_bad_config_is_refused_in_one_line_before_any_trace(tmp_path, config, field, words):
+    path = tmp_path / "x.json"
+    path.write_text(json.dumps(config))
+    r = run_cli("--model", str(path), env={"WILLITFIT_CACHE": str(tmp_path / "cache")})
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr  # no "[0/1] reading ..." progress line: nothing was built or traced
+    assert f"error: {field}: " in lines[0] and words in lines[0]
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
+
+
+@pytest.mark.parametrize("config", [c for c, _, _ in BAD_CONFIGS])
+def test_bad_config_is_refused_without_importing_transformers_or_torch(tmp_path, config):
+    path = tmp_path / "x.json"
+    path.write_text(json.dumps(config))
+    code = ("import sys\nfrom estimator import cli\nrc = cli.main(['--model', sys.argv[1]])\n"
+            "print(rc, 'torch' in sys.modules, 'transformers' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code, str(path)], cwd=ROOT, capture_output=True, text=True,
+                       env={**os.environ, "WILLITFIT_CACHE": str(tmp_path / "cache")}, timeout=120)
+    assert r.stdout.split() == ["2", "False", "False"], r.stdout + r.stderr
+
+
+def test_model_types_read_from_source_are_transformers_own():
+    # tracer.model_types reads CONFIG_MAPPING_NAMES from transformers' source without importing it: the same keys
+    pytest.importorskip("transformers")
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    from tracer.model_types import known_model_types
+
+    assert known_model_types() == frozenset(CONFIG_MAPPING_NAMES)

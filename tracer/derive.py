@@ -11,9 +11,12 @@ The method, for one config and one workload class:
 2. **Sizes.** Each reduced model is traced at batch 1, 2 x three sequence lengths (and, for FSDP, a second world
    size; for inference, two generated tokens), every tick of the step counted (`tracer.session`), and
    the ticks that can hold a peak (an allocation followed by a free) kept. Their live bytes per category are fit
-   exactly as polynomials in (b, s[, g][, 1/n]) (`estimator.profile.poly`); a further traced size must agree to
-   the byte, or the derivation stops with the moment that disagrees. Sliding-window and chunked attention make
-   memory piecewise in s: each piece between window sizes is fit on its own.
+   exactly as polynomials in (b, s[, g][, 1/n]) (`estimator.profile.poly`); a further traced size (larger, of
+   a remainder mod 32 no fitted seq has) must agree to the byte, or the derivation stops with the moment that
+   disagrees. Sliding-window and chunked attention make memory piecewise in s: each piece between window sizes
+   is fit on its own. Where CUDA's memory-efficient attention runs, its padding (a logsumexp of 32 * ceil(s / 32)
+   rows, a mask copied to a multiple of 16 columns on unaligned s) adds monomials in l and m, more seqs, and,
+   with a mask, a split of the piece by s's alignment (`choose_seqs`, `_derive_pieces`).
 3. **Full depth.** Ticks outside the decoder layers (embedding, head, loss, optimizer step) extend linearly in the
    number of layers of each type: c_full = c_R1 + sum_T (n_T - 1) (c_R2T - c_R1). A tick inside a middle layer of
    type T at full position j sees the layers before and after it: c_R1 plus, per type T', the extra layers before
@@ -28,14 +31,17 @@ import platform
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from fractions import Fraction
 
 import numpy as np
 
+from estimator.profile import poly
 from estimator.profile.profile import CATEGORIES, Moment, Piece, Profile
 from estimator.spec import Parallel, Workload
 from estimator.store import parallel_class, workload_class
 from estimator.parallel import TRACED_SHARDING
 from tracer import kernels as kernels_mod
+from tracer import kernels_sdpa
 from tracer import losses, runner, session
 from tracer.depth import layer_infos, text_config
 from tracer.extend import (
@@ -72,7 +78,8 @@ WINDOW_KEYS = ("sliding_window", "sliding_window_size", "attention_chunk_size", 
 
 
 def pieces_for(hf_config, max_positions: int, infer: bool) -> list[tuple[int, int | None, tuple[int, ...], int]]:
-    """(s_lo, s_hi, fit seqs, verify seq) per piece of s, split at the config's attention window sizes."""
+    """(s_lo, s_hi, fit seqs, verify seq) per piece of s, split at the config's attention window sizes (and, where
+    the step hands CUDA's memory-efficient attention a mask, at s's alignment: `_derive_pieces`)."""
     # transformers keeps a sliding window's mask implicit while kv_length < window (masking_utils
     # `_ignore_causal_mask_sdpa`): s = window is already the other side, so the cut is window - 1
     cuts = sorted({v - 1 for v in _window_values(hf_config) if 1 < v < max_positions})
@@ -87,10 +94,62 @@ def pieces_for(hf_config, max_positions: int, infer: bool) -> list[tuple[int, in
         unit = next((u for u in UNITS if lo + 4 * u <= cap), None)
         if unit is None:
             raise ValueError(f"seq: the model's context ({max_positions} positions) is too short to derive a profile")
-        out.append((lo, hi, (lo + unit, lo + 2 * unit, lo + 3 * unit), lo + 4 * unit))
+        out.append((lo, hi, *choose_seqs(lo, unit)))
     if not out:
         raise ValueError(f"seq: the model's context ({max_positions} positions) is too short to derive a profile")
     return out
+
+
+ALIGNS = {None: lambda s: True, "aligned": lambda s: s % poly.MASK_ALIGNMENT == 0,
+          "unaligned": lambda s: s % poly.MASK_ALIGNMENT != 0}
+
+
+def choose_seqs(lo: int, unit: int, extra: tuple = (), align: str | None = None) -> tuple[tuple[int, ...], int]:
+    """(fit seqs, verify seq) of a piece starting above lo, for the monomials in s the fit solves for: 1, s, s^2 and
+    `extra` (s*m, l: CUDA's memory-efficient attention, see estimator.profile.poly), on the seqs of `align`.
+    Without extra: lo + u, 2u, 3u. With: the nearest seqs of the alignment at or below those, then more, downwards
+    from lo + 3u, each one that tells the monomials further apart. The verify seq lies past them, in (lo + 3u,
+    lo + 4u], with a remainder mod 32 that no fitted seq has (so a fit that holds on one alignment only is caught),
+    a multiple of 8 where one is free (a chunked loss splits s into up to 8 chunks)."""
+    member = ALIGNS[align]
+    funcs = list(dict.fromkeys([(0, 0, 0, 0), (0, 1, 0, 0), (0, 2, 0, 0), *[(0, *m[1:]) for m in extra]]))
+
+    def row(s):
+        return [Fraction(poly.monomial_value(f, (1, s, 0, 1))) for f in funcs]
+
+    first = [next((x for x in range(lo + k * unit, lo, -1) if member(x)), None) for k in (1, 2, 3)]
+    cands = [x for x in first if x is not None] + [x for x in range(lo + 3 * unit, lo, -1) if member(x)]
+    seqs, rows = [], []
+    for x in cands:
+        if x not in seqs and _rank(rows + [row(x)]) > len(rows):
+            seqs.append(x)
+            rows.append(row(x))
+            if len(seqs) == len(funcs):
+                break
+    if len(seqs) < len(funcs):
+        raise ValueError(f"seq: the piece of s above {lo} is too narrow to tell CUDA's attention padding apart; no "
+                         "exact profile can be derived")
+    seqs.sort()
+    used = {x % poly.LSE_ALIGNMENT for x in seqs}
+    free = [x for x in range(lo + 4 * unit, max(seqs), -1) if member(x) and x % poly.LSE_ALIGNMENT not in used]
+    if not free:
+        free = [x for x in range(lo + 4 * unit, max(seqs), -1) if member(x)]
+    return tuple(seqs), next(x for step in (8, 4, 2, 1) for x in free if x % step == 0)
+
+
+def _rank(rows: list[list[Fraction]]) -> int:
+    rows = [r[:] for r in rows]
+    rank = 0
+    for col in range(len(rows[0]) if rows else 0):
+        pivot = next((r for r in range(rank, len(rows)) if rows[r][col] != 0), None)
+        if pivot is None:
+            continue
+        rows[rank], rows[pivot] = rows[pivot], rows[rank]
+        for r in range(rank + 1, len(rows)):
+            f = rows[r][col] / rows[rank][col]
+            rows[r] = [x - f * y for x, y in zip(rows[r], rows[rank])]
+        rank += 1
+    return rank
 
 
 SCAN_CHUNK_KEYS = ("mamba_chunk_size", "chunk_size")   # Mamba-2 style chunked scans (SSD)
@@ -132,6 +191,7 @@ def trace_ticks(config: dict, workload: Workload, parallel: Parallel, layers: li
     (with the same kernels as session.run_traced, so a profile and a traced row agree)."""
 
     steps = 2 if workload.mode == "train" else 1
+    calls_before = kernels_sdpa.efficient_calls()
     gc.disable()  # frees happen at refcount zero; a collector pass at a random tick would break the alignment
     try:
         # Liger's power-of-two chunk rule is not polynomial in the sizes: the profile uses a bounding fixed count
@@ -144,7 +204,9 @@ def trace_ticks(config: dict, workload: Workload, parallel: Parallel, layers: li
             tl = counter.timeline()
     finally:
         gc.enable()
-    return _candidates(tl, workload.mode == "train")
+    ticks = _candidates(tl, workload.mode == "train")
+    ticks.efficient = frozenset(k for k, v in kernels_sdpa.efficient_calls().items() if v > calls_before[k])
+    return ticks
 
 
 def _stage_of_ticks(tl) -> list[tuple[int, int, str, int]]:
@@ -300,39 +362,68 @@ class _ReducedDepthFailed(Exception):
 
 def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, kernels, progress):
     """(fitted pieces, traces run, largest FSDP padding): every piece of s and batch region, every variant of
-    `plan` traced, fit, verified and extended. A reduced plan whose first trace fails in the model's code raises
-    _ReducedDepthFailed (the caller traces the model whole)."""
-    regions = [(pi, r) for pi in range(len(pieces)) for r in BATCH_REGIONS]
-    n_jobs = sum(len(size_points(r[0], pieces[pi][2], fit_world)) + 1 for pi, r in regions) * len(plan.variants)
+    `plan` traced, fit, verified and extended. Where the step calls CUDA's memory-efficient attention (seen on the
+    piece's first trace) the fit gets its monomials in l and m and the seqs that determine them (`choose_seqs`);
+    with a mask, the piece is split by s's alignment (the mask is copied on unaligned s only). A reduced plan whose
+    first trace fails in the model's code raises _ReducedDepthFailed (the caller traces the model whole)."""
+
+    def jobs(fseqs) -> int:
+        return sum(len(size_points(r[0], fseqs, fit_world)) + 1 for r in BATCH_REGIONS) * len(plan.variants)
+
+    n_jobs = sum(jobs(p[2]) for p in pieces)
     done, padding = 0, 0
+    cache: dict = {}
+
+    def run(pt, v):
+        nonlocal done
+        if (v, pt) in cache:
+            return cache[(v, pt)]
+        keep = plan.variants[v]
+        b, s, n = pt
+        if progress:
+            progress(done, n_jobs, ("tracing the whole model" if keep is None or plan.full else
+                                    f"tracing {len(keep)} of {plan.n_layers} layers") + f" at batch {b}, seq {s}"
+                                   + (f", {n} GPUs" if n > 1 else ""))
+        par = replace(parallel, gpus=n) if parallel.strategy != "single" else parallel
+        try:
+            ticks = trace_ticks(config, replace(w0, batch=b, seq=s), par, None if keep is None else list(keep),
+                                kernels)
+        except RuntimeError as e:
+            if done or plan.full:
+                raise
+            raise _ReducedDepthFailed(" ".join(str(e).split())[:200]) from e
+        done += 1
+        cache[(v, pt)] = ticks
+        return ticks
+
     out_pieces = []
-    for pi, (batches, vbatch, b_lo, b_hi) in regions:
-        lo, hi, seqs, vseq = pieces[pi]
-        vpoint = (vbatch, vseq, world[-1])
-        fits = []
-        for keep in plan.variants:
-            traces = {}
-            for pt in size_points(batches, seqs, fit_world) + [vpoint]:
-                b, s, n = pt
-                if progress:
-                    progress(done, n_jobs, ("tracing the whole model" if keep is None or plan.full else
-                                            f"tracing {len(keep)} of {plan.n_layers} layers") + f" at batch {b}, seq {s}"
-                                           + (f", {n} GPUs" if n > 1 else ""))
-                par = replace(parallel, gpus=n) if parallel.strategy != "single" else parallel
-                try:
-                    traces[pt] = trace_ticks(config, replace(w0, batch=b, seq=s), par,
-                                             None if keep is None else list(keep), kernels)
-                except RuntimeError as e:
-                    if done or plan.full:
-                        raise
-                    raise _ReducedDepthFailed(" ".join(str(e).split())[:200]) from e
-                done += 1
-            check = traces.pop(vpoint)
-            fit = fit_variant(traces, fsdp, one_batch=len(batches) == 1)
-            padding = max(padding, verify(fit, check, vpoint))
-            fits.append(fit)
-        cands = prune(extend(plan, fits))
-        out_pieces.append(Piece.from_moments(lo, hi, [_moment(c) for c in cands], b_lo, b_hi))
+    for lo, hi, seqs, vseq in pieces:
+        probe = (BATCH_REGIONS[-1][0][0], seqs[0], fit_world[0])   # a point the b >= 2 region fits anyway
+        seen = run(probe, 0).efficient
+        unit = seqs[0] - lo
+        lse = poly.LSE_MONOMIALS if "lse" in seen else ()
+        if "mask" in seen:  # a mask is copied on unaligned s only: two lists of ticks, two pieces
+            classes = [("aligned", lse, *choose_seqs(lo, unit, lse, "aligned")),
+                       ("unaligned", poly.MASK_MONOMIALS + lse, *choose_seqs(lo, unit, poly.MASK_MONOMIALS + lse,
+                                                                             "unaligned"))]
+        else:
+            classes = [(None, lse, *(choose_seqs(lo, unit, lse) if lse else (seqs, vseq)))]
+        n_jobs += sum(jobs(c[2]) for c in classes) - jobs(seqs)
+        for align, extra, fseqs, vs in classes:
+            for batches, vbatch, b_lo, b_hi in BATCH_REGIONS:
+                vpoint = (vbatch, vs, world[-1])
+                fits = []
+                for v in range(len(plan.variants)):
+                    traces = {pt: run(pt, v) for pt in size_points(batches, fseqs, fit_world)}
+                    check = run(vpoint, v)
+                    if any(tk.efficient - seen for tk in (*traces.values(), check)):
+                        raise ValueError(f"fit: the step calls CUDA's memory-efficient attention differently at some "
+                                         f"sizes of s > {lo} than at seq {seqs[0]}; no exact profile can be derived")
+                    fit = fit_variant(traces, fsdp, one_batch=len(batches) == 1, extra=extra)
+                    padding = max(padding, verify(fit, check, vpoint))
+                    fits.append(fit)
+                cands = prune(extend(plan, fits))
+                out_pieces.append(Piece.from_moments(lo, hi, [_moment(c) for c in cands], b_lo, b_hi, align))
     return out_pieces, n_jobs, padding
 
 

@@ -75,6 +75,7 @@ class Ticks:
     keys: list[tuple]                # (stage, segment, block position or None, local index)
     gs: list[int]                    # per key: the decode window (tokens generated so far), 0 elsewhere
     values: np.ndarray               # (len(keys), len(CATEGORIES)) int64
+    efficient: frozenset = frozenset()   # "lse", "mask": how the step called memory-efficient attention (derive)
 
 
 def tick_row(col, opt_step: int) -> list[int]:
@@ -101,15 +102,17 @@ def size_points(batches, seqs, world: tuple[int, ...]) -> list[tuple[int, int, i
     return pts
 
 
-def _monomials(decode: bool, fsdp: bool, one_batch: bool) -> tuple:
-    monos = poly.DECODE_MONOMIALS if decode else poly.STEP_MONOMIALS
+def _monomials(decode: bool, fsdp: bool, one_batch: bool, extra: tuple = ()) -> tuple:
+    monos = poly.DECODE_MONOMIALS if decode else poly.STEP_MONOMIALS + extra
     if one_batch:  # b fixed at 1: b's monomials coincide with b-free ones
         monos = tuple(m for m in monos if m[0] == 0)
     return monos + ((poly.INV_N,) if fsdp else ())
 
 
-def fit_variant(traces: dict[tuple, Ticks], fsdp: bool, one_batch: bool = False) -> Fit:
-    """Fit every candidate tick of one reduced model over its traced points; keys must agree between points."""
+def fit_variant(traces: dict[tuple, Ticks], fsdp: bool, one_batch: bool = False, extra: tuple = ()) -> Fit:
+    """Fit every candidate tick of one reduced model over its traced points; keys must agree between points.
+    `extra`: monomials in m or l (estimator.profile.poly) the prompt's ticks get, where the step calls CUDA's
+    memory-efficient attention (the traced seqs then determine them: tracer.derive.choose_seqs)."""
     pts = list(traces)
     first = traces[pts[0]]
     ref = list(zip(first.keys, first.gs))
@@ -137,7 +140,7 @@ def fit_variant(traces: dict[tuple, Ticks], fsdp: bool, one_batch: bool = False)
                 design.append((b, s, g, Fraction(1, n)))
                 cols.append([traces[(b, s, n)].values[index[(k, g)]] for k in group])
         values = [[int(x) for row in r for x in row] for r in cols]  # point x (key, category)
-        monos = _monomials(decode, fsdp, one_batch)
+        monos = _monomials(decode, fsdp, one_batch, extra)
         nums, den = poly.fit_columns(monos, design, values)
         C = len(CATEGORIES)
         for j, k in enumerate(group):

@@ -38,6 +38,15 @@ FLASH, EFFICIENT, MATH = "flash", "efficient", "math"
 FLASH_MAX_HEAD_DIM = 256          # check_head_dim_size_flash: "less than or equal to 256"
 EFFICIENT_MASK_ALIGNMENT = 16     # attention.cpp preprocess_mask: mem_eff_alignment = 16
 HALF = (torch.float16, torch.bfloat16)
+# Calls of the memory-efficient kernel, counted: its memory is no polynomial in s alone (estimator.profile.poly:
+# a logsumexp of 32 * ceil(s / 32) rows, a mask copied only where s % 16 != 0), so the derivation fits such a
+# step in (b, s, m, l) and traces s of every alignment it needs.
+_CALLS = {"lse": 0, "mask": 0}
+
+
+def efficient_calls() -> dict[str, int]:
+    """{"lse": calls that computed a logsumexp, "mask": calls with a mask} traced by this process so far."""
+    return dict(_CALLS)
 
 
 def select_backend(q, k, v, attn_mask, dropout_p: float, is_causal: bool, enable_gqa: bool) -> str:
@@ -146,7 +155,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if backend == EFFICIENT:
         compute_logsumexp = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or
                                                          value.requires_grad)
+        _CALLS["lse"] += bool(compute_logsumexp)
         if mask is not None:
+            _CALLS["mask"] += 1
             mask = _preprocess_mask(mask, query, key)
         return torch.ops.aten._scaled_dot_product_efficient_attention.default(
             query, key, value, mask, compute_logsumexp, dropout_p, is_causal, scale=scale)[0]

@@ -6,8 +6,14 @@ coefficients: b*s (activations), s^2 and b*s^2 (eager attention scores, material
 scalars), constants (weights, optimizer states). Decoding adds g, the tokens generated so far (the KV cache grows
 by b*g). FSDP/ZeRO add 1/n, the shard of each parameter on one of n ranks.
 
-Coefficients are found from traces at a few sizes by solving the linear system exactly in rationals
-(`fit_exact`); one more traced size must then agree to the byte, or the fit is refused.
+Two more quantities are functions of s, not free variables, for CUDA's memory-efficient attention kernel
+(attention.cpp, torch's meta kernel `_efficient_attention_forward`):
+- `m`: it copies an attention mask into a (b, h, s, 16 * ceil(s / 16)) tensor where s % 16 != 0 and passes an
+  aligned one through uncopied (`preprocess_mask`): m = 16 * ceil(s / 16) where s % 16 != 0, else 0 (no copy);
+- `l`: its logsumexp, saved for backward, has 32 * ceil(s / 32) rows per head: l = 32 * ceil(s / 32).
+A step that calls it holds s*m, b*s*m, l, b*l bytes: polynomials in (b, s, m, l), not in (b, s) alone (a step with
+a mask is a different list of ticks on aligned s: the profile splits there, see profile.Piece). Monomials are
+exponent tuples over VARIABLES; a 4-tuple has neither (the profiles written before they existed).
 """
 from __future__ import annotations
 
@@ -15,13 +21,56 @@ from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
 
-VARIABLES = ("b", "s", "g", "inv_n")   # batch, sequence (prompt), generated tokens, 1 / world size
+VARIABLES = ("b", "s", "g", "inv_n", "m", "l")   # batch, sequence (prompt), generated tokens, 1 / world size,
+# padded mask width, logsumexp rows (m and l: functions of s, see the module docstring)
+MASK_ALIGNMENT = 16                          # attention.cpp preprocess_mask: mem_eff_alignment
+LSE_ALIGNMENT = 32                           # _efficient_attention_forward: logsumexp rows, ceil(M / 32) * 32
 
 # Monomials as exponent tuples over VARIABLES.
 ONE, B, S, BS, S2, BS2 = (0, 0, 0, 0), (1, 0, 0, 0), (0, 1, 0, 0), (1, 1, 0, 0), (0, 2, 0, 0), (1, 2, 0, 0)
 G, BG, INV_N = (0, 0, 1, 0), (1, 0, 1, 0), (0, 0, 0, 1)
 STEP_MONOMIALS = (ONE, B, S, BS, S2, BS2)           # a training step or a prefill
 DECODE_MONOMIALS = STEP_MONOMIALS + (G, BG)         # one decoding step after g generated tokens
+SM, BSM = (0, 1, 0, 0, 1, 0), (1, 1, 0, 0, 1, 0)
+MASK_MONOMIALS = (SM, BSM)                          # a padded mask copy: (b or 1) x h x s x m
+L, BL = (0, 0, 0, 0, 0, 1), (1, 0, 0, 0, 0, 1)
+LSE_MONOMIALS = (L, BL)                             # the efficient kernel's logsumexp: b x h x l
+
+
+def mask_width(s: int) -> int:
+    """m at sequence length s: the padded width of the mask copy, 0 where s is aligned (no copy)."""
+    return 0 if s % MASK_ALIGNMENT == 0 else s + (-s) % MASK_ALIGNMENT
+
+
+def lse_rows(s: int) -> int:
+    """l at sequence length s."""
+    return s + (-s) % LSE_ALIGNMENT
+
+
+def s_functions_array(s):
+    """(m, l) over a NumPy array of s."""
+    import numpy as np
+
+    s = np.asarray(s)
+    return np.where(s % MASK_ALIGNMENT == 0, 0, s + (-s) % MASK_ALIGNMENT), s + (-s) % LSE_ALIGNMENT
+
+
+def exponents(m: tuple) -> tuple[int, ...]:
+    """A monomial's six exponents (b, s, g, inv_n, m, l); a 4-tuple has neither m nor l."""
+    return tuple(m) + (0,) * (len(VARIABLES) - len(m))
+
+
+def s_factor(m: tuple, s: int) -> int:
+    """The monomial's factor from m and l at sequence length s (1 where it has neither)."""
+    if len(m) <= 4 or not (m[4] or m[5]):
+        return 1
+    return mask_width(s) ** m[4] * lse_rows(s) ** m[5]
+
+
+def seq_degree(m: tuple) -> int:
+    """The monomial's degree in the sequence length (m and l count as s: they are s rounded up)."""
+    e = exponents(m)
+    return e[1] + e[4] + e[5]
 
 
 def monomial_name(m: tuple[int, ...]) -> str:
@@ -30,12 +79,12 @@ def monomial_name(m: tuple[int, ...]) -> str:
 
 
 def monomial_value(m: tuple[int, ...], point: tuple) -> Fraction | int:
-    """Value of a monomial at a point (b, s, g, inv_n); inv_n is a Fraction."""
+    """Value of a monomial at a point (b, s, g, inv_n); inv_n is a Fraction; m is read from s."""
     out = 1
     for e, x in zip(m, point):
         if e:
             out = out * x ** e
-    return out
+    return out * s_factor(m, point[1])
 
 
 def _solve(matrix: list[list[Fraction]], rhs: list[list[Fraction]]) -> list[list[Fraction]]:
@@ -125,6 +174,7 @@ class Poly:
         for m, c in zip(self.monomials, self.num):
             if c:
                 v = c * (b ** m[0]) * (s ** m[1]) * (g ** m[2])
+                v = v * s_factor(m, s)
                 total += v if not m[3] else Fraction(v, n ** m[3])
         return int(total // self.den) if not isinstance(total, Fraction) else int(total / self.den)
 

@@ -19,7 +19,7 @@ from functools import cached_property
 
 import numpy as np
 
-from estimator.profile.poly import Poly
+from estimator.profile.poly import MASK_ALIGNMENT, Poly, s_factor
 
 FORMAT = 2  # 2: per-stage flat arrays (1: a list of moment objects)
 CATEGORIES = ("weights", "gradients", "optimizer_states", "activations", "optimizer_step", "kv_cache",
@@ -54,7 +54,7 @@ class Moment:
 
     def exact(self, b: int, s: int, g: int = 0, n: int = 1) -> list[int]:
         """Bytes per category (in CATEGORIES order), exact integers (floored where 1/n divides unevenly)."""
-        mono = [b ** m[0] * s ** m[1] * g ** m[2] for m in self.monomials]
+        mono = [b ** m[0] * s ** m[1] * g ** m[2] * s_factor(m, s) for m in self.monomials]
         inv = [m[3] for m in self.monomials]
         mat, biggest = self._int_matrix
         if mat is not None and not any(inv) and biggest * max(mono) * len(mono) < 1 << 62:  # no int64 overflow
@@ -79,7 +79,9 @@ class Moment:
 
 @dataclass(frozen=True, eq=True)
 class Piece:
-    """Moments valid for s_lo < s <= s_hi and b_lo <= b <= b_hi (a bound None: no upper bound).
+    """Moments valid for s_lo < s <= s_hi and b_lo <= b <= b_hi (a bound None: no upper bound), and, where `align`
+    is set, for s a multiple of 16 ("aligned") or not ("unaligned"): a step that hands CUDA's memory-efficient
+    attention a mask copies it (one more tensor, one more tick) only where s is unaligned (poly.mask_width).
 
     Stored per stage as flat data (what the JSON holds and what NumPy reads in one call): the stage's monomials,
     and per moment its label, denominator and its numerators flattened as [category][monomial]. `Moment` objects
@@ -90,6 +92,7 @@ class Piece:
     stage_data: dict            # stage -> {"monomials": [[..]], "labels": [..], "dens": [..], "nums": [[..]]}
     b_lo: int = 1
     b_hi: int | None = None
+    align: str | None = None    # None: every s; "aligned": s % 16 == 0; "unaligned": the others
 
     def covers(self, b, s):
         """Whether (b, s) falls in this piece: a bool for ints, an element-wise mask for NumPy arrays (the sweep)."""
@@ -98,10 +101,12 @@ class Piece:
             ok = ok & (s <= self.s_hi)
         if self.b_hi is not None:
             ok = ok & (b <= self.b_hi)
+        if self.align is not None:  # a piece split by the mask copy's alignment (tracer.derive)
+            ok = ok & ((s % MASK_ALIGNMENT == 0) == (self.align == "aligned"))
         return ok
 
     @staticmethod
-    def from_moments(s_lo, s_hi, moments, b_lo=1, b_hi=None) -> "Piece":
+    def from_moments(s_lo, s_hi, moments, b_lo=1, b_hi=None, align=None) -> "Piece":
         data: dict = {}
         for m in moments:
             d = data.setdefault(m.stage, {"monomials": [list(x) for x in m.monomials], "labels": [], "dens": [],
@@ -109,7 +114,7 @@ class Piece:
             d["labels"].append(m.label)
             d["dens"].append(m.den)
             d["nums"].append([x for c in CATEGORIES for x in m.num.get(c, (0,) * len(m.monomials))])
-        return Piece(s_lo, s_hi, data, b_lo, b_hi)
+        return Piece(s_lo, s_hi, data, b_lo, b_hi, align)
 
     def moment(self, stage: str, k: int) -> Moment:
         memo = self.__dict__.setdefault("_moment_memo", {})  # a frozen dataclass: the memo bypasses __setattr__
@@ -170,8 +175,8 @@ class Profile:
             "format": FORMAT, "config_hash": self.config_hash, "model_type": self.model_type,
             "workload_class": self.workload_class, "parallel_class": self.parallel_class, "layers": self.layers,
             "provenance": self.provenance,
-            "pieces": [{"s_lo": p.s_lo, "s_hi": p.s_hi, "b_lo": p.b_lo, "b_hi": p.b_hi, "stages": p.stage_data}
-                       for p in self.pieces],
+            "pieces": [{"s_lo": p.s_lo, "s_hi": p.s_hi, "b_lo": p.b_lo, "b_hi": p.b_hi, "stages": p.stage_data,
+                        **({"align": p.align} if p.align else {})} for p in self.pieces],
         }, separators=(",", ":"), sort_keys=True)
 
     @staticmethod
@@ -182,8 +187,11 @@ class Profile:
             if d.get("format") != FORMAT:
                 raise ValueError(f"format {d.get('format')!r}, expected {FORMAT}")
             pieces = tuple(Piece(int(p["s_lo"]), None if p["s_hi"] is None else int(p["s_hi"]), p["stages"],
-                                 int(p["b_lo"]), None if p["b_hi"] is None else int(p["b_hi"])) for p in d["pieces"])
+                                 int(p["b_lo"]), None if p["b_hi"] is None else int(p["b_hi"]), p.get("align"))
+                           for p in d["pieces"])
             for p in pieces:
+                if p.align not in (None, "aligned", "unaligned"):
+                    raise ValueError(f"align {p.align!r}")
                 for st, sd in p.stage_data.items():
                     width = len(CATEGORIES) * len(sd["monomials"])
                     if (st not in TRAIN_STAGES + INFER_STAGES or len(sd["labels"]) != len(sd["dens"]) != len(sd["nums"])
