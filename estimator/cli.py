@@ -21,7 +21,7 @@ from estimator.breakdown import COMPONENTS
 from estimator.estimate import Estimate, Options, estimate
 from estimator.device import capacity_bytes, capacity_source
 from estimator.gpus import GPU, get_gpu, load_gpus
-from estimator.model import Model, check_context, from_hf_config
+from estimator.model import Model, check_context, check_sizes, defaults_note, from_hf_config
 from estimator.presets import load_config, preset_names
 from estimator.search import Advice, advice, max_batch, max_seq
 from estimator.spec import (OFFLOADS,
@@ -72,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--calibrated", action="store_true",
       help="use the family's fitted k from data/calibration.json (env WILLITFIT_CALIBRATION) and report a "
            "95%% prediction interval")
+    a("--allow-defaults", action="store_true",
+      help="answer for a config.json that lacks size fields (layers, heads, widths, vocabulary) with transformers' "
+           "defaults for them, and list them in a note; without it such a config is refused")
     a("--json", action="store_true", help="print one JSON object instead of the table")
     a("--list-models", action="store_true", help="list the model presets and exit")
     a("--list-gpus", action="store_true", help="list the GPU presets and exit")
@@ -289,6 +292,7 @@ def run(args) -> dict | str:
     if not args.model:
         raise ValueError("model: required; give a preset name (--list-models) or a config.json path")
     name, cfg = load_config(args.model)
+    defaulted = [] if args.model in preset_names() else check_sizes(cfg, args.allow_defaults)
     try:
         model = from_hf_config(cfg, name, derive=not args.no_derive, progress=_progress)
     except (TypeError, KeyError, ArithmeticError) as e:  # a config.json with wrongly typed fields
@@ -297,7 +301,10 @@ def run(args) -> dict | str:
     gpu = get_gpu(args.gpu) if args.gpu else None
     options, cal = _options(args, model, w)
     check_context(model, w.seq, w.gen_tokens)
-    return report(model, estimate(model, w, p, options), gpu, options, cal)
+    out = report(model, estimate(model, w, p, options), gpu, options, cal)
+    if defaulted:
+        out["notes"].insert(0, defaults_note(model, defaulted))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -142,6 +142,50 @@ def _check_config(config: dict) -> None:
         raise ValueError(f"num_key_value_heads: {kv} does not divide num_attention_heads {heads}")
 
 
+# The fields that size a model, each with the spellings configs use for it. A config.json that lacks one is
+# filled in from transformers' defaults for its class (a llama config with only hidden_size becomes a 6.74B
+# model), so a user's config must state them, or say --allow-defaults and see which were filled in.
+SIZE_FIELDS = {
+    "num_hidden_layers": ("num_hidden_layers", "n_layer", "n_layers", "num_layers"),
+    "num_attention_heads": ("num_attention_heads", "n_head", "n_heads", "num_heads"),
+    "hidden_size": ("hidden_size", "n_embd", "d_model", "dim"),
+    "intermediate_size": ("intermediate_size", "n_inner", "ffn_dim", "d_ff", "ffn_hidden_size", "ffn_dim"),
+    "vocab_size": ("vocab_size", "n_vocab", "padded_vocab_size"),
+}
+# model types whose code computes the MLP width from the hidden size when the config has none (4 * hidden)
+FFN_FROM_HIDDEN = frozenset({"gpt2", "gpt_bigcode", "falcon", "bloom", "gpt_neo", "gptj", "codegen", "mpt"})
+
+
+def defaulted_sizes(config: dict) -> list[str]:
+    """The size fields (SIZE_FIELDS) a config.json leaves to transformers' defaults, in SIZE_FIELDS order.
+    A composite config (text_config) is checked in its text part."""
+    cfg = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    model_type = cfg.get("model_type") or config.get("model_type")
+    return [name for name, keys in SIZE_FIELDS.items()
+            if _first(cfg, keys) is None and not (name == "intermediate_size" and model_type in FFN_FROM_HIDDEN)]
+
+
+def check_sizes(config: dict, allow_defaults: bool = False) -> list[str]:
+    """Refuse, in one line naming them, a config that leaves size fields to defaults; with allow_defaults return
+    those fields (for defaults_note once the model is built). Call it on a config a user wrote or pasted."""
+    missing = defaulted_sizes(config) if isinstance(config, dict) else []
+    if missing and not allow_defaults:
+        raise ValueError(f"model: the config.json lacks {', '.join(missing)} (the fields that size the model); add "
+                         "them, or accept transformers' defaults for them (--allow-defaults; in the app: 'Accept defaults for "
+                         "missing sizes')")
+    return missing
+
+
+def defaults_note(model: "Model", missing: list[str]) -> str:
+    """'defaults filled in: num_hidden_layers=32, ...': the values the built model took for the missing fields."""
+    up = [out for name, _in, out, *_ in model.inventory.linears
+          if name in ("up_proj", "gate_proj", "fc1", "c_fc", "dense_h_to_4h", "w1")]
+    read = {"num_hidden_layers": model.layers, "num_attention_heads": model.heads, "hidden_size": model.hidden,
+            "vocab_size": model.vocab, **({"intermediate_size": up[0]} if up else {})}
+    values = ", ".join(f"{k}={read[k]:,}" if k in read else f"{k} (the class default)" for k in missing)
+    return f"defaults filled in (not in the config.json; transformers' {model.model_type} defaults): {values}"
+
+
 def _first(cfg: dict, keys):
     for k in keys:
         if k in cfg and cfg[k] is not None:

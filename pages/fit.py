@@ -18,7 +18,7 @@ from estimator.device import capacity_bytes, capacity_source
 from estimator.breakdown import COMPONENTS
 from estimator.estimate import Options, estimate
 from estimator.gpus import get_gpu
-from estimator.model import check_context
+from estimator.model import check_context, check_sizes, defaults_note
 from estimator.presets import MAX_CONFIG_BYTES, load_config, parse_config_text
 from estimator.spec import Parallel
 from estimator.units import GB, GiB, fmt_bytes
@@ -72,14 +72,15 @@ def _hub_config(model_id: str, revision: str) -> dict:
     return result
 
 
-def choose_model(f: dict[str, state.Field], shown: set[str]) -> tuple[str, dict, str | None] | None:
-    """Sidebar model inputs -> (display name, config dict, preset name or None), or None with a message."""
+def choose_model(f: dict[str, state.Field], shown: set[str]) -> tuple[str, dict, str | None, list[str]] | None:
+    """Sidebar model inputs -> (display name, config dict, preset name or None, size fields left to defaults), or
+    None with a message."""
     source = state.widget(PAGE, f["source"], st.sidebar, format_func=SOURCES.get)
     shown.add("source")
     if source == "preset":
         name = state.widget(PAGE, f["model"], st.sidebar)
         shown.add("model")
-        return (*load_config(name), name)
+        return (*load_config(name), name, [])
     if source == "upload":
         up = st.sidebar.file_uploader("config.json", type=["json"], key=f"{PAGE}:upload",
                                       help=f"A Hugging Face config.json, at most {MAX_CONFIG_BYTES // 1024} KiB. "
@@ -112,15 +113,21 @@ def choose_model(f: dict[str, state.Field], shown: set[str]) -> tuple[str, dict,
     try:
         model_id, revision = validate_model_id(model_id), validate_revision(revision)
         name = model_id if revision == "main" else f"{model_id}@{revision}"
-        return name, _hub_config(model_id, revision), None
+        return name, _hub_config(model_id, revision), None, []
     except (OfflineError, ValueError) as e:  # both messages say what to do instead
         st.error(str(e))
     return None
 
 
 def _parsed(text: str, name: str):
+    """A user's config.json text: parsed, and refused when it leaves the model's sizes to defaults (unless the
+    'Accept defaults' box is ticked: then the defaults are listed under the verdict)."""
+    allow = st.sidebar.checkbox("Accept defaults for missing sizes", key=f"{PAGE}:allow_defaults",
+                                help="A config.json without layers, heads, widths or vocabulary is refused; tick "
+                                     "this to use transformers' defaults for them (listed with the result).")
     try:
-        return name, parse_config_text(text), None
+        config = parse_config_text(text)
+        return name, config, None, check_sizes(config, allow)
     except ValueError as e:
         st.error(f"{e}. Fix the file and try again.")
         return None
@@ -299,7 +306,7 @@ def body(f: dict[str, state.Field], shown: set[str]) -> None:
     st.sidebar.header("Workload")
     if chosen is None:
         return
-    name, config, preset = chosen
+    name, config, preset, defaulted = chosen
     try:
         model = ui.load_model(config, name)
     except (ValueError, KeyError, TypeError) as e:
@@ -331,6 +338,8 @@ def body(f: dict[str, state.Field], shown: set[str]) -> None:
                f"{est.trainable_params:,} trainable. {w.mode} · batch {w.batch} · seq {w.seq:,} · "
                f"{par.strategy} on {par.gpus} GPU(s).")
     st.caption(ui.provenance_caption(prov) + (" " + " ".join(f"Note: {n}." for n in est.notes) if est.notes else ""))
+    if defaulted:
+        st.warning(f"Note: {defaults_note(model, defaulted)}.")
     verdict(est, gpu)
     state.or_error(lambda: closest_published(config, preset, w, par), None)
     breakdown_section(est, gpu)

@@ -195,7 +195,9 @@ def test_fit_custom_configs_untrusted(env):
     at.selectbox(key="fit:source").set_value("paste").run()
     at.text_area(key="fit:paste").set_value('{"model_type": "llama", ').run()
     assert any("not valid JSON" in e.value for e in at.error)
-    at.text_area(key="fit:paste").set_value('{"model_type": "no-such-arch"}').run()
+    sized = {"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64, "intermediate_size": 128,
+             "vocab_size": 128}  # (a config without its sizes is refused first, without torch: see below)
+    at.text_area(key="fit:paste").set_value(json.dumps({"model_type": "no-such-arch", **sized})).run()
     assert any("does not know 'no-such-arch'" in e.value for e in at.error)
     # an architecture no one wrote code for: its inventory and profile come from transformers' own class, the
     # profile derived on the spot (a tiny config: seconds) with its provenance shown
@@ -216,6 +218,18 @@ def test_fit_custom_configs_untrusted(env):
     at.file_uploader(key="fit:upload").set_value(("config.json", b" " * (2 << 20), "application/json")).run()
     assert any("at most" in e.value for e in at.error)
     assert not at.exception
+
+
+def test_fit_pasted_partial_config_is_refused_or_answered_with_its_defaults_listed(env):
+    at = app()
+    at.selectbox(key="fit:source").set_value("paste").run()
+    at.text_area(key="fit:paste").set_value('{"model_type": "llama", "hidden_size": 4096}').run()
+    assert not at.exception
+    assert any("num_hidden_layers" in e.value and "vocab_size" in e.value for e in at.error), [e.value for e in at.error]
+    assert not at.metric
+    at.checkbox(key="fit:allow_defaults").check().run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert any("defaults filled in" in w.value and "num_hidden_layers=32" in w.value for w in at.warning)
 
 
 def test_fit_hub_offline_says_what_to_do(env):

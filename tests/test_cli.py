@@ -28,7 +28,7 @@ FLAGS = {"--model", "--mode", "--method", "--lora-rank", "--lora-targets", "--re
          "--sequence-parallel", "--offload", "--activation-model", "--k", "--calibrated", "--json", "--list-models",
          "--list-gpus", "--loop", "--loss", "--loss-chunks", "--optimizer-in-backward", "--activation-offload",
          "--quantize-scope", "--no-double-quant", "--float8", "--compile", "--no-derive", "--alloc-conf",
-         "--cuda-context"}
+         "--cuda-context", "--allow-defaults"}
 
 
 def run_cli(*args, env=None):
@@ -327,3 +327,32 @@ def test_options_cuda_context_checked_at_construction():
     for bad in (-1, 1.5, True, 65 * 2**30):
         with pytest.raises(ValueError, match="^cuda_context: "):
             Options(cuda_context_bytes=bad)
+
+
+PARTIAL_LLAMA = {"model_type": "llama", "hidden_size": 4096}
+
+
+def test_partial_config_is_refused_naming_the_missing_size_fields(tmp_path, capsys):
+    path = tmp_path / "partial.json"
+    path.write_text(json.dumps(PARTIAL_LLAMA))
+    assert cli.main(["--model", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    for field in ("num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size", "--allow-defaults"):
+        assert field in err
+    assert "hidden_size" not in err.split("lacks")[1].split("(")[0]
+
+
+def test_partial_config_with_allow_defaults_lists_every_default(tmp_path, capsys):
+    path = tmp_path / "partial.json"
+    path.write_text(json.dumps(PARTIAL_LLAMA))
+    out = run_json(capsys, "--model", str(path), "--allow-defaults", "--json")
+    note = out["notes"][0]
+    assert note.startswith("defaults filled in")
+    for field in ("num_hidden_layers=32", "num_attention_heads=32", "intermediate_size=11,008", "vocab_size=32,000"):
+        assert field in note
+    # aliases count as stated (GPT-2 spells them n_layer/n_head/n_embd and computes its MLP width)
+    gpt2 = json.loads((MODELS_DIR / "gpt2.json").read_text())
+    path.write_text(json.dumps(gpt2))
+    assert not [n for n in run_json(capsys, "--model", str(path), "--seq", "512", "--json")["notes"]
+                if n.startswith("defaults filled in")]
