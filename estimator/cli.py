@@ -21,6 +21,7 @@ from estimator.breakdown import COMPONENTS
 from estimator.estimate import Estimate, Options, estimate
 from estimator.device import capacity_bytes, capacity_source
 from estimator.gpus import GPU, get_gpu, load_gpus
+from estimator.hub import OfflineError, fetch_config, split_model_ref
 from estimator.model import Model, check_context, check_sizes, defaults_note, from_hf_config
 from estimator.presets import load_config, preset_names
 from estimator.search import Advice, advice, max_batch, max_seq
@@ -47,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m estimator", description="Estimate per-GPU memory of training or inference "
                 "of a Hugging Face model, by component and stage. Bytes: GiB = 2**30, GB = 10**9.")
     a = p.add_argument
-    a("--model", help="preset name (see --list-models) or path to a Hugging Face config.json")
+    a("--model", help="preset name (see --list-models), path to a Hugging Face config.json, or a Hugging Face id "
+      "org/name[@revision] whose config.json is fetched (HF_TOKEN for gated models; HF_HUB_OFFLINE=1: cache only)")
     knobs.add_flags(p)  # every workload field, from its declaration (estimator.spec.Workload)
     a("--gpu", help="GPU preset (see --list-gpus): adds the verdict (device bytes against what cudaMemGetInfo "
       "reports), headroom, max batch and max seq; picks the CUDA context of its architecture")
@@ -284,15 +286,30 @@ def _list_gpus() -> str:
                      f"{fmt_bytes(g.memory_bytes, 'GB'):>10} ({g.memory_source})" for g in load_gpus().values())
 
 
+def _config(args) -> tuple[str, dict, list[str]]:
+    """(name, config.json, size fields left to defaults) for --model: a preset, a config.json path (its sizes
+    checked: estimator.model.check_sizes), or a hub id org/name[@revision] (the same fetch as the app's)."""
+    ref = None if args.model in preset_names() or args.model.endswith(".json") else split_model_ref(args.model)
+    if ref is not None:
+        model_id, revision = ref
+        try:
+            cfg = fetch_config(model_id, revision)
+        except OfflineError as e:
+            raise ValueError(f"model: {e}") from None
+        return (model_id if revision == "main" else f"{model_id}@{revision}"), cfg, []
+    name, cfg = load_config(args.model)
+    return name, cfg, [] if args.model in preset_names() else check_sizes(cfg, args.allow_defaults)
+
+
 def run(args) -> dict | str:
     if args.list_models:
         return _list_models()
     if args.list_gpus:
         return _list_gpus()
     if not args.model:
-        raise ValueError("model: required; give a preset name (--list-models) or a config.json path")
-    name, cfg = load_config(args.model)
-    defaulted = [] if args.model in preset_names() else check_sizes(cfg, args.allow_defaults)
+        raise ValueError("model: required; give a preset name (--list-models), a config.json path or a Hugging Face "
+                         "id org/name[@revision]")
+    name, cfg, defaulted = _config(args)
     try:
         model = from_hf_config(cfg, name, derive=not args.no_derive, progress=_progress)
     except (TypeError, KeyError, ArithmeticError) as e:  # a config.json with wrongly typed fields

@@ -11,7 +11,7 @@ import pandas as pd
 import streamlit as st
 
 from bench.store import app_data
-from bench.hub import OfflineError, fetch_config, validate_model_id, validate_revision
+from estimator.hub import OfflineError, fetch_config, validate_model_id, validate_revision
 from estimator import search
 from estimator.calibration_file import entry_for
 from estimator.device import capacity_bytes, capacity_source
