@@ -236,11 +236,21 @@ def closest_published(config, preset, w, par) -> None:
     where = f"[{r['source_repo'].removeprefix('github.com/')}]({r['source_url']})"
     text = (f"Closest published run: {r['published_id']}, {where}, {r['gpu_name']}: {r['mode']} {r['method']} "
             f"batch {int(r['batch'])}, seq {int(r['seq']):,}, {r['strategy']} x{int(r['world_size'])} "
-            f"({int(r['n_differences'])} setting(s) differ from yours) measured **{value / GiB:.2f} GiB** "
-            f"({value / GB:.2f} GB, {r['metric']}, reliability {r['reliability']})")
+            f"({_settings_compared(r)}) measured **{value / GiB:.2f} GiB** "
+            f"({value / GB:.2f} GB, {r['metric']}; reliability **{r['reliability']}**)")
     if ours:
-        text += f"; willitfit for that run: {ours / GiB:.2f} GiB ({(ours - value) / value:+.1%})."
+        text += f"; willitfit for that run: {ours / GiB:.2f} GiB ({(ours - value) / value:+.1%})"
     st.caption(text + ".")
+
+
+def _settings_compared(r: dict) -> str:
+    """'1 setting differs from yours, 2 more unknown (... the source does not state optimizer, recipe)'."""
+    n, inferred = int(r["n_differences"]), int(r["n_inferred_same"])
+    text = f"{n} setting{'s differ' if n != 1 else ' differs'} from yours"
+    if inferred:
+        text += (f", {inferred} more unknown (same as yours only as willitfit inferred them; the source does "
+                 f"not state {r['inferred_same']})")
+    return text
 
 
 def closest_section(model, config, preset, w, par, options) -> None:

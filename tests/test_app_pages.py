@@ -458,3 +458,24 @@ def test_fit_shows_the_closest_published_run(env):
     at = app(query={"model": "llama-3.2-1b", "batch": "4", "seq": "512"})
     line = [c.value for c in at.caption if c.value.startswith("Closest published run")]
     assert line and "litgpt" in line[0]
+
+
+def test_fit_closest_published_run_names_inferred_settings_and_prefers_stated_ones(env):
+    from bench.published import importer as published
+
+    published.import_published(env)
+    # torchtune's P021 (llama-3.1-8b full bf16, batch 2, seq 2048) states neither optimizer, checkpointing nor
+    # recipe: they are willitfit's inferences, so it does not count as "0 settings differ"
+    _, cfg = load_config("llama-3.1-8b")
+    rows = app_data.closest_runs(env, cfg, "llama-3.1-8b", Workload(batch=2, seq=2048), Parallel(),
+                                 sources=("published",))
+    p021 = rows.set_index("published_id").loc["P021"]
+    assert int(p021["n_differences"]) == 0 and int(p021["n_inferred_same"]) == 3
+    assert set(p021["inferred_same"].split(", ")) == {"checkpointing", "optimizer", "recipe"}
+    first = rows.iloc[0]
+    assert int(first["n_differences"]) + int(first["n_inferred_same"]) < 3   # a stated match is preferred
+    at = app(query={"model": "llama-3.1-8b", "batch": "2", "seq": "2048"})
+    line = next(c.value for c in at.caption if c.value.startswith("Closest published run"))
+    assert first["published_id"] in line and f"reliability **{first['reliability']}**" in line
+    assert "0 settings differ" not in line
+    assert f"the source does not state {first['inferred_same']}" in line   # its own inferred settings, named
