@@ -77,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--allow-defaults", action="store_true",
       help="answer for a config.json that lacks size fields (layers, heads, widths, vocabulary) with transformers' "
            "defaults for them, and list them in a note; without it such a config is refused")
+    a("--allow-beyond-context", action="store_true",
+      help="estimate a seq (+ gen tokens) past the model's max_position_embeddings (RoPE scaling) with a note; "
+           "without it such a run is refused (learned position embeddings are refused either way)")
     a("--json", action="store_true", help="print one JSON object instead of the table")
     a("--list-models", action="store_true", help="list the model presets and exit")
     a("--list-gpus", action="store_true", help="list the GPU presets and exit")
@@ -317,10 +320,9 @@ def run(args) -> dict | str:
     w, p = _workload(args), _parallel(args)
     gpu = get_gpu(args.gpu) if args.gpu else None
     options, cal = _options(args, model, w)
-    check_context(model, w.seq, w.gen_tokens)
+    beyond = check_context(model, w.seq, w.gen_tokens, args.allow_beyond_context)
     out = report(model, estimate(model, w, p, options), gpu, options, cal)
-    if defaulted:
-        out["notes"].insert(0, defaults_note(model, defaulted))
+    out["notes"][:0] = [n for n in (defaults_note(model, defaulted) if defaulted else None, beyond) if n]
     return out
 
 

@@ -193,9 +193,21 @@ def _first(cfg: dict, keys):
     return None
 
 
-def check_context(model: Model, seq: int, gen_tokens: int = 0) -> None:
-    """Refuse a run past a model's learned position embeddings (GPT-2, OPT, BERT): there is no row for those
-    positions, so the model cannot run it at all (fake tensors would not notice the bad index)."""
-    if model.learned_positions and seq + gen_tokens > model.max_positions:
-        raise ValueError(f"seq: {seq + gen_tokens} tokens exceed {model.name}'s {model.max_positions} learned "
-                         "positions (absolute position embeddings); use a shorter seq")
+def check_context(model: Model, seq: int, gen_tokens: int = 0, allow_beyond: bool = False) -> str | None:
+    """Refuse a run past the model's context, in one line naming max_position_embeddings; with allow_beyond, a
+    note to show instead (None when the run is within the context). Past learned position embeddings (GPT-2,
+    OPT, BERT) there is no row for those positions, so the model cannot run it at all and allow_beyond does not
+    help (fake tensors would not notice the bad index). Past a RoPE model's context the model runs, but it was
+    not trained there (RoPE scaling or extrapolation is the user's choice)."""
+    tokens, context = seq + gen_tokens, model.inventory.max_positions
+    if not context or tokens <= context:
+        return None
+    if model.learned_positions:
+        raise ValueError(f"seq: {tokens} tokens exceed {model.name}'s {context} learned positions (absolute position "
+                         "embeddings, max_position_embeddings); use a shorter seq")
+    if not allow_beyond:
+        raise ValueError(f"seq: {tokens} tokens exceed {model.name}'s context of {context} tokens "
+                         f"(max_position_embeddings); use seq <= {context - gen_tokens}, or --allow-beyond-context "
+                         "if you extend it (RoPE scaling)")
+    return (f"{tokens} tokens are beyond {model.name}'s context of {context} (max_position_embeddings): "
+            "the memory is estimated as asked; the model was not trained that long")

@@ -127,8 +127,9 @@ def _candidates(model: Model, w: Workload, p: Parallel, gpu_bytes: int, options:
     shorter sequences and smaller micro-batches first, then checkpointing, the optimizer, the method,
     parallelism, attention, precision."""
     out = []
-    if w.seq > 1:
-        s = max_seq(model, w, p, gpu_bytes, options, limit=w.seq - 1) or w.seq // 2 or 1
+    if w.seq > 1:  # never past the model's context (Model.max_positions, less the generated tokens)
+        limit = max(1, min(w.seq - 1, model.max_positions - w.gen_tokens))
+        s = max_seq(model, w, p, gpu_bytes, options, limit=limit) or min(w.seq // 2, limit) or 1
         out.append((f"Cut the sequence length to {s}", {"seq": s}, {},
                     "The first lever: activations and KV cache grow with seq (eager attention as seq^2). "
                     "Longer documents must then be truncated or chunked."))

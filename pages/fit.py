@@ -335,11 +335,17 @@ def body(f: dict[str, state.Field], shown: set[str]) -> None:
     if alloc is None:
         return
     options = replace(options, alloc_conf=alloc, gpu=gpu.name)
+    allow_beyond = st.sidebar.checkbox("Allow a seq beyond the model's context", key=f"{PAGE}:beyond_context",
+                                       help="For a RoPE model whose context you extend (RoPE scaling); past "
+                                            "learned position embeddings (GPT-2, OPT) no run is possible.")
     try:
-        check_context(model, w.seq, w.gen_tokens)
+        beyond = check_context(model, w.seq, w.gen_tokens, allow_beyond)
     except ValueError as e:
-        st.error(f"{e}. Lower the sequence length (and generated tokens).")
+        st.error(f"{e}. Lower the sequence length (and generated tokens); in the app the flag is the sidebar's "
+                 "'Allow a seq beyond the model's context'.")
         return
+    if beyond:
+        st.warning(f"Note: {beyond}.")
     model.inventory.trainable_params(w)  # a LoRA target the model lacks: one line, before any trace
     prov = ui.ensure_profile(model, w, par)
     options = replace(options, **ui.NO_TRACE)

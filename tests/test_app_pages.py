@@ -232,6 +232,16 @@ def test_fit_pasted_partial_config_is_refused_or_answered_with_its_defaults_list
     assert any("defaults filled in" in w.value and "num_hidden_layers=32" in w.value for w in at.warning)
 
 
+def test_fit_seq_beyond_the_context_is_refused_until_allowed_then_noted(env):
+    at = app(query={"model": "llama-2-7b", "seq": "8192"})
+    assert any("max_position_embeddings" in e.value and "4096" in e.value for e in at.error)
+    assert not at.metric
+    at.checkbox(key="fit:beyond_context").check().run()
+    assert not at.exception and not any("max_position_embeddings" in e.value for e in at.error)
+    assert any("beyond llama-2-7b's context of 4096" in w.value for w in at.warning)
+    assert at.metric
+
+
 def test_fit_hub_offline_says_what_to_do(env):
     at = app(query={"source": "hub", "hf": "Qwen/Qwen2.5-0.5B"})
     assert any("Could not reach the Hugging Face hub" in e.value and "upload it" in e.value for e in at.error)

@@ -356,3 +356,18 @@ def test_partial_config_with_allow_defaults_lists_every_default(tmp_path, capsys
     path.write_text(json.dumps(gpt2))
     assert not [n for n in run_json(capsys, "--model", str(path), "--seq", "512", "--json")["notes"]
                 if n.startswith("defaults filled in")]
+
+
+def test_seq_beyond_a_rope_models_context_is_refused_naming_max_position_embeddings(capsys):
+    assert cli.main(["--model", "llama-2-7b", "--seq", "8192"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "seq:" in err and "4096" in err and "max_position_embeddings" in err and "--allow-beyond-context" in err
+
+
+def test_allow_beyond_context_answers_with_a_note_and_the_advice_stays_within_the_context(capsys):
+    out = run_json(capsys, "--model", "llama-2-7b", "--seq", "8192", "--gpu", "l4", "--allow-beyond-context",
+                   "--json")
+    assert any("beyond llama-2-7b's context of 4096" in n for n in out["notes"])
+    cuts = [a["change"]["seq"] for a in out["advice"] if "seq" in a["change"]]
+    assert cuts and all(s <= 4096 for s in cuts)
