@@ -12,6 +12,7 @@ import argparse
 import json
 import math
 import sys
+from pathlib import Path
 
 from estimator import components as comp
 from estimator import knobs
@@ -292,7 +293,8 @@ def _list_gpus() -> str:
 def _config(args) -> tuple[str, dict, list[str]]:
     """(name, config.json, size fields left to defaults) for --model: a preset, a config.json path (its sizes
     checked: estimator.model.check_sizes), or a hub id org/name[@revision] (the same fetch as the app's)."""
-    ref = None if args.model in preset_names() or args.model.endswith(".json") else split_model_ref(args.model)
+    is_file = args.model.endswith(".json") or Path(args.model).exists()
+    ref = None if is_file or args.model in preset_names() else split_model_ref(args.model)
     if ref is not None:
         model_id, revision = ref
         try:
@@ -301,7 +303,7 @@ def _config(args) -> tuple[str, dict, list[str]]:
             raise ValueError(f"model: {e}") from None
         return (model_id if revision == "main" else f"{model_id}@{revision}"), cfg, []
     name, cfg = load_config(args.model)
-    return name, cfg, [] if args.model in preset_names() else check_sizes(cfg, args.allow_defaults)
+    return name, cfg, check_sizes(cfg, args.allow_defaults) if is_file else []
 
 
 def run(args) -> dict | str:

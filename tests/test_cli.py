@@ -371,3 +371,14 @@ def test_allow_beyond_context_answers_with_a_note_and_the_advice_stays_within_th
     assert any("beyond llama-2-7b's context of 4096" in n for n in out["notes"])
     cuts = [a["change"]["seq"] for a in out["advice"] if "seq" in a["change"]]
     assert cuts and all(s <= 4096 for s in cuts)
+
+
+def test_gpu_and_model_spellings_resolve_or_answer_did_you_mean(capsys):
+    out = run_json(capsys, "--model", "Llama-3.2-1B", "--gpu", "4090", "--mode", "infer", "--json")
+    assert (out["model"], out["gpu"]) == ("llama-3.2-1b", "rtx-4090")
+    assert cli.main(["--model", "llama-3.2-1b", "--gpu", "a100"]) == 2
+    err = capsys.readouterr().err
+    assert "did you mean a100-sxm-40gb" in err and "a100-sxm-80gb" in err
+    assert cli.main(["--model", "mistral", "--gpu", "l4"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown preset 'mistral'; did you mean mistral-7b" in err and len(err.strip().splitlines()) == 1
