@@ -28,7 +28,7 @@ FLAGS = {"--model", "--mode", "--method", "--lora-rank", "--lora-targets", "--re
          "--sequence-parallel", "--offload", "--activation-model", "--k", "--calibrated", "--json", "--list-models",
          "--list-gpus", "--loop", "--loss", "--loss-chunks", "--optimizer-in-backward", "--activation-offload",
          "--quantize-scope", "--no-double-quant", "--float8", "--compile", "--no-derive", "--alloc-conf",
-         "--cuda-context", "--allow-defaults"}
+         "--cuda-context", "--allow-defaults", "--allow-beyond-context"}
 
 
 def run_cli(*args, env=None):
