@@ -126,7 +126,10 @@ def upload_section() -> None:
     if st.button("Insert into the database", type="primary", disabled=bool(n_invalid), key=f"{PAGE}:insert",
                  help="Writes every row in one transaction; rows whose run_id is already stored are skipped."):
         result = _ingest(data, suffix)
-        if result.written:
+        if result.written and not result.inserted:
+            st.info(f"Nothing new: all {result.duplicates} row(s) are already stored (same run_id), so nothing "
+                    "was inserted.")
+        elif result.written:
             st.success(f"Inserted {result.inserted} new row(s)"
                        + (f"; {result.duplicates} already stored were skipped" if result.duplicates else "")
                        + ". They now show on the Benchmarks page.")

@@ -421,6 +421,9 @@ def test_contribute_bad_file_changes_nothing_good_file_adds_its_rows(env):
     at.button(key="contrib:insert").click().run()
     assert any("Inserted 3 new row(s)" in s.value for s in at.success)
     assert db.count_runs(env) == before + 3
+    at.button(key="contrib:insert").click().run()  # the same file again: nothing new, said so
+    assert not any("Inserted" in s.value for s in at.success)
+    assert any("Nothing new: all 3 row(s) are already stored" in i.value for i in at.info)
     at.switch_page("pages/benchmarks.py").run()  # the new rows show up (the cache follows the file)
     assert metric(at, "Runs") == f"{before + 3:,}"
 
