@@ -12,6 +12,7 @@ import argparse
 import json
 import math
 import sys
+from pathlib import Path
 
 from estimator import components as comp
 from estimator import knobs
@@ -21,7 +22,8 @@ from estimator.breakdown import COMPONENTS
 from estimator.estimate import Estimate, Options, estimate
 from estimator.device import capacity_bytes, capacity_source
 from estimator.gpus import GPU, get_gpu, load_gpus
-from estimator.model import Model, check_context, from_hf_config
+from estimator.hub import OfflineError, fetch_config, split_model_ref
+from estimator.model import Model, check_context, check_sizes, defaults_note, from_hf_config
 from estimator.presets import load_config, preset_names
 from estimator.search import Advice, advice, max_batch, max_seq
 from estimator.spec import (PP_SCHEDULES, OFFLOADS,
@@ -47,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m estimator", description="Estimate per-GPU memory of training or inference "
                 "of a Hugging Face model, by component and stage. Bytes: GiB = 2**30, GB = 10**9.")
     a = p.add_argument
-    a("--model", help="preset name (see --list-models) or path to a Hugging Face config.json")
+    a("--model", help="preset name (see --list-models), path to a Hugging Face config.json, or a Hugging Face id "
+      "org/name[@revision] whose config.json is fetched (HF_TOKEN for gated models; HF_HUB_OFFLINE=1: cache only)")
     knobs.add_flags(p)  # every workload field, from its declaration (estimator.spec.Workload)
     a("--gpu", help="GPU preset (see --list-gpus): adds the verdict (device bytes against what cudaMemGetInfo "
       "reports), headroom, max batch and max seq; picks the CUDA context of its architecture")
@@ -82,6 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
     a("--calibrated", action="store_true",
       help="use the family's fitted k from data/calibration.json (env WILLITFIT_CALIBRATION) and report a "
            "95%% prediction interval")
+    a("--allow-defaults", action="store_true",
+      help="answer for a config.json that lacks size fields (layers, heads, widths, vocabulary) with transformers' "
+           "defaults for them, and list them in a note; without it such a config is refused")
+    a("--allow-beyond-context", action="store_true",
+      help="estimate a seq (+ gen tokens) past the model's max_position_embeddings (RoPE scaling) with a note; "
+           "without it such a run is refused (learned position embeddings are refused either way)")
     a("--json", action="store_true", help="print one JSON object instead of the table")
     a("--list-models", action="store_true", help="list the model presets and exit")
     a("--list-gpus", action="store_true", help="list the GPU presets and exit")
@@ -312,14 +321,31 @@ def _list_gpus() -> str:
                      f"{fmt_bytes(g.memory_bytes, 'GB'):>10} ({g.memory_source})" for g in load_gpus().values())
 
 
+def _config(args) -> tuple[str, dict, list[str]]:
+    """(name, config.json, size fields left to defaults) for --model: a preset, a config.json path (its sizes
+    checked: estimator.model.check_sizes), or a hub id org/name[@revision] (the same fetch as the app's)."""
+    is_file = args.model.endswith(".json") or Path(args.model).exists()
+    ref = None if is_file or args.model in preset_names() else split_model_ref(args.model)
+    if ref is not None:
+        model_id, revision = ref
+        try:
+            cfg = fetch_config(model_id, revision)
+        except OfflineError as e:
+            raise ValueError(f"model: {e}") from None
+        return (model_id if revision == "main" else f"{model_id}@{revision}"), cfg, []
+    name, cfg = load_config(args.model)
+    return name, cfg, check_sizes(cfg, args.allow_defaults) if is_file else []
+
+
 def run(args) -> dict | str:
     if args.list_models:
         return _list_models()
     if args.list_gpus:
         return _list_gpus()
     if not args.model:
-        raise ValueError("model: required; give a preset name (--list-models) or a config.json path")
-    name, cfg = load_config(args.model)
+        raise ValueError("model: required; give a preset name (--list-models), a config.json path or a Hugging Face "
+                         "id org/name[@revision]")
+    name, cfg, defaulted = _config(args)
     try:
         model = from_hf_config(cfg, name, derive=not args.no_derive, progress=_progress)
     except (TypeError, KeyError, ArithmeticError) as e:  # a config.json with wrongly typed fields
@@ -327,8 +353,10 @@ def run(args) -> dict | str:
     w, p = _workload(args), parallel_from_args(args)
     gpu = get_gpu(args.gpu) if args.gpu else None
     options, cal = _options(args, model, w)
-    check_context(model, w.seq, w.gen_tokens)
-    return report(model, estimate(model, w, p, options), gpu, options, cal)
+    beyond = check_context(model, w.seq, w.gen_tokens, args.allow_beyond_context)
+    out = report(model, estimate(model, w, p, options), gpu, options, cal)
+    out["notes"][:0] = [n for n in (defaults_note(model, defaulted) if defaulted else None, beyond) if n]
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,6 +22,8 @@ import re
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+from estimator.names import compact, did_you_mean
+
 GPUS_PATH = Path(__file__).resolve().parent.parent / "data" / "gpus.json"
 
 GiB = 2**30
@@ -130,6 +132,24 @@ def _load(path: str) -> tuple[GPU, ...]:
     return gpus
 
 
+@functools.cache
+def _keys(path: str) -> dict[str, str]:
+    """compact(name), compact(display_name) and compact(alias) -> name; the file's aliases must name a GPU and
+    no two GPUs may share a key."""
+    doc = json.loads(Path(path).read_text())
+    keys: dict[str, str] = {}
+    aliases = {k: v for k, v in (doc.get("aliases") or {}).items() if not k.startswith("_")}
+    names = {gpu.name for gpu in _load(path)}
+    pairs = [(s, gpu.name) for gpu in _load(path) for s in (gpu.name, gpu.display_name)] + list(aliases.items())
+    for spelling, name in pairs:
+        if name not in names:
+            raise ValueError(f"gpu: alias {spelling!r} in {path} names no GPU ({name!r})")
+        key = compact(spelling)
+        if keys.setdefault(key, name) != name:
+            raise ValueError(f"gpu: {spelling!r} names both {keys[key]!r} and {name!r} in {path}")
+    return keys
+
+
 def load_gpus(path: Path | str = GPUS_PATH) -> dict[str, GPU]:
     """All presets keyed by `name`, in file order. The parse is cached; the dict is a fresh copy each call."""
     return {gpu.name: gpu for gpu in _load(str(path))}
@@ -140,14 +160,16 @@ def gpu_names(path: Path | str = GPUS_PATH) -> list[str]:
 
 
 def get_gpu(name: str, path: Path | str = GPUS_PATH) -> GPU:
-    """Look a GPU up by `name` or `display_name`, case-insensitively ("H100-SXM-80GB", "nvidia l4")."""
-    key = name.strip().lower() if isinstance(name, str) else None
-    for gpu in _load(str(path)):
-        if key in (gpu.name, gpu.display_name.lower()):
-            return gpu
-    raise ValueError(f"gpu: unknown GPU {name!r}; choose one of {', '.join(gpu_names(path))}")
+    """Look a GPU up by `name`, `display_name` or an alias of data/gpus.json, ignoring case, spaces, '-', '_' and
+    vendor words ("H100", "rtx4090", "4090", "a100-80gb", "NVIDIA L4"); else one line with "did you mean"."""
+    found = _keys(str(path)).get(compact(name))
+    if found is not None:
+        return load_gpus(path)[found]
+    hint = did_you_mean(str(name), gpu_names(path), "--list-gpus lists all", _keys(str(path)))
+    raise ValueError(f"gpu: unknown GPU {str(name)[:60]!r}{hint}")
 
 
 def clear_tables() -> None:
     """Forget the data files read so far (they are read again on next use)."""
     _load.cache_clear()
+    _keys.cache_clear()

@@ -157,6 +157,50 @@ def _check_config(config: dict) -> None:
         raise ValueError(f"num_key_value_heads: {kv} does not divide num_attention_heads {heads}")
 
 
+# The fields that size a model, each with the spellings configs use for it. A config.json that lacks one is
+# filled in from transformers' defaults for its class (a llama config with only hidden_size becomes a 6.74B
+# model), so a user's config must state them, or say --allow-defaults and see which were filled in.
+SIZE_FIELDS = {
+    "num_hidden_layers": ("num_hidden_layers", "n_layer", "n_layers", "num_layers"),
+    "num_attention_heads": ("num_attention_heads", "n_head", "n_heads", "num_heads"),
+    "hidden_size": ("hidden_size", "n_embd", "d_model", "dim"),
+    "intermediate_size": ("intermediate_size", "n_inner", "ffn_dim", "d_ff", "ffn_hidden_size", "ffn_dim"),
+    "vocab_size": ("vocab_size", "n_vocab", "padded_vocab_size"),
+}
+# model types whose code computes the MLP width from the hidden size when the config has none (4 * hidden)
+FFN_FROM_HIDDEN = frozenset({"gpt2", "gpt_bigcode", "falcon", "bloom", "gpt_neo", "gptj", "codegen", "mpt"})
+
+
+def defaulted_sizes(config: dict) -> list[str]:
+    """The size fields (SIZE_FIELDS) a config.json leaves to transformers' defaults, in SIZE_FIELDS order.
+    A composite config (text_config) is checked in its text part."""
+    cfg = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    model_type = cfg.get("model_type") or config.get("model_type")
+    return [name for name, keys in SIZE_FIELDS.items()
+            if _first(cfg, keys) is None and not (name == "intermediate_size" and model_type in FFN_FROM_HIDDEN)]
+
+
+def check_sizes(config: dict, allow_defaults: bool = False) -> list[str]:
+    """Refuse, in one line naming them, a config that leaves size fields to defaults; with allow_defaults return
+    those fields (for defaults_note once the model is built). Call it on a config a user wrote or pasted."""
+    missing = defaulted_sizes(config) if isinstance(config, dict) else []
+    if missing and not allow_defaults:
+        raise ValueError(f"model: the config.json lacks {', '.join(missing)} (the fields that size the model); add "
+                         "them, or accept transformers' defaults for them (--allow-defaults; in the app: 'Accept defaults for "
+                         "missing sizes')")
+    return missing
+
+
+def defaults_note(model: "Model", missing: list[str]) -> str:
+    """'defaults filled in: num_hidden_layers=32, ...': the values the built model took for the missing fields."""
+    up = [out for name, _in, out, *_ in model.inventory.linears
+          if name in ("up_proj", "gate_proj", "fc1", "c_fc", "dense_h_to_4h", "w1")]
+    read = {"num_hidden_layers": model.layers, "num_attention_heads": model.heads, "hidden_size": model.hidden,
+            "vocab_size": model.vocab, **({"intermediate_size": up[0]} if up else {})}
+    values = ", ".join(f"{k}={read[k]:,}" if k in read else f"{k} (the class default)" for k in missing)
+    return f"defaults filled in (not in the config.json; transformers' {model.model_type} defaults): {values}"
+
+
 def _first(cfg: dict, keys):
     for k in keys:
         if k in cfg and cfg[k] is not None:
@@ -164,9 +208,21 @@ def _first(cfg: dict, keys):
     return None
 
 
-def check_context(model: Model, seq: int, gen_tokens: int = 0) -> None:
-    """Refuse a run past a model's learned position embeddings (GPT-2, OPT, BERT): there is no row for those
-    positions, so the model cannot run it at all (fake tensors would not notice the bad index)."""
-    if model.learned_positions and seq + gen_tokens > model.max_positions:
-        raise ValueError(f"seq: {seq + gen_tokens} tokens exceed {model.name}'s {model.max_positions} learned "
-                         "positions (absolute position embeddings); use a shorter seq")
+def check_context(model: Model, seq: int, gen_tokens: int = 0, allow_beyond: bool = False) -> str | None:
+    """Refuse a run past the model's context, in one line naming max_position_embeddings; with allow_beyond, a
+    note to show instead (None when the run is within the context). Past learned position embeddings (GPT-2,
+    OPT, BERT) there is no row for those positions, so the model cannot run it at all and allow_beyond does not
+    help (fake tensors would not notice the bad index). Past a RoPE model's context the model runs, but it was
+    not trained there (RoPE scaling or extrapolation is the user's choice)."""
+    tokens, context = seq + gen_tokens, model.inventory.max_positions
+    if not context or tokens <= context:
+        return None
+    if model.learned_positions:
+        raise ValueError(f"seq: {tokens} tokens exceed {model.name}'s {context} learned positions (absolute position "
+                         "embeddings, max_position_embeddings); use a shorter seq")
+    if not allow_beyond:
+        raise ValueError(f"seq: {tokens} tokens exceed {model.name}'s context of {context} tokens "
+                         f"(max_position_embeddings); use seq <= {context - gen_tokens}, or --allow-beyond-context "
+                         "if you extend it (RoPE scaling)")
+    return (f"{tokens} tokens are beyond {model.name}'s context of {context} (max_position_embeddings): "
+            "the memory is estimated as asked; the model was not trained that long")

@@ -8,6 +8,8 @@ import hashlib
 import json
 from pathlib import Path
 
+from estimator.names import compact, did_you_mean
+
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 MODELS_DIR = DATA_DIR / "models"
 MAX_CONFIG_BYTES = 1 << 20  # a config.json is a few KB; refuse anything absurd before parsing it
@@ -29,11 +31,14 @@ def load_config(name_or_path: str) -> tuple[str, dict]:
         if p.stat().st_size > MAX_CONFIG_BYTES:
             raise ValueError(f"model: {name_or_path!r} is larger than {MAX_CONFIG_BYTES} bytes; not a config.json")
         return p.stem if p.name != "config.json" else p.parent.name or "config", parse_config_text(p.read_text())
-    preset = MODELS_DIR / f"{name_or_path}.json"
-    if not preset.is_file():
-        raise ValueError(f"model: unknown preset {name_or_path!r}; choose one of {', '.join(preset_names())} "
-                         "or give a path to a config.json")
-    return name_or_path, json.loads(preset.read_text())
+    names = preset_names()
+    name = name_or_path if name_or_path in names else \
+        next((n for n in names if compact(n) == compact(name_or_path)), None)  # "Llama-3.1-8B", "llama3.1 8b"
+    if name is None:
+        raise ValueError(f"model: unknown preset {name_or_path[:80]!r}"
+                         f"{did_you_mean(name_or_path, names, '--list-models lists all')}; or give a path to a "
+                         "config.json or a Hugging Face id org/name")
+    return name, json.loads((MODELS_DIR / f"{name}.json").read_text())
 
 
 def parse_config_text(text: str) -> dict:

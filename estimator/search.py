@@ -109,6 +109,31 @@ def min_gpus(model: Model, workload: Workload, strategy: str, gpu_bytes: int, ma
     return next((n for n in sizes if fits(n)), None)
 
 
+def why_no_fit(model: Model, workload: Workload, strategy: str, gpu_bytes: int, max_gpus: int = 1024,
+               options: Options = Options()) -> str:
+    """Why `strategy` does not fit on up to max_gpus GPUs, and the fix when there is one: at the largest valid
+    world size the biggest component is named (activations, which sharding does not split, for ZeRO/FSDP), and
+    for training the fewest GPUs with full activation checkpointing is priced."""
+    sizes = valid_world_sizes(model, strategy, max_gpus)
+    n = sizes[-1]
+    est = estimate(model, workload, Parallel(strategy=strategy, gpus=n), options)
+    parts = est.components.as_dict()
+    biggest = max(parts, key=parts.get)
+    text = (f"does not fit on up to {max_gpus} GPUs: at {n}, {biggest.replace('_', ' ')} alone are "
+            f"{parts[biggest] / 2**30:.2f} GiB per GPU")
+    if biggest == "activations" and strategy in MONOTONE_STRATEGIES:
+        text += f" ({strategy} shards weights, gradients and states, not activations)"
+    if workload.training and workload.checkpointing != "full":
+        try:
+            fix = min_gpus(model, replace(workload, checkpointing="full"), strategy, gpu_bytes, max_gpus, options)
+        except ProfileMissing:
+            return text + "; activation checkpointing (full) would cut the activations (not priced: its profile "\
+                "is derived on first use)"
+        if fix is not None:
+            return text + f"; with activation checkpointing (full) it fits on {fix}"
+    return text
+
+
 @dataclass(frozen=True)
 class Advice:
     """One change to the run and what the estimator says it would do."""
@@ -127,8 +152,9 @@ def _candidates(model: Model, w: Workload, p: Parallel, gpu_bytes: int, options:
     shorter sequences and smaller micro-batches first, then checkpointing, the optimizer, the method,
     parallelism, attention, precision."""
     out = []
-    if w.seq > 1:
-        s = max_seq(model, w, p, gpu_bytes, options, limit=w.seq - 1) or w.seq // 2 or 1
+    if w.seq > 1:  # never past the model's context (Model.max_positions, less the generated tokens)
+        limit = max(1, min(w.seq - 1, model.max_positions - w.gen_tokens))
+        s = max_seq(model, w, p, gpu_bytes, options, limit=limit) or min(w.seq // 2, limit) or 1
         out.append((f"Cut the sequence length to {s}", {"seq": s}, {},
                     "The first lever: activations and KV cache grow with seq (eager attention as seq^2). "
                     "Longer documents must then be truncated or chunked."))
@@ -170,6 +196,11 @@ def _candidates(model: Model, w: Workload, p: Parallel, gpu_bytes: int, options:
 
 
 def _method_candidates(model: Model, w: Workload):
+    if w.training and w.method == "lora" and w.precision != "fp32":
+        return [("Fine-tune with QLoRA (4-bit NF4 base) instead of LoRA",
+                 {"method": "qlora", "recipe": "pure", "weight_format": "auto"}, {},
+                 "The same adapters over base weights in NF4 (~0.52 bytes/param instead of 2); dequantisation "
+                 "slows each step.")]
     if not w.training or w.method != "full":
         return []
     targets = w.lora_targets
@@ -275,6 +306,7 @@ def _expandable(conf: str) -> bool:
 
 
 MAX_COMBINED = 4
+MIN_SAVING_BYTES = 2**30 // 200   # 0.005 GiB: a saving that shows as 0.00 GiB is no advice
 
 
 def _combined(model, workload, parallel, gpu_bytes, options, first: list[Advice]) -> Advice | None:
@@ -315,6 +347,6 @@ def _single_advice(model, workload, parallel, gpu_bytes, options) -> list[Advice
             continue
         except ValueError:
             continue  # the change is not valid for this spec (e.g. LoRA targets the model lacks)
-        if new < current:
+        if current - new >= MIN_SAVING_BYTES:  # less would read "saves 0.00 GiB"
             out.append(Advice(title, {**wc, **pc}, current - new, new, new <= gpu_bytes, note))
     return sorted(out, key=lambda a: -a.saving_bytes) + unpriced

@@ -161,6 +161,10 @@ def upload_section() -> None:
         result = _ingest(data, suffix)
         if result.written:
             st.session_state[f"{PAGE}:ingested"] = hashlib.sha256(data).hexdigest()
+        if result.written and not result.inserted:
+            st.info(f"Nothing new: all {result.duplicates} row(s) are already stored (same run_id), so nothing "
+                    "was inserted.")
+        elif result.written:
             st.success(f"Inserted {result.inserted} new row(s)"
                        + (f"; {result.duplicates} already stored were skipped" if result.duplicates else "")
                        + ". They now show on the Benchmarks page.")

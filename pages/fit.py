@@ -11,14 +11,14 @@ import pandas as pd
 import streamlit as st
 
 from bench.store import app_data
-from bench.hub import OfflineError, fetch_config, validate_model_id, validate_revision
+from estimator.hub import OfflineError, fetch_config, validate_model_id, validate_revision
 from estimator import search
 from estimator.calibration_file import entry_for
 from estimator.device import capacity_bytes, capacity_source
 from estimator.breakdown import COMPONENTS
 from estimator.estimate import Options, estimate
 from estimator.gpus import get_gpu
-from estimator.model import check_context
+from estimator.model import check_context, check_sizes, defaults_note
 from estimator.presets import MAX_CONFIG_BYTES, load_config, parse_config_text
 from estimator.spec import Parallel
 from estimator.units import GB, GiB, fmt_bytes
@@ -73,14 +73,15 @@ def _hub_config(model_id: str, revision: str) -> dict:
     return result
 
 
-def choose_model(f: dict[str, state.Field], shown: set[str]) -> tuple[str, dict, str | None] | None:
-    """Sidebar model inputs -> (display name, config dict, preset name or None), or None with a message."""
+def choose_model(f: dict[str, state.Field], shown: set[str]) -> tuple[str, dict, str | None, list[str]] | None:
+    """Sidebar model inputs -> (display name, config dict, preset name or None, size fields left to defaults), or
+    None with a message."""
     source = state.widget(PAGE, f["source"], st.sidebar, format_func=SOURCES.get)
     shown.add("source")
     if source == "preset":
         name = state.widget(PAGE, f["model"], st.sidebar)
         shown.add("model")
-        return (*load_config(name), name)
+        return (*load_config(name), name, [])
     if source == "upload":
         up = st.sidebar.file_uploader("config.json", type=["json"], key=f"{PAGE}:upload",
                                       help=f"A Hugging Face config.json, at most {MAX_CONFIG_BYTES // 1024} KiB. "
@@ -113,15 +114,21 @@ def choose_model(f: dict[str, state.Field], shown: set[str]) -> tuple[str, dict,
     try:
         model_id, revision = validate_model_id(model_id), validate_revision(revision)
         name = model_id if revision == "main" else f"{model_id}@{revision}"
-        return name, _hub_config(model_id, revision), None
+        return name, _hub_config(model_id, revision), None, []
     except (OfflineError, ValueError) as e:  # both messages say what to do instead
         st.error(str(e))
     return None
 
 
 def _parsed(text: str, name: str):
+    """A user's config.json text: parsed, and refused when it leaves the model's sizes to defaults (unless the
+    'Accept defaults' box is ticked: then the defaults are listed under the verdict)."""
+    allow = st.sidebar.checkbox("Accept defaults for missing sizes", key=f"{PAGE}:allow_defaults",
+                                help="A config.json without layers, heads, widths or vocabulary is refused; tick "
+                                     "this to use transformers' defaults for them (listed with the result).")
     try:
-        return name, parse_config_text(text), None
+        config = parse_config_text(text)
+        return name, config, None, check_sizes(config, allow)
     except ValueError as e:
         st.error(f"{e}. Fix the file and try again.")
         return None
@@ -230,11 +237,21 @@ def closest_published(config, preset, w, par) -> None:
     where = f"[{r['source_repo'].removeprefix('github.com/')}]({r['source_url']})"
     text = (f"Closest published run: {r['published_id']}, {where}, {r['gpu_name']}: {r['mode']} {r['method']} "
             f"batch {int(r['batch'])}, seq {int(r['seq']):,}, {r['strategy']} x{int(r['world_size'])} "
-            f"({int(r['n_differences'])} setting(s) differ from yours) measured **{value / GiB:.2f} GiB** "
-            f"({value / GB:.2f} GB, {r['metric']}, reliability {r['reliability']})")
+            f"({_settings_compared(r)}) measured **{value / GiB:.2f} GiB** "
+            f"({value / GB:.2f} GB, {r['metric']}; reliability **{r['reliability']}**)")
     if ours:
-        text += f"; willitfit for that run: {ours / GiB:.2f} GiB ({(ours - value) / value:+.1%})."
+        text += f"; willitfit for that run: {ours / GiB:.2f} GiB ({(ours - value) / value:+.1%})"
     st.caption(text + ".")
+
+
+def _settings_compared(r: dict) -> str:
+    """'1 setting differs from yours, 2 more unknown (... the source does not state optimizer, recipe)'."""
+    n, inferred = int(r["n_differences"]), int(r["n_inferred_same"])
+    text = f"{n} setting{'s differ' if n != 1 else ' differs'} from yours"
+    if inferred:
+        text += (f", {inferred} more unknown (same as yours only as willitfit inferred them; the source does "
+                 f"not state {r['inferred_same']})")
+    return text
 
 
 def closest_section(model, config, preset, w, par, options) -> None:
@@ -300,7 +317,7 @@ def body(f: dict[str, state.Field], shown: set[str]) -> None:
     st.sidebar.header("Workload")
     if chosen is None:
         return
-    name, config, preset = chosen
+    name, config, preset, defaulted = chosen
     try:
         model = ui.load_model(config, name)
     except (ValueError, KeyError, TypeError) as e:
@@ -319,11 +336,17 @@ def body(f: dict[str, state.Field], shown: set[str]) -> None:
     if alloc is None:
         return
     options = replace(options, alloc_conf=alloc, gpu=gpu.name)
+    allow_beyond = st.sidebar.checkbox("Allow a seq beyond the model's context", key=f"{PAGE}:beyond_context",
+                                       help="For a RoPE model whose context you extend (RoPE scaling); past "
+                                            "learned position embeddings (GPT-2, OPT) no run is possible.")
     try:
-        check_context(model, w.seq, w.gen_tokens)
+        beyond = check_context(model, w.seq, w.gen_tokens, allow_beyond)
     except ValueError as e:
-        st.error(f"{e}. Lower the sequence length (and generated tokens).")
+        st.error(f"{e}. Lower the sequence length (and generated tokens); in the app the flag is the sidebar's "
+                 "'Allow a seq beyond the model's context'.")
         return
+    if beyond:
+        st.warning(f"Note: {beyond}.")
     model.inventory.trainable_params(w)  # a LoRA target the model lacks: one line, before any trace
     prov = derive.profile_or_background(PAGE, model, w, par)
     if prov is None:  # deriving in the background: the model states are shown, the page reruns when it is done
@@ -334,6 +357,8 @@ def body(f: dict[str, state.Field], shown: set[str]) -> None:
                f"{est.trainable_params:,} trainable. {w.mode} · batch {w.batch} · seq {w.seq:,} · "
                f"{par.strategy} on {par.gpus} GPU(s).")
     st.caption(ui.provenance_caption(prov) + (" " + " ".join(f"Note: {n}." for n in est.notes) if est.notes else ""))
+    if defaulted:
+        st.warning(f"Note: {defaults_note(model, defaulted)}.")
     verdict(est, gpu)
     state.or_error(lambda: closest_published(config, preset, w, par), None)
     breakdown_section(est, gpu)

@@ -89,7 +89,8 @@ def min_gpus_table(model, w, strategies, gpu) -> None:
             continue
         peak = estimate(model, w, Parallel(strategy=s, gpus=n), NO_TRACE).total_bytes if n else None
         rows.append({"strategy": s, "fewest GPUs": n, "peak per GPU (GiB)": peak / GiB if peak else None,
-                     "note": "" if n else f"does not fit on up to {MAX_SEARCH_GPUS} GPUs"})
+                     "note": "" if n else search.why_no_fit(model, w, s, capacity_bytes(gpu), MAX_SEARCH_GPUS,
+                                                            NO_TRACE)})
     st.dataframe(pd.DataFrame(rows), hide_index=True, column_config={
         "fewest GPUs": st.column_config.NumberColumn(format="%d"),
         "peak per GPU (GiB)": st.column_config.NumberColumn(format="%.2f")})

@@ -203,13 +203,43 @@ def test_an_unreachable_hub_falls_back_to_the_cache_then_to_offline_error(fake_h
     assert hub.fetch_config("org/model") == CFG
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # the discard port: connection refused
     assert hub.fetch_config("org/model") == CFG                 # served from the cache, no retry
-    # Nothing cached: huggingface_hub retries a refused connection with backoff (utils/_http.py
-    # _http_backoff_base: 5 retries, waits 1, 2, 4, 8, 8 s) before giving up; the waits are recorded, not slept.
+    # Nothing cached: huggingface_hub would retry a refused connection with backoff (utils/_http.py
+    # _http_backoff_base: 5 retries, waits 1, 2, 4, 8, 8 s: the app's 25.6 s offline message); the probe of the
+    # hub's host sees the refusal first and only the cache is read: no wait at all (waits are recorded, not slept).
     waits = []
     monkeypatch.setattr(_http.time, "sleep", waits.append)
-    with pytest.raises(hub.OfflineError, match="^Could not reach the Hugging Face hub for 'org/other'.*upload it"):
+    with pytest.raises(hub.OfflineError, match="^Could not reach the Hugging Face hub for 'org/other' "
+                                               r"\(ConnectionRefusedError.*upload it.*HF_HUB_OFFLINE.*HF_TOKEN"):
         hub.fetch_config("org/other")
-    assert waits, "huggingface_hub retries a refused connection before it gives up"
+    assert waits == []
+
+
+def test_the_cli_takes_a_hub_id_through_the_same_fetch(fake_hub, capsys):
+    from estimator import cli
+
+    sized = {**CFG, "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 256, "num_key_value_heads": 4}
+    fake_hub.repos["org/model"] = {"main": (MAIN_COMMIT, body(sized)), "v1": (V1_COMMIT, body({**sized, "num_hidden_layers": 4}))}
+    assert cli.main(["--model", "org/model", "--seq", "128", "--json"]) == 0
+    main = json.loads(capsys.readouterr().out)
+    assert cli.main(["--model", "org/model@v1", "--seq", "128", "--json"]) == 0
+    v1 = json.loads(capsys.readouterr().out)
+    assert (main["model"], v1["model"]) == ("org/model", "org/model@v1")
+    assert v1["params"] > main["params"]
+
+
+def test_the_cli_offline_or_gated_names_hf_token_and_hf_hub_offline(fake_hub, monkeypatch, capsys):
+    from estimator import cli
+
+    fake_hub.repos["org/gated"] = {"main": (MAIN_COMMIT, body(CFG))}
+    fake_hub.gated.add("org/gated")
+    assert cli.main(["--model", "org/gated"]) == 2
+    assert "HF_TOKEN" in capsys.readouterr().err
+    seen = list(fake_hub.requests)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert cli.main(["--model", "meta-llama/Llama-3.1-8B"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "HF_TOKEN" in err and "HF_HUB_OFFLINE" in err
+    assert fake_hub.requests == seen
 
 
 def test_oversized_or_malformed_files_are_refused(fake_hub):

@@ -209,7 +209,9 @@ def test_fit_custom_configs_untrusted(env):
     at.selectbox(key="fit:source").set_value("paste").run()
     at.text_area(key="fit:paste").set_value('{"model_type": "llama", ').run()
     assert any("not valid JSON" in e.value for e in at.error)
-    at.text_area(key="fit:paste").set_value('{"model_type": "no-such-arch"}').run()
+    sized = {"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64, "intermediate_size": 128,
+             "vocab_size": 128}  # (a config without its sizes is refused first, without torch: see below)
+    at.text_area(key="fit:paste").set_value(json.dumps({"model_type": "no-such-arch", **sized})).run()
     assert any("does not know 'no-such-arch'" in e.value for e in at.error)
     # an architecture no one wrote code for: its inventory and profile come from transformers' own class, the
     # profile derived on the spot (a tiny config: seconds) with its provenance shown
@@ -236,6 +238,28 @@ def test_fit_custom_configs_untrusted(env):
     at.file_uploader(key="fit:upload").set_value(("config.json", b" " * (2 << 20), "application/json")).run()
     assert any("at most" in e.value for e in at.error)
     assert not at.exception
+
+
+def test_fit_pasted_partial_config_is_refused_or_answered_with_its_defaults_listed(env):
+    at = app()
+    at.selectbox(key="fit:source").set_value("paste").run()
+    at.text_area(key="fit:paste").set_value('{"model_type": "llama", "hidden_size": 4096}').run()
+    assert not at.exception
+    assert any("num_hidden_layers" in e.value and "vocab_size" in e.value for e in at.error), [e.value for e in at.error]
+    assert not at.metric
+    at.checkbox(key="fit:allow_defaults").check().run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert any("defaults filled in" in w.value and "num_hidden_layers=32" in w.value for w in at.warning)
+
+
+def test_fit_seq_beyond_the_context_is_refused_until_allowed_then_noted(env):
+    at = app(query={"model": "llama-2-7b", "seq": "8192"})
+    assert any("max_position_embeddings" in e.value and "4096" in e.value for e in at.error)
+    assert not at.metric
+    at.checkbox(key="fit:beyond_context").check().run()
+    assert not at.exception and not any("max_position_embeddings" in e.value for e in at.error)
+    assert any("beyond llama-2-7b's context of 4096" in w.value for w in at.warning)
+    assert at.metric
 
 
 def test_fit_hub_offline_says_what_to_do(env):
@@ -386,6 +410,8 @@ def test_multi_gpu_fewest_gpus_and_comparison(env):
     for row in table.to_dict("records"):
         n = search.min_gpus(model, w, row["strategy"], capacity_bytes(gpu), max_gpus=1024)
         assert (None if row["fewest GPUs"] != row["fewest GPUs"] else row["fewest GPUs"]) == n, row
+        if n is None and row["strategy"] in ("fsdp", "zero3"):  # the cause and the fix, not just "does not fit"
+            assert "activations alone" in row["note"] and "activation checkpointing (full)" in row["note"], row
     shown = [m.value for m in at.metric if m.label == "Peak per GPU"]
     assert shown == [gib(estimate(model, w, Parallel(strategy=s, gpus=8)).total_bytes) for s in ("zero3", "tp")]
     at.number_input(key="multi:compare_n").set_value(16).run()
@@ -425,6 +451,9 @@ def test_contribute_bad_file_changes_nothing_good_file_adds_its_rows(env):
     at.button(key="contrib:insert").click().run()
     assert any("Inserted 3 new row(s)" in s.value for s in at.success)
     assert db.count_runs(env) == before + 3
+    at.button(key="contrib:insert").click().run()  # the same file again: nothing new, said so
+    assert not any("Inserted" in s.value for s in at.success)
+    assert any("Nothing new: all 3 row(s) are already stored" in i.value for i in at.info)
     at.switch_page("pages/benchmarks.py").run()  # the new rows show up (the cache follows the file)
     assert metric(at, "Runs") == f"{before + 3:,}"
 
@@ -545,3 +574,24 @@ def test_benchmarks_names_a_malformed_dataset_address(env, shared, monkeypatch):
     assert not at.exception
     assert [e.value for e in at.error] == [f"dataset: scheme 'ftp://' not supported; use {share_remote.ALLOWED}. "
                                            f"Fix {share_remote.ENV} and restart the app."]
+
+
+def test_fit_closest_published_run_names_inferred_settings_and_prefers_stated_ones(env):
+    from bench.published import importer as published
+
+    published.import_published(env)
+    # torchtune's P021 (llama-3.1-8b full bf16, batch 2, seq 2048) states neither optimizer, checkpointing nor
+    # recipe: they are willitfit's inferences, so it does not count as "0 settings differ"
+    _, cfg = load_config("llama-3.1-8b")
+    rows = app_data.closest_runs(env, cfg, "llama-3.1-8b", Workload(batch=2, seq=2048), Parallel(),
+                                 sources=("published",))
+    p021 = rows.set_index("published_id").loc["P021"]
+    assert int(p021["n_differences"]) == 0 and int(p021["n_inferred_same"]) == 3
+    assert set(p021["inferred_same"].split(", ")) == {"checkpointing", "optimizer", "recipe"}
+    first = rows.iloc[0]
+    assert int(first["n_differences"]) + int(first["n_inferred_same"]) < 3   # a stated match is preferred
+    at = app(query={"model": "llama-3.1-8b", "batch": "2", "seq": "2048"})
+    line = next(c.value for c in at.caption if c.value.startswith("Closest published run"))
+    assert first["published_id"] in line and f"reliability **{first['reliability']}**" in line
+    assert "0 settings differ" not in line
+    assert f"the source does not state {first['inferred_same']}" in line   # its own inferred settings, named

@@ -28,7 +28,8 @@ FLAGS = {"--model", "--mode", "--method", "--lora-rank", "--lora-targets", "--re
          "--sequence-parallel", "--offload", "--activation-model", "--k", "--calibrated", "--json", "--list-models",
          "--list-gpus", "--loop", "--loss", "--loss-chunks", "--optimizer-in-backward", "--activation-offload",
          "--quantize-scope", "--no-double-quant", "--float8", "--compile", "--no-derive", "--alloc-conf",
-         "--cuda-context", "--pp-schedule", "--microbatches", "--dp-shard", "--dp-replicate"}
+         "--cuda-context", "--pp-schedule", "--microbatches", "--dp-shard", "--dp-replicate", "--allow-defaults",
+         "--allow-beyond-context"}
 
 
 def run_cli(*args, env=None):
@@ -386,3 +387,58 @@ def test_model_types_read_from_source_are_transformers_own():
     from tracer.model_types import known_model_types
 
     assert known_model_types() == frozenset(CONFIG_MAPPING_NAMES)
+
+
+PARTIAL_LLAMA = {"model_type": "llama", "hidden_size": 4096}
+
+
+def test_partial_config_is_refused_naming_the_missing_size_fields(tmp_path, capsys):
+    path = tmp_path / "partial.json"
+    path.write_text(json.dumps(PARTIAL_LLAMA))
+    assert cli.main(["--model", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    for field in ("num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size", "--allow-defaults"):
+        assert field in err
+    assert "hidden_size" not in err.split("lacks")[1].split("(")[0]
+
+
+def test_partial_config_with_allow_defaults_lists_every_default(tmp_path, capsys):
+    path = tmp_path / "partial.json"
+    path.write_text(json.dumps(PARTIAL_LLAMA))
+    out = run_json(capsys, "--model", str(path), "--allow-defaults", "--json")
+    note = out["notes"][0]
+    assert note.startswith("defaults filled in")
+    for field in ("num_hidden_layers=32", "num_attention_heads=32", "intermediate_size=11,008", "vocab_size=32,000"):
+        assert field in note
+    # aliases count as stated (GPT-2 spells them n_layer/n_head/n_embd and computes its MLP width)
+    gpt2 = json.loads((MODELS_DIR / "gpt2.json").read_text())
+    path.write_text(json.dumps(gpt2))
+    assert not [n for n in run_json(capsys, "--model", str(path), "--seq", "512", "--json")["notes"]
+                if n.startswith("defaults filled in")]
+
+
+def test_seq_beyond_a_rope_models_context_is_refused_naming_max_position_embeddings(capsys):
+    assert cli.main(["--model", "llama-2-7b", "--seq", "8192"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "seq:" in err and "4096" in err and "max_position_embeddings" in err and "--allow-beyond-context" in err
+
+
+def test_allow_beyond_context_answers_with_a_note_and_the_advice_stays_within_the_context(capsys):
+    out = run_json(capsys, "--model", "llama-2-7b", "--seq", "8192", "--gpu", "l4", "--allow-beyond-context",
+                   "--json")
+    assert any("beyond llama-2-7b's context of 4096" in n for n in out["notes"])
+    cuts = [a["change"]["seq"] for a in out["advice"] if "seq" in a["change"]]
+    assert cuts and all(s <= 4096 for s in cuts)
+
+
+def test_gpu_and_model_spellings_resolve_or_answer_did_you_mean(capsys):
+    out = run_json(capsys, "--model", "Llama-3.2-1B", "--gpu", "4090", "--mode", "infer", "--json")
+    assert (out["model"], out["gpu"]) == ("llama-3.2-1b", "rtx-4090")
+    assert cli.main(["--model", "llama-3.2-1b", "--gpu", "a100"]) == 2
+    err = capsys.readouterr().err
+    assert "did you mean a100-sxm-40gb" in err and "a100-sxm-80gb" in err
+    assert cli.main(["--model", "mistral", "--gpu", "l4"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown preset 'mistral'; did you mean mistral-7b" in err and len(err.strip().splitlines()) == 1

@@ -22,38 +22,54 @@ from rowfactory import make_row
 REPO = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
 
+N_BATCHES = 4  # the writer's batches of 50 rows; the reader acknowledges each one it has seen
+HANDSHAKE_S = 300  # only a guard against a hang (a dead partner), never a measure of anything
+
 WRITER = textwrap.dedent("""
-    import json, sys, time
+    import json, os, sys, time
     sys.path.insert(0, {tests!r})
     from bench.store.ingest import ingest_rows
     from rowfactory import make_row
-    db_path, run_s = sys.argv[1], float(sys.argv[2])
-    written, batch_no, t_end = 0, 0, time.monotonic() + run_s
-    while time.monotonic() < t_end:
-        rows = [make_row(batch=1 + batch_no * 50 + i, seq=64) for i in range(50)]
+    db_path, sync, n_batches = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    written = 0
+    for k in range(n_batches):
+        rows = [make_row(batch=1 + k * 50 + i, seq=64) for i in range(50)]
         report = ingest_rows(rows, db_path)
         assert report.inserted == 50, report
         written += report.inserted
-        batch_no += 1
-    print(json.dumps({{"written": written, "batches": batch_no}}))
+        open(os.path.join(sync, f"committed_{{k}}"), "w").close()
+        # the next batch waits until the reader has queried after this commit: they interleave by construction
+        deadline = time.monotonic() + {handshake}
+        while k < n_batches - 1 and not os.path.exists(os.path.join(sync, f"seen_{{k}}")):
+            if time.monotonic() > deadline:
+                sys.exit(f"the reader never acknowledged batch {{k}}")
+            time.sleep(0.01)
+    print(json.dumps({{"written": written, "batches": n_batches}}))
 """)
 
 READER = textwrap.dedent("""
     import json, os, sys
     from bench.store.db import query_df, fetch_runs
-    db_path, stop_file = sys.argv[1], sys.argv[2]
-    queries, errors, counts = 0, [], []
+    db_path, sync, stop_file = sys.argv[1], sys.argv[2], sys.argv[3]
+    queries, errors, counts, acked, k = 0, [], [], [], 0
     while True:
         stopping = os.path.exists(stop_file)  # one more query after the writer finished
+        committed = os.path.exists(os.path.join(sync, f"committed_{{k}}"))  # checked before the query starts
         try:
             counts.append(int(query_df("summary", db_path=db_path)["n_runs"].sum()))
             fetch_runs({{"mode": "train", "seq": 64}}, db_path, limit=10)
             queries += 1
         except Exception as e:
             errors.append(f"{{type(e).__name__}}: {{e}}")
+            counts.append(None)
+        if committed and counts[-1] is not None:  # a read that began after commit k and before batch k + 1
+            acked.append(counts[-1])
+            open(os.path.join(sync, f"seen_{{k}}"), "w").close()
+            k += 1
         if stopping:
             break
-    print(json.dumps({{"queries": queries, "errors": errors[:5], "n_errors": len(errors),
+    counts = [c for c in counts if c is not None]
+    print(json.dumps({{"queries": queries, "errors": errors[:5], "n_errors": len(errors), "acked": acked,
                        "monotonic": counts == sorted(counts), "last": counts[-1] if counts else None}}))
 """)
 
@@ -64,23 +80,28 @@ def _python(code: str, *args, **kw) -> subprocess.Popen:
 
 
 def test_writer_and_reader_processes_at_once(tmp_path):
-    path, stop = tmp_path / "busy.duckdb", tmp_path / "stop"
+    """The writer commits N_BATCHES batches and waits, after each, for the reader to acknowledge a query that
+    began after that commit; so, however busy the machine, the reader reads between every two batches (the
+    property is proved by this handshake, not by how long either runs) and sees each batch whole."""
+    path, stop, sync = tmp_path / "busy.duckdb", tmp_path / "stop", tmp_path / "sync"
+    sync.mkdir()
     with db.connect(path):  # create it first so the reader's first open is a plain read
         pass
-    reader = _python(READER.format(), path, stop)
-    writer = _python(WRITER.format(tests=str(TESTS)), path, 3.0)
-    w_out, w_err = writer.communicate(timeout=120)
+    reader = _python(READER.format(), path, sync, stop)
+    writer = _python(WRITER.format(tests=str(TESTS), handshake=HANDSHAKE_S), path, sync, N_BATCHES)
+    w_out, w_err = writer.communicate(timeout=2 * HANDSHAKE_S)
     stop.touch()
-    r_out, r_err = reader.communicate(timeout=120)
+    r_out, r_err = reader.communicate(timeout=2 * HANDSHAKE_S)
     assert writer.returncode == 0, w_err
     assert reader.returncode == 0, r_err
     wrote, read = json.loads(w_out), json.loads(r_out)
-    assert wrote["batches"] >= 2 and read["queries"] >= 2  # they really overlapped in time
-    assert read["n_errors"] == 0, read["errors"]
-    assert read["monotonic"]  # a reader sees whole committed batches, never a partial one
+    assert wrote["batches"] == N_BATCHES and wrote["written"] == 50 * N_BATCHES
+    # one read after each commit and before the next batch: it saw exactly the committed batches, no partial one
+    assert read["acked"][:N_BATCHES - 1] == [50 * (k + 1) for k in range(N_BATCHES - 1)]
+    assert read["n_errors"] == 0, read["errors"]   # never locked out while the writer wrote
+    assert read["monotonic"]
     assert read["last"] == wrote["written"]
-    assert read["last"] % 50 == 0
-    assert db.count_runs(path) == wrote["written"]
+    assert db.count_runs(path) == wrote["written"]  # no lost row
 
 
 HOLDER = textwrap.dedent("""

@@ -65,13 +65,40 @@ def test_lookup_is_case_insensitive_by_name_or_display_name():
     assert get_gpu("  NVIDIA GeForce RTX 4090 ") is get_gpu("rtx-4090")
 
 
-def test_unknown_gpu_error_names_the_field_and_lists_every_choice():
+def test_unknown_gpu_error_names_the_field_and_lists_every_choice_when_nothing_is_close():
     with pytest.raises(ValueError) as err:
-        get_gpu("h900")
+        get_gpu("xyzzy")
     message = str(err.value)
-    assert message.startswith("gpu: unknown GPU 'h900'; choose one of ")
+    assert message.startswith("gpu: unknown GPU 'xyzzy'; choose one of ")
     for name in gpu_names():
         assert name in message
+
+
+@pytest.mark.parametrize("spelling, name", [("a100-80gb", "a100-sxm-80gb"), ("rtx4090", "rtx-4090"),
+                                            ("4090", "rtx-4090"), ("H100", "h100-sxm-80gb"),
+                                            ("RTX_3090", "rtx-3090"), ("A100 40GB", "a100-sxm-40gb"),
+                                            ("h200", "h200-sxm-141gb"), ("NVIDIA A6000", "rtx-a6000")])
+def test_common_spellings_resolve(spelling, name):
+    assert get_gpu(spelling) is get_gpu(name)
+
+
+@pytest.mark.parametrize("typed, meant", [("a100", {"a100-sxm-40gb", "a100-sxm-80gb", "a100-pcie-80gb"}),
+                                          ("v100", {"v100-sxm2-16gb", "v100-sxm2-32gb"}),
+                                          ("rtx-4091", {"rtx-4090"}), ("h900", {"h100-sxm-80gb"})])
+def test_an_unknown_gpu_answers_did_you_mean(typed, meant):
+    with pytest.raises(ValueError) as err:
+        get_gpu(typed)
+    message = str(err.value)
+    assert message.startswith(f"gpu: unknown GPU {typed!r}; did you mean ") and "\n" not in message
+    assert all(m in message for m in meant)
+
+
+def test_every_alias_names_a_gpu_and_none_is_ambiguous():
+    import json
+
+    from estimator.gpus import GPUS_PATH
+    aliases = {k: v for k, v in json.loads(GPUS_PATH.read_text())["aliases"].items() if not k.startswith("_")}
+    assert aliases and all(get_gpu(a).name == n for a, n in aliases.items())
 
 
 def test_bf16_is_absent_only_on_pre_ampere_hardware():

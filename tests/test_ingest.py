@@ -327,6 +327,18 @@ def test_cli_ingest_rejects_and_writes_nothing(tmp_path, seeded_db, capsys):
     assert "inserted 1, duplicates 0, rejected 2" in capsys.readouterr().out
 
 
+def test_cli_ingest_of_a_missing_file_is_not_called_an_invalid_row(tmp_path, capsys):
+    assert main(["ingest", str(tmp_path / "missing.jsonl"), "--db", str(tmp_path / "x.duckdb")]) == 2
+    err = capsys.readouterr().err
+    assert "1 file(s) could not be read; nothing written" in err and "invalid row" not in err
+
+
+def test_a_malformed_json_column_is_reported_at_its_column():
+    bad = '{"model_type": "llama", "x": "' + "y" * 170 + '", "hidden_size": 64,, "z": 1}'
+    _, errors = validate_row({**make_row(), "config_json": bad})
+    assert errors and f"at column {bad.index(',,') + 2}" in errors[0], errors
+
+
 def test_cli_export_of_missing_db_is_an_error(tmp_path, capsys):
     assert main(["export", "--format", "csv", "--out", str(tmp_path / "o.csv"), "--db", str(tmp_path / "no.duckdb")]) == 2
     assert capsys.readouterr().err.startswith("db: no database at")

@@ -217,3 +217,46 @@ def test_sweep_validates_axes():
         sweep_points(m, w, np.array([1, 2]), np.array([1]))
     assert sweep_points(m, w, np.array([], dtype=int), np.array([], dtype=int)).size == 0
     assert isinstance(Breakdown().total, int)
+
+
+def _preset(name):
+    from estimator.model import from_hf_config
+    from estimator.presets import load_config
+
+    return from_hf_config(load_config(name)[1], name)
+
+
+def _capacity(gpu):
+    from estimator.device import capacity_bytes
+    from estimator.gpus import get_gpu
+
+    return capacity_bytes(get_gpu(gpu))
+
+
+def test_a_lora_run_that_does_not_fit_a_24gb_card_is_offered_qlora():
+    m, w = _preset("llama-3.1-8b"), Workload(method="lora", seq=2048)
+    cap = _capacity("rtx-4090")
+    assert _total(m, w) > cap
+    qlora = [a for a in advice(m, w, Parallel(), cap, Options(derive=False)) if a.change.get("method") == "qlora"]
+    assert qlora and qlora[0].title.startswith("Fine-tune with QLoRA")
+    assert not qlora[0].priced or qlora[0].saving_bytes > 0
+
+
+@pytest.mark.parametrize("name, w", [("llama-3.2-1b", Workload(mode="infer", batch=4, seq=2048)),
+                                     ("qwen2.5-0.5b", Workload(method="lora", batch=4, seq=2048))])
+def test_advice_that_saves_less_than_a_hundredth_of_a_gib_is_not_shown(name, w):
+    # "Cut the sequence length to 2047" saved 0.4 MB; offloading LoRA's optimizer states 4.7 MB: "saves 0.00 GiB"
+    shown = advice(_preset(name), w, Parallel(), _capacity("l4"), Options(derive=False))
+    assert shown and all(a.saving_bytes >= GiB // 200 for a in shown if a.priced)
+    assert not any(a.title == f"Cut the sequence length to {w.seq - 1}" for a in shown)
+
+
+def test_why_no_fit_names_activations_as_the_cause_and_prices_checkpointing():
+    from estimator.search import why_no_fit
+
+    m, cap, w = _preset("llama-3.1-70b"), _capacity("h100-sxm-80gb"), Workload()
+    assert min_gpus(m, w, "fsdp", cap, options=Options(derive=False)) is None
+    fix = min_gpus(m, replace(w, checkpointing="full"), "fsdp", cap, options=Options(derive=False))
+    text = why_no_fit(m, w, "fsdp", cap, options=Options(derive=False))
+    assert text.startswith("does not fit on up to 1024 GPUs: at 1024, activations alone are")
+    assert "not activations" in text and f"with activation checkpointing (full) it fits on {fix}" in text

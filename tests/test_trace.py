@@ -314,6 +314,21 @@ def test_cli_ingest_then_resume_from_database(tiny_path, tmp_path, capsys):
     assert not (tmp_path / "b.jsonl").exists() or (tmp_path / "b.jsonl").read_text() == ""
 
 
+def test_cli_nothing_to_trace_prints_the_stored_table_and_offers_force(tiny_path, tmp_path, capsys):
+    db = tmp_path / "bench.duckdb"
+    argv = ["trace", "--model", tiny_path, "--batch", "1", "--seq", "8", "--db", str(db)]
+    assert main([*argv, "--out", str(tmp_path / "a.jsonl"), "--ingest"]) == 0
+    first = capsys.readouterr().out
+    assert main(argv) == 0  # stored in the database: its table, from the stored row, and the way to trace again
+    captured = capsys.readouterr()
+    assert "nothing to trace" in captured.err and "--force" in captured.err
+    assert "GiB (2^30 B)" in captured.out and "peak" in captured.out
+    table = [line for line in first.splitlines() if line.startswith("peak ")]
+    assert table and table[0] in captured.out
+    assert main([*argv, "--force", "--out", str(tmp_path / "c.jsonl")]) == 0  # --force traces it again
+    assert len((tmp_path / "c.jsonl").read_text().splitlines()) == 1
+
+
 def test_runs_past_learned_positions_are_refused_before_tracing():
     """Fake tensors never check an index: GPT-2 (1024 learned positions) at 2048 tokens must not 'trace'."""
     from bench.trace import cases as tr

@@ -79,8 +79,14 @@ def run_ingest(args) -> int:
     for file, line, reason in report.rejected:
         print(f"{file}:{line}: {reason}", file=sys.stderr)
     if not report.written:
-        print(f"rejected {report.n_rejected} invalid row(s); nothing written to {db_path} "
-              "(fix them, or pass --skip-invalid to write the valid rows)", file=sys.stderr)
+        # line 0 is a whole file that could not be read (missing, too large, unknown type), not a row
+        files = sum(1 for _, line, reason in report.rejected if line == 0 and not reason.startswith("... and"))
+        rows = report.n_rejected - files
+        what = " and ".join(filter(None, (f"{files} file(s) could not be read" if files else "",
+                                          f"{rows} invalid row(s) rejected" if rows else "")))
+        print(f"{what}; nothing written to {db_path} "
+              + ("(fix them, or pass --skip-invalid to write the valid rows)" if rows else "(check the path)"),
+              file=sys.stderr)
         return 2
     print(f"inserted {report.inserted}, duplicates {report.duplicates}, rejected {report.n_rejected} -> {db_path}")
     return 0

@@ -52,6 +52,8 @@ def _register_trace(subparsers) -> None:
     p.add_argument("--ingest", action="store_true", help="after tracing, ingest --out into the database")
     p.add_argument("--db", default=None, help="DuckDB file for --ingest and for skipping traced cases "
                    "(default: $WILLITFIT_DB, else data/benchmarks.duckdb)")
+    p.add_argument("--force", action="store_true", help="trace every case again, even those already in --out or the "
+                   "database (with --ingest the new traced rows replace the stored ones)")
     p.add_argument("--steps", type=int, default=2, help="training steps per case (default 2: Adam's states "
                    "appear in step 1, step 2 is the steady state)")
     p.add_argument("--timeout-per-case", type=float, default=0.0,
@@ -98,22 +100,28 @@ def run_trace(args: argparse.Namespace) -> int:
             skipped[f"not traced: {e}"] += 1
     if skipped:
         print(grid.summarize_skipped(skipped), file=sys.stderr)
-    done = done_run_ids(args.out, args.db)
-    todo = [c for c in runnable if trace.case_run_id(c.config, c.workload, c.parallel, args.kernels) not in done]
+    done = set() if args.force else done_run_ids(args.out, args.db)
+    ids = {id(c): trace.case_run_id(c.config, c.workload, c.parallel, args.kernels) for c in runnable}
+    todo = [c for c in runnable if ids[id(c)] not in done]
     if len(todo) < len(runnable):
-        print(f"resuming: {len(runnable) - len(todo)} case(s) already traced, skipped", file=sys.stderr)
+        print(f"resuming: {len(runnable) - len(todo)} case(s) already traced, skipped (--force traces them again)",
+              file=sys.stderr)
     if not runnable:
         return _error("grid: no traceable case left")
-    if not todo:
-        print("nothing to trace: every case is already in --out or the database", file=sys.stderr)
     single = len(runnable) == 1
+    if not todo:
+        print(f"nothing to trace: {'the case is' if single else f'all {len(runnable)} cases are'} already in --out "
+              "or the database; their stored rows are below (pass --force to trace again)", file=sys.stderr)
+        for case, row in zip(runnable, stored_rows([ids[id(c)] for c in runnable], args.out, args.db)):
+            print(format_table(row, grid.describe(case)) if single and row and row.get("breakdown_json") else
+                  f"{grid.describe(case)}: peak {_gib(row)} (stored)")
     if args.stream and not single:
         return _error(f"stream: --stream FILE takes one case; the grid has {len(runnable)}")
     if args.stream and not todo:
         todo = runnable  # the row exists, but the stream was asked for: trace it again
     failures = trace_all(todo, args, single)
     if args.ingest:
-        code = _ingest(args.out, args.db)
+        code = _ingest(args.out, args.db, replace=args.force)
         if code:
             return code
     if single and failures["ValueError"]:
@@ -211,11 +219,39 @@ def done_run_ids(out: str | None, db_path: str | None) -> set[str]:
     return ids
 
 
-def _ingest(out: str, db_path: str | None) -> int:
+def stored_rows(run_ids: list[str], out: str | None, db_path: str | None) -> list[dict | None]:
+    """The stored row of each run_id (from --out, else the database), None where neither holds it."""
+    found: dict[str, dict] = {}
+    if out and Path(out).is_file():
+        with open(out, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    row = json.loads(line)
+                    found[row["run_id"]] = row
+                except (ValueError, KeyError, TypeError):
+                    continue
+    path = Path(db_path) if db_path else db.default_db_path()
+    for run_id in (r for r in run_ids if r not in found):
+        if path.is_file():
+            try:
+                df = db.query_df("run_detail", [run_id], db_path=path)
+            except db.DatabaseBusy:
+                continue
+            if not df.empty:
+                found[run_id] = {k: (None if v != v else v) for k, v in df.iloc[0].to_dict().items()}
+    return [found.get(r) for r in run_ids]
+
+
+def _gib(row: dict | None) -> str:
+    peak = (row or {}).get("peak_alloc_bytes")
+    return "unknown" if peak is None else f"{peak / GiB:.3f} GiB ({int(peak):,} B)"
+
+
+def _ingest(out: str, db_path: str | None, replace: bool = False) -> int:
     """`python -m bench ingest OUT` (bench.commands.db), with its messages and exit codes."""
 
     return cmd_db.run_ingest(argparse.Namespace(files=[out], db=db_path, skip_invalid=False,
-                                                wait=cmd_db.DEFAULT_WAIT_S))
+                                                wait=cmd_db.DEFAULT_WAIT_S, replace=replace))
 
 
 def format_table(row: dict, title: str) -> str:

@@ -121,6 +121,8 @@ def _as_json(col, v):
             raise _Invalid(f"{col.name}: {len(v)} characters of JSON; at most {col.max_len}")
         try:
             text, v = _canonical_json_text(v)
+        except json.JSONDecodeError as e:  # its message, then where (str(e) cut at 60 characters lost the column)
+            raise _Invalid(f"{col.name}: not valid JSON ({e.msg[:60]} at column {e.colno})") from None
         except (ValueError, RecursionError) as e:
             raise _Invalid(f"{col.name}: not valid JSON ({str(e)[:60]})") from None
         if text is not None:
