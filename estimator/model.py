@@ -183,6 +183,9 @@ def defaulted_sizes(config: dict) -> list[str]:
 def check_sizes(config: dict, allow_defaults: bool = False) -> list[str]:
     """Refuse, in one line naming them, a config that leaves size fields to defaults; with allow_defaults return
     those fields (for defaults_note once the model is built). Call it on a config a user wrote or pasted."""
+    if isinstance(config, dict):  # what the config gets wrong outright is said first, then what it leaves out
+        _check_config(config)
+        store.check_model_type(config)
     missing = defaulted_sizes(config) if isinstance(config, dict) else []
     if missing and not allow_defaults:
         raise ValueError(f"model: the config.json lacks {', '.join(missing)} (the fields that size the model); add "

@@ -115,7 +115,7 @@ def inventory(config: dict, name: str, *, derive: bool = True, progress=None, sh
             inv = Inventory.from_dict(data, name, h)
             _MEMO[memo] = inv
             return inv
-    _model_types().check_model_type(config)  # an unknown model_type, refused before transformers is imported
+    check_model_type(config)
     if not ship:
         text = _from_bank(h, "inventory.json", progress)
         if text is not None:
@@ -220,6 +220,12 @@ def local_text(config: dict, fname: str) -> str | None:
         if text is not None:
             return text
     return None
+
+
+def check_model_type(config: dict) -> None:
+    """An unknown model_type (or remote code), refused in one line before transformers is imported: the model types
+    transformers has, read from its source (tracer.model_types)."""
+    _model_types().check_model_type(config)
 
 
 def _model_types():

@@ -347,6 +347,8 @@ def body(f: dict[str, state.Field], shown: set[str]) -> None:
         return
     if beyond:
         st.warning(f"Note: {beyond}.")
+    if defaulted:  # from the inventory alone: shown while a profile derives too
+        st.warning(f"Note: {defaults_note(model, defaulted)}.")
     model.inventory.trainable_params(w)  # a LoRA target the model lacks: one line, before any trace
     prov = derive.profile_or_background(PAGE, model, w, par)
     if prov is None:  # deriving in the background: the model states are shown, the page reruns when it is done
@@ -357,8 +359,6 @@ def body(f: dict[str, state.Field], shown: set[str]) -> None:
                f"{est.trainable_params:,} trainable. {w.mode} · batch {w.batch} · seq {w.seq:,} · "
                f"{par.strategy} on {par.gpus} GPU(s).")
     st.caption(ui.provenance_caption(prov) + (" " + " ".join(f"Note: {n}." for n in est.notes) if est.notes else ""))
-    if defaulted:
-        st.warning(f"Note: {defaults_note(model, defaulted)}.")
     verdict(est, gpu)
     state.or_error(lambda: closest_published(config, preset, w, par), None)
     breakdown_section(est, gpu)
