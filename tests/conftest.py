@@ -40,3 +40,15 @@ def _private_profile_cache(tmp_path_factory):
     mp.setenv("WILLITFIT_CACHE", os.environ.get("WILLITFIT_TEST_CACHE") or str(tmp_path_factory.mktemp("wcache")))
     yield
     mp.undo()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _background_derivations_end_before_the_session():
+    """An app page derives a missing profile in a thread (pages/_derive.py); a test that left one running must not
+    let the interpreter exit under it (torch aborts a process that exits with a thread inside it)."""
+    yield
+    import threading
+
+    for thread in threading.enumerate():
+        if ":derive:" in thread.name:
+            thread.join(timeout=1800)
