@@ -52,3 +52,15 @@ def _background_derivations_end_before_the_session():
     for thread in threading.enumerate():
         if ":derive:" in thread.name:
             thread.join(timeout=1800)
+
+
+@pytest.fixture(autouse=True)
+def _no_background_derivation_outlives_its_test():
+    """A page's background derivation (pages/_derive.py) ends with the test that started it, so no other test of
+    this worker shares the process with it."""
+    yield
+    import threading
+
+    for thread in threading.enumerate():
+        if ":derive:" in thread.name:
+            thread.join(timeout=1800)

@@ -13,10 +13,26 @@ memory profile (`tracer.derive`), and for `python -m bench trace` / `measure`.
   compile), run as their sources run them (docs/recipes.md).
 """
 
+import functools
 import logging
+import threading
 
 # transformers imports torchao (float8 training) when it is installed; torchao then logs, at import, every CUDA
 # extension it cannot load on a CPU build, and torch's pytree warns about torchao's enums. Neither concerns a
 # traced run; errors still show.
 for _name in ("torchao", "torch.utils._pytree"):
     logging.getLogger(_name).setLevel(logging.ERROR)
+
+# One traced run at a time per process: a trace sets torch's global state (the default dtype while a model is built,
+# FakeTensorMode, the fake process group of FSDP), so two at once (two app sessions deriving, a page's background
+# derivation beside a test) would read each other's. Re-entrant: a derivation runs many traces.
+TRACER_LOCK = threading.RLock()
+
+
+def serialized(fn):
+    """Run `fn` holding TRACER_LOCK (the tracer's entry points: build, trace, derive, read an inventory)."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with TRACER_LOCK:
+            return fn(*args, **kwargs)
+    return wrapper

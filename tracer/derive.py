@@ -40,6 +40,7 @@ from estimator.profile.profile import CATEGORIES, Moment, Piece, Profile
 from estimator.spec import Parallel, Workload
 from estimator.store import parallel_class, workload_class
 from estimator.parallel import TRACED_SHARDING
+from tracer import serialized
 from tracer import kernels as kernels_mod
 from tracer import kernels_sdpa
 from tracer import losses, runner, session
@@ -297,6 +298,7 @@ def _signatures(config: dict, workload: Workload) -> tuple[list[str], object, bo
     return sigs, model.config, is_masked_lm(model)
 
 
+@serialized
 def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parallel(),
                    progress: Callable[[int, int, str], None] | None = None, config_hash: str = "",
                    kernels: str = "cuda") -> Profile:

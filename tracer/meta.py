@@ -23,6 +23,7 @@ from collections import Counter
 
 import torch
 
+from tracer import serialized
 import tracer  # noqa: F401  (quiets torchao's import-time logging before transformers loads it)
 from tracer.depth import decoder_layer_list, layer_infos, text_config
 
@@ -155,6 +156,7 @@ def _learned_positions(model, tcfg) -> bool:
                                  and max_pos <= m.num_embeddings <= max_pos + 2 for m in model.modules())
 
 
+@serialized
 def read_inventory(config: dict) -> dict:
     """The inventory of the model this config builds, as a JSON-ready dict (see estimator.inventory)."""
 

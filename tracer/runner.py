@@ -27,6 +27,7 @@ from collections.abc import Callable
 import torch
 
 from estimator.spec import Workload
+from tracer import serialized
 from tracer import recipes
 from tracer.depth import reduce_depth
 from tracer.meta import DTYPES, hf_config, is_masked_lm, model_class  # noqa: F401  (DTYPES, is_masked_lm: used by callers of the runner)
@@ -98,6 +99,7 @@ def _model_class(hf_config):
     return model_class(hf_config)
 
 
+@serialized
 def build_model(config: dict, workload: Workload, device: str = "cpu", *, meta_then_empty: bool = False,
                 seed: int = 0, layers: list[int] | None = None) -> torch.nn.Module:
     """A randomly initialised HF model for `config`; no weights are downloaded, no remote code runs.

@@ -30,6 +30,7 @@ import torch
 from estimator.model import check_context, from_hf_config
 from estimator.spec import Parallel, Workload
 from estimator.parallel import TRACED_SHARDING
+from tracer import serialized
 from tracer import kernels as kernels_mod
 from tracer import recipes, runner
 from tracer.counters import StageLog, StorageCounter, memtracker_peak_bytes
@@ -339,6 +340,7 @@ def _decoder_layers(model) -> list[torch.nn.Module]:
     return layers
 
 
+@serialized
 def run_traced(config: dict, workload: Workload, parallel: Parallel = Parallel(), *, steps: int = 2,
                check: bool = False, name: str = "model", kernels: str = "cuda", stream: bool = False) -> Trace:
     """Trace one case: per-stage peaks and breakdowns, parameter counts, notes.
