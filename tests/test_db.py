@@ -238,3 +238,15 @@ def test_v_runs_family_matches_estimator_families(tmp_path):
     with db.connect(path, read_only=True) as con:
         got = dict(con.execute("SELECT model_type, family FROM v_runs").fetchall())
     assert got == FAMILIES
+
+
+def test_the_shipped_database_is_at_the_head_migration():
+    """Opening the shipped file must not migrate it (a user's first start, or a test run, would change a tracked
+    file): it is committed at the last migration."""
+    import duckdb
+
+    con = duckdb.connect(str(db.REPO_DIR / "data" / "benchmarks.duckdb"), read_only=True)
+    try:
+        assert db.schema_version(con) == len(db.migration_files())
+    finally:
+        con.close()
