@@ -19,6 +19,8 @@ SOURCE_SHAPES = {"measured": "circle", "traced": "diamond", "published": "square
 SOURCE_COLORS = ("#2ca02c", "#9467bd", "#8c564b")
 CAPACITY_COLOR = "#d62728"
 SERIES_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c"]
+# Legends show whole labels ("estimate: device (nvidia-smi)", "optimizer_states"): Vega-Lite cuts at 160 px
+LEGEND = alt.Legend(labelLimit=0, titleLimit=0)
 
 
 def show(chart: alt.TopLevelMixin, container=st, alt_text: str | None = None) -> None:
@@ -62,7 +64,7 @@ def stages_chart(stages: tuple[tuple[str, Breakdown], ...], capacity_bytes: int,
     bars = alt.Chart(df).mark_bar().encode(
         x=alt.X("stage:N", sort=order, title="Stage of the step", axis=alt.Axis(labelAngle=0)),
         y=alt.Y("sum(gib):Q", title="Memory per GPU (GiB, 2^30 bytes)"),
-        color=alt.Color("component:N", scale=component_scale(), sort=list(COMPONENTS), title="Component"),
+        color=alt.Color("component:N", scale=component_scale(), sort=list(COMPONENTS), title="Component", legend=LEGEND),
         order=alt.Order("component_rank:Q"),
         tooltip=_tooltips("stage", "stage"),
     ).transform_calculate(component_rank=_rank_expr())
@@ -75,7 +77,7 @@ def peak_chart(peak: Breakdown, peak_label: str, capacity_bytes: int, capacity_l
     bars = alt.Chart(df).mark_bar(width=70).encode(
         x=alt.X("moment:N", title=None, axis=alt.Axis(labelAngle=0)),
         y=alt.Y("sum(gib):Q", title="Memory per GPU (GiB, 2^30 bytes)"),
-        color=alt.Color("component:N", scale=component_scale(), sort=list(COMPONENTS), title="Component"),
+        color=alt.Color("component:N", scale=component_scale(), sort=list(COMPONENTS), title="Component", legend=LEGEND),
         order=alt.Order("component_rank:Q"),
         tooltip=_tooltips("moment", "moment"),
     ).transform_calculate(component_rank=_rank_expr())
@@ -100,7 +102,7 @@ def strategy_chart(df: pd.DataFrame, capacity_bytes: int, capacity_label: str,
     bars = alt.Chart().mark_bar().encode(
         x=alt.X("gpus:O", title="GPUs (world size)", axis=alt.Axis(labelAngle=0)),
         y=alt.Y("sum(gib):Q", title="Memory per GPU (GiB, 2^30 bytes)"),
-        color=alt.Color("component:N", scale=component_scale(), sort=list(COMPONENTS), title="Component"),
+        color=alt.Color("component:N", scale=component_scale(), sort=list(COMPONENTS), title="Component", legend=LEGEND),
         order=alt.Order("component_rank:Q"),
         tooltip=[alt.Tooltip("strategy:N"), alt.Tooltip("gpus:O", title="GPUs"), *_tooltips("gpus", "GPUs")[1:]],
     ).transform_filter(alt.datum.kind == "estimate").transform_calculate(component_rank=_rank_expr())
@@ -112,8 +114,10 @@ def strategy_chart(df: pd.DataFrame, capacity_bytes: int, capacity_label: str,
     ).transform_filter(alt.datum.kind == "traced")
     rule = alt.Chart().mark_rule(color=CAPACITY_COLOR, strokeDash=[6, 4], size=2).encode(
         y=alt.datum(capacity_bytes / GiB), tooltip=alt.value(capacity_label))
-    return alt.layer(bars, points, rule, data=data).properties(width=190, height=260).facet(
-        facet=alt.Facet("strategy:N", title="Strategy", sort=list(df["strategy"].unique())), columns=4)
+    columns = min(4, max(1, df["strategy"].nunique()))
+    return alt.layer(bars, points, rule, data=data).properties(width=165, height=260).facet(
+        facet=alt.Facet("strategy:N", title="Strategy", sort=list(df["strategy"].unique())), columns=columns
+    ).resolve_axis(x="independent")
 
 
 def curve_chart(curve: pd.DataFrame, pts: pd.DataFrame, x: str, x_title: str, capacity_bytes: int,
@@ -126,8 +130,12 @@ def curve_chart(curve: pd.DataFrame, pts: pd.DataFrame, x: str, x_title: str, ca
     lines = alt.Chart(curve).mark_line(point=alt.OverlayMarkDef(size=18)).encode(
         x=alt.X(f"{x}:Q", title=x_title, scale=alt.Scale(type="log", base=2)),
         y=alt.Y("gib:Q", title="Peak memory per GPU (GiB, 2^30 bytes)"),
-        color=alt.Color("series:N", title="Analytic", scale=alt.Scale(range=SERIES_COLORS)),
-        strokeDash=alt.StrokeDash("series:N", title="Analytic", scale=alt.Scale(range=[[1, 0], [6, 3], [2, 2]])),
+        color=alt.Color("series:N", title="Analytic", scale=alt.Scale(range=SERIES_COLORS), legend=LEGEND),
+        strokeDash=alt.StrokeDash("series:N", title="Analytic", scale=alt.Scale(range=[[1, 0], [6, 3], [2, 2]]),
+                                  legend=LEGEND),
+        # device bytes sit a CUDA context above reserved: drawn wider (and first), both stay visible
+        size=alt.Size("series:N", scale=alt.Scale(range=[5, 2, 2]), legend=None),
+        order=alt.Order("series:N"),
         tooltip=[alt.Tooltip("series:N"), alt.Tooltip(f"{x}:Q", title=x_title),
                  alt.Tooltip("gib:Q", title="GiB", format=",.2f"), alt.Tooltip("gb:Q", title="GB", format=",.2f")])
     layers = [lines, capacity_rule(capacity_bytes, capacity_label)]

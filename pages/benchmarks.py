@@ -112,7 +112,11 @@ def runs_section(filters: dict, total: int, path) -> pd.DataFrame:
         df.insert(7, "error", (df["estimate_gib"] - df["measured_gib"]) / df["measured_gib"] * 100)
     config = {c: st.column_config.NumberColumn(c.replace("_gib", " (GiB)"), format="%.3f",
                                                help="GiB = 2^30 bytes") for c in GIB_COLUMNS + ("measured_gib",)}
-    config["measured_gb"] = st.column_config.NumberColumn("measured (GB)", format="%.3f", help="GB = 10^9 bytes")
+    # the run's number, whatever its source: a GPU's peak, a trace's, or the published value (its metric beside it)
+    config["measured_gib"] = st.column_config.NumberColumn(
+        "peak (GiB)", format="%.3f", help="The run's peak, GiB = 2^30 bytes: measured on a GPU, traced on fake "
+                                          "tensors, or the number as published (its counter in 'metric')")
+    config["measured_gb"] = st.column_config.NumberColumn("peak (GB)", format="%.3f", help="GB = 10^9 bytes")
     config["estimate_gib"] = st.column_config.NumberColumn(
         "estimate (GiB)", format="%.3f", help="willitfit's bytes for the published metric (allocated, or reserved "
                                               "for a reserved number); empty where the workload cannot be priced "
@@ -121,7 +125,8 @@ def runs_section(filters: dict, total: int, path) -> pd.DataFrame:
     config["source_url"] = st.column_config.LinkColumn("source", help="where the number was published")
     config["params"] = st.column_config.NumberColumn("params", format="localized")
     config["created_at"] = st.column_config.DatetimeColumn("created (UTC)")
-    st.dataframe(df, hide_index=True, column_config=config)
+    text = [c for c in df.columns if pd.api.types.is_string_dtype(df[c]) or df[c].dtype == object]
+    st.dataframe(df.assign(**{c: df[c].fillna("") for c in text}), hide_index=True, column_config=config)
     return df
 
 

@@ -107,6 +107,30 @@ def fit_section(pts: pd.DataFrame, family: str):
     return fit
 
 
+def group_of(pts: pd.DataFrame) -> tuple[str | None, str | None]:
+    """(attention, checkpointing) the runs share, None where they mix (the saved calibrations' key)."""
+    return tuple(v[0] if len(v := pts[c].unique()) == 1 else None for c in ("attention", "checkpointing"))
+
+
+def saved_vs_fitted(fit, family: str, group) -> None:
+    """A saved k for this family and group that differs from the fit on the runs stored now, and why."""
+    saved = [c for c in db.latest_calibrations(db_path=reads.db_path())
+             if c.architecture == family and (c.attention, c.checkpointing) == tuple(group)]
+    if not saved:
+        return
+    c = saved[0]
+    if c.k_ci_low <= fit.k <= c.k_ci_high and c.n_points == fit.n_points:
+        st.caption(f"The saved k for this group ({c.k:.3f}, {c.n_points} runs, saved {c.created_at}) agrees with "
+                   "this fit.")
+        return
+    why = ("it was fitted on other runs" if c.n_points != fit.n_points else
+           "the same number of runs, but their predicted activations changed since (willitfit's profiles were "
+           "derived again, or the runs were traced again)")
+    st.warning(f"The saved k for this group is {c.k:.3f} (95% CI {c.k_ci_low:.3f}..{c.k_ci_high:.3f}, {c.n_points} "
+               f"runs, saved {c.created_at} UTC); this fit on the runs stored now gives {fit.k:.3f}: {why}. The "
+               "Will-it-fit page uses the saved one until you save again.")
+
+
 def fit_charts(pts: pd.DataFrame, fit) -> None:
     fitted = pts["x"].map(fit.predict)
     df = pd.DataFrame({  # only what the charts draw: a chart's data travels to the browser
@@ -167,6 +191,7 @@ def main() -> None:
         st.info("A fit with an interval needs at least 2 runs in this group; trace or measure more.")
         return
     fit = fit_section(pts, family)
+    saved_vs_fitted(fit, family, group_of(pts))
     fit_charts(pts, fit)
     save_section(fit, pts)
     st.subheader("Saved calibrations")

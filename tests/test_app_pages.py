@@ -12,6 +12,7 @@ import threading
 import shutil
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
@@ -597,3 +598,42 @@ def test_fit_closest_published_run_names_inferred_settings_and_prefers_stated_on
     assert first["published_id"] in line and f"reliability **{first['reliability']}**" in line
     assert "0 settings differ" not in line
     assert f"the source does not state {first['inferred_same']}" in line   # its own inferred settings, named
+
+
+# ---------------------------------------------------------------- what people would rather look at (issue 22 item 7)
+
+def test_calibrate_says_why_a_saved_k_differs_from_the_fit(env, tmp_path):
+    """A saved k fitted on other runs of the same group is named beside the new fit, with why they differ."""
+    points = calibrate.collect_points(env, "llama", ("measured", "traced"), derive=False)
+    group = points[(points.attention == "sdpa") & (points.checkpointing == "none")]
+    fewer = group.iloc[: len(group) // 2]
+    calibrate.save_calibration(calibrate.fit_family(fewer), fewer, env)
+    at = app("pages/calibrate.py")
+    saved = calibrate.fit_family(fewer)
+    assert any(f"saved k for this group is {saved.k:.3f}" in w.value and "fitted on other runs" in w.value
+               for w in at.warning), [w.value for w in at.warning]
+    calibrate.save_calibration(calibrate.fit_family(group), group, env)
+    at = app("pages/calibrate.py")
+    assert any("agrees with this fit" in c.value for c in at.caption)
+
+
+def test_benchmarks_table_shows_no_none_cells(env):
+    at = app("pages/benchmarks.py")
+    table = next(d.value for d in at.dataframe if "run_id" in d.value.columns and "source" in d.value.columns)
+    text = [c for c in table.columns if pd.api.types.is_string_dtype(table[c])]
+    assert text and not any(table[c].isna().any() or (table[c] == "None").any() for c in text)
+
+
+def test_charts_keep_whole_legends_visible_lines_and_no_orphan_axis():
+    from pages import _charts as charts
+
+    curve = pd.DataFrame({"batch": [1, 2] * 3, "series": ["estimate: device (nvidia-smi)"] * 2
+                          + ["estimate: torch allocated"] * 2 + ["estimate: torch reserved"] * 2,
+                          "gib": [1, 2, 0.8, 1.8, 0.9, 1.9], "gb": [1, 2, 0.8, 1.8, 0.9, 1.9]})
+    spec = charts.curve_chart(curve, pd.DataFrame(), "batch", "batch", 80 * GiB, "H100").to_dict()
+    line = spec["layer"][0]["encoding"]
+    assert line["color"]["legend"]["labelLimit"] == 0 and line["size"]["scale"]["range"][0] > 2
+    rows = pd.DataFrame([{"strategy": s, "gpus": n, "component": "weights", "bytes": GiB, "gib": 1.0, "gb": 1.07}
+                         for s in ("ddp", "zero1", "zero2", "zero3", "fsdp", "tp", "pp") for n in (1, 2)])
+    spec = charts.strategy_chart(rows, 80 * GiB, "H100").to_dict()
+    assert spec["resolve"]["axis"]["x"] == "independent" and spec["columns"] == 4
