@@ -163,6 +163,7 @@ def test_extension_matches_a_full_depth_trace_uniform_llama():
     assert prof.provenance["reduced_depths"] == [[0, 1, 6], [0, 1, 1, 6]]
 
 
+@pytest.mark.slow  # derives profiles for a minute of CPU: the slow tier (WILLITFIT_SLOW=1)
 def test_extension_matches_a_full_depth_trace_two_layer_types_and_a_window():
     # Gemma-2 alternates sliding and global attention; a 128-token window splits s into two pieces
     from estimator.spec import Workload
@@ -226,6 +227,7 @@ def test_coverage_sample_hybrid_mamba_is_refused_in_one_line():
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.slow  # derives profiles for a minute of CPU: the slow tier (WILLITFIT_SLOW=1)
 def test_per_layer_config_and_per_layer_embeddings_are_traced_whole():
     # Gemma-4: a heterogeneous config (transformers' per_layer_config: head_dim 32 on the global layer, read
     # globally it raises) and per-layer embeddings outside the layer stack (one table num_hidden_layers x 8 wide,

@@ -171,6 +171,7 @@ def test_sweep_equals_estimate_where_components_are_truncated():
     assert abs(int(got[0]) - want) <= ROUNDING_TOL_BYTES
 
 
+@pytest.mark.slow  # derives profiles for a minute of CPU: the slow tier (WILLITFIT_SLOW=1)
 def test_sweep_grid_matches_estimate_everywhere():
     m = model(L8)
     ws = [Workload(method="lora"), Workload(mode="infer", gen_tokens=64), Workload(optimizer="adamw-8bit")]
