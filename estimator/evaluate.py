@@ -107,6 +107,15 @@ class Swap:
         return np.array([self.sharded_frac if m[3] else self.gathered_frac for m in monos])
 
     def rules(self, stage: str) -> tuple[Rule, ...]:
+        """`_rules` per stage, memoised on this Swap (which nothing changes after construction): the breakdown of
+        every estimate reads them, so they are built once per stage."""
+        memo = self.__dict__.setdefault("_rules_by_stage", {})
+        hit = memo.get(stage)
+        if hit is None:
+            hit = memo[stage] = self._rules(stage)
+        return hit
+
+    def _rules(self, stage: str) -> tuple[Rule, ...]:
         """The one declaration of this GPU's affine map, per Breakdown field: which traced categories it takes, by
         what factor, plus what constant. `StagePlan` sums it into totals over many points; `breakdown` evaluates
         it per field in whole bytes. Nothing else prices a moment."""
@@ -136,7 +145,9 @@ class Swap:
             if r.guard and not has_states:
                 out[r.field] = 0
                 continue
-            v = sum(int(_scaled(cat[C[c]] + off, fs)) for c, fs, off in r.terms) + r.const
+            v = r.const
+            for c, fs, off in r.terms:
+                v += int(_scaled(cat[C[c]] + off, fs))
             out[r.field] = v + (int(r.bs_coef * b * s) if r.bs_coef else 0)
         return out
 
@@ -206,11 +217,14 @@ class StagePlan:
         has_states = np.any(coef[:, C["optimizer_states"], :] != 0, axis=1)
         self.const = const + np.where(has_states, guarded_const, 0.0)
         self.exps = np.asarray([exponents(m) for m in monos], dtype=float)
+        self.padded = bool(self.exps[:, 4:].any())  # m or l (poly: the attention kernel's padding) in a monomial
 
     def point(self, b: int, s: int, g: int, n: int) -> np.ndarray:
         """(m,) monomial values at one point (the single-estimate path: no matrix building)."""
-        return np.array([b ** m[0] * s ** m[1] * g ** m[2] * s_factor(m, s) / n ** m[3] for m in self.monos],
-                        dtype=float)
+        if self.padded:
+            return np.array([b ** m[0] * s ** m[1] * g ** m[2] * s_factor(m, s) / n ** m[3] for m in self.monos],
+                            dtype=float)
+        return np.array([b ** m[0] * s ** m[1] * g ** m[2] / n ** m[3] for m in self.monos], dtype=float)
 
     def totals_at(self, b: int, s: int, g: int, n: int, v: np.ndarray | None = None) -> np.ndarray:
         """(k,) totals at one point."""

@@ -46,6 +46,11 @@ class Moment:
         return dict(zip(CATEGORIES, self.exact(b, s, g, n)))
 
     @cached_property
+    def _padded(self) -> bool:
+        """Whether a monomial carries m or l (poly: the attention kernel's padding), which need s_factor."""
+        return any(len(m) > 4 and (m[4] or m[5]) for m in self.monomials)
+
+    @cached_property
     def _int_matrix(self):
         """(C, m) int64 numerators, or None if any is too large for int64 arithmetic."""
         rows = [self.num.get(c, (0,) * len(self.monomials)) for c in CATEGORIES]
@@ -54,7 +59,10 @@ class Moment:
 
     def exact(self, b: int, s: int, g: int = 0, n: int = 1) -> list[int]:
         """Bytes per category (in CATEGORIES order), exact integers (floored where 1/n divides unevenly)."""
-        mono = [b ** m[0] * s ** m[1] * g ** m[2] * s_factor(m, s) for m in self.monomials]
+        if self._padded:
+            mono = [b ** m[0] * s ** m[1] * g ** m[2] * s_factor(m, s) for m in self.monomials]
+        else:
+            mono = [b ** m[0] * s ** m[1] * g ** m[2] for m in self.monomials]
         inv = [m[3] for m in self.monomials]
         mat, biggest = self._int_matrix
         if mat is not None and not any(inv) and biggest * max(mono) * len(mono) < 1 << 62:  # no int64 overflow
