@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.published.mapping import map_row
-from bench.store.db import connect, load_sql
+from bench.store.db import connect, load_sql, incoming_runs
 from bench.store.ingest import RawRow, prepare_rows
 from estimator import knobs
 from estimator.estimate import Options, estimate
@@ -193,18 +193,9 @@ def import_published(db_path=None, path: Path = DATA_FILE, wait_s: float = 30.0)
     if prepared.in_file_duplicates:
         raise ValueError(f"published: {prepared.in_file_duplicates} row(s) repeat another's run_id")
     with connect(db_path, read_only=False, wait_s=wait_s) as con:
-        con.register("incoming_runs", prepared.table)
-        try:
-            con.begin()
-            try:
-                con.execute(load_sql("delete_published_runs"))
-                n = con.execute(load_sql("insert_runs")).fetchone()[0]
-                con.commit()
-            except BaseException:
-                con.rollback()
-                raise
-        finally:
-            con.unregister("incoming_runs")
+        with incoming_runs(con, prepared.table):
+            con.execute(load_sql("delete_published_runs"))
+            n = con.execute(load_sql("insert_runs")).fetchone()[0]
     return n
 
 

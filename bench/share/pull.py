@@ -25,7 +25,7 @@ import pyarrow as pa
 
 from bench.share import remote
 from bench.share.remote import Dataset, Manifest, ShareError
-from bench.store.db import DEFAULT_WAIT_S, HEAD_VERSION, connect, load_sql, utcnow
+from bench.store.db import DEFAULT_WAIT_S, HEAD_VERSION, connect, load_sql, utcnow, incoming_runs
 from bench.store.ingest import MAX_FILE_BYTES, IngestError, prepare_rows, read_rows
 from estimator.store import cache_dir
 
@@ -118,19 +118,10 @@ def load(path: Path, m: Manifest) -> pa.Table:
 def write(ds: Dataset, m: Manifest, table: pa.Table, db_path, wait_s: float = DEFAULT_WAIT_S) -> int:
     """Insert one file's rows, the runs it carried and the file itself, in one transaction; rows inserted."""
     with connect(db_path, read_only=False, wait_s=wait_s) as con:
-        con.register("incoming_runs", table)
-        try:
-            con.begin()
-            try:
-                inserted = con.execute(load_sql("insert_runs")).fetchone()[0] if table.num_rows else 0
-                con.execute(load_sql("insert_pulled_runs"), [ds.url, m.file])
-                con.execute(load_sql("insert_pull"), [ds.url, m.file, m.sha256, utcnow(), m.rows, inserted])
-                con.commit()
-            except BaseException:
-                con.rollback()
-                raise
-        finally:
-            con.unregister("incoming_runs")
+        with incoming_runs(con, table):
+            inserted = con.execute(load_sql("insert_runs")).fetchone()[0] if table.num_rows else 0
+            con.execute(load_sql("insert_pulled_runs"), [ds.url, m.file])
+            con.execute(load_sql("insert_pull"), [ds.url, m.file, m.sha256, utcnow(), m.rows, inserted])
     return inserted
 
 

@@ -152,6 +152,24 @@ def schema_version(con: duckdb.DuckDBPyConnection) -> int:
 
 
 @contextlib.contextmanager
+def incoming_runs(con: duckdb.DuckDBPyConnection, table):
+    """One transaction with `table` (Arrow, the run columns) registered as `incoming_runs`, the view
+    queries/insert_runs.sql reads: committed when the block ends, rolled back whole on any error (nothing
+    half-written), the view dropped either way. Every writer of runs (ingest, published import, pull) goes through it."""
+    con.register("incoming_runs", table)
+    try:
+        con.begin()
+        try:
+            yield con
+            con.commit()
+        except BaseException:
+            con.rollback()
+            raise
+    finally:
+        con.unregister("incoming_runs")
+
+
+@contextlib.contextmanager
 def connect(path: str | Path | None = None, read_only: bool = False, wait_s: float = DEFAULT_WAIT_S):
     """A short-lived connection, closed on exit; never keep it beyond one call.
 

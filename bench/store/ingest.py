@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from bench.store.db import DEFAULT_WAIT_S, FILTER_COLUMNS, connect, filter_clause, load_sql
+from bench.store.db import DEFAULT_WAIT_S, FILTER_COLUMNS, connect, filter_clause, incoming_runs, load_sql
 from bench.store.rows import COLUMN_NAMES, COLUMNS
 from bench.store.validate import parse_json_text, validate_row
 
@@ -208,19 +208,10 @@ def _write(prepared: list[_Prepared], db_path, wait_s: float, replace: bool = Fa
         for p in prepared:
             if p.table is None or p.table.num_rows == 0:
                 continue
-            con.register("incoming_runs", p.table)
-            try:
-                con.begin()
-                try:
-                    if replace:
-                        con.execute(load_sql("delete_replaced_runs"))
-                    inserted += con.execute(load_sql("insert_runs")).fetchone()[0]
-                    con.commit()
-                except BaseException:
-                    con.rollback()
-                    raise
-            finally:
-                con.unregister("incoming_runs")
+            with incoming_runs(con, p.table):
+                if replace:
+                    con.execute(load_sql("delete_replaced_runs"))
+                inserted += con.execute(load_sql("insert_runs")).fetchone()[0]
     return inserted
 
 
