@@ -280,7 +280,8 @@ def ensure_profile(model: Model, workload: Workload, parallel: Parallel = Parall
     'derived now'."""
     w, _ = _runnable_attention(model, workload)
     tw, tp, _ = traced_class(w, parallel)
-    found = store.where(model.config, key=store.profile_key(tw, tp))
+    key = store.stored_key(model.config, tw, tp)
+    found = None if key is None else store.where(model.config, key=key)
     prof = store.profile(model.config, tw, tp, name=model.name, derive=found is None, progress=progress)
     return {**prof.provenance, "where": found or "derived now"}
 
@@ -290,7 +291,8 @@ def profile_where(model: Model, workload: Workload, parallel: Parallel = Paralle
     must be derived (or fetched from a bank) first. A file check: no profile is read."""
     w, _ = _runnable_attention(model, workload)
     tw, tp, _ = traced_class(w, parallel)
-    return store.where(model.config, key=store.profile_key(tw, tp))
+    key = store.stored_key(model.config, tw, tp)
+    return None if key is None else store.where(model.config, key=key)
 
 
 def profile_for(model: Model, w: Workload, p: Parallel, options: Options = Options()):

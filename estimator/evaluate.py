@@ -14,7 +14,7 @@ import numpy as np
 from estimator import components as comp
 from estimator.breakdown import Breakdown
 from estimator.parallel import FSDP_FAMILY, Share, composed, shard_group, tp_activation_scale
-from estimator.profile.poly import exponents, s_factor, s_functions_array, seq_degree
+from estimator.profile.poly import BS, R_INDEX, S, exponents, s_factor, s_functions_array, seq_degree
 from estimator.profile.profile import CATEGORIES, Piece, Profile
 from estimator.spec import Parallel, Workload
 from estimator.units import dtype_bytes
@@ -173,7 +173,7 @@ class Rule:
 
 def monomial_matrix(monos, b, s, g, n) -> np.ndarray:
     """(monomials, points) float values of each monomial at arrays of b, s, g (n scalar)."""
-    e = np.asarray([exponents(m) for m in monos], dtype=float)          # (m, 6)
+    e = np.asarray([exponents(m) for m in monos], dtype=float)          # (m, 7): r is 0 (Profile.at_rank)
     w, rows = (x.astype(float) for x in s_functions_array(s))
     b, s, g = (np.asarray(x, dtype=float) for x in (b, s, g))
     return (b[None, :] ** e[:, :1] * s[None, :] ** e[:, 1:2] * g[None, :] ** e[:, 2:3] * w[None, :] ** e[:, 4:5]
@@ -211,12 +211,14 @@ class StagePlan:
         # applies everywhere, the constant only where the moment holds states
         self.total_coef = np.einsum("kcm,c->km", coef, alpha + guarded_alpha)  # (k, m)
         if bs_coef:
-            full = [exponents(m) for m in monos]  # 4- or 6-exponent monomials (poly.exponents)
-            bs = (1, 1, 0, 0, 0, 0) if (1, 1, 0, 0, 0, 0) in full else (0, 1, 0, 0, 0, 0)  # batch-1 piece: no b
+            full = [exponents(m) for m in monos]  # 4-, 6- or 7-exponent monomials, padded (poly.exponents)
+            bs = exponents(BS) if exponents(BS) in full else exponents(S)  # batch-1 piece: no b
             self.total_coef[:, full.index(bs)] += bs_coef
         has_states = np.any(coef[:, C["optimizer_states"], :] != 0, axis=1)
         self.const = const + np.where(has_states, guarded_const, 0.0)
         self.exps = np.asarray([exponents(m) for m in monos], dtype=float)
+        if self.exps[:, R_INDEX].any():  # r is a constant of the workload: folded in before a plan is built
+            raise ValueError("profile: a rank-variable LoRA profile is evaluated at a rank (Profile.at_rank)")
         self.padded = bool(self.exps[:, 4:].any())  # m or l (poly: the attention kernel's padding) in a monomial
 
     def point(self, b: int, s: int, g: int, n: int) -> np.ndarray:

@@ -10,7 +10,9 @@ reporting progress through the caller's callback, and writes it to the cache ato
 `ProfileMissing` instead, naming the command that derives it.
 
 Files are keyed by the config's sha256 (`estimator.presets.config_hash`) and, for profiles, a hash of the
-workload class (`profile_key`). Evaluating a profile never imports torch: only a miss does.
+workload class (`profile_key`). A LoRA class leaves the rank out ("lora_rank": "r": one profile answers every rank,
+`Profile.at_rank`); a per-rank file written before that is still read where no rank-free one is found
+(`profile_keys`). Evaluating a profile never imports torch: only a miss does.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from pathlib import Path
 from estimator import bank
 from estimator.inventory import Inventory
 from estimator.presets import DATA_DIR, config_hash
-from estimator.profile.profile import Profile
+from estimator.profile.profile import RANK_MARK, Profile
 from estimator.spec import Parallel, Workload, spec_dict
 
 SHIPPED_DIR = DATA_DIR / "profiles"
@@ -44,9 +46,19 @@ def _dirs(h: str) -> list[Path]:
     return [SHIPPED_DIR / h[:16], cache_dir() / h[:16]]
 
 
-def workload_class(w: Workload) -> dict:
-    """The workload less its sizes: what one profile covers."""
-    return {k: v for k, v in spec_dict(w).items() if k not in SIZE_FIELDS}
+def workload_class(w: Workload, rank_variable: bool | None = None) -> dict:
+    """The workload less its sizes: what one profile covers. A LoRA profile covers every rank (its class says
+    "lora_rank": "r", profile.RANK_MARK); `rank_variable=False` gives the class of a profile derived for this one
+    rank only (every LoRA profile written before the rank was a variable)."""
+    out = {k: v for k, v in spec_dict(w).items() if k not in SIZE_FIELDS}
+    if (is_rank_variable(w) if rank_variable is None else rank_variable):
+        out["lora_rank"] = RANK_MARK
+    return out
+
+
+def is_rank_variable(w: Workload) -> bool:
+    """Whether this workload's profile has the LoRA rank as a variable (LoRA and QLoRA training)."""
+    return w.mode == "train" and w.method in ("lora", "qlora")
 
 
 def parallel_class(p: Parallel) -> dict:
@@ -54,8 +66,18 @@ def parallel_class(p: Parallel) -> dict:
 
 
 def profile_key(w: Workload, p: Parallel, kernels: str = "cuda") -> str:
-    """16 hex digits naming a (workload class, parallel class, kernels) profile file."""
+    """16 hex digits naming a (workload class, parallel class, kernels) profile file: the one a derivation
+    writes (for LoRA, the rank-free class)."""
     return class_key(workload_class(w), parallel_class(p), kernels)
+
+
+def profile_keys(w: Workload, p: Parallel, kernels: str = "cuda") -> tuple[str, ...]:
+    """The keys a lookup tries, in order: `profile_key`, then for LoRA the legacy key of a profile derived for this
+    one rank (the shipped per-rank files stay valid)."""
+    keys = (profile_key(w, p, kernels),)
+    if is_rank_variable(w):
+        keys += (class_key(workload_class(w, rank_variable=False), parallel_class(p), kernels),)
+    return keys
 
 
 def class_key(workload_cls: dict, parallel_cls: dict, kernels: str = "cuda") -> str:
@@ -94,6 +116,17 @@ def where(config: dict, name: str = "inventory", key: str | None = None) -> str 
     for label, d in zip(("shipped", "cache"), _dirs(h)):
         if (d / fname).is_file():
             return label
+    return None
+
+
+def stored_key(config: dict, w: Workload, p: Parallel, *, ship: bool = False) -> str | None:
+    """The key of the profile file on disk (shipped, else cached; `ship`: shipped only) that `profile` would read
+    for this class, in `profile_keys` order: the rank-free one, else a per-rank one; None if neither is there."""
+    h = config_hash(config)
+    for key in profile_keys(w, p):
+        for d in _dirs(h)[:1] if ship else _dirs(h):
+            if (d / f"{key}.json").is_file():
+                return key
     return None
 
 
@@ -142,44 +175,66 @@ def inventory(config: dict, name: str, *, derive: bool = True, progress=None, sh
 
 def profile(config: dict, w: Workload, p: Parallel, *, name: str = "model", derive: bool = True,
             progress=None, ship: bool = False) -> Profile:
-    """The profile of (config, workload class, parallel class); derived and cached on a miss."""
+    """The profile of (config, workload class, parallel class) at this workload's LoRA rank; derived and cached on a
+    miss. LoRA: the rank-free profile (any rank, `Profile.at_rank`) is looked for first, then one derived for this
+    rank (`profile_keys`), everywhere (shipped, cache, bank) before deriving; a derivation writes the rank-free one."""
+    return stored_profile(config, w, p, name=name, derive=derive, progress=progress, ship=ship).at_rank(w.lora_rank)
+
+
+def stored_profile(config: dict, w: Workload, p: Parallel, *, name: str = "model", derive: bool = True,
+                   progress=None, ship: bool = False, legacy: bool = True) -> Profile:
+    """The profile as stored: for LoRA, rank-variable where one is found or derived (see `profile`). `legacy=False`
+    takes no per-rank file (scripts/ship_profiles.py: a rank-free one is derived where only those are shipped)."""
     h = config_hash(config)
-    key = profile_key(w, p)
-    memo = ("prof", h, key)
-    if memo in _MEMO:
-        return _MEMO[memo]
-    for d in _dirs(h)[:1] if ship else _dirs(h):  # shipping never takes a user's cached copy
-        text = _read(d / f"{key}.json")
-        if text is not None:
-            try:
-                prof = Profile.from_json(text)
-            except ValueError:
-                if d.parent == SHIPPED_DIR:
-                    raise
-                continue  # a cached file from an older willitfit (another format): derived again below
-            _MEMO[memo] = prof
-            return prof
+    keys = profile_keys(w, p) if legacy else profile_keys(w, p)[:1]
+    for key in keys:
+        hit = _MEMO.get(("prof", h, key))
+        if hit is not None:
+            return hit
+    for key in keys:
+        for d in _dirs(h)[:1] if ship else _dirs(h):  # shipping never takes a user's cached copy
+            text = _read(d / f"{key}.json")
+            if text is not None:
+                try:
+                    prof = Profile.from_json(text)
+                except ValueError:
+                    if d.parent == SHIPPED_DIR:
+                        raise
+                    continue  # a cached file from an older willitfit (another format): derived again below
+                _MEMO[("prof", h, key)] = prof
+                return prof
     if not ship:
-        text = _from_bank(h, f"{key}.json", progress)
-        if text is not None:
-            try:
-                prof = Profile.from_json(text)
-                if prof.config_hash != h or class_key(prof.workload_class, prof.parallel_class,
-                                                      prof.provenance.get("kernels", "cuda")) != key:
-                    raise ValueError("its config hash or class is not the one its address names")
-            except ValueError as e:
-                _say(progress, f"{bank.ENV_VAR}: {h[:16]}/{key}.json skipped: {e}")
-            else:
-                _write(cache_dir() / h[:16] / f"{key}.json", text)
-                _MEMO[memo] = prof
+        for key in keys:
+            prof = _bank_profile(h, key, progress)
+            if prof is not None:
+                _MEMO[("prof", h, key)] = prof
                 return prof
     if not derive:
         raise ProfileMissing(f"profile: {name!r} has no profile on disk for this workload class; it is derived on "
                              "first use (needs torch and transformers), e.g. `python -m bench derive --model "
                              f"{name}` with the same workload flags")
+    key = keys[0]
     prof = _derivation().derive_profile(config, w, p, progress=progress, config_hash=h)
     _write((SHIPPED_DIR if ship else cache_dir()) / h[:16] / f"{key}.json", prof.to_json())
-    _MEMO[memo] = prof
+    _MEMO[("prof", h, key)] = prof
+    return prof
+
+
+def _bank_profile(h: str, key: str, progress) -> Profile | None:
+    """The bank's profile under this key, checked to be what its address names and kept in the cache; None if the
+    bank has none (or a file that fails the check: skipped with one line)."""
+    text = _from_bank(h, f"{key}.json", progress)
+    if text is None:
+        return None
+    try:
+        prof = Profile.from_json(text)
+        if prof.config_hash != h or class_key(prof.workload_class, prof.parallel_class,
+                                              prof.provenance.get("kernels", "cuda")) != key:
+            raise ValueError("its config hash or class is not the one its address names")
+    except ValueError as e:
+        _say(progress, f"{bank.ENV_VAR}: {h[:16]}/{key}.json skipped: {e}")
+        return None
+    _write(cache_dir() / h[:16] / f"{key}.json", text)
     return prof
 
 

@@ -3,11 +3,13 @@
     python scripts/ship_profiles.py            # every preset's shipped classes (an hour or two of CPU)
     python scripts/ship_profiles.py --list     # print the classes without deriving
     python scripts/ship_profiles.py --model llama-3.1-8b --force
+    python scripts/ship_profiles.py --model mistral-7b --lora-only   # the rank-free LoRA profile (every rank)
     python scripts/ship_profiles.py --published  # the classes the published tier's runs need (bench/published/importer.py)
 
 What is shipped, per preset (each a workload class: batch, seq and world size are a profile's variables):
 - its inventory;
-- training, pure bf16: full fine-tuning, LoRA on PEFT's default targets, full fine-tuning with full activation
+- training, pure bf16: full fine-tuning, LoRA on PEFT's default targets (rank-free where derived since the rank
+  became a variable: one profile for every rank; older ones per rank 8), full fine-tuning with full activation
   checkpointing (what advice proposes first); inference;
 - the presets of the shipped traced grid (bench/commands/build_db.py: dense up to 13B, plus its MoE): amp full and LoRA, and
   eager inference, so every stored traced row has its profile (`python -m bench accuracy`);
@@ -78,6 +80,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", help="comma-separated presets (default: all)")
     ap.add_argument("--list", action="store_true", help="print the classes, derive nothing")
+    ap.add_argument("--lora-only", action="store_true", help="only the LoRA classes (their rank-free profiles, "
+                    "one per class for every rank)")
     ap.add_argument("--force", action="store_true", help="derive again what is already shipped")
     ap.add_argument("--published", action="store_true", help="the classes of the published tier's runs")
     args = ap.parse_args(argv)
@@ -96,6 +100,8 @@ def main(argv=None) -> int:
         store.inventory(config, name, ship=True)
         seen = set()
         for w, p in (todo[name] if args.published else classes(name, config, grid)):
+            if args.lora_only and w.method != "lora":
+                continue
             tw, tp, _ = traced_class(w, p)
             key = store.profile_key(tw, tp)
             if key in seen:
@@ -110,8 +116,8 @@ def main(argv=None) -> int:
             elif store.where(config, key=key) == "shipped":
                 continue
             start = time.perf_counter()
-            try:
-                prof = store.profile(config, tw, tp, name=name, ship=True)
+            try:  # LoRA: the rank-free profile (every rank), even where a per-rank one is shipped
+                prof = store.stored_profile(config, tw, tp, name=name, ship=True, legacy=False)
             except ValueError as e:
                 failed += 1
                 print(f"{label}: refused: {' '.join(str(e).split())}", flush=True)

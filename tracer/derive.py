@@ -38,7 +38,7 @@ import numpy as np
 from estimator.profile import poly
 from estimator.profile.profile import CATEGORIES, Moment, Piece, Profile
 from estimator.spec import Parallel, Workload
-from estimator.store import parallel_class, workload_class
+from estimator.store import is_rank_variable, parallel_class, workload_class
 from estimator.parallel import TRACED_SHARDING
 from tracer import serialized
 from tracer import kernels as kernels_mod
@@ -69,6 +69,12 @@ BATCH_REGIONS = (((1,), 1, 1, 1), ((2, 3), 4, 2, None))
 GEN_TOKENS = 3
 UNITS = (256, 128, 64, 32, 16, 8)  # sequence steps tried, largest first (32 and up keep CUDA padded shapes exact)
 FSDP_WORLD = (2, 4, 8)              # fit at 2 (all sizes) and 4 (one size), verify at 8
+# LoRA's rank r as a variable (poly.RANK_MONOMIALS): fit at 8 (every size) and 16 (the sizes its b- and s-linear
+# terms need: extend.size_points), verified at a third rank with the unused size. 3 is odd and below both (a term
+# that steps with r's alignment shows); under FSDP 24, a multiple of 8 (FSDP2 pads a shard's rows, A's r rows, to a
+# multiple of the world size: the verified world is 8).
+LORA_RANKS = (8, 16)
+LORA_VERIFY_RANK, LORA_VERIFY_RANK_FSDP = 3, 24
 # Config keys whose values are attention windows: memory bends in s there (a sliding-window mask or cache, chunked
 # attention). Data, not code per family: a key that changes nothing only splits the fit in two exact pieces.
 WINDOW_KEYS = ("sliding_window", "sliding_window_size", "attention_chunk_size", "window_size", "local_window_size",
@@ -301,17 +307,21 @@ def _signatures(config: dict, workload: Workload) -> tuple[list[str], object, bo
 @serialized
 def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parallel(),
                    progress: Callable[[int, int, str], None] | None = None, config_hash: str = "",
-                   kernels: str = "cuda") -> Profile:
+                   kernels: str = "cuda", rank_variable: bool | None = None) -> Profile:
     """Trace the model at reduced depth and a few sizes, fit, verify and extend: see the module docstring.
 
     `workload` and `parallel` fix the class; their sizes (batch, seq, gen_tokens, gpus) are ignored; `kernels`
-    as in session.run_traced. Raises ValueError (one line) when the case cannot be traced or the fit is not
-    exact."""
+    as in session.run_traced. LoRA's rank is a variable of the profile (`LORA_RANKS`) unless `rank_variable` is
+    False (then the profile is the workload's rank's alone, as profiles were before). Raises ValueError (one line)
+    when the case cannot be traced or the fit is not exact."""
 
     start = time.perf_counter()
     infer = workload.mode == "infer"
-    w0 = replace(workload, batch=1, seq=1, gen_tokens=GEN_TOKENS if infer else 0)
     fsdp = parallel.strategy in TRACED_SHARDING
+    ranked = is_rank_variable(workload) if rank_variable is None else rank_variable
+    ranks = (LORA_RANKS, LORA_VERIFY_RANK_FSDP if fsdp else LORA_VERIFY_RANK) if ranked else \
+        ((workload.lora_rank,), workload.lora_rank)
+    w0 = replace(workload, batch=1, seq=1, gen_tokens=GEN_TOKENS if infer else 0, lora_rank=ranks[0][0])
     world = FSDP_WORLD if fsdp else ((2,) if parallel.strategy == "ddp" else (1,))
     session.check_traceable(w0, replace(parallel, gpus=world[0]) if parallel.gpus != world[0] else parallel)
     sigs, hf_config, masked = _signatures(config, w0)
@@ -328,7 +338,7 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
     reduced_refused = ""
     try:
         out_pieces, n_jobs, padding = _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp,
-                                                     kernels, progress)
+                                                     kernels, progress, ranks)
     except _ReducedDepthFailed as e:
         # The model's code outside its layer stack depends on the layer count (Gemma-3n / Gemma-4 per-layer
         # embeddings: one table num_hidden_layers x width wide, reshaped by the config's count), so a model cut in
@@ -336,7 +346,7 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
         reduced_refused = e.reason
         plan = Plan(plan.n_layers, plan.types, (tuple(range(plan.n_layers)),), (None,), True)
         out_pieces, n_jobs, padding = _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp,
-                                                     kernels, progress)
+                                                     kernels, progress, ranks)
     jobs = range(n_jobs)
     if progress:
         progress(len(jobs), len(jobs), "done")
@@ -348,9 +358,10 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
             "seconds": round(time.perf_counter() - start, 2),
             "reduced_depths": [list(v) for v in plan.variants if v is not None and not reduced_refused],
             **({"traced_whole": f"the reduced-depth model failed: {reduced_refused}"} if reduced_refused else {}),
+            **({"lora_ranks": {"fit": list(ranks[0]), "verified": ranks[1]}} if ranked else {}),
             "derived_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
-    return Profile(config_hash, str(config.get("model_type")), workload_class(workload),
+    return Profile(config_hash, str(config.get("model_type")), workload_class(workload, ranked),
                    parallel_class(parallel), plan.n_layers, tuple(out_pieces), prov)
 
 
@@ -362,15 +373,20 @@ class _ReducedDepthFailed(Exception):
         self.reason = reason
 
 
-def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, kernels, progress):
+def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, kernels, progress, ranks):
     """(fitted pieces, traces run, largest FSDP padding): every piece of s and batch region, every variant of
     `plan` traced, fit, verified and extended. Where the step calls CUDA's memory-efficient attention (seen on the
     piece's first trace) the fit gets its monomials in l and m and the seqs that determine them (`choose_seqs`);
-    with a mask, the piece is split by s's alignment (the mask is copied on unaligned s only). A reduced plan whose
-    first trace fails in the model's code raises _ReducedDepthFailed (the caller traces the model whole)."""
+    with a mask, the piece is split by s's alignment (the mask is copied on unaligned s only). `ranks`: (the LoRA
+    ranks fit, the rank verified); with two fit ranks the rank is a variable. A reduced plan whose first trace
+    fails in the model's code raises _ReducedDepthFailed (the caller traces the model whole)."""
+
+    fit_ranks, vrank = ranks
+    ranked = len(fit_ranks) > 1
 
     def jobs(fseqs) -> int:
-        return sum(len(size_points(r[0], fseqs, fit_world)) + 1 for r in BATCH_REGIONS) * len(plan.variants)
+        return sum(len(size_points(r[0], fseqs, fit_world, fit_ranks)) + 1 for r in BATCH_REGIONS) * \
+            len(plan.variants)
 
     n_jobs = sum(jobs(p[2]) for p in pieces)
     done, padding = 0, 0
@@ -381,15 +397,15 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
         if (v, pt) in cache:
             return cache[(v, pt)]
         keep = plan.variants[v]
-        b, s, n = pt
+        b, s, n, r = pt
         if progress:
             progress(done, n_jobs, ("tracing the whole model" if keep is None or plan.full else
                                     f"tracing {len(keep)} of {plan.n_layers} layers") + f" at batch {b}, seq {s}"
-                                   + (f", {n} GPUs" if n > 1 else ""))
+                                   + (f", {n} GPUs" if n > 1 else "") + (f", LoRA rank {r}" if ranked else ""))
         par = replace(parallel, gpus=n) if parallel.strategy != "single" else parallel
         try:
-            ticks = trace_ticks(config, replace(w0, batch=b, seq=s), par, None if keep is None else list(keep),
-                                kernels)
+            ticks = trace_ticks(config, replace(w0, batch=b, seq=s, lora_rank=r), par,
+                                None if keep is None else list(keep), kernels)
         except RuntimeError as e:
             if done or plan.full:
                 raise
@@ -400,7 +416,7 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
 
     out_pieces = []
     for lo, hi, seqs, vseq in pieces:
-        probe = (BATCH_REGIONS[-1][0][0], seqs[0], fit_world[0])   # a point the b >= 2 region fits anyway
+        probe = (BATCH_REGIONS[-1][0][0], seqs[0], fit_world[0], fit_ranks[0])   # one the b >= 2 region fits anyway
         seen = run(probe, 0).efficient
         unit = seqs[0] - lo
         lse = poly.LSE_MONOMIALS if "lse" in seen else ()
@@ -413,15 +429,15 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
         n_jobs += sum(jobs(c[2]) for c in classes) - jobs(seqs)
         for align, extra, fseqs, vs in classes:
             for batches, vbatch, b_lo, b_hi in BATCH_REGIONS:
-                vpoint = (vbatch, vs, world[-1])
+                vpoint = (vbatch, vs, world[-1], vrank)
                 fits = []
                 for v in range(len(plan.variants)):
-                    traces = {pt: run(pt, v) for pt in size_points(batches, fseqs, fit_world)}
+                    traces = {pt: run(pt, v) for pt in size_points(batches, fseqs, fit_world, fit_ranks)}
                     check = run(vpoint, v)
                     if any(tk.efficient - seen for tk in (*traces.values(), check)):
                         raise ValueError(f"fit: the step calls CUDA's memory-efficient attention differently at some "
                                          f"sizes of s > {lo} than at seq {seqs[0]}; no exact profile can be derived")
-                    fit = fit_variant(traces, fsdp, one_batch=len(batches) == 1, extra=extra)
+                    fit = fit_variant(traces, fsdp, one_batch=len(batches) == 1, extra=extra, ranked=ranked)
                     padding = max(padding, verify(fit, check, vpoint))
                     fits.append(fit)
                 cands = prune(extend(plan, fits))

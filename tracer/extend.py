@@ -95,24 +95,34 @@ class Fit:
     monomials: dict                  # key -> monomial tuple
 
 
-def size_points(batches, seqs, world: tuple[int, ...]) -> list[tuple[int, int, int]]:
-    """(b, s, n) trace points: every batch x seq at the first world size, one more point per other size."""
-    pts = [(b, s, world[0]) for b in batches for s in seqs]
-    pts += [(batches[0], seqs[0], n) for n in world[1:]]
+def size_points(batches, seqs, world: tuple[int, ...], ranks: tuple[int, ...] = (1,)) -> list[tuple[int, int, int, int]]:
+    """(b, s, n, r) trace points: every batch x seq at the first world size and rank, one more point per other world
+    size; per other rank (LoRA's rank as a variable) the first two batches x the first two seqs, which determine its
+    terms linear in b and s (poly.RANK_MONOMIALS), and one point per other world size (r/n)."""
+    r0 = ranks[0]
+    pts = [(b, s, world[0], r0) for b in batches for s in seqs]
+    pts += [(batches[0], seqs[0], n, r0) for n in world[1:]]
+    for r in ranks[1:]:
+        pts += [(b, s, world[0], r) for b in batches[:2] for s in seqs[:2]]
+        pts += [(batches[0], seqs[0], n, r) for n in world[1:2]]
     return pts
 
 
-def _monomials(decode: bool, fsdp: bool, one_batch: bool, extra: tuple = ()) -> tuple:
+def _monomials(decode: bool, fsdp: bool, one_batch: bool, extra: tuple = (), ranked: bool = False) -> tuple:
     monos = poly.DECODE_MONOMIALS if decode else poly.STEP_MONOMIALS + extra
+    if ranked:
+        monos = monos + poly.RANK_MONOMIALS + (poly.RANK_DECODE_MONOMIALS if decode else ())
     if one_batch:  # b fixed at 1: b's monomials coincide with b-free ones
         monos = tuple(m for m in monos if m[0] == 0)
-    return monos + ((poly.INV_N,) if fsdp else ())
+    return monos + ((poly.INV_N,) if fsdp else ()) + ((poly.RANK_INV_N,) if fsdp and ranked else ())
 
 
-def fit_variant(traces: dict[tuple, Ticks], fsdp: bool, one_batch: bool = False, extra: tuple = ()) -> Fit:
-    """Fit every candidate tick of one reduced model over its traced points; keys must agree between points.
-    `extra`: monomials in m or l (estimator.profile.poly) the prompt's ticks get, where the step calls CUDA's
-    memory-efficient attention (the traced seqs then determine them: tracer.derive.choose_seqs)."""
+def fit_variant(traces: dict[tuple, Ticks], fsdp: bool, one_batch: bool = False, extra: tuple = (),
+                ranked: bool = False) -> Fit:
+    """Fit every candidate tick of one reduced model over its traced points (b, s, n, r); keys must agree between
+    points. `extra`: monomials in m or l (estimator.profile.poly) the prompt's ticks get, where the step calls CUDA's
+    memory-efficient attention (the traced seqs then determine them: tracer.derive.choose_seqs); `ranked`: LoRA's
+    rank is a variable (poly.RANK_MONOMIALS; the points hold two ranks: size_points)."""
     pts = list(traces)
     first = traces[pts[0]]
     ref = list(zip(first.keys, first.gs))
@@ -120,7 +130,7 @@ def fit_variant(traces: dict[tuple, Ticks], fsdp: bool, one_batch: bool = False,
         got = list(zip(traces[p].keys, traces[p].gs))
         if got != ref:
             diff = next((i for i, (a, b) in enumerate(zip(ref, got)) if a != b), min(len(ref), len(got)))
-            raise ValueError(f"fit: the step runs other operations at (b, s, n) = {pts[0]} and {p} (from tick "
+            raise ValueError(f"fit: the step runs other operations at (b, s, n, r) = {pts[0]} and {p} (from tick "
                              f"{diff}: {len(ref)} vs {len(got)} ticks), as a loop over sequence chunks or time "
                              "steps does (linear attention, recurrent or state-space scans, block-sparse attention); "
                              "its memory is not one polynomial in the sizes and no exact profile can be derived; "
@@ -135,12 +145,13 @@ def fit_variant(traces: dict[tuple, Ticks], fsdp: bool, one_batch: bool = False,
         members = set(group)
         gvals = sorted({g for k, g in ref if k in members})
         design, cols = [], []
-        for (b, s, n) in pts:
+        for pt in pts:
+            b, s, n, r = pt
             for g in gvals:
-                design.append((b, s, g, Fraction(1, n)))
-                cols.append([traces[(b, s, n)].values[index[(k, g)]] for k in group])
+                design.append((b, s, g, Fraction(1, n), r))
+                cols.append([traces[pt].values[index[(k, g)]] for k in group])
         values = [[int(x) for row in r for x in row] for r in cols]  # point x (key, category)
-        monos = _monomials(decode, fsdp, one_batch, extra)
+        monos = _monomials(decode, fsdp, one_batch, extra, ranked)
         nums, den = poly.fit_columns(monos, design, values)
         C = len(CATEGORIES)
         for j, k in enumerate(group):
@@ -159,16 +170,17 @@ def fit_variant(traces: dict[tuple, Ticks], fsdp: bool, one_batch: bool = False,
 FSDP_PADDING_TOLERANCE = 2e-3
 
 
-def verify(fit: Fit, ticks: Ticks, point: tuple[int, int, int]) -> int:
-    """Every fitted tick must reproduce a trace at sizes the fit did not use, to the byte (FSDP: up to its
-    shards' padding, see FSDP_PADDING_TOLERANCE). Returns the largest deviation in bytes (0: exact)."""
-    b, s, n = point
+def verify(fit: Fit, ticks: Ticks, point: tuple[int, int, int, int]) -> int:
+    """Every fitted tick must reproduce a trace at sizes (b, s, n, r) the fit did not use (for a rank-variable fit,
+    at a third rank too), to the byte (FSDP: up to its shards' padding, see FSDP_PADDING_TOLERANCE). Returns the
+    largest deviation in bytes (0: exact)."""
+    b, s, n, r = point
     got = {(k, g): row for k, g, row in zip(ticks.keys, ticks.gs, ticks.values)}
     worst = 0
     for (k, g), row in got.items():
         if k not in fit.num:
-            raise ValueError(f"fit: tick {k} appears at (b, s, n) = {point} but not at the fitted sizes")
-        mv = [poly.monomial_value(m, (b, s, g, Fraction(1, n))) for m in fit.monomials[k]]
+            raise ValueError(f"fit: tick {k} appears at (b, s, n, r) = {point} but not at the fitted sizes")
+        mv = [poly.monomial_value(m, (b, s, g, Fraction(1, n), r)) for m in fit.monomials[k]]
         for c, cat in enumerate(CATEGORIES):
             pred = sum(x * v for x, v in zip(fit.num[k][c], mv))
             actual = int(row[c])
@@ -178,7 +190,7 @@ def verify(fit: Fit, ticks: Ticks, point: tuple[int, int, int]) -> int:
             if n > 1 and off <= FSDP_PADDING_TOLERANCE * max(actual, 1):
                 worst = max(worst, int(round(off)))
                 continue
-            raise ValueError(f"fit: not exact at (b, s, n) = {point}: {cat} at {k} is {actual} B, the fit "
+            raise ValueError(f"fit: not exact at (b, s, n, r) = {point}: {cat} at {k} is {actual} B, the fit "
                              f"says {float(pred / fit.den[k]):.0f} B; refusing this profile")
     return worst
 

@@ -86,11 +86,12 @@ def run_derive(args: argparse.Namespace) -> int:
         start = time.perf_counter()
         try:
             store.inventory(c.config, c.model_name, ship=args.ship, progress=progress, derive=derive)
-            key = store.profile_key(tw, tp)
             if args.force and derive:
-                store.forget(c.config, key, ship=args.ship)
-            prof = store.profile(c.config, tw, tp, name=c.model_name, progress=progress, ship=args.ship,
-                                 derive=derive)
+                for key in store.profile_keys(tw, tp):  # LoRA: the rank-free file and a per-rank one
+                    store.forget(c.config, key, ship=args.ship)
+            prof = store.stored_profile(c.config, tw, tp, name=c.model_name, progress=progress, ship=args.ship,
+                                        derive=derive)
+            key = store.stored_key(c.config, tw, tp, ship=args.ship)
             if args.push:
                 for fname in ("inventory.json", f"{key}.json"):
                     status = bank.put(args.push, config_hash(c.config)[:16], fname, store.local_text(c.config, fname))

@@ -12,8 +12,16 @@ Two more quantities are functions of s, not free variables, for CUDA's memory-ef
   aligned one through uncopied (`preprocess_mask`): m = 16 * ceil(s / 16) where s % 16 != 0, else 0 (no copy);
 - `l`: its logsumexp, saved for backward, has 32 * ceil(s / 32) rows per head: l = 32 * ceil(s / 32).
 A step that calls it holds s*m, b*s*m, l, b*l bytes: polynomials in (b, s, m, l), not in (b, s) alone (a step with
-a mask is a different list of ticks on aligned s: the profile splits there, see profile.Piece). Monomials are
-exponent tuples over VARIABLES; a 4-tuple has neither (the profiles written before they existed).
+a mask is a different list of ticks on aligned s: the profile splits there, see profile.Piece).
+
+LoRA adds r, the adapters' rank: every adapter tensor is linear in r (A is r x in, B is out x r, their gradients
+and optimizer states, the (b, s, r) product x @ A^T that autograd saves), so a LoRA step's bytes are
+P0(b, s, ...) + r * P1(b, s, ...), and one profile answers every rank (`RANK_MONOMIALS`; tracer.derive fits them
+from a second traced rank and checks a third). r is a constant of the workload, never swept: a profile is
+evaluated after `profile.Profile.at_rank` has folded r into its coefficients.
+
+Monomials are exponent tuples over VARIABLES; a shorter tuple has the later variables at exponent 0 (4-tuples:
+the profiles written before m and l existed; 6-tuples: before r).
 """
 from __future__ import annotations
 
@@ -21,8 +29,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
 
-VARIABLES = ("b", "s", "g", "inv_n", "m", "l")   # batch, sequence (prompt), generated tokens, 1 / world size,
-# padded mask width, logsumexp rows (m and l: functions of s, see the module docstring)
+VARIABLES = ("b", "s", "g", "inv_n", "m", "l", "r")   # batch, sequence (prompt), generated tokens, 1 / world size,
+# padded mask width, logsumexp rows (m and l: functions of s, see the module docstring), LoRA rank
 MASK_ALIGNMENT = 16                          # attention.cpp preprocess_mask: mem_eff_alignment
 LSE_ALIGNMENT = 32                           # _efficient_attention_forward: logsumexp rows, ceil(M / 32) * 32
 
@@ -35,6 +43,7 @@ SM, BSM = (0, 1, 0, 0, 1, 0), (1, 1, 0, 0, 1, 0)
 MASK_MONOMIALS = (SM, BSM)                          # a padded mask copy: (b or 1) x h x s x m
 L, BL = (0, 0, 0, 0, 0, 1), (1, 0, 0, 0, 0, 1)
 LSE_MONOMIALS = (L, BL)                             # the efficient kernel's logsumexp: b x h x l
+R_INDEX = VARIABLES.index("r")
 
 
 def mask_width(s: int) -> int:
@@ -56,8 +65,26 @@ def s_functions_array(s):
 
 
 def exponents(m: tuple) -> tuple[int, ...]:
-    """A monomial's six exponents (b, s, g, inv_n, m, l); a 4-tuple has neither m nor l."""
+    """A monomial's seven exponents (b, s, g, inv_n, m, l, r); a shorter tuple has the missing ones at 0."""
     return tuple(m) + (0,) * (len(VARIABLES) - len(m))
+
+
+def rank_degree(m: tuple) -> int:
+    """The monomial's exponent of r (0 for the 4- and 6-tuples of profiles without a rank variable)."""
+    return m[R_INDEX] if len(m) > R_INDEX else 0
+
+
+def times_rank(m: tuple) -> tuple:
+    """The monomial m * r (7 exponents)."""
+    e = exponents(m)
+    return e[:R_INDEX] + (e[R_INDEX] + 1,)
+
+
+# LoRA's rank-linear terms: r (A, B, their gradients and states), b*r, s*r, b*s*r (x @ A^T: (b, s, r), its
+# gradient), and where they occur g*r, b*g*r (decoding) and r/n (FSDP shards the adapters too)
+RANK_MONOMIALS = tuple(times_rank(m) for m in (ONE, B, S, BS))
+RANK_DECODE_MONOMIALS = tuple(times_rank(m) for m in (G, BG))
+RANK_INV_N = times_rank(INV_N)
 
 
 def s_factor(m: tuple, s: int) -> int:
@@ -79,11 +106,15 @@ def monomial_name(m: tuple[int, ...]) -> str:
 
 
 def monomial_value(m: tuple[int, ...], point: tuple) -> Fraction | int:
-    """Value of a monomial at a point (b, s, g, inv_n); inv_n is a Fraction; m is read from s."""
+    """Value of a monomial at a point (b, s, g, inv_n[, r]); inv_n is a Fraction; m and l are read from s; r is 1
+    where the point has none."""
     out = 1
-    for e, x in zip(m, point):
+    for e, x in zip(m[:4], point):
         if e:
             out = out * x ** e
+    r = rank_degree(m)
+    if r:
+        out = out * point[4] ** r
     return out * s_factor(m, point[1])
 
 
@@ -169,12 +200,12 @@ class Poly:
             den = den * c.denominator // _gcd(den, c.denominator)
         return Poly(tuple(monomials), tuple(int(c * den) for c in coeffs), den)
 
-    def __call__(self, b: int, s: int, g: int = 0, n: int = 1) -> int:
+    def __call__(self, b: int, s: int, g: int = 0, n: int = 1, r: int = 1) -> int:
         total = 0
         for m, c in zip(self.monomials, self.num):
             if c:
                 v = c * (b ** m[0]) * (s ** m[1]) * (g ** m[2])
-                v = v * s_factor(m, s)
+                v = v * s_factor(m, s) * r ** rank_degree(m)
                 total += v if not m[3] else Fraction(v, n ** m[3])
         return int(total // self.den) if not isinstance(total, Fraction) else int(total / self.den)
 

@@ -10,6 +10,10 @@ polynomial per category (weights, gradients, optimizer states, activations, the 
 KV cache, communication buffers, other: inputs and buffers). The live bytes of a stage at given sizes is the
 largest total over that stage's moments. Sliding-window and chunked-attention models are piecewise in s: a
 `Piece` holds the moments valid for s in (s_lo, s_hi].
+
+A LoRA profile derived with the rank as a variable (its class says "lora_rank": "r") has monomials in r too
+(estimator.profile.poly); `Profile.at_rank` folds one rank into the coefficients, exactly, and what it returns is
+evaluated like any other profile.
 """
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ from functools import cached_property
 
 import numpy as np
 
-from estimator.profile.poly import MASK_ALIGNMENT, Poly, s_factor
+from estimator.profile.poly import MASK_ALIGNMENT, R_INDEX, Poly, exponents, rank_degree, s_factor
 
 FORMAT = 2  # 2: per-stage flat arrays (1: a list of moment objects)
 CATEGORIES = ("weights", "gradients", "optimizer_states", "activations", "optimizer_step", "kv_cache",
@@ -27,6 +31,7 @@ CATEGORIES = ("weights", "gradients", "optimizer_states", "activations", "optimi
 TRAIN_STAGES = ("load", "forward", "backward", "optimizer")
 INFER_STAGES = ("load", "prefill", "decode1", "decode")  # decode1: the first generated token; decode: the g-th
 # (g >= 2, the polynomial's g). Reported together as the "decode" stage.
+RANK_MARK = "r"  # a rank-variable profile's workload_class["lora_rank"] (Profile.at_rank)
 
 
 @dataclass(frozen=True)
@@ -139,6 +144,30 @@ class Piece:
         num = {c: tuple(flat[i * m:(i + 1) * m]) for i, c in enumerate(CATEGORIES) if any(flat[i * m:(i + 1) * m])}
         return Moment(stage, d["labels"][k], monos, d["dens"][k], num)
 
+    def at_rank(self, r: int) -> "Piece":
+        """This piece with r substituted: every monomial m * r^k folds into m with its numerators times r^k (integers:
+        exact). A piece without r is returned as it is."""
+        data = {}
+        for st, d in self.stage_data.items():
+            monos = [tuple(x) for x in d["monomials"]]
+            if not any(rank_degree(m) for m in monos):
+                data[st] = d
+                continue
+            free = [exponents(m)[:R_INDEX] for m in monos]   # (1, b*s, r*b*s) -> (1, b*s, b*s): one monomial
+            out = list(dict.fromkeys(free))
+            where = [out.index(m) for m in free]
+            power = [r ** rank_degree(m) for m in monos]
+            k, width = len(monos), len(out)
+            nums = []
+            for flat in d["nums"]:
+                row = [0] * (len(CATEGORIES) * width)
+                for c in range(len(CATEGORIES)):
+                    for i in range(k):
+                        row[c * width + where[i]] += flat[c * k + i] * power[i]
+                nums.append(row)
+            data[st] = {"monomials": [list(m) for m in out], "labels": d["labels"], "dens": d["dens"], "nums": nums}
+        return Piece(self.s_lo, self.s_hi, data, self.b_lo, self.b_hi, self.align)
+
     @cached_property
     def moments(self) -> tuple[Moment, ...]:
         return tuple(self.moment(st, k) for st, d in self.stage_data.items() for k in range(len(d["labels"])))
@@ -172,6 +201,28 @@ class Profile:
             if p.covers(b, s):
                 return p
         raise ValueError(f"seq: batch {b}, seq {s} is outside every piece of this profile")
+
+    @property
+    def rank_variable(self) -> bool:
+        """Whether the LoRA rank is a variable of this profile (derived so: its class says "lora_rank": "r")."""
+        return self.workload_class.get("lora_rank") == RANK_MARK
+
+    def at_rank(self, r: int) -> "Profile":
+        """The profile at LoRA rank r: r folded into every coefficient (`Piece.at_rank`), the class naming r. A profile
+        without the rank variable (one per rank, or not LoRA) is returned as it is."""
+        if not self.rank_variable:
+            return self
+        if isinstance(r, bool) or not isinstance(r, int) or r < 1:
+            raise ValueError(f"lora_rank: {r!r}; a rank-variable profile is evaluated at an integer rank >= 1")
+        memo = self.__dict__.setdefault("_rank_memo", {})  # a frozen dataclass: the memo bypasses __setattr__
+        hit = memo.get(r)
+        if hit is None:
+            if len(memo) >= 64:  # an app session trying ranks one by one: keep the memory bounded
+                memo.clear()
+            hit = memo[r] = Profile(self.config_hash, self.model_type, {**self.workload_class, "lora_rank": r},
+                                    self.parallel_class, self.layers, tuple(p.at_rank(r) for p in self.pieces),
+                                    self.provenance)
+        return hit
 
     @property
     def stages(self) -> tuple[str, ...]:
