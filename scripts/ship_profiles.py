@@ -80,8 +80,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", help="comma-separated presets (default: all)")
     ap.add_argument("--list", action="store_true", help="print the classes, derive nothing")
-    ap.add_argument("--lora-only", action="store_true", help="only the LoRA classes (their rank-free profiles, "
-                    "one per class for every rank)")
+    ap.add_argument("--lora-only", action="store_true", help="only the default LoRA class (pure bf16, one GPU): "
+                    "its rank-free profile, one file for every rank")
     ap.add_argument("--force", action="store_true", help="derive again what is already shipped")
     ap.add_argument("--published", action="store_true", help="the classes of the published tier's runs")
     args = ap.parse_args(argv)
@@ -100,7 +100,7 @@ def main(argv=None) -> int:
         store.inventory(config, name, ship=True)
         seen = set()
         for w, p in (todo[name] if args.published else classes(name, config, grid)):
-            if args.lora_only and w.method != "lora":
+            if args.lora_only and (w.method, w.recipe, p.strategy) != ("lora", "pure", "single"):
                 continue
             tw, tp, _ = traced_class(w, p)
             key = store.profile_key(tw, tp)

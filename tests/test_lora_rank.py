@@ -108,6 +108,33 @@ def test_a_shipped_per_rank_lora_profile_still_answers():
     assert store.stored_key(cfg, replace(tw, lora_rank=64), tp) is None  # another rank: derived (rank-free)
 
 
+def test_the_bank_checks_a_rank_free_file_against_its_address(monkeypatch, tmp_path):
+    # a rank-free profile is the rank-free key's file: under a per-rank key (another class) it is skipped with one
+    # line, under its own key it is taken, kept in the cache and folded at the asked rank
+    from estimator import bank
+
+    cfg = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 99, "rank-bank": 1}
+    h = store.config_hash(cfg)
+    w, p = Workload(method="lora", lora_rank=4), Parallel()
+    free_key, legacy_key = store.profile_keys(w, p)
+    src = _ranked_profile()
+    prof = Profile(h, "llama", store.workload_class(w), store.parallel_class(p), 1, src.pieces, {"kernels": "cuda"})
+    monkeypatch.setenv("WILLITFIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv(bank.ENV_VAR, f"memory://rank-bank-{tmp_path.name}")
+    store.clear_memo()
+    assert bank.put(bank.url(), h[:16], f"{legacy_key}.json", prof.to_json()) == "added"
+    heard = []
+    with pytest.raises(store.ProfileMissing):
+        store.profile(cfg, w, p, derive=False, progress=lambda d, t, m: heard.append(m))
+    assert any("skipped" in m and legacy_key in m for m in heard), heard
+    assert bank.put(bank.url(), h[:16], f"{free_key}.json", prof.to_json()) == "added"
+    got = store.profile(cfg, w, p, derive=False)
+    assert got.workload_class["lora_rank"] == 4 and got.pieces[0].moment("forward", 0).bytes_at(2, 10)[
+        "activations"] == 317
+    assert store.stored_key(cfg, w, p) == free_key   # now in the local cache
+    store.clear_memo()
+
+
 # ---------------------------------------------------------------- against full-depth traces (torch)
 
 torch = pytest.importorskip("torch")
