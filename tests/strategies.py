@@ -3,7 +3,7 @@
 Every traced workload class needs a profile; the shipped ones (data/profiles/) are what these draw from:
 training (full fine-tuning and LoRA, pure bf16) and inference (SDPA) on every preset. Everything the estimator
 prices analytically on top of a profile varies freely: sizes, optimizers and their implementation, stored weight
-formats, QLoRA, the KV-cache dtype, ZeRO-1/2, tensor / pipeline / expert parallelism, DDP, CPU offload.
+formats, QLoRA, the LoRA rank (where the preset ships a rank-free profile), the KV-cache dtype, ZeRO-1/2, tensor / pipeline / expert parallelism, DDP, CPU offload.
 Valid specs are built constructively (each choice allowed by the previous ones), not by filtering.
 """
 from __future__ import annotations
@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from estimator.model import Model, from_hf_config
 from estimator.presets import config_hash, load_config, preset_names
-from estimator.spec import KV_DTYPES, OPTIMIZER_IMPLS, OPTIMIZERS, WEIGHT_FORMATS, Parallel, Workload
+from estimator import store
+from estimator.spec import KV_DTYPES, MAX_LORA_RANK, OPTIMIZER_IMPLS, OPTIMIZERS, WEIGHT_FORMATS, Parallel, Workload
 from estimator.store import SHIPPED_DIR
 from tracer.lora import default_lora_targets
 
@@ -45,6 +46,15 @@ def _has_shipped_profiles(name: str) -> bool:
     return any(f.name != "inventory.json" for f in shipped.glob("*.json"))
 
 
+@cache
+def _rank_free(name: str) -> bool:
+    """Whether the preset ships its default LoRA class's rank-free profile (scripts/ship_profiles.py --lora-only)."""
+    m = model(name)
+    w = Workload(method="lora", lora_targets=lora_targets(m), attention=attention(m))
+    key = store.stored_key(m.config, w, Parallel(), ship=True)
+    return key is not None and key == store.profile_key(w, Parallel())
+
+
 PROFILED_PRESETS = [n for n in preset_names() if _has_shipped_profiles(n)]
 models = st.sampled_from(PROFILED_PRESETS).map(model)
 
@@ -67,6 +77,8 @@ def workloads(draw, m: Model, max_batch: int = 64, max_seq: int = 8192) -> Workl
     extra = {}
     if method != "full":
         extra["lora_targets"] = lora_targets(m)
+        if _rank_free(m.name):  # one shipped profile answers every rank: draw it (else the shipped rank, 8)
+            extra["lora_rank"] = draw(st.integers(1, MAX_LORA_RANK))
     if method == "qlora":
         extra["weight_format"] = draw(st.sampled_from(("auto", "nf4", "fp4")))
         extra["quantize_scope"] = draw(st.sampled_from(("all", "adapted")))
