@@ -135,6 +135,20 @@ def test_the_bank_checks_a_rank_free_file_against_its_address(monkeypatch, tmp_p
     store.clear_memo()
 
 
+def test_bench_derive_keeps_one_class_per_rank_where_a_per_rank_file_may_answer():
+    # `python -m bench derive --lora-rank 8,32`: rank 8 may be answered by a shipped per-rank file, which says
+    # nothing of rank 32, so both classes stay (each then reads the rank-free file, a per-rank one, or derives)
+    from types import SimpleNamespace
+
+    from bench.commands.derive import _classes
+
+    cases = [SimpleNamespace(model_name="m", workload=Workload(method="lora", lora_rank=r), parallel=Parallel())
+             for r in (8, 32, 8)] + [SimpleNamespace(model_name="m", workload=Workload(lora_rank=r),
+                                                     parallel=Parallel()) for r in (8, 8)]
+    assert [(c.workload.method, c.workload.lora_rank) for c in _classes(cases)] == [("lora", 8), ("lora", 32),
+                                                                                      ("full", 8)]
+
+
 # ---------------------------------------------------------------- against full-depth traces (torch)
 
 torch = pytest.importorskip("torch")

@@ -21,7 +21,7 @@ import sys
 import time
 
 from bench.trace import grid
-from estimator.store import profile_key
+from estimator.store import profile_keys
 from estimator import bank, store
 from estimator.presets import config_hash
 from estimator.estimate import traced_class
@@ -50,7 +50,9 @@ def _classes(cases) -> list:
 
     seen, out = set(), []
     for c in cases:
-        key = (c.model_name, profile_key(c.workload, c.parallel))
+        # LoRA: ranks share the rank-free key, but where a per-rank file answers one rank the others still need
+        # theirs (a rank-free derivation), so the per-rank key tells them apart (store.profile_keys)
+        key = (c.model_name, profile_keys(c.workload, c.parallel))
         if key not in seen:
             seen.add(key)
             out.append(c)
