@@ -113,8 +113,9 @@ def main(argv=None) -> int:
                 continue
             if args.force:
                 store.forget(config, key, ship=True)
-            elif store.where(config, key=key) == "shipped":
-                continue
+            elif (store.where(config, key=key) == "shipped" or
+                  (not args.lora_only and store.stored_key(config, tw, tp, ship=True) is not None)):
+                continue  # shipped (a per-rank LoRA file counts, except with --lora-only: its rank-free one is made)
             start = time.perf_counter()
             try:  # LoRA: the rank-free profile (every rank), even where a per-rank one is shipped
                 prof = store.stored_profile(config, tw, tp, name=name, ship=True, legacy=False)
