@@ -62,6 +62,8 @@ def test_a_rank_variable_profile_is_refused_unfolded_and_a_per_rank_one_is_retur
     prof = _ranked_profile()
     with pytest.raises(ValueError, match="Profile.at_rank"):
         StagePlan(prof.pieces[0], "forward", _NoSwap())
+    with pytest.raises(ValueError, match="Profile.at_rank"):
+        prof.pieces[0].moment("forward", 0).bytes_at(2, 10)      # r never silently 1
     with pytest.raises(ValueError, match="^lora_rank: 0"):
         prof.at_rank(0)
     legacy = Profile("h", "llama", {"method": "lora", "lora_rank": 8}, {"strategy": "single"}, 1, prof.pieces)

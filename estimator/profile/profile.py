@@ -52,7 +52,10 @@ class Moment:
 
     @cached_property
     def _padded(self) -> bool:
-        """Whether a monomial carries m or l (poly: the attention kernel's padding), which need s_factor."""
+        """Whether a monomial carries m or l (poly: the attention kernel's padding), which need s_factor. A monomial
+        in r is refused: a rank-variable profile is evaluated after `Profile.at_rank` (never with r silently 1)."""
+        if any(rank_degree(m) for m in self.monomials):
+            raise ValueError("profile: a rank-variable LoRA moment is evaluated at a rank (Profile.at_rank)")
         return any(len(m) > 4 and (m[4] or m[5]) for m in self.monomials)
 
     @cached_property
