@@ -137,6 +137,9 @@ def _check_config(config: dict) -> None:
     if not isinstance(config.get("model_type"), str) or not config["model_type"].strip():
         raise ValueError("model_type: missing; a config.json names its model_type" if config.get("model_type") is None
                          else f"model_type: must be a model type name, got {config['model_type']!r}")
+    if config.get("is_encoder_decoder") is True:  # said before its sizes: its fields are encoder_layers, d_model ...
+        raise ValueError(f"model_type: {config['model_type']!r} is an encoder-decoder model (is_encoder_decoder: "
+                         "true); willitfit models decoder (causal LM) and encoder (masked LM) models")
     cfg = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     for key in SIZE_FIELDS:
         v = cfg.get(key)
