@@ -160,9 +160,12 @@ def compile_untraced(w: Workload, p: Parallel) -> str | None:
 
 
 def traced_class(w: Workload, p: Parallel) -> tuple[Workload, Parallel, tuple[str, ...]]:
-    """The traceable (workload, parallel) whose profile stands for this one, and what is priced analytically."""
+    """The traceable (workload, parallel) whose profile stands for this one, and what is priced analytically.
+    It starts from the canonical class (store.canonical_class: knobs that do not apply at their defaults, every
+    grad_accum >= 2 as 2), the same one the store keys and derives, so no note speaks of an unused knob."""
     notes = []
-    tw = replace(w, batch=1, seq=1, gen_tokens=0, kv_dtype="auto", grad_accum=min(w.grad_accum, 2))
+    w = store.canonical_class(w)
+    tw = replace(w, batch=1, seq=1, gen_tokens=0, kv_dtype="auto")
     if w.method == "qlora":
         tw = replace(tw, method="lora", weight_format="auto", quantize_scope="all", double_quant=True)
         notes.append("qlora: traced with bf16 base weights; the 4-bit base and its dequantization are priced "
