@@ -74,7 +74,7 @@ def test_padding_monomials_m_and_l_evaluate_alike_everywhere():
                 + 13 * poly.lse_rows(s) + 17 * b * poly.lse_rows(s)) // 2
         assert p(b, s) == m.bytes_at(b, s)["activations"] == want
         assert float(np.asarray(coef) @ monomial_matrix(monos, [b], [s], [0], 1)[:, 0]) // 2 == want
-    assert poly.exponents(poly.ONE) == (0,) * 6 and poly.seq_degree(poly.BSM) == 2 and poly.seq_degree(poly.BL) == 1
+    assert poly.exponents(poly.ONE) == (0,) * 7 and poly.seq_degree(poly.BSM) == 2 and poly.seq_degree(poly.BL) == 1
 
 
 def test_a_piece_split_by_alignment_round_trips_and_is_found():
