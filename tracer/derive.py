@@ -161,11 +161,12 @@ def chunked_scan(cfg) -> tuple[str, int] | None:
     """(key, chunk) when the model runs a chunked state-space scan: its chunk tensors (mamba_ssm's kernels on a GPU,
     tracer.kernels_ssm; transformers' torch reference pads s to the chunk) are sized by ceil(s / chunk), so its
     memory is a polynomial in b, s and q = chunk * ceil(s / chunk) (estimator.profile.poly.scan_monomials). Read
-    from the config (a chunk key beside state-space keys), not from a list of families."""
-    for c in (cfg, getattr(cfg, "text_config", None)):
+    from the config (a transformers config or its config.json dict: a chunk key beside state-space keys), not from a
+    list of families."""
+    for c in (cfg, cfg.get("text_config") if isinstance(cfg, dict) else getattr(cfg, "text_config", None)):
         if c is None:
             continue
-        d = vars(c)
+        d = c if isinstance(c, dict) else vars(c)
         ssm = any("mamba" in k or "ssm" in k or k in ("state_size", "d_state") for k in d)
         for k in SCAN_CHUNK_KEYS:
             v = d.get(k)
@@ -316,12 +317,13 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
     fsdp = parallel.strategy in TRACED_SHARDING
     world = FSDP_WORLD if fsdp else ((2,) if parallel.strategy == "ddp" else (1,))
     session.check_traceable(w0, replace(parallel, gpus=world[0]) if parallel.gpus != world[0] else parallel)
-    sigs, hf_config, masked = _signatures(config, w0)
-    scan = chunked_scan(hf_config)
+    scan = chunked_scan(config)
     if scan and not infer and kernels == "cuda":
         raise ValueError(f"mode: {config.get('model_type')} runs a chunked state-space scan ({scan[0]}={scan[1]}); "
                          "training it runs mamba_ssm's fused kernel on a GPU, which is not emulated "
                          "(tracer.kernels_ssm); only inference (mode infer) is priced")
+    sigs, hf_config, masked = _signatures(config, w0)
+    scan = chunked_scan(hf_config)
     scan_extra = poly.scan_monomials(scan[1]) if scan else ()
     if masked and infer:
         w0 = replace(w0, gen_tokens=0)  # an encoder runs one forward pass: no decoding

@@ -1,0 +1,111 @@
+"""State-space and hybrid LMs (Mamba-2 mixers), priced as a GPU runs them: mamba_ssm's chunked scan and
+causal_conv1d's kernels (tracer.kernels_ssm), whose chunk tensors are sized by q = chunk * ceil(s / chunk).
+
+The tiny configs (tests/data/tiny/t-mamba2.json, t-bamba.json, t-nemotron_h.json) have 3-4 layers of width 64,
+8 SSM heads of head_dim 16, 2 groups, state 16, conv kernel 4 and a scan chunk of 64. The profile is fit at seqs
+near 256, 512, 768 and verified near 1016; the estimate is checked against a full-depth trace at seq 100 (not a
+multiple of the chunk, not fitted) and 64.
+
+    WILLITFIT_SLOW=1 python -m pytest tests/test_ssm.py -q -p no:cacheprovider
+"""
+from __future__ import annotations
+
+import json
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from estimator.evaluate import monomial_matrix
+from estimator.profile import poly
+from estimator.profile.profile import Moment
+from estimator.spec import Workload
+
+TINY = Path(__file__).parent / "data" / "tiny"
+B = 2
+
+
+def _config(name: str) -> dict:
+    return json.loads((TINY / f"t-{name}.json").read_text())
+
+
+def _states_bytes(cfg: dict, n_mamba: int, b: int) -> int:
+    """Per Mamba layer, transformers' LinearAttentionLayer cache: the conv state (b, conv_dim, conv_kernel) in the
+    model's dtype (bf16: 2 bytes) and the SSM state (b, heads, head_dim, state) in fp32 (4 bytes), the dtype of
+    mamba_ssm's final_states that it is zeros_like of."""
+    heads = cfg.get("num_heads") or cfg.get("mamba_n_heads") or cfg["mamba_num_heads"]
+    head_dim = cfg.get("head_dim") if cfg["model_type"] == "mamba2" else cfg.get("mamba_d_head") or \
+        cfg["mamba_head_dim"]
+    state = cfg.get("state_size") or cfg.get("mamba_d_state") or cfg["ssm_state_size"]
+    groups = cfg.get("n_groups") or cfg["mamba_n_groups"]
+    kernel = cfg.get("conv_kernel") or cfg.get("mamba_d_conv") or 4
+    conv_dim = heads * head_dim + 2 * groups * state
+    return n_mamba * (b * conv_dim * kernel * 2 + b * heads * head_dim * state * 4)
+
+
+def test_q_is_s_rounded_up_to_the_chunk():
+    q, bq = poly.scan_monomials(64)
+    # q = 64 * ceil(s / 64): 128 at s = 100, 64 at s = 64, 64 at s = 1
+    assert [poly.s_factor(q, s) for s in (100, 64, 1)] == [128, 64, 64]
+    assert poly.monomial_value(bq, (3, 100, 0, Fraction(1))) == 3 * 128
+    assert poly.exponents(bq) == (1, 0, 0, 0, 0, 0, 1) and poly.seq_degree(bq) == 1
+    assert poly.monomial_name(bq) == "b*q64"
+    # the sweep's matrix and the single-point path agree: 5 + 7 b + 11 b q at (2, 100) = 5 + 14 + 2816
+    moment = Moment("prefill", "t", (poly.ONE, poly.B, bq), 1, {"activations": (5, 7, 11)})
+    assert moment.exact(2, 100)[3] == 2835
+    m = monomial_matrix(moment.monomials, np.array([2, 2]), np.array([100, 128]), np.array([0, 0]), 1)
+    assert m[:, 0].tolist() == [1, 2, 256] and m[:, 1].tolist() == [1, 2, 256]
+    with pytest.raises(ValueError, match="^chunk: "):
+        poly.scan_monomials(0)
+
+
+def test_training_a_mamba2_mixer_is_refused_in_one_line():
+    from tracer.derive import chunked_scan, derive_profile
+
+    cfg = _config("mamba2")
+    assert chunked_scan(cfg) == ("chunk_size", 64) and chunked_scan(_config("bamba")) == ("mamba_chunk_size", 64)
+    with pytest.raises(ValueError, match="^mode: mamba2 runs a chunked state-space scan") as e:
+        derive_profile(cfg, Workload(method="full", recipe="pure", attention="eager"))
+    assert "\n" not in str(e.value)
+
+
+def test_inference_caches_conv_and_ssm_states_on_the_cuda_kernels():
+    from bench.trace.cases import trace_case
+    from tracer import kernels_ssm
+
+    cfg = _config("mamba2")
+    before = kernels_ssm.scan_calls()
+    w = Workload(batch=B, seq=100, mode="infer", gen_tokens=2, attention="eager")
+    row = trace_case(cfg, "tiny", w)
+    # the prefill runs mamba_ssm's chunk scan once per layer (3), each decode step none (selective_state_update)
+    assert kernels_ssm.scan_calls() - before == cfg["num_hidden_layers"]
+    # the decode step holds the weights, the cache (3 x (2*192*4*2 + 2*8*16*16*4) = 58368 bytes) and its
+    # temporaries; the prefill holds more (the chunk tensors, the logits of 100 positions)
+    states = _states_bytes(cfg, 3, B)
+    assert states == 58368
+    assert row["load_peak_alloc_bytes"] + states < row["decode_peak_alloc_bytes"] < row["prefill_peak_alloc_bytes"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, n_mamba, attention", [("mamba2", 3, "eager"), ("bamba", 3, "sdpa"),
+                                                      ("nemotron_h", 2, "sdpa")])
+def test_estimate_equals_the_full_depth_trace(name, n_mamba, attention):
+    from bench.trace.cases import trace_case
+    from estimator.estimate import estimate
+    from estimator.model import from_hf_config
+
+    cfg = _config(name)
+    for s in (100, 64):
+        w = Workload(batch=B, seq=s, mode="infer", gen_tokens=3, attention=attention)
+        est = estimate(from_hf_config(cfg, "tiny"), w)
+        row = trace_case(cfg, "tiny", w)
+        got = {n: b.tensor_bytes for n, b in est.stages if n in ("load", "prefill", "decode")}
+        assert got == {n: row[f"{n}_peak_alloc_bytes"] for n in got}, (s, got)
+        assert not est.notes
+        # the cache: conv + SSM states per Mamba layer, keys and values (b, kv_heads, s, head_dim) in bf16 for the
+        # attention layer of the hybrids
+        kv = 0 if name == "mamba2" else 2 * B * cfg["num_key_value_heads"] * s * (
+            cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]) * 2
+        prefill = dict(est.stages)["prefill"]
+        assert prefill.kv_cache == _states_bytes(cfg, n_mamba, B) + kv
