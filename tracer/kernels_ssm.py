@@ -36,8 +36,10 @@ Both are exact functions of b and q = chunk * ceil(s / chunk) (estimator.profile
 from __future__ import annotations
 
 import contextlib
-import importlib
+import importlib.abc
+import importlib.machinery
 import math
+import sys
 
 import torch
 
@@ -55,22 +57,53 @@ def scan_calls() -> int:
 
 @contextlib.contextmanager
 def cuda_mixers():
-    """Replace the five functions in every Mamba-2 modeling module for the duration (restored on exit)."""
-    saved = []
+    """Replace the five functions in every Mamba-2 modeling module for the duration (restored on exit): in those
+    already imported, and in those the enclosed code imports (building the model does), through a finder on
+    sys.meta_path; importing all six up front would cost seconds in every trace of any model."""
+    saved: list = []
+    finder = _PatchOnImport(saved)
+    sys.meta_path.insert(0, finder)
     try:
-        for name in MIXER_MODULES:
-            try:
-                mod = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
-            except ImportError:
-                continue
-            for fn in FUNCTIONS:
-                if hasattr(mod, fn):
-                    saved.append((mod, fn, getattr(mod, fn)))
-                    setattr(mod, fn, _EMULATED[fn])
+        for name in _TARGETS:
+            if name in sys.modules:
+                _patch(sys.modules[name], saved)
         yield
     finally:
+        sys.meta_path.remove(finder)
         for mod, fn, orig in reversed(saved):
             setattr(mod, fn, orig)
+
+
+_TARGETS = tuple(f"transformers.models.{n}.modeling_{n}" for n in MIXER_MODULES)
+
+
+def _patch(mod, saved: list) -> None:
+    for fn in FUNCTIONS:
+        if hasattr(mod, fn) and getattr(mod, fn) is not _EMULATED[fn]:
+            saved.append((mod, fn, getattr(mod, fn)))
+            setattr(mod, fn, _EMULATED[fn])
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Finds a target module as the path finder does, and patches it once its code has run."""
+
+    def __init__(self, saved: list):
+        self.saved = saved
+
+    def find_spec(self, name, path, target=None):
+        if name not in _TARGETS:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return None
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            _patch(module, self.saved)
+
+        spec.loader.exec_module = exec_module   # this spec's own loader object
+        return spec
 
 
 def causal_conv1d_fn(hidden_states, weight, bias=None, activation=None, seq_idx=None, **kwargs):
