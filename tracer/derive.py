@@ -353,10 +353,19 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
             "seconds": round(time.perf_counter() - start, 2),
             "reduced_depths": [list(v) for v in plan.variants if v is not None and not reduced_refused],
             **({"traced_whole": f"the reduced-depth model failed: {reduced_refused}"} if reduced_refused else {}),
+            **({"scan": _scan_path(scan, kernels)} if scan else {}),
             "derived_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
     return Profile(config_hash, str(config.get("model_type")), workload_class(workload),
                    parallel_class(parallel), plan.n_layers, tuple(out_pieces), prov)
+
+
+def _scan_path(scan: tuple[str, int], kernels: str) -> str:
+    """Which code the profile's Mamba-2 mixers ran (said with every estimate: docs/activations.md)."""
+    if kernels == "cuda":
+        return (f"Mamba-2 mixers on mamba_ssm's chunk scan and causal_conv1d (installed beside transformers on the "
+                f"GPU), {scan[0]}={scan[1]}")
+    return f"Mamba-2 mixers on transformers' torch reference (mamba_ssm not installed), {scan[0]}={scan[1]}"
 
 
 class _ReducedDepthFailed(Exception):
