@@ -73,7 +73,7 @@ def test_q_is_s_rounded_up_to_the_chunk():
         poly.scan_monomials(0)
 
 
-def test_training_a_mamba2_mixer_is_refused_in_one_line():
+def test_training_and_the_torch_reference_are_refused_in_one_line():
     from tracer.derive import chunked_scan, derive_profile
 
     cfg = _config("mamba2")
@@ -81,6 +81,8 @@ def test_training_a_mamba2_mixer_is_refused_in_one_line():
     with pytest.raises(ValueError, match="^mode: mamba2 runs a chunked state-space scan") as e:
         derive_profile(cfg, Workload(method="full", recipe="pure", attention="eager"))
     assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="^kernels: mamba2 runs a chunked state-space scan"):
+        derive_profile(cfg, Workload(mode="infer", attention="eager"), kernels="cpu")
 
 
 def test_inference_caches_conv_and_ssm_states_on_the_cuda_kernels():
