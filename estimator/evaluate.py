@@ -14,7 +14,7 @@ import numpy as np
 from estimator import components as comp
 from estimator.breakdown import Breakdown
 from estimator.parallel import FSDP_FAMILY, Share, composed, shard_group, tp_activation_scale
-from estimator.profile.poly import exponents, s_factor, s_functions_array, seq_degree
+from estimator.profile.poly import exponents, s_factor, s_factor_array, seq_degree
 from estimator.profile.profile import CATEGORIES, Piece, Profile
 from estimator.spec import Parallel, Workload
 from estimator.units import dtype_bytes
@@ -173,11 +173,11 @@ class Rule:
 
 def monomial_matrix(monos, b, s, g, n) -> np.ndarray:
     """(monomials, points) float values of each monomial at arrays of b, s, g (n scalar)."""
-    e = np.asarray([exponents(m) for m in monos], dtype=float)          # (m, 6)
-    w, rows = (x.astype(float) for x in s_functions_array(s))
+    e = np.asarray([exponents(m) for m in monos], dtype=float)          # (m, 7)
+    padded = np.stack([s_factor_array(m, s) for m in monos]) if len(monos) else np.zeros((0, np.size(s)))
     b, s, g = (np.asarray(x, dtype=float) for x in (b, s, g))
-    return (b[None, :] ** e[:, :1] * s[None, :] ** e[:, 1:2] * g[None, :] ** e[:, 2:3] * w[None, :] ** e[:, 4:5]
-            * rows[None, :] ** e[:, 5:6]) * (1.0 / n) ** e[:, 3:4]
+    return (b[None, :] ** e[:, :1] * s[None, :] ** e[:, 1:2] * g[None, :] ** e[:, 2:3] * padded) * \
+        (1.0 / n) ** e[:, 3:4]
 
 
 class StagePlan:
@@ -211,13 +211,13 @@ class StagePlan:
         # applies everywhere, the constant only where the moment holds states
         self.total_coef = np.einsum("kcm,c->km", coef, alpha + guarded_alpha)  # (k, m)
         if bs_coef:
-            full = [exponents(m) for m in monos]  # 4- or 6-exponent monomials (poly.exponents)
-            bs = (1, 1, 0, 0, 0, 0) if (1, 1, 0, 0, 0, 0) in full else (0, 1, 0, 0, 0, 0)  # batch-1 piece: no b
+            full = [exponents(m) for m in monos]  # every monomial as its 7 exponents (poly.exponents)
+            bs = exponents((1, 1, 0, 0)) if exponents((1, 1, 0, 0)) in full else exponents((0, 1, 0, 0))  # b = 1: no b
             self.total_coef[:, full.index(bs)] += bs_coef
         has_states = np.any(coef[:, C["optimizer_states"], :] != 0, axis=1)
         self.const = const + np.where(has_states, guarded_const, 0.0)
         self.exps = np.asarray([exponents(m) for m in monos], dtype=float)
-        self.padded = bool(self.exps[:, 4:].any())  # m or l (poly: the attention kernel's padding) in a monomial
+        self.padded = bool(self.exps[:, 4:].any())  # m, l or q (poly: kernels' padding of s) in a monomial
 
     def point(self, b: int, s: int, g: int, n: int) -> np.ndarray:
         """(m,) monomial values at one point (the single-estimate path: no matrix building)."""

@@ -107,7 +107,8 @@ ALIGNS = {None: lambda s: True, "aligned": lambda s: s % poly.MASK_ALIGNMENT == 
 
 def choose_seqs(lo: int, unit: int, extra: tuple = (), align: str | None = None) -> tuple[tuple[int, ...], int]:
     """(fit seqs, verify seq) of a piece starting above lo, for the monomials in s the fit solves for: 1, s, s^2 and
-    `extra` (s*m, l: CUDA's memory-efficient attention, see estimator.profile.poly), on the seqs of `align`.
+    `extra` (s*m, l: CUDA's memory-efficient attention; q: a chunked scan; see estimator.profile.poly), on the
+    seqs of `align`.
     Without extra: lo + u, 2u, 3u. With: the nearest seqs of the alignment at or below those, then more, downwards
     from lo + 3u, each one that tells the monomials further apart. The verify seq lies past them, in (lo + 3u,
     lo + 4u], with a remainder mod 32 that no fitted seq has (so a fit that holds on one alignment only is caught),
@@ -157,13 +158,15 @@ SCAN_CHUNK_KEYS = ("mamba_chunk_size", "chunk_size")   # Mamba-2 style chunked s
 
 
 def chunked_scan(cfg) -> tuple[str, int] | None:
-    """(key, chunk) when the model runs a chunked state-space scan: it pads the sequence to a multiple of the
-    chunk (transformers' Mamba-2 mixers: `pad_tensor_by_size`), so its memory steps with ceil(s / chunk) and is
-    no polynomial in s. Read from the config (a chunk key beside state-space keys), not from a list of families."""
-    for c in (cfg, getattr(cfg, "text_config", None)):
+    """(key, chunk) when the model runs a chunked state-space scan: its chunk tensors (mamba_ssm's kernels on a GPU,
+    tracer.kernels_ssm; transformers' torch reference pads s to the chunk) are sized by ceil(s / chunk), so its
+    memory is a polynomial in b, s and q = chunk * ceil(s / chunk) (estimator.profile.poly.scan_monomials). Read
+    from the config (a transformers config or its config.json dict: a chunk key beside state-space keys), not from a
+    list of families."""
+    for c in (cfg, cfg.get("text_config") if isinstance(cfg, dict) else getattr(cfg, "text_config", None)):
         if c is None:
             continue
-        d = vars(c)
+        d = c if isinstance(c, dict) else vars(c)
         ssm = any("mamba" in k or "ssm" in k or k in ("state_size", "d_state") for k in d)
         for k in SCAN_CHUNK_KEYS:
             v = d.get(k)
@@ -314,12 +317,19 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
     fsdp = parallel.strategy in TRACED_SHARDING
     world = FSDP_WORLD if fsdp else ((2,) if parallel.strategy == "ddp" else (1,))
     session.check_traceable(w0, replace(parallel, gpus=world[0]) if parallel.gpus != world[0] else parallel)
+    scan = chunked_scan(config)
+    if scan and kernels != "cuda":
+        # transformers' torch reference of the scan: its fit at b = 1 was 2 bytes off at the verify seq on the tiny
+        # Mamba-2 (tests/data/tiny/t-mamba2.json), and it is not what a GPU with mamba_ssm runs
+        raise ValueError(f"kernels: {config.get('model_type')} runs a chunked state-space scan ({scan[0]}="
+                         f"{scan[1]}); a profile prices it on mamba_ssm's kernels only (kernels cuda)")
+    if scan and not infer:
+        raise ValueError(f"mode: {config.get('model_type')} runs a chunked state-space scan ({scan[0]}={scan[1]}); "
+                         "training it runs mamba_ssm's fused kernel on a GPU, which is not emulated "
+                         "(tracer.kernels_ssm); only inference (mode infer) is priced")
     sigs, hf_config, masked = _signatures(config, w0)
     scan = chunked_scan(hf_config)
-    if scan:
-        raise ValueError(f"model_type: {config.get('model_type')} runs a chunked state-space scan ({scan[0]}="
-                         f"{scan[1]}): it pads the sequence to a multiple of {scan[1]}, so its memory is no "
-                         "polynomial in seq and no exact profile can be derived; trace it (`python -m bench trace`)")
+    scan_extra = poly.scan_monomials(scan[1]) if scan else ()
     if masked and infer:
         w0 = replace(w0, gen_tokens=0)  # an encoder runs one forward pass: no decoding
     plan = plan_layers(sigs)
@@ -328,7 +338,7 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
     reduced_refused = ""
     try:
         out_pieces, n_jobs, padding = _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp,
-                                                     kernels, progress)
+                                                     kernels, progress, scan_extra)
     except _ReducedDepthFailed as e:
         # The model's code outside its layer stack depends on the layer count (Gemma-3n / Gemma-4 per-layer
         # embeddings: one table num_hidden_layers x width wide, reshaped by the config's count), so a model cut in
@@ -336,7 +346,7 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
         reduced_refused = e.reason
         plan = Plan(plan.n_layers, plan.types, (tuple(range(plan.n_layers)),), (None,), True)
         out_pieces, n_jobs, padding = _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp,
-                                                     kernels, progress)
+                                                     kernels, progress, scan_extra)
     jobs = range(n_jobs)
     if progress:
         progress(len(jobs), len(jobs), "done")
@@ -348,10 +358,17 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
             "seconds": round(time.perf_counter() - start, 2),
             "reduced_depths": [list(v) for v in plan.variants if v is not None and not reduced_refused],
             **({"traced_whole": f"the reduced-depth model failed: {reduced_refused}"} if reduced_refused else {}),
+            **({"scan": _scan_path(scan)} if scan else {}),
             "derived_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
     return Profile(config_hash, str(config.get("model_type")), workload_class(workload),
                    parallel_class(parallel), plan.n_layers, tuple(out_pieces), prov)
+
+
+def _scan_path(scan: tuple[str, int]) -> str:
+    """Which code the profile's Mamba-2 mixers ran (said with every estimate: docs/activations.md)."""
+    return (f"Mamba-2 mixers on mamba_ssm's chunk scan and causal_conv1d (installed beside transformers on the GPU), "
+            f"{scan[0]}={scan[1]}")
 
 
 class _ReducedDepthFailed(Exception):
@@ -362,12 +379,14 @@ class _ReducedDepthFailed(Exception):
         self.reason = reason
 
 
-def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, kernels, progress):
+def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, kernels, progress, scan_extra=()):
     """(fitted pieces, traces run, largest FSDP padding): every piece of s and batch region, every variant of
     `plan` traced, fit, verified and extended. Where the step calls CUDA's memory-efficient attention (seen on the
     piece's first trace) the fit gets its monomials in l and m and the seqs that determine them (`choose_seqs`);
-    with a mask, the piece is split by s's alignment (the mask is copied on unaligned s only). A reduced plan whose
-    first trace fails in the model's code raises _ReducedDepthFailed (the caller traces the model whole)."""
+    with a mask, the piece is split by s's alignment (the mask is copied on unaligned s only). `scan_extra`: the
+    monomials in q of a chunked state-space scan (poly.scan_monomials; its chunk tensors are sized by the chunk
+    count), fit on every piece with seqs that tell q from s. A reduced plan whose first trace fails in the model's
+    code raises _ReducedDepthFailed (the caller traces the model whole)."""
 
     def jobs(fseqs) -> int:
         return sum(len(size_points(r[0], fseqs, fit_world)) + 1 for r in BATCH_REGIONS) * len(plan.variants)
@@ -403,7 +422,7 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
         probe = (BATCH_REGIONS[-1][0][0], seqs[0], fit_world[0])   # a point the b >= 2 region fits anyway
         seen = run(probe, 0).efficient
         unit = seqs[0] - lo
-        lse = poly.LSE_MONOMIALS if "lse" in seen else ()
+        lse = (poly.LSE_MONOMIALS if "lse" in seen else ()) + scan_extra
         if "mask" in seen:  # a mask is copied on unaligned s only: two lists of ticks, two pieces
             classes = [("aligned", lse, *choose_seqs(lo, unit, lse, "aligned")),
                        ("unaligned", poly.MASK_MONOMIALS + lse, *choose_seqs(lo, unit, poly.MASK_MONOMIALS + lse,

@@ -19,7 +19,7 @@ from functools import cached_property
 
 import numpy as np
 
-from estimator.profile.poly import MASK_ALIGNMENT, Poly, s_factor
+from estimator.profile.poly import MASK_ALIGNMENT, Poly, exponents, s_factor
 
 FORMAT = 2  # 2: per-stage flat arrays (1: a list of moment objects)
 CATEGORIES = ("weights", "gradients", "optimizer_states", "activations", "optimizer_step", "kv_cache",
@@ -47,8 +47,8 @@ class Moment:
 
     @cached_property
     def _padded(self) -> bool:
-        """Whether a monomial carries m or l (poly: the attention kernel's padding), which need s_factor."""
-        return any(len(m) > 4 and (m[4] or m[5]) for m in self.monomials)
+        """Whether a monomial carries m, l or q (poly: kernels' padding of s), which need s_factor."""
+        return any(any(exponents(m)[4:]) for m in self.monomials)
 
     @cached_property
     def _int_matrix(self):
