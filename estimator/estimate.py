@@ -19,7 +19,7 @@ from estimator import components as comp
 from estimator import store
 from estimator.breakdown import Breakdown
 from estimator.model import Model
-from estimator.parallel import check_model, shares
+from estimator.parallel import check_model, shares, tp_untraced
 from estimator.reserved import workload_class
 from estimator.spec import PAGED_OPTIMIZERS, Parallel, Workload
 from estimator.evaluate import stage_breakdowns
@@ -47,6 +47,8 @@ class Options:
     alloc_conf: str = ""                # PYTORCH_CUDA_ALLOC_CONF: which fitted reserved class (estimator.reserved)
     gpu: str | None = None              # GPU preset: picks the CUDA context of its architecture (estimator.device)
     cuda_context_bytes: int | None = None  # a measured CUDA context: overrides the GPU preset's and the overhead's
+    analytic_tp: bool = False           # price strategy tp by the analytic split even where a traced rank's profile
+                                        # is on disk (scripts/parallel_check.py compares the two)
 
     def __post_init__(self) -> None:
         c = self.cuda_context_bytes
@@ -206,6 +208,11 @@ def traced_class(w: Workload, p: Parallel) -> tuple[Workload, Parallel, tuple[st
             notes.append("hsdp: one FSDP shard group traced")
     elif p.strategy == "fsdp-grad-op":
         tp = Parallel(strategy="fsdp-grad-op", gpus=2)
+    elif p.strategy == "tp" and tp_untraced(w, p) is None:
+        # one TP rank traced (tracer.tp: torchtitan's apply_tp), its profile fit at this tp degree; where it is
+        # not on disk, `resolve` falls back to the analytic split below (the profile is derived on request)
+        tp = Parallel(strategy="tp", gpus=p.gpus)
+        notes.append(f"tp: one rank of {p.gpus} traced (torchtitan's apply_tp, loss_parallel in training)")
     elif p.strategy == "ddp":
         # DDP's one memory effect on a rank: its gradient buckets, allocated at construction (reducer.cpp
         # initialize_buckets; gradient_as_bucket_view=False): exactly the single-GPU step plus one buffer per
@@ -229,7 +236,7 @@ _CLASSES: dict = {}
 def resolve(model: Model, w: Workload, p: Parallel, options: Options):
     """(traced workload, notes, profile, shares) for this workload class, memoised: a search or a sweep only
     changes the sizes, and looking a profile up (hashing its class) costs more than evaluating it."""
-    key = (model, p, options.derive, tuple(getattr(w, f) for f in _CLASS_FIELDS))
+    key = (model, p, options.derive, options.analytic_tp, tuple(getattr(w, f) for f in _CLASS_FIELDS))
     hit = _CLASSES.get(key)
     if hit is None:
         model.inventory.trainable_params(w)  # a LoRA target the model lacks: one clean line, before any trace
@@ -237,13 +244,31 @@ def resolve(model: Model, w: Workload, p: Parallel, options: Options):
         w, attn_note = _runnable_attention(model, w)
         tw, tp, notes = traced_class(w, p)
         notes = attn_note + scope_notes(model) + notes
-        prof = store.profile(model.config, tw, tp, name=model.name, derive=options.derive,
-                             progress=options.progress)
+        if tp.strategy == "tp":
+            prof, tp, notes = _traced_tp_or_analytic(model, tw, tp, notes, options)
+        if tp.strategy != "tp":
+            prof = store.profile(model.config, tw, tp, name=model.name, derive=options.derive,
+                                 progress=options.progress)
         hit = (tw, notes, prof, shares(model.inventory, p))
         if len(_CLASSES) > 4096:
             _CLASSES.clear()
         _CLASSES[key] = hit
     return hit
+
+
+def _traced_tp_or_analytic(model: Model, tw: Workload, tp: Parallel, notes: tuple, options: Options):
+    """(profile, its parallel class, notes): the traced TP rank's profile where one is on disk (shipped, cache or
+    bank); else None and the single-GPU class, priced by the analytic split, with a note naming the command that
+    derives the exact one (an estimate never starts a TP derivation on its own: it takes minutes per degree)."""
+    try:
+        if options.analytic_tp:
+            raise store.ProfileMissing("analytic asked")
+        return store.profile(model.config, tw, tp, name=model.name, derive=False), tp, notes
+    except store.ProfileMissing:
+        note = "tp: priced by the analytic split (Options.analytic_tp)" if options.analytic_tp else (f"tp: no traced profile of one rank at tp={tp.gpus} on disk; priced by the analytic split over a "
+                f"single-GPU profile (derive the exact one: `python -m bench derive --model {model.name} "
+                f"--strategy tp --gpus {tp.gpus}` with the same workload flags)")
+        return None, Parallel(), tuple(n for n in notes if not n.startswith("tp: one rank")) + (note,)
 
 
 def scope_notes(model: Model) -> tuple[str, ...]:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from estimator.inventory import Inventory
-from estimator.spec import Parallel
+from estimator.spec import Parallel, Workload
 
 SHARD_STATES = ("zero1", "zero2", "zero3", "fsdp", "fsdp-grad-op", "hsdp")
 SHARD_GRADS = ("zero2", "zero3", "fsdp", "fsdp-grad-op", "hsdp")
@@ -116,6 +116,26 @@ def _shares(inv: Inventory, par: Parallel) -> tuple[Share, ...]:
         stages = [("first", embed + body, embed + body_tp), ("last", body + head, body_tp + head)]
     return tuple(Share(name, p, layers_local, frac_w, frac_g, frac_s, largest, gathered, p_tp / ep / inv.params)
                  for name, p, p_tp in stages)
+
+
+def tp_untraced(w: Workload, p: Parallel) -> str | None:
+    """Why one rank of this TP run is not traced per rank (tracer.tp: torchtitan's apply_tp on a fake process group),
+    naming the field, or None when it is: strategy 'tp' over all the GPUs, no sequence parallelism or offload; for
+    training full fine-tuning with the full loss (under loss_parallel) and none of float8, compile,
+    optimizer-in-backward, activation offload, op-sac or fsdp-mp. The rest is the analytic split."""
+    if p.strategy != "tp" or p.tp_size != p.gpus or p.pp_size > 1 or p.ep_size > 1 or p.tp_size == 1:
+        return "tp: traced tensor parallelism is strategy 'tp' over all the GPUs (tp = gpus > 1, no pp, ep)"
+    if p.sequence_parallel:
+        return "sequence_parallel: traced TP runs without sequence parallelism (norms replicated)"
+    if p.offload != "none":
+        return "offload: traced TP keeps everything on the GPU"
+    if w.mode == "train" and w.method != "full":
+        return f"method: traced TP trains method 'full' (torchtitan), not {w.method!r}"
+    if w.mode == "train" and (w.loss != "full" or w.float8 or w.compile or w.optimizer_in_backward
+                              or w.activation_offload or w.checkpointing == "op-sac" or w.recipe == "fsdp-mp"):
+        return ("loss: traced TP trains with loss 'full' under loss_parallel and no float8, compile, "
+                "optimizer-in-backward, activation offload, op-sac or fsdp-mp")
+    return None
 
 
 def tp_activation_scale(tp: int, sequence_parallel: bool) -> tuple[float, float]:

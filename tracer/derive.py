@@ -9,7 +9,7 @@ The method, for one config and one workload class:
    last layer; for every middle type that occurs more than once, R2_T is R1 with one more layer of that type
    right after its first one. A uniform 32-layer Llama is traced with 3 and 4 layers.
 2. **Sizes.** Each reduced model is traced at batch 1, 2 x three sequence lengths (and, for FSDP, a second world
-   size; for inference, two generated tokens), every tick of the step counted (`tracer.session`), and
+   size; TP is traced at its own degree, which its profile's class names; for inference, two generated tokens), every tick of the step counted (`tracer.session`), and
    the ticks that can hold a peak (an allocation followed by a free) kept. Their live bytes per category are fit
    exactly as polynomials in (b, s[, g][, 1/n]) (`estimator.profile.poly`); a further traced size (larger, of
    a remainder mod 32 no fitted seq has) must agree to the byte, or the derivation stops with the moment that
@@ -312,7 +312,9 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
     infer = workload.mode == "infer"
     w0 = replace(workload, batch=1, seq=1, gen_tokens=GEN_TOKENS if infer else 0)
     fsdp = parallel.strategy in TRACED_SHARDING
-    world = FSDP_WORLD if fsdp else ((2,) if parallel.strategy == "ddp" else (1,))
+    # a TP profile is of one tp degree (its parallel class names it): traced and fit at that world size only
+    world = FSDP_WORLD if fsdp else ((2,) if parallel.strategy == "ddp" else
+                                     (parallel.tp_size,) if parallel.strategy == "tp" else (1,))
     session.check_traceable(w0, replace(parallel, gpus=world[0]) if parallel.gpus != world[0] else parallel)
     sigs, hf_config, masked = _signatures(config, w0)
     scan = chunked_scan(hf_config)

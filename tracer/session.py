@@ -32,12 +32,12 @@ from estimator.spec import Parallel, Workload
 from estimator.parallel import TRACED_SHARDING
 from tracer import serialized
 from tracer import kernels as kernels_mod
-from tracer import recipes, runner
+from tracer import recipes, runner, tp
 from tracer.counters import StageLog, StorageCounter, memtracker_peak_bytes
 from tracer.depth import decoder_layer_list
 
 FSDP_STRATEGIES = TRACED_SHARDING  # FSDP2 fully_shard runs for each (estimator.parallel)
-TRACED_STRATEGIES = ("single", "ddp", *FSDP_STRATEGIES)
+TRACED_STRATEGIES = ("single", "ddp", *FSDP_STRATEGIES, "tp")
 
 
 def check_learned_positions(config: dict, name: str, workload: Workload) -> None:
@@ -64,8 +64,11 @@ def check_traceable(workload: Workload, parallel: Parallel) -> None:
     if parallel.strategy not in TRACED_STRATEGIES:
         raise ValueError(f"strategy: {parallel.strategy!r} is not traced; traced strategies are "
                          f"{', '.join(TRACED_STRATEGIES)}")
-    if parallel.tp_size > 1 or parallel.pp_size > 1 or parallel.ep_size > 1:
-        raise ValueError("tp: tensor, pipeline and expert parallelism are not traced; use tp=pp=ep=1")
+    if parallel.strategy == "tp":
+        tp.check(workload, parallel)
+    elif parallel.tp_size > 1 or parallel.pp_size > 1 or parallel.ep_size > 1:
+        raise ValueError("tp: pipeline and expert parallelism, and TP composed with another strategy, are not "
+                         "traced; use strategy 'tp' alone or tp=pp=ep=1")
     if parallel.offload != "none":
         raise ValueError("offload: CPU offload is not traced (every fake tensor is already on the CPU)")
     if workload.kv_dtype != "auto":
@@ -109,6 +112,7 @@ class _Case:
     inputs: dict
     workload: Workload
     roles: list = field(default_factory=list)      # (tensors, category) tracked before the run
+    context: object = contextlib.nullcontext       # entered around the steps (TP: torchtitan's loss_parallel)
     notes: list = field(default_factory=list)
     per_rank: dict | None = None
 
@@ -129,6 +133,17 @@ def _prepared(config: dict, workload: Workload, parallel: Parallel, layers: list
                          per_rank={"world_size": parallel.gpus, "traced_rank": 0})
             case.notes.append(f"fsdp2 rank 0 of {parallel.gpus} traced with a fake process group "
                               "(collectives do nothing)")
+            yield case
+        return
+    if parallel.strategy == "tp":
+        with tp.tp_model(config, workload, parallel, layers) as model, _fake_mode():
+            model.to_empty(device="cpu")  # DTensor's meta-device init, as torchtitan does; shards become fake
+            inputs = runner.make_inputs(config, workload, "cpu", model, clone_labels=clone)
+            case = _Case(model, runner.make_optimizer(model, workload), inputs, workload,
+                         per_rank={"world_size": parallel.gpus, "traced_rank": 0, "tp": parallel.tp_size},
+                         context=lambda: tp.loss_context(workload))
+            case.notes.append(f"tp rank 0 of {parallel.gpus} traced with a fake process group (torchtitan's "
+                              "apply_tp on the model's base_model_tp_plan; collectives do nothing)")
             yield case
         return
     with _fake_mode():
@@ -192,7 +207,7 @@ def _run(case: _Case, steps: int, observe_layers: bool = False,
         counter.mark_stage(stage)
 
     on_stage("load")
-    with counter:
+    with counter, case.context():
         if primed is not None:
             _prime_optimizer(case, primed)
             on_stage("optimizer")
@@ -214,7 +229,7 @@ def grad_names(config: dict, workload: Workload, parallel: Parallel, layers: lis
 
     key = (json.dumps(config, sort_keys=True, default=str), workload.method, workload.lora_rank,
            workload.lora_targets, workload.loss, workload.compile, workload.recipe, workload.checkpointing,
-           parallel.strategy, tuple(layers) if layers is not None else None, kernels)
+           parallel.strategy, parallel.tp_size, tuple(layers) if layers is not None else None, kernels)
     if key not in _GRAD_NAMES:
         if len(_GRAD_NAMES) > 256:
             _GRAD_NAMES.clear()
@@ -222,7 +237,8 @@ def grad_names(config: dict, workload: Workload, parallel: Parallel, layers: lis
 
         small = replace(workload, batch=1, seq=min(workload.seq, 64), gen_tokens=0)
         with kernels_mod.emulate(kernels), _prepared(config, small, parallel, layers, kernels=kernels) as case:
-            _GRAD_NAMES[key] = runner.params_with_grads(case.model, case.workload, case.inputs)
+            with case.context():
+                _GRAD_NAMES[key] = runner.params_with_grads(case.model, case.workload, case.inputs)
     return _GRAD_NAMES[key]
 
 
