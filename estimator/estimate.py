@@ -208,11 +208,6 @@ def traced_class(w: Workload, p: Parallel) -> tuple[Workload, Parallel, tuple[st
             notes.append("hsdp: one FSDP shard group traced")
     elif p.strategy == "fsdp-grad-op":
         tp = Parallel(strategy="fsdp-grad-op", gpus=2)
-    elif p.strategy == "tp" and tp_untraced(w, p) is None:
-        # one TP rank traced (tracer.tp: torchtitan's apply_tp), its profile fit at this tp degree; where it is
-        # not on disk, `resolve` falls back to the analytic split below (the profile is derived on request)
-        tp = Parallel(strategy="tp", gpus=p.gpus)
-        notes.append(f"tp: one rank of {p.gpus} traced (torchtitan's apply_tp, loss_parallel in training)")
     elif p.strategy == "ddp":
         # DDP's one memory effect on a rank: its gradient buckets, allocated at construction (reducer.cpp
         # initialize_buckets; gradient_as_bucket_view=False): exactly the single-GPU step plus one buffer per
@@ -223,6 +218,15 @@ def traced_class(w: Workload, p: Parallel) -> tuple[Workload, Parallel, tuple[st
         if p.strategy != "single":
             notes.append(f"{p.strategy}: sharding priced from the inventory over a single-GPU profile"
                          + (" (activations split after Korthikanti et al. 2022, Table 2)" if p.tp_size > 1 else ""))
+    if p.tp_size > 1 and tp_untraced(w, p) is None:
+        # one TP rank traced (tracer.tp: torchtitan's apply_tp; FSDP2 over dp on a (dp, tp) mesh), its profile fit
+        # at this tp degree; where it is not on disk, `resolve` falls back to the analytic split (`tp` above)
+        fsdp = p.strategy != "tp"
+        notes = [n for n in notes if not n.startswith(f"{p.strategy}: sharding priced")]
+        notes.append(f"tp: one rank of tp {p.tp_size} traced (torchtitan's apply_tp, loss_parallel in training"
+                     + (", FSDP2 over dp on a (dp, tp) mesh)" if fsdp else ")"))
+        tp = Parallel(strategy=tp.strategy, gpus=2 * p.tp_size, tp=p.tp_size) if fsdp else \
+            Parallel(strategy="tp", gpus=p.gpus)
     if p.offload != "none":
         notes.append(f"offload: {p.offload} moved off the GPU")
     return tw, tp, tuple(notes)
@@ -244,9 +248,10 @@ def resolve(model: Model, w: Workload, p: Parallel, options: Options):
         w, attn_note = _runnable_attention(model, w)
         tw, tp, notes = traced_class(w, p)
         notes = attn_note + scope_notes(model) + notes
-        if tp.strategy == "tp":
+        prof = None
+        if tp.tp_size > 1:
             prof, tp, notes = _traced_tp_or_analytic(model, tw, tp, notes, options)
-        if tp.strategy != "tp":
+        if prof is None:
             prof = store.profile(model.config, tw, tp, name=model.name, derive=options.derive,
                                  progress=options.progress)
         hit = (tw, notes, prof, shares(model.inventory, p))
@@ -258,17 +263,19 @@ def resolve(model: Model, w: Workload, p: Parallel, options: Options):
 
 def _traced_tp_or_analytic(model: Model, tw: Workload, tp: Parallel, notes: tuple, options: Options):
     """(profile, its parallel class, notes): the traced TP rank's profile where one is on disk (shipped, cache or
-    bank); else None and the single-GPU class, priced by the analytic split, with a note naming the command that
+    bank); else None and the class the analytic split prices from (single GPU, or the FSDP rank), with a note naming the command that
     derives the exact one (an estimate never starts a TP derivation on its own: it takes minutes per degree)."""
     try:
         if options.analytic_tp:
             raise store.ProfileMissing("analytic asked")
         return store.profile(model.config, tw, tp, name=model.name, derive=False), tp, notes
     except store.ProfileMissing:
-        note = "tp: priced by the analytic split (Options.analytic_tp)" if options.analytic_tp else (f"tp: no traced profile of one rank at tp={tp.gpus} on disk; priced by the analytic split over a "
-                f"single-GPU profile (derive the exact one: `python -m bench derive --model {model.name} "
-                f"--strategy tp --gpus {tp.gpus}` with the same workload flags)")
-        return None, Parallel(), tuple(n for n in notes if not n.startswith("tp: one rank")) + (note,)
+        how = (f"`python -m bench derive --model {model.name} --strategy tp --gpus {tp.gpus}` with the same workload "
+               "flags" if tp.strategy == "tp" else "estimator.estimate.ensure_profile(..., tp_rank=True) with this workload and layout")
+        note = "tp: priced by the analytic split (Options.analytic_tp)" if options.analytic_tp else \
+            (f"tp: no traced profile of one rank at tp={tp.tp_size} on disk; priced by the analytic split (derive "
+             f"the exact one: {how})")
+        return None, analytic_class(tp), tuple(n for n in notes if not n.startswith("tp: one rank")) + (note,)
 
 
 def scope_notes(model: Model) -> tuple[str, ...]:
@@ -299,12 +306,12 @@ def _runnable_attention(model: Model, w: Workload) -> tuple[Workload, tuple[str,
 
 
 def ensure_profile(model: Model, workload: Workload, parallel: Parallel = Parallel(),
-                   progress: Callable | None = None) -> dict:
+                   progress: Callable | None = None, *, tp_rank: bool = False) -> dict:
     """Make sure the profile `estimate(model, workload, parallel)` evaluates is on disk, deriving it now (torch;
     `progress(done, total, message)` per trace) if it is not. Returns its provenance with 'where': shipped, cache or
-    'derived now'."""
-    w, _ = _runnable_attention(model, workload)
-    tw, tp, _ = traced_class(w, parallel)
+    'derived now'. With tp > 1 that is the traced TP rank's profile where one is on disk, else the analytic split's;
+    `tp_rank=True` derives the traced TP rank's (minutes: `scripts/parallel_check.py`, `python -m bench derive`)."""
+    tw, tp = _evaluated_class(model, workload, parallel, tp_rank)
     found = store.where(model.config, key=store.profile_key(tw, tp))
     prof = store.profile(model.config, tw, tp, name=model.name, derive=found is None, progress=progress)
     return {**prof.provenance, "where": found or "derived now"}
@@ -313,9 +320,24 @@ def ensure_profile(model: Model, workload: Workload, parallel: Parallel = Parall
 def profile_where(model: Model, workload: Workload, parallel: Parallel = Parallel()) -> str | None:
     """Where the profile `estimate(model, workload, parallel)` evaluates is: 'shipped', 'cache', or None when it
     must be derived (or fetched from a bank) first. A file check: no profile is read."""
+    tw, tp = _evaluated_class(model, workload, parallel, False)
+    return store.where(model.config, key=store.profile_key(tw, tp))
+
+
+def _evaluated_class(model: Model, workload: Workload, parallel: Parallel, tp_rank: bool):
+    """(traced workload, traced parallel) of the profile an estimate evaluates: a traced TP rank's only where it is
+    on disk already or `tp_rank` asks for it, else the class of the analytic split (`analytic_class`)."""
     w, _ = _runnable_attention(model, workload)
     tw, tp, _ = traced_class(w, parallel)
-    return store.where(model.config, key=store.profile_key(tw, tp))
+    if tp.tp_size > 1 and not tp_rank and store.where(model.config, key=store.profile_key(tw, tp)) is None:
+        tp = analytic_class(tp)
+    return tw, tp
+
+
+def analytic_class(tp: Parallel) -> Parallel:
+    """The traced class the analytic TP split prices from, for a traced TP rank's class: single GPU for strategy
+    tp, the FSDP rank (n = dp) for FSDP x TP."""
+    return Parallel() if tp.strategy == "tp" else Parallel(strategy=tp.strategy, gpus=2)
 
 
 def profile_for(model: Model, w: Workload, p: Parallel, options: Options = Options()):

@@ -45,7 +45,7 @@ class Swap:
         traced = p.strategy in FSDP_FAMILY or tp_rank
         # composed (FSDP x TP/PP/EP): StagePlan scales the traced rank's model-state categories per monomial
         # (states_scale); the master copy and the step's swapped temporaries are this rank's 1/n slice
-        self.composed = composed(p)
+        self.composed = composed(p) and not tp_rank
         self.sharded_frac = sh.fsdp_frac if self.composed else 1.0
         self.gathered_frac = sh.gathered_frac if self.composed else 1.0
         per_rank = self.sharded_frac / world(p)
@@ -293,7 +293,7 @@ def stage_plans(model, prof, w, p, tw, sh, options, piece):
     hit = _PLANS.get(key)
     if hit is None:
         swap = Swap(model, w, p, tw, sh, options.activation_k, options.overhead,
-                    tp_rank=prof.parallel_class.get("strategy") == "tp")
+                    tp_rank="tp" in prof.parallel_class)
         hit = (swap, {st: StagePlan(piece, st, swap) for st in prof.stages if st in piece._arrays})
         if len(_PLANS) > 4096:
             _PLANS.clear()

@@ -10,7 +10,8 @@ traces one rank of the whole 6-layer model there (tracer.session.run_traced), an
 the estimate, the trace and their difference, plus the old analytic split (Options.analytic_tp) for TP. It exits
 1 when any traced-profile component differs from the trace by a byte.
 
-Cases: tp 2 / 4 / 8 (training full fine-tuning, pure bf16 AdamW; inference), fsdp 2 (training).
+Cases: tp 2 / 4 / 8 (training full fine-tuning, pure bf16 AdamW; inference); FSDP2 over dp 2 composed with tp 2
+and 4 on a (dp, tp) mesh (training); plain fsdp 2 (training).
 """
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ class Case:
 def cases() -> list[Case]:
     train, infer = Workload(**CHECK_TRAIN), Workload(mode="infer", **CHECK_INFER)
     out = [Case(f"tp{n}-{w.mode}", w, Parallel("tp", gpus=n)) for n in (2, 4, 8) for w in (train, infer)]
+    out += [Case(f"fsdp{2 * n}-tp{n}-train", train, Parallel("fsdp", gpus=2 * n, tp=n)) for n in (2, 4)]
     return out + [Case("fsdp2-train", train, Parallel("fsdp", gpus=2))]
 
 
@@ -66,13 +68,13 @@ def rows(estimate_, trace) -> list[tuple[str, str, int, int]]:
 def check(case: Case, progress=None) -> tuple[bool, list[str]]:
     """(exact, printed lines) for one case."""
     model = from_hf_config(CONFIG, "parallel-check", derive=True)
-    ensure_profile(model, case.workload, case.parallel, progress=progress)
+    ensure_profile(model, case.workload, case.parallel, progress=progress, tp_rank=True)
     ours = estimate(model, case.workload, case.parallel)
     old = estimate(model, case.workload, case.parallel, options=Options(analytic_tp=True)) \
-        if case.parallel.strategy == "tp" else None
+        if case.parallel.tp_size > 1 else None
     trace = run_traced(CONFIG, case.workload, case.parallel, name="parallel-check")
     lines = [f"{case.name}: {case.parallel.strategy} on {case.parallel.gpus} GPUs, {case.workload.mode}, batch "
-             f"{case.workload.batch}, seq {case.workload.seq} (rank 0, {CONFIG['num_hidden_layers']} layers)",
+             f"{case.workload.batch}, seq {case.workload.seq}, tp {case.parallel.tp_size} (rank 0, {CONFIG['num_hidden_layers']} layers)",
              f"  {'stage':10s} {'component':17s} {'estimate':>10s} {'trace':>10s} {'diff':>8s}"
              + (f" {'analytic':>10s} {'diff':>8s}" if old else "")]
     exact = True

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from estimator.estimate import Options, estimate, traced_class
+from estimator.estimate import Options, estimate, profile_where, traced_class
 from estimator.model import from_hf_config
 from estimator.parallel import tp_untraced
 from estimator.presets import load_config
@@ -49,7 +49,7 @@ def test_tp_training_step_runs_under_loss_parallel():
     (Workload(), Parallel("tp", gpus=4, sequence_parallel=True), "sequence_parallel"),
     (Workload(method="lora"), Parallel("tp", gpus=2), "method"),
     (Workload(loss="chunked"), Parallel("tp", gpus=2), "loss"),
-    (Workload(), Parallel("fsdp", gpus=4, tp=2), "tp"),
+    (Workload(), Parallel("fsdp", gpus=8, tp=2, pp=2), "tp"),
 ])
 def test_untraced_tp_is_named_in_one_line(w, p, field):
     why = tp_untraced(w, p)
@@ -63,8 +63,12 @@ def test_tp_profile_class_names_the_degree():
     assert parallel_class(Parallel("fsdp", gpus=4)) == {"strategy": "fsdp"}   # existing keys unchanged
     assert profile_key(Workload(), Parallel("tp", gpus=2)) != profile_key(Workload(), Parallel("tp", gpus=4))
     _, tp, notes = traced_class(Workload(), Parallel("tp", gpus=8))
-    assert tp == Parallel("tp", gpus=8) and any(n.startswith("tp: one rank of 8") for n in notes)
+    assert tp == Parallel("tp", gpus=8) and any(n.startswith("tp: one rank of tp 8") for n in notes)
     assert traced_class(Workload(method="lora"), Parallel("tp", gpus=8))[1] == Parallel()
+    # FSDP x TP: FSDP2 over dp on a (dp, tp) mesh, traced at dp 2 (dp is the profile's n)
+    assert traced_class(Workload(), Parallel("fsdp", gpus=64, tp=8))[1] == Parallel("fsdp", gpus=16, tp=8)
+    assert parallel_class(Parallel("fsdp", gpus=16, tp=8)) == {"strategy": "fsdp", "tp": 8}
+    assert traced_class(Workload(), Parallel("hsdp", gpus=64, tp=8))[1] == Parallel("fsdp", gpus=2)
 
 
 def test_estimate_without_a_tp_profile_on_disk_is_the_analytic_split(tmp_path, monkeypatch):
@@ -76,6 +80,8 @@ def test_estimate_without_a_tp_profile_on_disk_is_the_analytic_split(tmp_path, m
     forced = estimate(model, w, p, options=Options(derive=False, analytic_tp=True))
     assert any("no traced profile of one rank at tp=2" in n and "--strategy tp --gpus 2" in n for n in got.notes)
     assert got.stages == forced.stages
+    # the pages ask where that profile is: the single-GPU one the split prices from, shipped; none derives a TP rank
+    assert profile_where(model, w, p) == "shipped"
 
 
 @pytest.mark.slow
@@ -83,3 +89,11 @@ def test_parallel_check_cheapest_case_is_exact(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("WILLITFIT_CACHE", str(tmp_path))
     assert parallel_check(["--case", "tp2-infer", "--quiet"]) == 0
     assert "1 of 1 cases exact" in capsys.readouterr().out
+
+
+def test_fsdp_over_tp_shards_the_tp_slice_again():
+    # FSDP2 over dp 2 of rank 0's TP slice (tp 2): 45,376 / 2 = 22,688 parameters at load (every dim 0 divides)
+    trace = run_traced(TINY, Workload(batch=1, seq=8), Parallel("fsdp", gpus=4, tp=2))
+    assert trace.log.stages[0].breakdown["weights"] == 22_688 * BF16
+    assert any("(dp 2, tp 2) mesh" in n for n in trace.notes)
+    assert not torch.distributed.is_initialized()

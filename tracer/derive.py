@@ -315,7 +315,7 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
     # a TP profile is of one tp degree (its parallel class names it): traced and fit at that world size only
     world = FSDP_WORLD if fsdp else ((2,) if parallel.strategy == "ddp" else
                                      (parallel.tp_size,) if parallel.strategy == "tp" else (1,))
-    session.check_traceable(w0, replace(parallel, gpus=world[0]) if parallel.gpus != world[0] else parallel)
+    session.check_traceable(w0, _at_world(parallel, world[0]))
     sigs, hf_config, masked = _signatures(config, w0)
     scan = chunked_scan(hf_config)
     if scan:
@@ -356,6 +356,16 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
                    parallel_class(parallel), plan.n_layers, tuple(out_pieces), prov)
 
 
+def _at_world(parallel: Parallel, n: int) -> Parallel:
+    """The traced setting at world size n: FSDP's n is its shard group (dp), so FSDP x TP runs on n x tp GPUs;
+    TP alone runs on its own degree (n = tp); single on one GPU."""
+    if parallel.strategy == "single":
+        return parallel
+    if parallel.strategy in TRACED_SHARDING:
+        return replace(parallel, gpus=n * parallel.tp)
+    return replace(parallel, gpus=n)
+
+
 class _ReducedDepthFailed(Exception):
     """The reduced-depth model raised inside the model's own code on its first trace."""
 
@@ -388,7 +398,7 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
             progress(done, n_jobs, ("tracing the whole model" if keep is None or plan.full else
                                     f"tracing {len(keep)} of {plan.n_layers} layers") + f" at batch {b}, seq {s}"
                                    + (f", {n} GPUs" if n > 1 else ""))
-        par = replace(parallel, gpus=n) if parallel.strategy != "single" else parallel
+        par = _at_world(parallel, n)
         try:
             ticks = trace_ticks(config, replace(w0, batch=b, seq=s), par, None if keep is None else list(keep),
                                 kernels)

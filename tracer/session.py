@@ -64,7 +64,7 @@ def check_traceable(workload: Workload, parallel: Parallel) -> None:
     if parallel.strategy not in TRACED_STRATEGIES:
         raise ValueError(f"strategy: {parallel.strategy!r} is not traced; traced strategies are "
                          f"{', '.join(TRACED_STRATEGIES)}")
-    if parallel.strategy == "tp":
+    if parallel.tp_size > 1:
         tp.check(workload, parallel)
     elif parallel.tp_size > 1 or parallel.pp_size > 1 or parallel.ep_size > 1:
         raise ValueError("tp: pipeline and expert parallelism, and TP composed with another strategy, are not "
@@ -130,9 +130,11 @@ def _prepared(config: dict, workload: Workload, parallel: Parallel, layers: list
             model.to_empty(device="cpu")  # FSDP2's documented meta-device init; shards become fake
             inputs = runner.make_inputs(config, workload, "cpu", model, clone_labels=clone)
             case = _Case(model, runner.make_optimizer(model, workload), inputs, workload,
-                         per_rank={"world_size": parallel.gpus, "traced_rank": 0})
+                         per_rank={"world_size": parallel.gpus, "traced_rank": 0, "tp": parallel.tp_size},
+                         context=lambda: tp.loss_context(workload) if parallel.tp_size > 1 else contextlib.nullcontext())
             case.notes.append(f"fsdp2 rank 0 of {parallel.gpus} traced with a fake process group "
-                              "(collectives do nothing)")
+                              + (f"on a (dp {parallel.dp_size}, tp {parallel.tp_size}) mesh, TP applied first as "
+                                 "torchtitan does " if parallel.tp_size > 1 else "") + "(collectives do nothing)")
             yield case
         return
     if parallel.strategy == "tp":
@@ -173,6 +175,12 @@ def _fsdp_model(config: dict, workload: Workload, parallel: Parallel, layers: li
         model = runner.build_model(config, workload, device="meta", layers=layers)
         reshard = parallel.strategy != "fsdp-grad-op"
         mp = {"mp_policy": recipes.mp_policy(workload)} if workload.recipe == "fsdp-mp" else {}
+        if parallel.tp_size > 1:  # torchtitan: TP on the inner mesh dimension first, then fully_shard over dp
+            from torch.distributed.device_mesh import init_device_mesh
+
+            mesh = init_device_mesh("cpu", (parallel.dp_size, parallel.tp_size), mesh_dim_names=("dp", "tp"))
+            tp.parallelize(model, mesh["tp"], workload.mode == "train")
+            mp["mesh"] = mesh["dp"]
         for layer in _decoder_layers(model):
             fully_shard(layer, reshard_after_forward=reshard, **mp)
         fully_shard(model, reshard_after_forward=reshard, **mp)
