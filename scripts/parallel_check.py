@@ -11,7 +11,7 @@ the estimate, the trace and their difference, plus the old analytic split (Optio
 1 when any traced-profile component differs from the trace by a byte.
 
 Cases: tp 2 / 4 / 8 (training full fine-tuning, pure bf16 AdamW; inference); FSDP2 over dp 2 composed with tp 2
-and 4 on a (dp, tp) mesh (training); plain fsdp 2 (training).
+and 4 on a (dp, tp) mesh (training); tp 2 with the head tied to the embedding (training); plain fsdp 2 (training).
 """
 from __future__ import annotations
 
@@ -43,12 +43,17 @@ class Case:
     name: str
     workload: Workload
     parallel: Parallel
+    config: dict = None   # CONFIG unless given
+
+    def model_config(self) -> dict:
+        return self.config or CONFIG
 
 
 def cases() -> list[Case]:
     train, infer = Workload(**CHECK_TRAIN), Workload(mode="infer", **CHECK_INFER)
     out = [Case(f"tp{n}-{w.mode}", w, Parallel("tp", gpus=n)) for n in (2, 4, 8) for w in (train, infer)]
     out += [Case(f"fsdp{2 * n}-tp{n}-train", train, Parallel("fsdp", gpus=2 * n, tp=n)) for n in (2, 4)]
+    out += [Case("tp2-train-tied", train, Parallel("tp", gpus=2), {**CONFIG, "tie_word_embeddings": True})]
     return out + [Case("fsdp2-train", train, Parallel("fsdp", gpus=2))]
 
 
@@ -67,12 +72,13 @@ def rows(estimate_, trace) -> list[tuple[str, str, int, int]]:
 
 def check(case: Case, progress=None) -> tuple[bool, list[str]]:
     """(exact, printed lines) for one case."""
-    model = from_hf_config(CONFIG, "parallel-check", derive=True)
+    config = case.model_config()
+    model = from_hf_config(config, "parallel-check", derive=True)
     ensure_profile(model, case.workload, case.parallel, progress=progress, tp_rank=True)
     ours = estimate(model, case.workload, case.parallel)
     old = estimate(model, case.workload, case.parallel, options=Options(analytic_tp=True)) \
         if case.parallel.tp_size > 1 else None
-    trace = run_traced(CONFIG, case.workload, case.parallel, name="parallel-check")
+    trace = run_traced(config, case.workload, case.parallel, name="parallel-check")
     lines = [f"{case.name}: {case.parallel.strategy} on {case.parallel.gpus} GPUs, {case.workload.mode}, batch "
              f"{case.workload.batch}, seq {case.workload.seq}, tp {case.parallel.tp_size} (rank 0, {CONFIG['num_hidden_layers']} layers)",
              f"  {'stage':10s} {'component':17s} {'estimate':>10s} {'trace':>10s} {'diff':>8s}"
