@@ -225,8 +225,9 @@ def traced_class(w: Workload, p: Parallel) -> tuple[Workload, Parallel, tuple[st
         notes = [n for n in notes if not n.startswith(f"{p.strategy}: sharding priced")]
         notes.append(f"tp: one rank of tp {p.tp_size} traced (torchtitan's apply_tp, loss_parallel in training"
                      + (", FSDP2 over dp on a (dp, tp) mesh)" if fsdp else ")"))
-        tp = Parallel(strategy=tp.strategy, gpus=2 * p.tp_size, tp=p.tp_size) if fsdp else \
-            Parallel(strategy="tp", gpus=p.gpus)
+        sp = p.sequence_parallel
+        tp = Parallel(strategy=tp.strategy, gpus=2 * p.tp_size, tp=p.tp_size, sequence_parallel=sp) if fsdp else \
+            Parallel(strategy="tp", gpus=p.gpus, sequence_parallel=sp)
     if p.offload != "none":
         notes.append(f"offload: {p.offload} moved off the GPU")
     return tw, tp, tuple(notes)

@@ -121,15 +121,15 @@ def _shares(inv: Inventory, par: Parallel) -> tuple[Share, ...]:
 def tp_untraced(w: Workload, p: Parallel) -> str | None:
     """Why one rank of this TP run is not traced per rank (tracer.tp: torchtitan's apply_tp on a fake process group),
     naming the field, or None when it is: strategy 'tp' over all the GPUs, or an FSDP2 strategy (fsdp, zero3,
-    fsdp-grad-op) over dp composed with tp > 1 on a (dp, tp) mesh; no pipeline or expert parallelism, sequence
-    parallelism or offload; for training full fine-tuning with the full loss (under loss_parallel) and none of
+    fsdp-grad-op) over dp composed with tp > 1 on a (dp, tp) mesh, with sequence parallelism in training; no
+    pipeline or expert parallelism or offload; for training full fine-tuning with the full loss (under loss_parallel) and none of
     float8, compile, optimizer-in-backward, activation offload, op-sac or fsdp-mp. The rest is the analytic split."""
     if p.tp_size == 1 or p.pp_size > 1 or p.ep_size > 1 or (p.strategy == "tp" and p.tp_size != p.gpus) \
             or p.strategy not in ("tp", *TRACED_SHARDING):
         return ("tp: traced tensor parallelism is strategy 'tp' over all the GPUs, or fsdp / zero3 / fsdp-grad-op "
                 "composed with tp > 1 (no pp, ep)")
-    if p.sequence_parallel:
-        return "sequence_parallel: traced TP runs without sequence parallelism (norms replicated)"
+    if p.sequence_parallel and w.mode != "train":
+        return "sequence_parallel: traced for training (torchtitan's); inference is traced without it"
     if p.offload != "none":
         return "offload: traced TP keeps everything on the GPU"
     if w.mode == "train" and w.method != "full":

@@ -11,7 +11,8 @@ the estimate, the trace and their difference, plus the old analytic split (Optio
 1 when any traced-profile component differs from the trace by a byte.
 
 Cases: tp 2 / 4 / 8 (training full fine-tuning, pure bf16 AdamW; inference); FSDP2 over dp 2 composed with tp 2
-and 4 on a (dp, tp) mesh (training); tp 2 with the head tied to the embedding (training); plain fsdp 2 (training).
+and 4 on a (dp, tp) mesh (training); tp 2 with the head tied to the embedding (training); sequence parallelism:
+tp 4 and FSDP 2 x TP 2 (training); plain fsdp 2 (training).
 """
 from __future__ import annotations
 
@@ -54,6 +55,8 @@ def cases() -> list[Case]:
     out = [Case(f"tp{n}-{w.mode}", w, Parallel("tp", gpus=n)) for n in (2, 4, 8) for w in (train, infer)]
     out += [Case(f"fsdp{2 * n}-tp{n}-train", train, Parallel("fsdp", gpus=2 * n, tp=n)) for n in (2, 4)]
     out += [Case("tp2-train-tied", train, Parallel("tp", gpus=2), {**CONFIG, "tie_word_embeddings": True})]
+    out += [Case("tp4-sp-train", train, Parallel("tp", gpus=4, sequence_parallel=True)),
+            Case("fsdp4-tp2-sp-train", train, Parallel("fsdp", gpus=4, tp=2, sequence_parallel=True))]
     return out + [Case("fsdp2-train", train, Parallel("fsdp", gpus=2))]
 
 
@@ -80,7 +83,8 @@ def check(case: Case, progress=None) -> tuple[bool, list[str]]:
         if case.parallel.tp_size > 1 else None
     trace = run_traced(config, case.workload, case.parallel, name="parallel-check")
     lines = [f"{case.name}: {case.parallel.strategy} on {case.parallel.gpus} GPUs, {case.workload.mode}, batch "
-             f"{case.workload.batch}, seq {case.workload.seq}, tp {case.parallel.tp_size} (rank 0, {CONFIG['num_hidden_layers']} layers)",
+             f"{case.workload.batch}, seq {case.workload.seq}, tp {case.parallel.tp_size}"
+             + (" with sequence parallelism" if case.parallel.sequence_parallel else "") + f" (rank 0, {CONFIG['num_hidden_layers']} layers)",
              f"  {'stage':10s} {'component':17s} {'estimate':>10s} {'trace':>10s} {'diff':>8s}"
              + (f" {'analytic':>10s} {'diff':>8s}" if old else "")]
     exact = True

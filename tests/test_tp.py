@@ -46,7 +46,7 @@ def test_tp_training_step_runs_under_loss_parallel():
 
 
 @pytest.mark.parametrize("w, p, field", [
-    (Workload(), Parallel("tp", gpus=4, sequence_parallel=True), "sequence_parallel"),
+    (Workload(mode="infer"), Parallel("tp", gpus=4, sequence_parallel=True), "sequence_parallel"),
     (Workload(method="lora"), Parallel("tp", gpus=2), "method"),
     (Workload(loss="chunked"), Parallel("tp", gpus=2), "loss"),
     (Workload(), Parallel("fsdp", gpus=8, tp=2, pp=2), "tp"),
@@ -97,3 +97,14 @@ def test_fsdp_over_tp_shards_the_tp_slice_again():
     assert trace.log.stages[0].breakdown["weights"] == 22_688 * BF16
     assert any("(dp 2, tp 2) mesh" in n for n in trace.notes)
     assert not torch.distributed.is_initialized()
+
+
+def test_sequence_parallelism_shards_the_residual_stream_not_the_weights():
+    # torchtitan's SP: the norms' inputs and outputs and the block outputs are (b, s / tp, h) shards; the weights
+    # are those of TP alone (norms replicated either way), the activations fewer
+    plain = run_traced(TINY, Workload(batch=2, seq=16), Parallel("tp", gpus=2))
+    sp = run_traced(TINY, Workload(batch=2, seq=16), Parallel("tp", gpus=2, sequence_parallel=True))
+    fwd = {t: next(p.breakdown for p in r.log.stages if p.stage == "forward") for t, r in (("tp", plain), ("sp", sp))}
+    assert fwd["sp"]["weights"] == fwd["tp"]["weights"] == 45_376 * BF16
+    assert fwd["sp"]["activations"] < fwd["tp"]["activations"]
+    assert parallel_class(Parallel("tp", gpus=2, sequence_parallel=True)) == {"strategy": "tp", "tp": 2, "sp": True}

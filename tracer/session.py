@@ -179,7 +179,7 @@ def _fsdp_model(config: dict, workload: Workload, parallel: Parallel, layers: li
             from torch.distributed.device_mesh import init_device_mesh
 
             mesh = init_device_mesh("cpu", (parallel.dp_size, parallel.tp_size), mesh_dim_names=("dp", "tp"))
-            tp.parallelize(model, mesh["tp"], workload.mode == "train")
+            tp.parallelize(model, mesh["tp"], workload.mode == "train", parallel.sequence_parallel)
             mp["mesh"] = mesh["dp"]
         for layer in _decoder_layers(model):
             fully_shard(layer, reshard_after_forward=reshard, **mp)

@@ -27,10 +27,12 @@ the heads, the KV heads, the MLP width and the vocabulary (checked: `check_divis
 from __future__ import annotations
 
 import contextlib
+from fnmatch import fnmatch
 
 import torch
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module
-from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, parallelize_module
+from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, RowwiseParallel,
+                                               SequenceParallel, parallelize_module)
 
 from estimator.parallel import tp_untraced
 from estimator.spec import Parallel, Workload
@@ -64,6 +66,27 @@ class ReplicateParallel(ParallelStyle):
         return distribute_module(module, device_mesh, self._replicate, self._input, self._output)
 
 
+class GatherSequence(ParallelStyle):
+    """torchtitan's `PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))` on a block's
+    attention and MLP (an all-gather of the sequence-sharded input), for a module that takes `hidden_states` first
+    or by name (transformers calls its attention with hidden_states=..., its MLP positionally)."""
+
+    @staticmethod
+    def _gather(x, mesh):
+        if not isinstance(x, DTensor):
+            x = DTensor.from_local(x, mesh, [Shard(1)], run_check=False)
+        return x.redistribute(placements=[Replicate()])
+
+    def _apply(self, module, device_mesh):
+        def hook(mod, args, kwargs):
+            if args:
+                return (self._gather(args[0], device_mesh), *args[1:]), kwargs
+            return args, {**kwargs, "hidden_states": self._gather(kwargs["hidden_states"], device_mesh)}
+
+        module.register_forward_pre_hook(hook, with_kwargs=True)
+        return module
+
+
 def check(workload: Workload, parallel: Parallel) -> None:
     """One line naming the field for what traced TP does not run (estimator.parallel.tp_untraced: the analytic
     split still estimates it)."""
@@ -81,8 +104,9 @@ def check_divisible(model: torch.nn.Module, tp: int) -> None:
                                  "different shards")
 
 
-def plan(model: torch.nn.Module, train: bool) -> dict[str, ParallelStyle]:
-    """The module-name -> style plan of `apply_tp` (module docstring) on this transformers model."""
+def plan(model: torch.nn.Module, train: bool, sequence_parallel: bool = False) -> dict[str, ParallelStyle]:
+    """The module-name -> style plan of `apply_tp` (module docstring) on this transformers model; with
+    `sequence_parallel`, `sequence_parallel_plan` on top."""
     base_name = model.base_model_prefix
     base = getattr(model, base_name, None)
     declared = getattr(model.config, "base_model_tp_plan", None) or {}
@@ -101,15 +125,40 @@ def plan(model: torch.nn.Module, train: bool) -> dict[str, ParallelStyle]:
     if head is not None:
         out[names[head]] = (ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=False)
                             if train else ColwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()))
+    if sequence_parallel:
+        out.update(sequence_parallel_plan(model, out, names[emb], names[head] if head is not None else None))
     return out
 
 
-def parallelize(model: torch.nn.Module, mesh, train: bool) -> None:
+def sequence_parallel_plan(model: torch.nn.Module, tp_plan: dict, emb: str, head: str | None) -> dict:
+    """torchtitan's sequence parallelism (apply_tp): the residual stream between blocks sharded on the sequence
+    (Shard(1)): the embedding's output, every RowwiseParallel output (o_proj, down_proj: a reduce-scatter), the
+    norms `SequenceParallel()`, the attention and MLP inputs all-gathered back (`PrepareModuleInput`, Shard(1) ->
+    Replicate()), the head's input Shard(1). One change for transformers: the sharded stream stays a DTensor
+    (use_local_output=False) where torchtitan takes local tensors, because transformers sizes the positions and the
+    causal mask from the embedding output's shape (LlamaModel.forward), which must be the whole sequence's."""
+    out: dict[str, ParallelStyle] = {emb: RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1),
+                                                          use_local_output=False)}
+    if head is not None:
+        out[head] = ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False)
+    for name, style in tp_plan.items():
+        if isinstance(style, RowwiseParallel) and name != emb:
+            out[name] = RowwiseParallel(output_layouts=Shard(1), use_local_output=False)
+    parents = {n.rsplit(".", 1)[0] for n, st in tp_plan.items() if n not in (emb, head)}
+    for name, mod in model.named_modules():
+        if any(fnmatch(name, p) for p in parents):   # the attention (hidden_states=...), the MLP (it first)
+            out[name] = GatherSequence()
+        elif "norm" in type(mod).__name__.lower() and not any(fnmatch(name, p + ".*") for p in parents):
+            out[name] = SequenceParallel()   # a block's norms and the final one (not q/k norms inside attention)
+    return out
+
+
+def parallelize(model: torch.nn.Module, mesh, train: bool, sequence_parallel: bool = False) -> None:
     """Apply `plan`, re-tie a tied head to the embedding's shard (both shard the vocabulary rows), then replicate
-    every module still holding plain parameters (the norms)."""
+    every module still holding plain parameters (the norms without sequence parallelism)."""
     emb, head = model.get_input_embeddings(), model.get_output_embeddings()
     tied = head is not None and head.weight is emb.weight
-    parallelize_module(model, mesh, plan(model, train))
+    parallelize_module(model, mesh, plan(model, train, sequence_parallel))
     if tied:
         head.weight = emb.weight
     for mod in model.modules():
@@ -132,7 +181,7 @@ def tp_model(config: dict, workload: Workload, parallel: Parallel, layers: list[
     try:
         mesh = init_device_mesh("cpu", (parallel.tp_size,), mesh_dim_names=("tp",))
         model = runner.build_model(config, workload, device="meta", layers=layers)
-        parallelize(model, mesh, workload.mode == "train")
+        parallelize(model, mesh, workload.mode == "train", parallel.sequence_parallel)
         yield model
     finally:
         dist.destroy_process_group()
