@@ -272,7 +272,7 @@ def _traced_tp_or_analytic(model: Model, tw: Workload, tp: Parallel, notes: tupl
         return store.profile(model.config, tw, tp, name=model.name, derive=False), tp, notes
     except store.ProfileMissing:
         how = (f"`python -m bench derive --model {model.name} --strategy tp --gpus {tp.gpus}` with the same workload "
-               "flags" if tp.strategy == "tp" else "estimator.estimate.ensure_profile(..., tp_rank=True) with this workload and layout")
+               "flags" if tp.strategy == "tp" and not tp.sequence_parallel else "estimator.estimate.ensure_profile(..., tp_rank=True) with this workload and layout")
         note = "tp: priced by the analytic split (Options.analytic_tp)" if options.analytic_tp else \
             (f"tp: no traced profile of one rank at tp={tp.tp_size} on disk; priced by the analytic split (derive "
              f"the exact one: {how})")

@@ -10,6 +10,8 @@ Sources:
   tp; norms replicated. Activations per layer (Korthikanti et al. 2022, arXiv 2205.05198, Table 2): of the
   34·s·b·h + 5·a·s²·b bytes of a GPT layer, 24·s·b·h and all of the s² term are split over t, 10·s·b·h (the
   LayerNorm and dropout part) is not unless sequence parallelism splits it too.
+  Traced instead where a profile of one TP rank is on disk (tracer.tp, `tp_untraced`: strategy tp alone, or FSDP2 x
+  TP, with sequence parallelism in training): the estimate then takes that rank's categories as they are.
 - Pipeline parallelism (1F1B, Narayanan et al. 2021): a stage holds ceil(L/pp) layers, the first the embedding,
   the last the head; the first stage keeps min(pp, grad_accum) micro-batches of activations.
 - Expert parallelism: the routed experts are sharded over ep.

@@ -13,6 +13,9 @@ Multi-GPU, rank 0 of N is traced with torch's fake process group (collectives do
   device and materialised with to_empty inside FakeTensorMode. fsdp-grad-op keeps parameters unsharded
   between forward and backward (reshard_after_forward=False, ZeRO-2-like). FSDP2 pads every shard to the
   same size, so all ranks hold the same bytes and rank 0 stands for all.
+- tp (and fsdp / zero3 / fsdp-grad-op with tp > 1): torchtitan's apply_tp on the model's own
+  base_model_tp_plan (tracer.tp), on a "tp" mesh or, under FSDP2, the inner dimension of a (dp, tp) mesh with
+  fully_shard over dp; training runs inside loss_parallel. Rank 0 stands for all (tp divides every sharded dim).
 - ddp: DDP's C++ Reducer reads tensor data (parameter verification, bucket rebuilding), which fake
   tensors do not have, so DDP itself cannot run. Its one memory effect on a rank is the gradient buckets
   it allocates at construction (torch/csrc/distributed/c10d/reducer.cpp, initialize_buckets; with the
