@@ -264,15 +264,16 @@ def resolve(model: Model, w: Workload, p: Parallel, options: Options):
 
 def _traced_tp_or_analytic(model: Model, tw: Workload, tp: Parallel, notes: tuple, options: Options):
     """(profile, its parallel class, notes): the traced TP rank's profile where one is on disk (shipped, cache or
-    bank); else None and the class the analytic split prices from (single GPU, or the FSDP rank), with a note naming the command that
-    derives the exact one (an estimate never starts a TP derivation on its own: it takes minutes per degree)."""
+    bank); else None and the class the analytic split prices from (single GPU, or the FSDP rank), with a note
+    naming how to derive the exact one (an estimate never starts a TP derivation itself: minutes per degree)."""
     try:
         if options.analytic_tp:
             raise store.ProfileMissing("analytic asked")
         return store.profile(model.config, tw, tp, name=model.name, derive=False), tp, notes
     except store.ProfileMissing:
         how = (f"`python -m bench derive --model {model.name} --strategy tp --gpus {tp.gpus}` with the same workload "
-               "flags" if tp.strategy == "tp" and not tp.sequence_parallel else "estimator.estimate.ensure_profile(..., tp_rank=True) with this workload and layout")
+               "flags" if tp.strategy == "tp" and not tp.sequence_parallel else
+               "estimator.estimate.ensure_profile(..., tp_rank=True) with this workload and layout")
         note = "tp: priced by the analytic split (Options.analytic_tp)" if options.analytic_tp else \
             (f"tp: no traced profile of one rank at tp={tp.tp_size} on disk; priced by the analytic split (derive "
              f"the exact one: {how})")

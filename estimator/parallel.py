@@ -124,8 +124,9 @@ def tp_untraced(w: Workload, p: Parallel) -> str | None:
     """Why one rank of this TP run is not traced per rank (tracer.tp: torchtitan's apply_tp on a fake process group),
     naming the field, or None when it is: strategy 'tp' over all the GPUs, or an FSDP2 strategy (fsdp, zero3,
     fsdp-grad-op) over dp composed with tp > 1 on a (dp, tp) mesh, with sequence parallelism in training; no
-    pipeline or expert parallelism or offload; for training full fine-tuning with the full loss (under loss_parallel) and none of
-    float8, compile, optimizer-in-backward, activation offload, op-sac or fsdp-mp. The rest is the analytic split."""
+    pipeline or expert parallelism or offload; for training full fine-tuning with the full loss (under
+    loss_parallel) and none of float8, compile, optimizer-in-backward, activation offload, op-sac or fsdp-mp. The
+    rest is the analytic split."""
     if p.tp_size == 1 or p.pp_size > 1 or p.ep_size > 1 or (p.strategy == "tp" and p.tp_size != p.gpus) \
             or p.strategy not in ("tp", *TRACED_SHARDING):
         return ("tp: traced tensor parallelism is strategy 'tp' over all the GPUs, or fsdp / zero3 / fsdp-grad-op "

@@ -9,9 +9,9 @@ The method, for one config and one workload class:
    last layer; for every middle type that occurs more than once, R2_T is R1 with one more layer of that type
    right after its first one. A uniform 32-layer Llama is traced with 3 and 4 layers.
 2. **Sizes.** Each reduced model is traced at batch 1, 2 x three sequence lengths (and, for FSDP, a second world
-   size; TP is traced at its own degree, which its profile's class names; for inference, two generated tokens), every tick of the step counted (`tracer.session`), and
-   the ticks that can hold a peak (an allocation followed by a free) kept. Their live bytes per category are fit
-   exactly as polynomials in (b, s[, g][, 1/n]) (`estimator.profile.poly`); a further traced size (larger, of
+   size; TP at its own degree, which its profile's class names; for inference, two generated tokens), every tick
+   of the step counted (`tracer.session`), and the ticks that can hold a peak (an allocation followed by a free)
+   kept. Their live bytes per category are fit exactly as polynomials in (b, s[, g][, 1/n]) (`estimator.profile.poly`); a further traced size (larger, of
    a remainder mod 32 no fitted seq has) must agree to the byte, or the derivation stops with the moment that
    disagrees. Sliding-window and chunked attention make memory piecewise in s: each piece between window sizes
    is fit on its own. Where CUDA's memory-efficient attention runs, its padding (a logsumexp of 32 * ceil(s / 32)

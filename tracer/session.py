@@ -69,9 +69,8 @@ def check_traceable(workload: Workload, parallel: Parallel) -> None:
                          f"{', '.join(TRACED_STRATEGIES)}")
     if parallel.tp_size > 1:
         tp.check(workload, parallel)
-    elif parallel.tp_size > 1 or parallel.pp_size > 1 or parallel.ep_size > 1:
-        raise ValueError("tp: pipeline and expert parallelism, and TP composed with another strategy, are not "
-                         "traced; use strategy 'tp' alone or tp=pp=ep=1")
+    elif parallel.pp_size > 1 or parallel.ep_size > 1:
+        raise ValueError("pp: pipeline and expert parallelism are not traced; use pp=ep=1")
     if parallel.offload != "none":
         raise ValueError("offload: CPU offload is not traced (every fake tensor is already on the CPU)")
     if workload.kv_dtype != "auto":
@@ -134,7 +133,8 @@ def _prepared(config: dict, workload: Workload, parallel: Parallel, layers: list
             inputs = runner.make_inputs(config, workload, "cpu", model, clone_labels=clone)
             case = _Case(model, runner.make_optimizer(model, workload), inputs, workload,
                          per_rank={"world_size": parallel.gpus, "traced_rank": 0, "tp": parallel.tp_size},
-                         context=lambda: tp.loss_context(workload) if parallel.tp_size > 1 else contextlib.nullcontext())
+                         context=lambda: (tp.loss_context(workload) if parallel.tp_size > 1
+                                          else contextlib.nullcontext()))
             case.notes.append(f"fsdp2 rank 0 of {parallel.gpus} traced with a fake process group "
                               + (f"on a (dp {parallel.dp_size}, tp {parallel.tp_size}) mesh, TP applied first as "
                                  "torchtitan does " if parallel.tp_size > 1 else "") + "(collectives do nothing)")
