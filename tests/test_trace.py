@@ -215,7 +215,8 @@ def test_ddp_adds_gradient_buckets():
 
 
 @pytest.mark.parametrize("workload, parallel, field", [
-    (Workload(), Parallel(strategy="tp", gpus=2), "strategy"),
+    (Workload(), Parallel(strategy="pp", gpus=2), "strategy"),
+    (Workload(mode="infer"), Parallel(strategy="tp", gpus=2, sequence_parallel=True), "sequence_parallel"),
     (Workload(), Parallel(strategy="zero3", gpus=2, offload="optimizer"), "offload"),
     (Workload(method="qlora"), Parallel(), "method"),
     (Workload(optimizer="adafactor"), Parallel(), "optimizer"),
