@@ -35,13 +35,17 @@ def world(p: Parallel) -> int:
 class Swap:
     """What replaces each traced category on one GPU: affine per category (see estimator.estimate)."""
 
-    def __init__(self, model, w: Workload, p: Parallel, tw: Workload, sh: Share, activation_k, overhead):
+    def __init__(self, model, w: Workload, p: Parallel, tw: Workload, sh: Share, activation_k, overhead,
+                 tp_rank: bool = False):
+        """`tp_rank`: the profile is of one traced TP rank (tracer.tp), which already holds this rank's weights,
+        gradients, states, activations and KV cache: nothing is split again; what the inventory swaps in (another
+        optimizer's states, the master copy) takes this rank's share of the parameters (Share.params_local)."""
         inv = model.inventory
         rd, trd = comp.recipe_dtypes(w), comp.recipe_dtypes(tw)
-        traced = p.strategy in FSDP_FAMILY
+        traced = p.strategy in FSDP_FAMILY or tp_rank
         # composed (FSDP x TP/PP/EP): StagePlan scales the traced rank's model-state categories per monomial
         # (states_scale); the master copy and the step's swapped temporaries are this rank's 1/n slice
-        self.composed = composed(p)
+        self.composed = composed(p) and not tp_rank
         self.sharded_frac = sh.fsdp_frac if self.composed else 1.0
         self.gathered_frac = sh.gathered_frac if self.composed else 1.0
         per_rank = self.sharded_frac / world(p)
@@ -56,6 +60,10 @@ class Swap:
             self.weights_shift -= int(base * self.local * (1 - sh.weight_frac))
         self.master = 0 if offload else int(comp.master_weight_bytes(trainable, w.recipe) * state)
         self.master_traced = comp.master_weight_bytes(trainable, tw.recipe)
+        if tp_rank:  # the same share of both, so that equal recipes cancel to the byte
+            per_rank = sh.params_local / inv.params
+            self.master = int(comp.master_weight_bytes(trainable, w.recipe) * per_rank)
+            self.master_traced = int(self.master_traced * per_rank)
         if self.composed:
             self.master = 0 if offload else int(comp.master_weight_bytes(trainable, w.recipe) * per_rank)
             self.master_traced = int(self.master_traced * per_rank)
@@ -72,10 +80,10 @@ class Swap:
         if comp.paged(w.optimizer):
             self.state_ratio = 0.0  # in CUDA unified memory, outside the allocator: Estimate.paged_bytes
         self.state = 0.0 if offload else state
-        self.step_add = 0 if offload else int(self.step_add * (per_rank if self.composed else state))
+        self.step_add = 0 if offload else int(self.step_add * (per_rank if self.composed or tp_rank else state))
         self.dequant = comp.dequant_temp_bytes(inv, w)
         self.kv = dtype_bytes(comp.kv_dtype(w)) / dtype_bytes(w.precision) * sh.layers_local / max(1, inv.layers) \
-            / p.tp_size
+            / (1 if tp_rank else p.tp_size)
         # micro-batches whose activations a stage holds at once: the schedule decides (estimator.spec.PP_SCHEDULES)
         micro = p.microbatches or w.grad_accum
         if p.pp_size == 1:
@@ -85,7 +93,7 @@ class Swap:
         else:
             in_flight = min(p.pp_size, micro) if sh.stage == "first" else 1
         self.act_layers = sh.layers_local / max(1, inv.layers) * in_flight if p.pp_size > 1 else 1.0
-        self.tp_lin, self.tp_sq = tp_activation_scale(p.tp_size, p.sequence_parallel)
+        self.tp_lin, self.tp_sq = (1.0, 1.0) if tp_rank else tp_activation_scale(p.tp_size, p.sequence_parallel)
         self.k_form = None  # the seeds' form: k * b*s*h*L*bytes, i.e. a b*s monomial with this coefficient
         if activation_k is not None and w.mode == "train":
             self.k_form = activation_k * inv.hidden * sh.layers_local * dtype_bytes(w.precision)
@@ -284,7 +292,8 @@ def stage_plans(model, prof, w, p, tw, sh, options, piece):
            id(piece))
     hit = _PLANS.get(key)
     if hit is None:
-        swap = Swap(model, w, p, tw, sh, options.activation_k, options.overhead)
+        swap = Swap(model, w, p, tw, sh, options.activation_k, options.overhead,
+                    tp_rank="tp" in prof.parallel_class)
         hit = (swap, {st: StagePlan(piece, st, swap) for st in prof.stages if st in piece._arrays})
         if len(_PLANS) > 4096:
             _PLANS.clear()

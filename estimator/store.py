@@ -84,6 +84,10 @@ def workload_class(w: Workload) -> dict:
 
 
 def parallel_class(p: Parallel) -> dict:
+    """What a profile of this parallel setting is of: the strategy, and for a traced TP rank (strategy tp, or
+    FSDP x TP) its degree: a TP profile is fit at one tp; an FSDP one holds n = the dp group as a variable."""
+    if p.tp_size > 1:
+        return {"strategy": p.strategy, "tp": p.tp_size, **({"sp": True} if p.sequence_parallel else {})}
     return {"strategy": p.strategy}
 
 

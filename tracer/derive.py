@@ -9,9 +9,9 @@ The method, for one config and one workload class:
    last layer; for every middle type that occurs more than once, R2_T is R1 with one more layer of that type
    right after its first one. A uniform 32-layer Llama is traced with 3 and 4 layers.
 2. **Sizes.** Each reduced model is traced at batch 1, 2 x three sequence lengths (and, for FSDP, a second world
-   size; for inference, two generated tokens), every tick of the step counted (`tracer.session`), and
-   the ticks that can hold a peak (an allocation followed by a free) kept. Their live bytes per category are fit
-   exactly as polynomials in (b, s[, g][, 1/n]) (`estimator.profile.poly`); a further traced size (larger, of
+   size; TP at its own degree, which its profile's class names; for inference, two generated tokens), every tick
+   of the step counted (`tracer.session`), and the ticks that can hold a peak (an allocation followed by a free)
+   kept. Their live bytes per category are fit exactly as polynomials in (b, s[, g][, 1/n]) (`estimator.profile.poly`); a further traced size (larger, of
    a remainder mod 32 no fitted seq has) must agree to the byte, or the derivation stops with the moment that
    disagrees. Sliding-window and chunked attention make memory piecewise in s: each piece between window sizes
    is fit on its own. Where CUDA's memory-efficient attention runs, its padding (a logsumexp of 32 * ceil(s / 32)
@@ -315,8 +315,10 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
     infer = workload.mode == "infer"
     w0 = replace(workload, batch=1, seq=1, gen_tokens=GEN_TOKENS if infer else 0)
     fsdp = parallel.strategy in TRACED_SHARDING
-    world = FSDP_WORLD if fsdp else ((2,) if parallel.strategy == "ddp" else (1,))
-    session.check_traceable(w0, replace(parallel, gpus=world[0]) if parallel.gpus != world[0] else parallel)
+    # a TP profile is of one tp degree (its parallel class names it): traced and fit at that world size only
+    world = FSDP_WORLD if fsdp else ((2,) if parallel.strategy == "ddp" else
+                                     (parallel.tp_size,) if parallel.strategy == "tp" else (1,))
+    session.check_traceable(w0, _at_world(parallel, world[0]))
     scan = chunked_scan(config)
     if scan and kernels != "cuda":
         # transformers' torch reference of the scan: its fit at b = 1 was 2 bytes off at the verify seq on the tiny
@@ -371,6 +373,16 @@ def _scan_path(scan: tuple[str, int]) -> str:
             f"{scan[0]}={scan[1]}")
 
 
+def _at_world(parallel: Parallel, n: int) -> Parallel:
+    """The traced setting at world size n: FSDP's n is its shard group (dp), so FSDP x TP runs on n x tp GPUs;
+    TP alone runs on its own degree (n = tp); single on one GPU."""
+    if parallel.strategy == "single":
+        return parallel
+    if parallel.strategy in TRACED_SHARDING:
+        return replace(parallel, gpus=n * parallel.tp)
+    return replace(parallel, gpus=n)
+
+
 class _ReducedDepthFailed(Exception):
     """The reduced-depth model raised inside the model's own code on its first trace."""
 
@@ -405,7 +417,7 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
             progress(done, n_jobs, ("tracing the whole model" if keep is None or plan.full else
                                     f"tracing {len(keep)} of {plan.n_layers} layers") + f" at batch {b}, seq {s}"
                                    + (f", {n} GPUs" if n > 1 else ""))
-        par = replace(parallel, gpus=n) if parallel.strategy != "single" else parallel
+        par = _at_world(parallel, n)
         try:
             ticks = trace_ticks(config, replace(w0, batch=b, seq=s), par, None if keep is None else list(keep),
                                 kernels)
