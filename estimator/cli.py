@@ -273,6 +273,8 @@ def render_text(r: dict) -> str:
                      f" ({prof.get('kernels')} kernels), {prof.get('traces')} traces of "
                      f"{'/'.join(str(len(d)) for d in prof.get('reduced_depths', []))} layers in "
                      f"{prof.get('seconds')} s")
+        if prof.get("scan"):
+            lines.append(f"  assumes: {prof['scan']}")
     for note in r.get("notes", []):
         lines.append(f"  note: {note}")
     lines += ["", "Stages (waterfall):"]

@@ -19,7 +19,7 @@ from estimator import components as comp
 from estimator import store
 from estimator.breakdown import Breakdown
 from estimator.model import Model
-from estimator.parallel import check_model, shares
+from estimator.parallel import check_model, shares, tp_untraced
 from estimator.reserved import workload_class
 from estimator.spec import PAGED_OPTIMIZERS, Parallel, Workload
 from estimator.evaluate import stage_breakdowns
@@ -47,6 +47,8 @@ class Options:
     alloc_conf: str = ""                # PYTORCH_CUDA_ALLOC_CONF: which fitted reserved class (estimator.reserved)
     gpu: str | None = None              # GPU preset: picks the CUDA context of its architecture (estimator.device)
     cuda_context_bytes: int | None = None  # a measured CUDA context: overrides the GPU preset's and the overhead's
+    analytic_tp: bool = False           # price strategy tp by the analytic split even where a traced rank's profile
+                                        # is on disk (scripts/parallel_check.py compares the two)
 
     def __post_init__(self) -> None:
         c = self.cuda_context_bytes
@@ -160,9 +162,12 @@ def compile_untraced(w: Workload, p: Parallel) -> str | None:
 
 
 def traced_class(w: Workload, p: Parallel) -> tuple[Workload, Parallel, tuple[str, ...]]:
-    """The traceable (workload, parallel) whose profile stands for this one, and what is priced analytically."""
+    """The traceable (workload, parallel) whose profile stands for this one, and what is priced analytically.
+    It starts from the canonical class (store.canonical_class: knobs that do not apply at their defaults, every
+    grad_accum >= 2 as 2), the same one the store keys and derives, so no note speaks of an unused knob."""
     notes = []
-    tw = replace(w, batch=1, seq=1, gen_tokens=0, kv_dtype="auto", grad_accum=min(w.grad_accum, 2))
+    w = store.canonical_class(w)
+    tw = replace(w, batch=1, seq=1, gen_tokens=0, kv_dtype="auto")
     if w.method == "qlora":
         tw = replace(tw, method="lora", weight_format="auto", quantize_scope="all", double_quant=True)
         notes.append("qlora: traced with bf16 base weights; the 4-bit base and its dequantization are priced "
@@ -216,6 +221,16 @@ def traced_class(w: Workload, p: Parallel) -> tuple[Workload, Parallel, tuple[st
         if p.strategy != "single":
             notes.append(f"{p.strategy}: sharding priced from the inventory over a single-GPU profile"
                          + (" (activations split after Korthikanti et al. 2022, Table 2)" if p.tp_size > 1 else ""))
+    if p.tp_size > 1 and tp_untraced(w, p) is None:
+        # one TP rank traced (tracer.tp: torchtitan's apply_tp; FSDP2 over dp on a (dp, tp) mesh), its profile fit
+        # at this tp degree; where it is not on disk, `resolve` falls back to the analytic split (`tp` above)
+        fsdp = p.strategy != "tp"
+        notes = [n for n in notes if not n.startswith(f"{p.strategy}: sharding priced")]
+        notes.append(f"tp: one rank of tp {p.tp_size} traced (torchtitan's apply_tp, loss_parallel in training"
+                     + (", FSDP2 over dp on a (dp, tp) mesh)" if fsdp else ")"))
+        sp = p.sequence_parallel
+        tp = Parallel(strategy=tp.strategy, gpus=2 * p.tp_size, tp=p.tp_size, sequence_parallel=sp) if fsdp else \
+            Parallel(strategy="tp", gpus=p.gpus, sequence_parallel=sp)
     if p.offload != "none":
         notes.append(f"offload: {p.offload} moved off the GPU")
     return tw, tp, tuple(notes)
@@ -229,7 +244,7 @@ _CLASSES: dict = {}
 def resolve(model: Model, w: Workload, p: Parallel, options: Options):
     """(traced workload, notes, profile, shares) for this workload class, memoised: a search or a sweep only
     changes the sizes, and looking a profile up (hashing its class) costs more than evaluating it."""
-    key = (model, p, options.derive, tuple(getattr(w, f) for f in _CLASS_FIELDS))
+    key = (model, p, options.derive, options.analytic_tp, tuple(getattr(w, f) for f in _CLASS_FIELDS))
     hit = _CLASSES.get(key)
     if hit is None:
         model.inventory.trainable_params(w)  # a LoRA target the model lacks: one clean line, before any trace
@@ -237,13 +252,35 @@ def resolve(model: Model, w: Workload, p: Parallel, options: Options):
         w, attn_note = _runnable_attention(model, w)
         tw, tp, notes = traced_class(w, p)
         notes = attn_note + scope_notes(model) + notes
-        prof = store.profile(model.config, tw, tp, name=model.name, derive=options.derive,
-                             progress=options.progress)
+        prof = None
+        if tp.tp_size > 1:
+            prof, tp, notes = _traced_tp_or_analytic(model, tw, tp, notes, options)
+        if prof is None:
+            prof = store.profile(model.config, tw, tp, name=model.name, derive=options.derive,
+                                 progress=options.progress)
         hit = (tw, notes, prof, shares(model.inventory, p))
         if len(_CLASSES) > 4096:
             _CLASSES.clear()
         _CLASSES[key] = hit
     return hit
+
+
+def _traced_tp_or_analytic(model: Model, tw: Workload, tp: Parallel, notes: tuple, options: Options):
+    """(profile, its parallel class, notes): the traced TP rank's profile where one is on disk (shipped, cache or
+    bank); else None and the class the analytic split prices from (single GPU, or the FSDP rank), with a note
+    naming how to derive the exact one (an estimate never starts a TP derivation itself: minutes per degree)."""
+    try:
+        if options.analytic_tp:
+            raise store.ProfileMissing("analytic asked")
+        return store.profile(model.config, tw, tp, name=model.name, derive=False), tp, notes
+    except store.ProfileMissing:
+        how = (f"`python -m bench derive --model {model.name} --strategy tp --gpus {tp.gpus}` with the same workload "
+               "flags" if tp.strategy == "tp" and not tp.sequence_parallel else
+               "estimator.estimate.ensure_profile(..., tp_rank=True) with this workload and layout")
+        note = "tp: priced by the analytic split (Options.analytic_tp)" if options.analytic_tp else \
+            (f"tp: no traced profile of one rank at tp={tp.tp_size} on disk; priced by the analytic split (derive "
+             f"the exact one: {how})")
+        return None, analytic_class(tp), tuple(n for n in notes if not n.startswith("tp: one rank")) + (note,)
 
 
 def scope_notes(model: Model) -> tuple[str, ...]:
@@ -274,14 +311,13 @@ def _runnable_attention(model: Model, w: Workload) -> tuple[Workload, tuple[str,
 
 
 def ensure_profile(model: Model, workload: Workload, parallel: Parallel = Parallel(),
-                   progress: Callable | None = None) -> dict:
+                   progress: Callable | None = None, *, tp_rank: bool = False) -> dict:
     """Make sure the profile `estimate(model, workload, parallel)` evaluates is on disk, deriving it now (torch;
     `progress(done, total, message)` per trace) if it is not. Returns its provenance with 'where': shipped, cache or
-    'derived now'."""
-    w, _ = _runnable_attention(model, workload)
-    tw, tp, _ = traced_class(w, parallel)
-    key = store.stored_key(model.config, tw, tp)
-    found = None if key is None else store.where(model.config, key=key)
+    'derived now'. With tp > 1 that is the traced TP rank's profile where one is on disk, else the analytic split's;
+    `tp_rank=True` derives the traced TP rank's (minutes: `scripts/parallel_check.py`, `python -m bench derive`)."""
+    tw, tp = _evaluated_class(model, workload, parallel, tp_rank)
+    found = _where(model, tw, tp)
     prof = store.profile(model.config, tw, tp, name=model.name, derive=found is None, progress=progress)
     return {**prof.provenance, "where": found or "derived now"}
 
@@ -289,10 +325,31 @@ def ensure_profile(model: Model, workload: Workload, parallel: Parallel = Parall
 def profile_where(model: Model, workload: Workload, parallel: Parallel = Parallel()) -> str | None:
     """Where the profile `estimate(model, workload, parallel)` evaluates is: 'shipped', 'cache', or None when it
     must be derived (or fetched from a bank) first. A file check: no profile is read."""
+    tw, tp = _evaluated_class(model, workload, parallel, False)
+    return _where(model, tw, tp)
+
+
+def _evaluated_class(model: Model, workload: Workload, parallel: Parallel, tp_rank: bool):
+    """(traced workload, traced parallel) of the profile an estimate evaluates: a traced TP rank's only where it is
+    on disk already or `tp_rank` asks for it, else the class of the analytic split (`analytic_class`)."""
     w, _ = _runnable_attention(model, workload)
     tw, tp, _ = traced_class(w, parallel)
+    if tp.tp_size > 1 and not tp_rank and _where(model, tw, tp) is None:
+        tp = analytic_class(tp)
+    return tw, tp
+
+
+def _where(model: Model, tw: Workload, tp: Parallel) -> str | None:
+    """'shipped' or 'cache' for the profile file that answers this traced class (LoRA: the rank-free one, else a
+    per-rank one: store.stored_key), or None."""
     key = store.stored_key(model.config, tw, tp)
     return None if key is None else store.where(model.config, key=key)
+
+
+def analytic_class(tp: Parallel) -> Parallel:
+    """The traced class the analytic TP split prices from, for a traced TP rank's class: single GPU for strategy
+    tp, the FSDP rank (n = dp) for FSDP x TP."""
+    return Parallel() if tp.strategy == "tp" else Parallel(strategy=tp.strategy, gpus=2)
 
 
 def profile_for(model: Model, w: Workload, p: Parallel, options: Options = Options()):

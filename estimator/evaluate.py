@@ -14,7 +14,7 @@ import numpy as np
 from estimator import components as comp
 from estimator.breakdown import Breakdown
 from estimator.parallel import FSDP_FAMILY, Share, composed, shard_group, tp_activation_scale
-from estimator.profile.poly import BS, R_INDEX, S, exponents, s_factor, s_functions_array, seq_degree
+from estimator.profile.poly import exponents, rank_degree, s_factor, s_factor_array, seq_degree
 from estimator.profile.profile import CATEGORIES, Piece, Profile
 from estimator.spec import Parallel, Workload
 from estimator.units import dtype_bytes
@@ -35,13 +35,17 @@ def world(p: Parallel) -> int:
 class Swap:
     """What replaces each traced category on one GPU: affine per category (see estimator.estimate)."""
 
-    def __init__(self, model, w: Workload, p: Parallel, tw: Workload, sh: Share, activation_k, overhead):
+    def __init__(self, model, w: Workload, p: Parallel, tw: Workload, sh: Share, activation_k, overhead,
+                 tp_rank: bool = False):
+        """`tp_rank`: the profile is of one traced TP rank (tracer.tp), which already holds this rank's weights,
+        gradients, states, activations and KV cache: nothing is split again; what the inventory swaps in (another
+        optimizer's states, the master copy) takes this rank's share of the parameters (Share.params_local)."""
         inv = model.inventory
         rd, trd = comp.recipe_dtypes(w), comp.recipe_dtypes(tw)
-        traced = p.strategy in FSDP_FAMILY
+        traced = p.strategy in FSDP_FAMILY or tp_rank
         # composed (FSDP x TP/PP/EP): StagePlan scales the traced rank's model-state categories per monomial
         # (states_scale); the master copy and the step's swapped temporaries are this rank's 1/n slice
-        self.composed = composed(p)
+        self.composed = composed(p) and not tp_rank
         self.sharded_frac = sh.fsdp_frac if self.composed else 1.0
         self.gathered_frac = sh.gathered_frac if self.composed else 1.0
         per_rank = self.sharded_frac / world(p)
@@ -56,6 +60,10 @@ class Swap:
             self.weights_shift -= int(base * self.local * (1 - sh.weight_frac))
         self.master = 0 if offload else int(comp.master_weight_bytes(trainable, w.recipe) * state)
         self.master_traced = comp.master_weight_bytes(trainable, tw.recipe)
+        if tp_rank:  # the same share of both, so that equal recipes cancel to the byte
+            per_rank = sh.params_local / inv.params
+            self.master = int(comp.master_weight_bytes(trainable, w.recipe) * per_rank)
+            self.master_traced = int(self.master_traced * per_rank)
         if self.composed:
             self.master = 0 if offload else int(comp.master_weight_bytes(trainable, w.recipe) * per_rank)
             self.master_traced = int(self.master_traced * per_rank)
@@ -72,10 +80,10 @@ class Swap:
         if comp.paged(w.optimizer):
             self.state_ratio = 0.0  # in CUDA unified memory, outside the allocator: Estimate.paged_bytes
         self.state = 0.0 if offload else state
-        self.step_add = 0 if offload else int(self.step_add * (per_rank if self.composed else state))
+        self.step_add = 0 if offload else int(self.step_add * (per_rank if self.composed or tp_rank else state))
         self.dequant = comp.dequant_temp_bytes(inv, w)
         self.kv = dtype_bytes(comp.kv_dtype(w)) / dtype_bytes(w.precision) * sh.layers_local / max(1, inv.layers) \
-            / p.tp_size
+            / (1 if tp_rank else p.tp_size)
         # micro-batches whose activations a stage holds at once: the schedule decides (estimator.spec.PP_SCHEDULES)
         micro = p.microbatches or w.grad_accum
         if p.pp_size == 1:
@@ -85,7 +93,7 @@ class Swap:
         else:
             in_flight = min(p.pp_size, micro) if sh.stage == "first" else 1
         self.act_layers = sh.layers_local / max(1, inv.layers) * in_flight if p.pp_size > 1 else 1.0
-        self.tp_lin, self.tp_sq = tp_activation_scale(p.tp_size, p.sequence_parallel)
+        self.tp_lin, self.tp_sq = (1.0, 1.0) if tp_rank else tp_activation_scale(p.tp_size, p.sequence_parallel)
         self.k_form = None  # the seeds' form: k * b*s*h*L*bytes, i.e. a b*s monomial with this coefficient
         if activation_k is not None and w.mode == "train":
             self.k_form = activation_k * inv.hidden * sh.layers_local * dtype_bytes(w.precision)
@@ -173,11 +181,11 @@ class Rule:
 
 def monomial_matrix(monos, b, s, g, n) -> np.ndarray:
     """(monomials, points) float values of each monomial at arrays of b, s, g (n scalar)."""
-    e = np.asarray([exponents(m) for m in monos], dtype=float)          # (m, 7): r is 0 (Profile.at_rank)
-    w, rows = (x.astype(float) for x in s_functions_array(s))
+    e = np.asarray([exponents(m) for m in monos], dtype=float)          # (m, 7): r is folded in (Profile.at_rank)
+    padded = np.stack([s_factor_array(m, s) for m in monos]) if len(monos) else np.zeros((0, np.size(s)))
     b, s, g = (np.asarray(x, dtype=float) for x in (b, s, g))
-    return (b[None, :] ** e[:, :1] * s[None, :] ** e[:, 1:2] * g[None, :] ** e[:, 2:3] * w[None, :] ** e[:, 4:5]
-            * rows[None, :] ** e[:, 5:6]) * (1.0 / n) ** e[:, 3:4]
+    return (b[None, :] ** e[:, :1] * s[None, :] ** e[:, 1:2] * g[None, :] ** e[:, 2:3] * padded) * \
+        (1.0 / n) ** e[:, 3:4]
 
 
 class StagePlan:
@@ -211,15 +219,15 @@ class StagePlan:
         # applies everywhere, the constant only where the moment holds states
         self.total_coef = np.einsum("kcm,c->km", coef, alpha + guarded_alpha)  # (k, m)
         if bs_coef:
-            full = [exponents(m) for m in monos]  # 4-, 6- or 7-exponent monomials, padded (poly.exponents)
-            bs = exponents(BS) if exponents(BS) in full else exponents(S)  # batch-1 piece: no b
+            full = [exponents(m) for m in monos]  # every monomial as its 7 exponents (poly.exponents)
+            bs = exponents((1, 1, 0, 0)) if exponents((1, 1, 0, 0)) in full else exponents((0, 1, 0, 0))  # b = 1: no b
             self.total_coef[:, full.index(bs)] += bs_coef
         has_states = np.any(coef[:, C["optimizer_states"], :] != 0, axis=1)
         self.const = const + np.where(has_states, guarded_const, 0.0)
         self.exps = np.asarray([exponents(m) for m in monos], dtype=float)
-        if self.exps[:, R_INDEX].any():  # r is a constant of the workload: folded in before a plan is built
+        if any(rank_degree(m) for m in monos):  # r is a constant of the workload: folded in before a plan is built
             raise ValueError("profile: a rank-variable LoRA profile is evaluated at a rank (Profile.at_rank)")
-        self.padded = bool(self.exps[:, 4:].any())  # m or l (poly: the attention kernel's padding) in a monomial
+        self.padded = bool(self.exps[:, 4:].any())  # m, l or q (poly: kernels' padding of s) in a monomial
 
     def point(self, b: int, s: int, g: int, n: int) -> np.ndarray:
         """(m,) monomial values at one point (the single-estimate path: no matrix building)."""
@@ -286,7 +294,8 @@ def stage_plans(model, prof, w, p, tw, sh, options, piece):
            id(piece))
     hit = _PLANS.get(key)
     if hit is None:
-        swap = Swap(model, w, p, tw, sh, options.activation_k, options.overhead)
+        swap = Swap(model, w, p, tw, sh, options.activation_k, options.overhead,
+                    tp_rank="tp" in prof.parallel_class)
         hit = (swap, {st: StagePlan(piece, st, swap) for st in prof.stages if st in piece._arrays})
         if len(_PLANS) > 4096:
             _PLANS.clear()

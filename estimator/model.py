@@ -137,6 +137,9 @@ def _check_config(config: dict) -> None:
     if not isinstance(config.get("model_type"), str) or not config["model_type"].strip():
         raise ValueError("model_type: missing; a config.json names its model_type" if config.get("model_type") is None
                          else f"model_type: must be a model type name, got {config['model_type']!r}")
+    if config.get("is_encoder_decoder") is True:  # said before its sizes: its fields are encoder_layers, d_model ...
+        raise ValueError(f"model_type: {config['model_type']!r} is an encoder-decoder model (is_encoder_decoder: "
+                         "true); willitfit models decoder (causal LM) and encoder (masked LM) models")
     cfg = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     for key in SIZE_FIELDS:
         v = cfg.get(key)
@@ -167,6 +170,9 @@ SIZE_FIELDS = {
 }
 # model types whose code computes the MLP width from the hidden size when the config has none (4 * hidden)
 FFN_FROM_HIDDEN = frozenset({"gpt2", "gpt_bigcode", "falcon", "bloom", "gpt_neo", "gptj", "codegen", "mpt"})
+# model types whose mixer width is expand * hidden_size (transformers Mamba2Mixer / MambaMixer: `intermediate_size
+# = int(config.expand * self.hidden_size)`), with no intermediate_size field: `expand` states it
+WIDTH_FROM_EXPAND = frozenset({"mamba", "mamba2", "falcon_mamba"})
 
 
 def defaulted_sizes(config: dict) -> list[str]:
@@ -174,8 +180,9 @@ def defaulted_sizes(config: dict) -> list[str]:
     A composite config (text_config) is checked in its text part."""
     cfg = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     model_type = cfg.get("model_type") or config.get("model_type")
+    stated_width = model_type in FFN_FROM_HIDDEN or (model_type in WIDTH_FROM_EXPAND and cfg.get("expand"))
     return [name for name, keys in SIZE_FIELDS.items()
-            if _first(cfg, keys) is None and not (name == "intermediate_size" and model_type in FFN_FROM_HIDDEN)]
+            if _first(cfg, keys) is None and not (name == "intermediate_size" and stated_width)]
 
 
 def check_sizes(config: dict, allow_defaults: bool = False) -> list[str]:

@@ -10,6 +10,8 @@ Sources:
   tp; norms replicated. Activations per layer (Korthikanti et al. 2022, arXiv 2205.05198, Table 2): of the
   34·s·b·h + 5·a·s²·b bytes of a GPT layer, 24·s·b·h and all of the s² term are split over t, 10·s·b·h (the
   LayerNorm and dropout part) is not unless sequence parallelism splits it too.
+  Traced instead where a profile of one TP rank is on disk (tracer.tp, `tp_untraced`: strategy tp alone, or FSDP2 x
+  TP, with sequence parallelism in training): the estimate then takes that rank's categories as they are.
 - Pipeline parallelism (1F1B, Narayanan et al. 2021): a stage holds ceil(L/pp) layers, the first the embedding,
   the last the head; the first stage keeps min(pp, grad_accum) micro-batches of activations.
 - Expert parallelism: the routed experts are sharded over ep.
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from estimator.inventory import Inventory
-from estimator.spec import Parallel
+from estimator.spec import Parallel, Workload
 
 SHARD_STATES = ("zero1", "zero2", "zero3", "fsdp", "fsdp-grad-op", "hsdp")
 SHARD_GRADS = ("zero2", "zero3", "fsdp", "fsdp-grad-op", "hsdp")
@@ -116,6 +118,30 @@ def _shares(inv: Inventory, par: Parallel) -> tuple[Share, ...]:
         stages = [("first", embed + body, embed + body_tp), ("last", body + head, body_tp + head)]
     return tuple(Share(name, p, layers_local, frac_w, frac_g, frac_s, largest, gathered, p_tp / ep / inv.params)
                  for name, p, p_tp in stages)
+
+
+def tp_untraced(w: Workload, p: Parallel) -> str | None:
+    """Why one rank of this TP run is not traced per rank (tracer.tp: torchtitan's apply_tp on a fake process group),
+    naming the field, or None when it is: strategy 'tp' over all the GPUs, or an FSDP2 strategy (fsdp, zero3,
+    fsdp-grad-op) over dp composed with tp > 1 on a (dp, tp) mesh, with sequence parallelism in training; no
+    pipeline or expert parallelism or offload; for training full fine-tuning with the full loss (under
+    loss_parallel) and none of float8, compile, optimizer-in-backward, activation offload, op-sac or fsdp-mp. The
+    rest is the analytic split."""
+    if p.tp_size == 1 or p.pp_size > 1 or p.ep_size > 1 or (p.strategy == "tp" and p.tp_size != p.gpus) \
+            or p.strategy not in ("tp", *TRACED_SHARDING):
+        return ("tp: traced tensor parallelism is strategy 'tp' over all the GPUs, or fsdp / zero3 / fsdp-grad-op "
+                "composed with tp > 1 (no pp, ep)")
+    if p.sequence_parallel and w.mode != "train":
+        return "sequence_parallel: traced for training (torchtitan's); inference is traced without it"
+    if p.offload != "none":
+        return "offload: traced TP keeps everything on the GPU"
+    if w.mode == "train" and w.method != "full":
+        return f"method: traced TP trains method 'full' (torchtitan), not {w.method!r}"
+    if w.mode == "train" and (w.loss != "full" or w.float8 or w.compile or w.optimizer_in_backward
+                              or w.activation_offload or w.checkpointing == "op-sac" or w.recipe == "fsdp-mp"):
+        return ("loss: traced TP trains with loss 'full' under loss_parallel and no float8, compile, "
+                "optimizer-in-backward, activation offload, op-sac or fsdp-mp")
+    return None
 
 
 def tp_activation_scale(tp: int, sequence_parallel: bool) -> tuple[float, float]:

@@ -20,9 +20,10 @@ import hashlib
 import json
 import os
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
-from estimator import bank
+from estimator import bank, knobs
 from estimator.inventory import Inventory
 from estimator.presets import DATA_DIR, config_hash
 from estimator.profile.profile import RANK_MARK, Profile
@@ -46,11 +47,44 @@ def _dirs(h: str) -> list[Path]:
     return [SHIPPED_DIR / h[:16], cache_dir() / h[:16]]
 
 
+# Gradient accumulation: the tracer runs two optimizer steps of grad_accum micro-batches and keeps the last step's
+# ticks; from the second micro-batch on, every micro-batch runs with the gradients of the ones before it already
+# held, so a third or seventh one repeats the second's ticks byte for byte. Checked with full traces of the tiny
+# models (tests/test_canonical.py, slow tier): grad_accum 2, 3, 4 and 7 gave the same load, forward, backward and
+# optimizer peaks at (b, s) = (2, 64) and (1, 37) in all 20 cases tried: llama full, LoRA, amp, mixed, checkpointing
+# full/selective/op-sac, chunked and fused-linear losses, keep-output, activation offload, SGD, fused AdamW,
+# compile, FSDP and FSDP grad-op on 2 ranks; gpt2, mixtral (routed experts), bert, gemma2 eager. grad_accum 1 differs
+# (no gradients live through its forward), so it stays its own class.
+GRAD_ACCUM_CLASS = 2
+
+
+def canonical_class(w: Workload) -> Workload:
+    """The one workload that names w's profile class, used for its key and for its derivation alike.
+
+    Every knob that does not apply to w (its `Knob.applies` for w's mode and method: an inference run's optimizer
+    or recipe, a full fine-tune's LoRA rank) takes its default, so it cannot split profiles; QLoRA's double_quant
+    only means something with method='qlora'. weight_format is declared 'frozen' (the app offers it for frozen
+    weights only), but a full fine-tune's float weight_format is honoured by the runner (tracer.runner
+    .weight_dtype stores the trainable weights in it), so it is kept. Every grad_accum >= 2 is GRAD_ACCUM_CLASS.
+    Sizes (batch, seq, gen_tokens) are left as they are."""
+    change = {}
+    for d in knobs.declared():
+        if d.name in SIZE_FIELDS or d.name == "weight_format" or knobs.applies(d, w.mode, w.method):
+            continue
+        if getattr(w, d.name) != d.default:
+            change[d.name] = d.default
+    if w.method != "qlora" and not w.double_quant:
+        change["double_quant"] = True
+    if w.grad_accum > GRAD_ACCUM_CLASS:
+        change["grad_accum"] = GRAD_ACCUM_CLASS
+    return replace(w, **change) if change else w
+
+
 def workload_class(w: Workload, rank_variable: bool | None = None) -> dict:
-    """The workload less its sizes: what one profile covers. A LoRA profile covers every rank (its class says
-    "lora_rank": "r", profile.RANK_MARK); `rank_variable=False` gives the class of a profile derived for this one
-    rank only (every LoRA profile written before the rank was a variable)."""
-    out = {k: v for k, v in spec_dict(w).items() if k not in SIZE_FIELDS}
+    """The canonical workload less its sizes: what one profile covers (canonical_class). A LoRA profile covers every
+    rank (its class says "lora_rank": "r", profile.RANK_MARK); `rank_variable=False` gives the class of a profile
+    derived for this one rank only (every LoRA profile written before the rank was a variable)."""
+    out = {k: v for k, v in spec_dict(canonical_class(w)).items() if k not in SIZE_FIELDS}
     if (is_rank_variable(w) if rank_variable is None else rank_variable):
         out["lora_rank"] = RANK_MARK
     return out
@@ -62,6 +96,10 @@ def is_rank_variable(w: Workload) -> bool:
 
 
 def parallel_class(p: Parallel) -> dict:
+    """What a profile of this parallel setting is of: the strategy, and for a traced TP rank (strategy tp, or
+    FSDP x TP) its degree: a TP profile is fit at one tp; an FSDP one holds n = the dp group as a variable."""
+    if p.tp_size > 1:
+        return {"strategy": p.strategy, "tp": p.tp_size, **({"sp": True} if p.sequence_parallel else {})}
     return {"strategy": p.strategy}
 
 
@@ -177,7 +215,8 @@ def profile(config: dict, w: Workload, p: Parallel, *, name: str = "model", deri
             progress=None, ship: bool = False) -> Profile:
     """The profile of (config, workload class, parallel class) at this workload's LoRA rank; derived and cached on a
     miss. LoRA: the rank-free profile (any rank, `Profile.at_rank`) is looked for first, then one derived for this
-    rank (`profile_keys`), everywhere (shipped, cache, bank) before deriving; a derivation writes the rank-free one."""
+    rank (`profile_keys`), everywhere (shipped, cache, bank) before deriving; a derivation writes the rank-free one.
+    What is derived is the canonical class (canonical_class), the one its key names."""
     return stored_profile(config, w, p, name=name, derive=derive, progress=progress, ship=ship).at_rank(w.lora_rank)
 
 
@@ -185,6 +224,7 @@ def stored_profile(config: dict, w: Workload, p: Parallel, *, name: str = "model
                    progress=None, ship: bool = False, legacy: bool = True) -> Profile:
     """The profile as stored: for LoRA, rank-variable where one is found or derived (see `profile`). `legacy=False`
     takes no per-rank file (scripts/ship_profiles.py: a rank-free one is derived where only those are shipped)."""
+    w = canonical_class(w)
     h = config_hash(config)
     keys = profile_keys(w, p) if legacy else profile_keys(w, p)[:1]
     for key in keys:

@@ -146,4 +146,4 @@ def provenance_caption(prov: dict) -> str:
     depths = "/".join(str(len(d)) for d in prov.get("reduced_depths", []))
     return (f"Memory profile {how}: traced from transformers {prov.get('transformers')} (torch {prov.get('torch')}, "
             f"{prov.get('kernels')} kernels), {prov.get('traces')} traces of {depths} layers in {prov.get('seconds')} s, "
-            "extended to the full depth.")
+            "extended to the full depth." + (f" It assumes {prov['scan']}." if prov.get("scan") else ""))

@@ -89,6 +89,9 @@ def test_deepseek_v3_active_params():
     ({"model_type": "no-such-arch", "hidden_size": 8}, r"^model_type: transformers \S+ does not know 'no-such-arch' \(it knows \d+ model types"),
     ({"model_type": "my_arch", "auto_map": {"AutoModelForCausalLM": "m.M"}}, "^model_type: .*remote code"),
     ({"model_type": "t5"}, "^model_type: 't5' is an encoder-decoder model"),
+    # a hub config.json of BART or Whisper says so up front, before its sizes (encoder_layers, d_model) are read
+    ({"model_type": "bart", "is_encoder_decoder": True, "encoder_layers": 12},
+     "^model_type: 'bart' is an encoder-decoder model"),
     ({"model_type": "llama", "num_attention_heads": 32, "num_key_value_heads": 5}, "^num_key_value_heads: 5 does not"),
     ({"model_type": "llama", "hidden_size": "big"}, "^hidden_size: must be a positive integer"),
 ])

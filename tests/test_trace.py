@@ -215,7 +215,8 @@ def test_ddp_adds_gradient_buckets():
 
 
 @pytest.mark.parametrize("workload, parallel, field", [
-    (Workload(), Parallel(strategy="tp", gpus=2), "strategy"),
+    (Workload(), Parallel(strategy="pp", gpus=2), "strategy"),
+    (Workload(mode="infer"), Parallel(strategy="tp", gpus=2, sequence_parallel=True), "sequence_parallel"),
     (Workload(), Parallel(strategy="zero3", gpus=2, offload="optimizer"), "offload"),
     (Workload(method="qlora"), Parallel(), "method"),
     (Workload(optimizer="adafactor"), Parallel(), "optimizer"),
@@ -300,8 +301,9 @@ def test_cli_grid_writes_one_row_per_case(tiny_path, tmp_path, capsys):
 def test_cli_bad_input_exits_2_naming_the_field(tiny_path, capsys):
     assert main(["trace", "--model", tiny_path, "--batch", "1,x"]) == 2
     assert capsys.readouterr().err.strip() == "error: batch: 'x' is not an integer"
-    assert main(["trace", "--model", tiny_path, "--strategy", "tp", "--gpus", "2"]) == 2
-    assert "not traced: strategy: 'tp'" in capsys.readouterr().err
+    # tp is traced per rank (tracer.tp); pipeline parallelism is not
+    assert main(["trace", "--model", tiny_path, "--strategy", "pp", "--gpus", "2"]) == 2
+    assert "not traced: strategy: 'pp'" in capsys.readouterr().err
 
 
 def test_cli_ingest_then_resume_from_database(tiny_path, tmp_path, capsys):

@@ -9,12 +9,13 @@ The method, for one config and one workload class:
    last layer; for every middle type that occurs more than once, R2_T is R1 with one more layer of that type
    right after its first one. A uniform 32-layer Llama is traced with 3 and 4 layers.
 2. **Sizes.** Each reduced model is traced at batch 1, 2 x three sequence lengths (and, for FSDP, a second world
-   size; for LoRA, a second rank at the sizes its r-linear terms need; for inference, two generated tokens),
-   every tick of the step counted (`tracer.session`), and
-   the ticks that can hold a peak (an allocation followed by a free) kept. Their live bytes per category are fit
-   exactly as polynomials in (b, s[, g][, 1/n][, r]) (`estimator.profile.poly`); a further traced size (larger,
-   of a remainder mod 32 no fitted seq has; for LoRA at a third rank) must agree to the byte, or the derivation
-   stops with the moment that disagrees. Sliding-window and chunked attention make memory piecewise in s: each piece between window sizes
+   size; TP at its own degree, which its profile's class names; for LoRA, a second rank at the sizes its
+   r-linear terms need; for inference, two generated tokens), every tick of the step counted (`tracer.session`),
+   and the ticks that can hold a peak (an allocation followed by a free) kept. Their live bytes per category are
+   fit exactly as polynomials in (b, s[, g][, 1/n][, r]) (`estimator.profile.poly`); a further traced size
+   (larger, of a remainder mod 32 no fitted seq has; for LoRA at a third rank) must agree to the byte, or the
+   derivation stops with the moment that disagrees. Sliding-window and chunked attention make memory piecewise in
+   s: each piece between window sizes
    is fit on its own. Where CUDA's memory-efficient attention runs, its padding (a logsumexp of 32 * ceil(s / 32)
    rows, a mask copied to a multiple of 16 columns on unaligned s) adds monomials in l and m, more seqs, and,
    with a mask, a split of the piece by s's alignment (`choose_seqs`, `_derive_pieces`).
@@ -114,7 +115,8 @@ ALIGNS = {None: lambda s: True, "aligned": lambda s: s % poly.MASK_ALIGNMENT == 
 
 def choose_seqs(lo: int, unit: int, extra: tuple = (), align: str | None = None) -> tuple[tuple[int, ...], int]:
     """(fit seqs, verify seq) of a piece starting above lo, for the monomials in s the fit solves for: 1, s, s^2 and
-    `extra` (s*m, l: CUDA's memory-efficient attention, see estimator.profile.poly), on the seqs of `align`.
+    `extra` (s*m, l: CUDA's memory-efficient attention; q: a chunked scan; see estimator.profile.poly), on the
+    seqs of `align`.
     Without extra: lo + u, 2u, 3u. With: the nearest seqs of the alignment at or below those, then more, downwards
     from lo + 3u, each one that tells the monomials further apart. The verify seq lies past them, in (lo + 3u,
     lo + 4u], with a remainder mod 32 that no fitted seq has (so a fit that holds on one alignment only is caught),
@@ -164,13 +166,15 @@ SCAN_CHUNK_KEYS = ("mamba_chunk_size", "chunk_size")   # Mamba-2 style chunked s
 
 
 def chunked_scan(cfg) -> tuple[str, int] | None:
-    """(key, chunk) when the model runs a chunked state-space scan: it pads the sequence to a multiple of the
-    chunk (transformers' Mamba-2 mixers: `pad_tensor_by_size`), so its memory steps with ceil(s / chunk) and is
-    no polynomial in s. Read from the config (a chunk key beside state-space keys), not from a list of families."""
-    for c in (cfg, getattr(cfg, "text_config", None)):
+    """(key, chunk) when the model runs a chunked state-space scan: its chunk tensors (mamba_ssm's kernels on a GPU,
+    tracer.kernels_ssm; transformers' torch reference pads s to the chunk) are sized by ceil(s / chunk), so its
+    memory is a polynomial in b, s and q = chunk * ceil(s / chunk) (estimator.profile.poly.scan_monomials). Read
+    from the config (a transformers config or its config.json dict: a chunk key beside state-space keys), not from a
+    list of families."""
+    for c in (cfg, cfg.get("text_config") if isinstance(cfg, dict) else getattr(cfg, "text_config", None)):
         if c is None:
             continue
-        d = vars(c)
+        d = c if isinstance(c, dict) else vars(c)
         ssm = any("mamba" in k or "ssm" in k or k in ("state_size", "d_state") for k in d)
         for k in SCAN_CHUNK_KEYS:
             v = d.get(k)
@@ -323,14 +327,23 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
     ranks = (LORA_RANKS, LORA_VERIFY_RANK_FSDP if fsdp else LORA_VERIFY_RANK) if ranked else \
         ((workload.lora_rank,), workload.lora_rank)
     w0 = replace(workload, batch=1, seq=1, gen_tokens=GEN_TOKENS if infer else 0, lora_rank=ranks[0][0])
-    world = FSDP_WORLD if fsdp else ((2,) if parallel.strategy == "ddp" else (1,))
-    session.check_traceable(w0, replace(parallel, gpus=world[0]) if parallel.gpus != world[0] else parallel)
+    # a TP profile is of one tp degree (its parallel class names it): traced and fit at that world size only
+    world = FSDP_WORLD if fsdp else ((2,) if parallel.strategy == "ddp" else
+                                     (parallel.tp_size,) if parallel.strategy == "tp" else (1,))
+    session.check_traceable(w0, _at_world(parallel, world[0]))
+    scan = chunked_scan(config)
+    if scan and kernels != "cuda":
+        # transformers' torch reference of the scan: its fit at b = 1 was 2 bytes off at the verify seq on the tiny
+        # Mamba-2 (tests/data/tiny/t-mamba2.json), and it is not what a GPU with mamba_ssm runs
+        raise ValueError(f"kernels: {config.get('model_type')} runs a chunked state-space scan ({scan[0]}="
+                         f"{scan[1]}); a profile prices it on mamba_ssm's kernels only (kernels cuda)")
+    if scan and not infer:
+        raise ValueError(f"mode: {config.get('model_type')} runs a chunked state-space scan ({scan[0]}={scan[1]}); "
+                         "training it runs mamba_ssm's fused kernel on a GPU, which is not emulated "
+                         "(tracer.kernels_ssm); only inference (mode infer) is priced")
     sigs, hf_config, masked = _signatures(config, w0)
     scan = chunked_scan(hf_config)
-    if scan:
-        raise ValueError(f"model_type: {config.get('model_type')} runs a chunked state-space scan ({scan[0]}="
-                         f"{scan[1]}): it pads the sequence to a multiple of {scan[1]}, so its memory is no "
-                         "polynomial in seq and no exact profile can be derived; trace it (`python -m bench trace`)")
+    scan_extra = poly.scan_monomials(scan[1]) if scan else ()
     if masked and infer:
         w0 = replace(w0, gen_tokens=0)  # an encoder runs one forward pass: no decoding
     plan = plan_layers(sigs)
@@ -339,7 +352,7 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
     reduced_refused = ""
     try:
         out_pieces, n_jobs, padding = _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp,
-                                                     kernels, progress, ranks)
+                                                     kernels, progress, scan_extra, ranks)
     except _ReducedDepthFailed as e:
         # The model's code outside its layer stack depends on the layer count (Gemma-3n / Gemma-4 per-layer
         # embeddings: one table num_hidden_layers x width wide, reshaped by the config's count), so a model cut in
@@ -347,7 +360,7 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
         reduced_refused = e.reason
         plan = Plan(plan.n_layers, plan.types, (tuple(range(plan.n_layers)),), (None,), True)
         out_pieces, n_jobs, padding = _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp,
-                                                     kernels, progress, ranks)
+                                                     kernels, progress, scan_extra, ranks)
     jobs = range(n_jobs)
     if progress:
         progress(len(jobs), len(jobs), "done")
@@ -360,10 +373,27 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
             "reduced_depths": [list(v) for v in plan.variants if v is not None and not reduced_refused],
             **({"traced_whole": f"the reduced-depth model failed: {reduced_refused}"} if reduced_refused else {}),
             **({"lora_ranks": {"fit": list(ranks[0]), "verified": ranks[1]}} if ranked else {}),
+            **({"scan": _scan_path(scan)} if scan else {}),
             "derived_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
     return Profile(config_hash, str(config.get("model_type")), workload_class(workload, ranked),
                    parallel_class(parallel), plan.n_layers, tuple(out_pieces), prov)
+
+
+def _scan_path(scan: tuple[str, int]) -> str:
+    """Which code the profile's Mamba-2 mixers ran (said with every estimate: docs/activations.md)."""
+    return (f"Mamba-2 mixers on mamba_ssm's chunk scan and causal_conv1d (installed beside transformers on the GPU), "
+            f"{scan[0]}={scan[1]}")
+
+
+def _at_world(parallel: Parallel, n: int) -> Parallel:
+    """The traced setting at world size n: FSDP's n is its shard group (dp), so FSDP x TP runs on n x tp GPUs;
+    TP alone runs on its own degree (n = tp); single on one GPU."""
+    if parallel.strategy == "single":
+        return parallel
+    if parallel.strategy in TRACED_SHARDING:
+        return replace(parallel, gpus=n * parallel.tp)
+    return replace(parallel, gpus=n)
 
 
 class _ReducedDepthFailed(Exception):
@@ -374,13 +404,16 @@ class _ReducedDepthFailed(Exception):
         self.reason = reason
 
 
-def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, kernels, progress, ranks):
+def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, kernels, progress, scan_extra=(),
+                   ranks=((8,), 8)):
     """(fitted pieces, traces run, largest FSDP padding): every piece of s and batch region, every variant of
     `plan` traced, fit, verified and extended. Where the step calls CUDA's memory-efficient attention (seen on the
     piece's first trace) the fit gets its monomials in l and m and the seqs that determine them (`choose_seqs`);
-    with a mask, the piece is split by s's alignment (the mask is copied on unaligned s only). `ranks`: (the LoRA
-    ranks fit, the rank verified); with two fit ranks the rank is a variable. A reduced plan whose first trace
-    fails in the model's code raises _ReducedDepthFailed (the caller traces the model whole)."""
+    with a mask, the piece is split by s's alignment (the mask is copied on unaligned s only). `scan_extra`: the
+    monomials in q of a chunked state-space scan (poly.scan_monomials; its chunk tensors are sized by the chunk
+    count), fit on every piece with seqs that tell q from s. `ranks`: (the LoRA ranks fit, the rank verified); with
+    two fit ranks the rank is a variable. A reduced plan whose first trace fails in the model's code raises
+    _ReducedDepthFailed (the caller traces the model whole)."""
 
     fit_ranks, vrank = ranks
     ranked = len(fit_ranks) > 1
@@ -403,7 +436,7 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
             progress(done, n_jobs, ("tracing the whole model" if keep is None or plan.full else
                                     f"tracing {len(keep)} of {plan.n_layers} layers") + f" at batch {b}, seq {s}"
                                    + (f", {n} GPUs" if n > 1 else "") + (f", LoRA rank {r}" if ranked else ""))
-        par = replace(parallel, gpus=n) if parallel.strategy != "single" else parallel
+        par = _at_world(parallel, n)
         try:
             ticks = trace_ticks(config, replace(w0, batch=b, seq=s, lora_rank=r), par,
                                 None if keep is None else list(keep), kernels)
@@ -420,7 +453,7 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
         probe = (BATCH_REGIONS[-1][0][0], seqs[0], fit_world[0], fit_ranks[0])   # one the b >= 2 region fits anyway
         seen = run(probe, 0).efficient
         unit = seqs[0] - lo
-        lse = poly.LSE_MONOMIALS if "lse" in seen else ()
+        lse = (poly.LSE_MONOMIALS if "lse" in seen else ()) + scan_extra
         if "mask" in seen:  # a mask is copied on unaligned s only: two lists of ticks, two pieces
             classes = [("aligned", lse, *choose_seqs(lo, unit, lse, "aligned")),
                        ("unaligned", poly.MASK_MONOMIALS + lse, *choose_seqs(lo, unit, poly.MASK_MONOMIALS + lse,

@@ -13,7 +13,9 @@ keep what CUDA keeps, each override following the CUDA source named in its docst
 - dropout: CUDA's fused `native_dropout`, which keeps a 1-byte mask (`_dropout`);
 - autocast: CUDA's op lists on the AutocastCPU dispatch key (`kernels_autocast`);
 - LayerNorm statistics: fp32 mean/rstd, as the CUDA kernel allocates them (`_layer_norm_stats`);
-- transformers' packed-sequence detection, which fake tensors cannot answer (`_unpacked_sequences`).
+- transformers' packed-sequence detection, which fake tensors cannot answer (`_unpacked_sequences`);
+- Mamba-2 mixers: mamba_ssm's and causal_conv1d's kernels instead of transformers' torch reference
+  (`kernels_ssm`).
 
 Every override is a dispatcher registration (torch.library, removed on exit) or a fake-kernel swap, so a traced
 op pays Python only where an override applies. docs/activations.md ("CPU and CUDA kernels") lists what each one
@@ -30,11 +32,11 @@ import warnings
 
 import torch
 
-from tracer import kernels_autocast, kernels_sdpa
+from tracer import kernels_autocast, kernels_sdpa, kernels_ssm
 
 KINDS = ("cuda", "cpu")
 # The overrides of "cuda", by name (emulate's `skip` leaves some out to measure what each one changes).
-OVERRIDES = ("sdpa", "dropout", "autocast", "layer_norm", "packed_sequences")
+OVERRIDES = ("sdpa", "dropout", "autocast", "layer_norm", "packed_sequences", "ssm")
 _ACTIVE: list[str] = []   # kinds entered, innermost last (emulate is re-entrant)
 
 
@@ -50,8 +52,9 @@ def note(kind: str) -> str:
         return ("kernels cpu: the CPU's own kernels, as a plain training loop on fake CPU tensors runs them "
                 "(labels are the input ids tensor itself)")
     return ("kernels cuda: CUDA's SDPA backend choice (flash / memory-efficient / math) and its aten ops, 1-byte "
-            "native_dropout masks, CUDA's autocast op lists, fp32 LayerNorm statistics, and transformers' "
-            "packed-sequence check answered as on real tensors")
+            "native_dropout masks, CUDA's autocast op lists, fp32 LayerNorm statistics, transformers' "
+            "packed-sequence check answered as on real tensors, and Mamba-2 mixers on mamba_ssm's and causal_conv1d's "
+            "kernels (inference only)")
 
 
 @contextlib.contextmanager
@@ -88,6 +91,8 @@ def emulate(kind: str = "cuda", *, skip: tuple[str, ...] = ()):
                 stack.enter_context(_layer_norm_stats())
             if "packed_sequences" not in skip:
                 stack.enter_context(_unpacked_sequences())
+            if "ssm" not in skip:
+                stack.enter_context(kernels_ssm.cuda_mixers())
             yield
     finally:
         if _ACTIVE and _ACTIVE[-1] == kind:

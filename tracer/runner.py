@@ -361,15 +361,19 @@ def _infer(model, workload, inputs, on_stage, live: dict) -> None:
     from transformers import DynamicCache
 
     # generate() computes only the last position's logits during decoding (logits_to_keep=1).
-    keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+    params = inspect.signature(model.forward).parameters
+    keep = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+    # Mamba-2 (and Mamba, FalconMamba) name their cache cache_params: generate() passes it under that name, and a
+    # past_key_values they would only forward as an unused keyword (every step a fresh prefill)
+    cache_arg = "cache_params" if "cache_params" in params and "past_key_values" not in params else "past_key_values"
     with torch.no_grad():
         cache = live["kv_cache"] = DynamicCache(config=model.config)
-        out = model(input_ids=input_ids, past_key_values=cache, use_cache=True, **keep)
+        out = model(input_ids=input_ids, use_cache=True, **{cache_arg: cache}, **keep)
         next_ids = _next_token(out.logits)
         del out
         on_stage("prefill")
         for _ in range(workload.gen_tokens):
-            out = model(input_ids=next_ids, past_key_values=cache, use_cache=True, **keep)
+            out = model(input_ids=next_ids, use_cache=True, **{cache_arg: cache}, **keep)
             next_ids = _next_token(out.logits)
             del out
             on_stage("decode")
@@ -382,8 +386,13 @@ def _next_token(logits: torch.Tensor) -> torch.Tensor:
 
 
 def kv_cache_tensors(cache) -> list[torch.Tensor]:
-    """The tensors an HF Cache holds (DynamicCache keeps keys/values per layer)."""
+    """The tensors an HF Cache holds: keys/values of attention layers, and the conv and recurrent (SSM) states of
+    state-space layers, which transformers' cache_utils `LinearAttentionLayer` keeps in dicts by state index."""
     out = []
     for layer in getattr(cache, "layers", ()):
-        out.extend(v for v in vars(layer).values() if isinstance(v, torch.Tensor))
+        for v in vars(layer).values():
+            if isinstance(v, torch.Tensor):
+                out.append(v)
+            elif isinstance(v, dict):
+                out.extend(x for x in v.values() if isinstance(x, torch.Tensor))
     return out

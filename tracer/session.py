@@ -13,6 +13,9 @@ Multi-GPU, rank 0 of N is traced with torch's fake process group (collectives do
   device and materialised with to_empty inside FakeTensorMode. fsdp-grad-op keeps parameters unsharded
   between forward and backward (reshard_after_forward=False, ZeRO-2-like). FSDP2 pads every shard to the
   same size, so all ranks hold the same bytes and rank 0 stands for all.
+- tp (and fsdp / zero3 / fsdp-grad-op with tp > 1): torchtitan's apply_tp on the model's own
+  base_model_tp_plan (tracer.tp), on a "tp" mesh or, under FSDP2, the inner dimension of a (dp, tp) mesh with
+  fully_shard over dp; training runs inside loss_parallel. Rank 0 stands for all (tp divides every sharded dim).
 - ddp: DDP's C++ Reducer reads tensor data (parameter verification, bucket rebuilding), which fake
   tensors do not have, so DDP itself cannot run. Its one memory effect on a rank is the gradient buckets
   it allocates at construction (torch/csrc/distributed/c10d/reducer.cpp, initialize_buckets; with the
@@ -32,12 +35,12 @@ from estimator.spec import Parallel, Workload
 from estimator.parallel import TRACED_SHARDING
 from tracer import serialized
 from tracer import kernels as kernels_mod
-from tracer import recipes, runner
+from tracer import recipes, runner, tp
 from tracer.counters import StageLog, StorageCounter, memtracker_peak_bytes
 from tracer.depth import decoder_layer_list
 
 FSDP_STRATEGIES = TRACED_SHARDING  # FSDP2 fully_shard runs for each (estimator.parallel)
-TRACED_STRATEGIES = ("single", "ddp", *FSDP_STRATEGIES)
+TRACED_STRATEGIES = ("single", "ddp", *FSDP_STRATEGIES, "tp")
 
 
 def check_learned_positions(config: dict, name: str, workload: Workload) -> None:
@@ -64,8 +67,10 @@ def check_traceable(workload: Workload, parallel: Parallel) -> None:
     if parallel.strategy not in TRACED_STRATEGIES:
         raise ValueError(f"strategy: {parallel.strategy!r} is not traced; traced strategies are "
                          f"{', '.join(TRACED_STRATEGIES)}")
-    if parallel.tp_size > 1 or parallel.pp_size > 1 or parallel.ep_size > 1:
-        raise ValueError("tp: tensor, pipeline and expert parallelism are not traced; use tp=pp=ep=1")
+    if parallel.tp_size > 1:
+        tp.check(workload, parallel)
+    elif parallel.pp_size > 1 or parallel.ep_size > 1:
+        raise ValueError("pp: pipeline and expert parallelism are not traced; use pp=ep=1")
     if parallel.offload != "none":
         raise ValueError("offload: CPU offload is not traced (every fake tensor is already on the CPU)")
     if workload.kv_dtype != "auto":
@@ -109,6 +114,7 @@ class _Case:
     inputs: dict
     workload: Workload
     roles: list = field(default_factory=list)      # (tensors, category) tracked before the run
+    context: object = contextlib.nullcontext       # entered around the steps (TP: torchtitan's loss_parallel)
     notes: list = field(default_factory=list)
     per_rank: dict | None = None
 
@@ -126,9 +132,23 @@ def _prepared(config: dict, workload: Workload, parallel: Parallel, layers: list
             model.to_empty(device="cpu")  # FSDP2's documented meta-device init; shards become fake
             inputs = runner.make_inputs(config, workload, "cpu", model, clone_labels=clone)
             case = _Case(model, runner.make_optimizer(model, workload), inputs, workload,
-                         per_rank={"world_size": parallel.gpus, "traced_rank": 0})
+                         per_rank={"world_size": parallel.gpus, "traced_rank": 0, "tp": parallel.tp_size},
+                         context=lambda: (tp.loss_context(workload) if parallel.tp_size > 1
+                                          else contextlib.nullcontext()))
             case.notes.append(f"fsdp2 rank 0 of {parallel.gpus} traced with a fake process group "
-                              "(collectives do nothing)")
+                              + (f"on a (dp {parallel.dp_size}, tp {parallel.tp_size}) mesh, TP applied first as "
+                                 "torchtitan does " if parallel.tp_size > 1 else "") + "(collectives do nothing)")
+            yield case
+        return
+    if parallel.strategy == "tp":
+        with tp.tp_model(config, workload, parallel, layers) as model, _fake_mode():
+            model.to_empty(device="cpu")  # DTensor's meta-device init, as torchtitan does; shards become fake
+            inputs = runner.make_inputs(config, workload, "cpu", model, clone_labels=clone)
+            case = _Case(model, runner.make_optimizer(model, workload), inputs, workload,
+                         per_rank={"world_size": parallel.gpus, "traced_rank": 0, "tp": parallel.tp_size},
+                         context=lambda: tp.loss_context(workload))
+            case.notes.append(f"tp rank 0 of {parallel.gpus} traced with a fake process group (torchtitan's "
+                              "apply_tp on the model's base_model_tp_plan; collectives do nothing)")
             yield case
         return
     with _fake_mode():
@@ -158,6 +178,12 @@ def _fsdp_model(config: dict, workload: Workload, parallel: Parallel, layers: li
         model = runner.build_model(config, workload, device="meta", layers=layers)
         reshard = parallel.strategy != "fsdp-grad-op"
         mp = {"mp_policy": recipes.mp_policy(workload)} if workload.recipe == "fsdp-mp" else {}
+        if parallel.tp_size > 1:  # torchtitan: TP on the inner mesh dimension first, then fully_shard over dp
+            from torch.distributed.device_mesh import init_device_mesh
+
+            mesh = init_device_mesh("cpu", (parallel.dp_size, parallel.tp_size), mesh_dim_names=("dp", "tp"))
+            tp.parallelize(model, mesh["tp"], workload.mode == "train", parallel.sequence_parallel)
+            mp["mesh"] = mesh["dp"]
         for layer in _decoder_layers(model):
             fully_shard(layer, reshard_after_forward=reshard, **mp)
         fully_shard(model, reshard_after_forward=reshard, **mp)
@@ -192,7 +218,7 @@ def _run(case: _Case, steps: int, observe_layers: bool = False,
         counter.mark_stage(stage)
 
     on_stage("load")
-    with counter:
+    with counter, case.context():
         if primed is not None:
             _prime_optimizer(case, primed)
             on_stage("optimizer")
@@ -214,7 +240,7 @@ def grad_names(config: dict, workload: Workload, parallel: Parallel, layers: lis
 
     key = (json.dumps(config, sort_keys=True, default=str), workload.method, workload.lora_rank,
            workload.lora_targets, workload.loss, workload.compile, workload.recipe, workload.checkpointing,
-           parallel.strategy, tuple(layers) if layers is not None else None, kernels)
+           parallel.strategy, parallel.tp_size, tuple(layers) if layers is not None else None, kernels)
     if key not in _GRAD_NAMES:
         if len(_GRAD_NAMES) > 256:
             _GRAD_NAMES.clear()
@@ -222,7 +248,8 @@ def grad_names(config: dict, workload: Workload, parallel: Parallel, layers: lis
 
         small = replace(workload, batch=1, seq=min(workload.seq, 64), gen_tokens=0)
         with kernels_mod.emulate(kernels), _prepared(config, small, parallel, layers, kernels=kernels) as case:
-            _GRAD_NAMES[key] = runner.params_with_grads(case.model, case.workload, case.inputs)
+            with case.context():
+                _GRAD_NAMES[key] = runner.params_with_grads(case.model, case.workload, case.inputs)
     return _GRAD_NAMES[key]
 
 

@@ -14,14 +14,24 @@ Two more quantities are functions of s, not free variables, for CUDA's memory-ef
 A step that calls it holds s*m, b*s*m, l, b*l bytes: polynomials in (b, s, m, l), not in (b, s) alone (a step with
 a mask is a different list of ticks on aligned s: the profile splits there, see profile.Piece).
 
+A third one is for Mamba-2's chunked state-space scan (mamba_ssm's `_mamba_chunk_scan_combined_fwd`, the kernel
+transformers calls on a GPU; tracer.kernels_ssm): its per-chunk tensors (dA_cumsum and dt of (b, heads, chunks,
+chunk), the chunk states (b, chunks, heads, head_dim, state), the CB matrices (b, chunks, groups, chunk, chunk))
+are sized by the chunk count, so a prefill holds b*q and q bytes with
+- `q`: s rounded up to the model's scan chunk, q = chunk * ceil(s / chunk).
+The chunk is the model's (a config value, 256 in the released Mamba-2 models), so a monomial in q carries it: an
+8-tuple whose eighth entry is the chunk, not an exponent (`scan_monomials`).
+
 LoRA adds r, the adapters' rank: every adapter tensor is linear in r (A is r x in, B is out x r, their gradients
 and optimizer states, the (b, s, r) product x @ A^T that autograd saves), so a LoRA step's bytes are
 P0(b, s, ...) + r * P1(b, s, ...), and one profile answers every rank (`RANK_MONOMIALS`; tracer.derive fits them
 from a second traced rank and checks a third). r is a constant of the workload, never swept: a profile is
-evaluated after `profile.Profile.at_rank` has folded r into its coefficients.
+evaluated after `profile.Profile.at_rank` has folded r into its coefficients. Its exponent is a monomial's ninth
+entry (`R_INDEX`, after q's chunk, which is 1 there where the monomial has no q); it is not one of VARIABLES, which
+are what an evaluated (folded) profile's monomials are over.
 
-Monomials are exponent tuples over VARIABLES; a shorter tuple has the later variables at exponent 0 (4-tuples:
-the profiles written before m and l existed; 6-tuples: before r).
+Monomials are exponent tuples over VARIABLES; a 4-tuple has none of m, l, q and a 6-tuple no q (the profiles
+written before they existed).
 """
 from __future__ import annotations
 
@@ -29,8 +39,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
 
-VARIABLES = ("b", "s", "g", "inv_n", "m", "l", "r")   # batch, sequence (prompt), generated tokens, 1 / world size,
-# padded mask width, logsumexp rows (m and l: functions of s, see the module docstring), LoRA rank
+VARIABLES = ("b", "s", "g", "inv_n", "m", "l", "q")   # batch, sequence (prompt), generated tokens, 1 / world
+# size, padded mask width, logsumexp rows, s padded to the scan chunk (m, l, q: functions of s, see the docstring)
 MASK_ALIGNMENT = 16                          # attention.cpp preprocess_mask: mem_eff_alignment
 LSE_ALIGNMENT = 32                           # _efficient_attention_forward: logsumexp rows, ceil(M / 32) * 32
 
@@ -43,7 +53,24 @@ SM, BSM = (0, 1, 0, 0, 1, 0), (1, 1, 0, 0, 1, 0)
 MASK_MONOMIALS = (SM, BSM)                          # a padded mask copy: (b or 1) x h x s x m
 L, BL = (0, 0, 0, 0, 0, 1), (1, 0, 0, 0, 0, 1)
 LSE_MONOMIALS = (L, BL)                             # the efficient kernel's logsumexp: b x h x l
-R_INDEX = VARIABLES.index("r")
+R_INDEX = 8                                         # r's exponent in a monomial: after the 7 and q's chunk
+
+
+def scan_monomials(chunk: int) -> tuple:
+    """q and b*q for a scan of this chunk (q's exponent, then the chunk the monomial is evaluated with)."""
+    if not isinstance(chunk, int) or chunk < 1:
+        raise ValueError(f"chunk: {chunk!r} is not allowed; a scan chunk is a positive integer")
+    return (0, 0, 0, 0, 0, 0, 1, chunk), (1, 0, 0, 0, 0, 0, 1, chunk)
+
+
+def scan_chunk(m: tuple) -> int:
+    """The chunk a monomial in q rounds s up to (1 where it has no q: q would be s itself)."""
+    return m[7] if len(m) > 7 else 1
+
+
+def scan_padded(s: int, chunk: int) -> int:
+    """q at sequence length s: s rounded up to a multiple of the chunk."""
+    return s + (-s) % chunk
 
 
 def mask_width(s: int) -> int:
@@ -65,8 +92,10 @@ def s_functions_array(s):
 
 
 def exponents(m: tuple) -> tuple[int, ...]:
-    """A monomial's seven exponents (b, s, g, inv_n, m, l, r); a shorter tuple has the missing ones at 0."""
-    return tuple(m) + (0,) * (len(VARIABLES) - len(m))
+    """A monomial's seven exponents (b, s, g, inv_n, m, l, q); a 4-tuple has none of m, l, q, a 6-tuple no q; a
+    q monomial's eighth entry (its chunk) is no exponent and is left out, nor is r's (rank_degree)."""
+    m = tuple(m[:len(VARIABLES)])
+    return m + (0,) * (len(VARIABLES) - len(m))
 
 
 def rank_degree(m: tuple) -> int:
@@ -75,9 +104,14 @@ def rank_degree(m: tuple) -> int:
 
 
 def times_rank(m: tuple) -> tuple:
-    """The monomial m * r (7 exponents)."""
+    """The monomial m * r: its seven exponents, q's chunk (1 where it has no q), then r's exponent."""
+    return exponents(m) + (scan_chunk(m), rank_degree(m) + 1)
+
+
+def without_rank(m: tuple) -> tuple:
+    """The monomial with r's exponent dropped (its 7 exponents, and q's chunk where it has q)."""
     e = exponents(m)
-    return e[:R_INDEX] + (e[R_INDEX] + 1,)
+    return e + ((scan_chunk(m),) if e[6] else ())
 
 
 # LoRA's rank-linear terms: r (A, B, their gradients and states), b*r, s*r, b*s*r (x @ A^T: (b, s, r), its
@@ -88,20 +122,37 @@ RANK_INV_N = times_rank(INV_N)
 
 
 def s_factor(m: tuple, s: int) -> int:
-    """The monomial's factor from m and l at sequence length s (1 where it has neither)."""
-    if len(m) <= 4 or not (m[4] or m[5]):
+    """The monomial's factor from m, l and q at sequence length s (1 where it has none)."""
+    if len(m) <= 4 or not any(m[4:len(VARIABLES)]):
         return 1
-    return mask_width(s) ** m[4] * lse_rows(s) ** m[5]
+    e = exponents(m)
+    return mask_width(s) ** e[4] * lse_rows(s) ** e[5] * scan_padded(s, scan_chunk(m)) ** e[6]
+
+
+def s_factor_array(m: tuple, s):
+    """s_factor over a NumPy array of s (floats)."""
+    import numpy as np
+
+    s = np.asarray(s)
+    e = exponents(m)
+    if not any(e[4:]):
+        return np.ones(s.shape, dtype=float)
+    w, rows = (x.astype(float) for x in s_functions_array(s))
+    q = (s + (-s) % scan_chunk(m)).astype(float)
+    return w ** e[4] * rows ** e[5] * q ** e[6]
 
 
 def seq_degree(m: tuple) -> int:
-    """The monomial's degree in the sequence length (m and l count as s: they are s rounded up)."""
+    """The monomial's degree in the sequence length (m, l and q count as s: they are s rounded up)."""
     e = exponents(m)
-    return e[1] + e[4] + e[5]
+    return e[1] + e[4] + e[5] + e[6]
 
 
 def monomial_name(m: tuple[int, ...]) -> str:
-    parts = [v if e == 1 else f"{v}^{e}" for v, e in zip(VARIABLES, m) if e]
+    names = [v if v != "q" else f"q{scan_chunk(m)}" for v in VARIABLES]
+    parts = [v if e == 1 else f"{v}^{e}" for v, e in zip(names, exponents(m)) if e]
+    k = rank_degree(m)
+    parts += ["r" if k == 1 else f"r^{k}"] if k else []
     return "*".join(parts) or "1"
 
 

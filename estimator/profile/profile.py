@@ -23,7 +23,7 @@ from functools import cached_property
 
 import numpy as np
 
-from estimator.profile.poly import MASK_ALIGNMENT, R_INDEX, Poly, exponents, rank_degree, s_factor
+from estimator.profile.poly import MASK_ALIGNMENT, Poly, exponents, rank_degree, s_factor, without_rank
 
 FORMAT = 2  # 2: per-stage flat arrays (1: a list of moment objects)
 CATEGORIES = ("weights", "gradients", "optimizer_states", "activations", "optimizer_step", "kv_cache",
@@ -52,11 +52,11 @@ class Moment:
 
     @cached_property
     def _padded(self) -> bool:
-        """Whether a monomial carries m or l (poly: the attention kernel's padding), which need s_factor. A monomial
-        in r is refused: a rank-variable profile is evaluated after `Profile.at_rank` (never with r silently 1)."""
+        """Whether a monomial carries m, l or q (poly: kernels' padding of s), which need s_factor. A monomial in r
+        is refused: a rank-variable profile is evaluated after `Profile.at_rank` (never with r silently 1)."""
         if any(rank_degree(m) for m in self.monomials):
             raise ValueError("profile: a rank-variable LoRA moment is evaluated at a rank (Profile.at_rank)")
-        return any(len(m) > 4 and (m[4] or m[5]) for m in self.monomials)
+        return any(any(exponents(m)[4:]) for m in self.monomials)
 
     @cached_property
     def _int_matrix(self):
@@ -156,7 +156,7 @@ class Piece:
             if not any(rank_degree(m) for m in monos):
                 data[st] = d
                 continue
-            free = [exponents(m)[:R_INDEX] for m in monos]   # (1, b*s, r*b*s) -> (1, b*s, b*s): one monomial
+            free = [without_rank(m) for m in monos]   # (1, b*s, r*b*s) -> (1, b*s, b*s): one monomial
             out = list(dict.fromkeys(free))
             where = [out.index(m) for m in free]
             power = [r ** rank_degree(m) for m in monos]

@@ -1,0 +1,127 @@
+"""Per-rank parallel profiles against a full-depth trace of one rank, at a size no fit used.
+
+    WILLITFIT_CACHE=/tmp/pc-cache python scripts/parallel_check.py                 # every case
+    WILLITFIT_CACHE=/tmp/pc-cache python scripts/parallel_check.py --case tp2-infer
+
+For a 6-layer Llama built offline (CONFIG: 8 heads and 8 KV heads, so tp 2, 4 and 8 all divide it), each case
+derives the rank's profile (tracer.derive at reduced depth: 3 and 4 layers, fit in (b, s), verified at an unused
+size; cached under $WILLITFIT_CACHE), estimates one rank at CHECK_TRAIN / CHECK_INFER (sizes the fit never traced),
+traces one rank of the whole 6-layer model there (tracer.session.run_traced), and prints per stage and component
+the estimate, the trace and their difference, plus the old analytic split (Options.analytic_tp) for TP. It exits
+1 when any traced-profile component differs from the trace by a byte.
+
+Cases: tp 2 / 4 / 8 (training full fine-tuning, pure bf16 AdamW; inference); FSDP2 over dp 2 composed with tp 2
+and 4 on a (dp, tp) mesh (training); tp 2 with the head tied to the embedding (training); sequence parallelism:
+tp 4 and FSDP 2 x TP 2 (training); plain fsdp 2 (training).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+
+from estimator.estimate import Options, ensure_profile, estimate
+from estimator.model import from_hf_config
+from estimator.spec import Parallel, Workload
+from tracer.session import run_traced
+
+CONFIG = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 6,
+          "num_attention_heads": 8, "num_key_value_heads": 8, "vocab_size": 512,
+          "max_position_embeddings": 1024, "tie_word_embeddings": False}
+CHECK_TRAIN = dict(batch=5, seq=300)             # the fit traces b 1..4 and seqs 256, 512, 768 and one near 1000
+CHECK_INFER = dict(batch=5, seq=300, gen_tokens=4)
+# estimate component <- the trace's categories (estimator.evaluate.Swap.rules: the map the estimate applies)
+COMPONENTS = (("weights", ("weights",), ("weights",)),
+              ("gradients", ("gradients",), ("gradients", "comm_buffers")),
+              ("optimizer_states", ("optimizer_states", "master_weights"), ("optimizer_states",)),
+              ("activations", ("activations", "temporaries"), ("activations",)),
+              ("kv_cache", ("kv_cache",), ("kv_cache",)),
+              ("buffers", ("buffers",), ("other",)))
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    workload: Workload
+    parallel: Parallel
+    config: dict = None   # CONFIG unless given
+
+    def model_config(self) -> dict:
+        return self.config or CONFIG
+
+
+def cases() -> list[Case]:
+    train, infer = Workload(**CHECK_TRAIN), Workload(mode="infer", **CHECK_INFER)
+    out = [Case(f"tp{n}-{w.mode}", w, Parallel("tp", gpus=n)) for n in (2, 4, 8) for w in (train, infer)]
+    out += [Case(f"fsdp{2 * n}-tp{n}-train", train, Parallel("fsdp", gpus=2 * n, tp=n)) for n in (2, 4)]
+    out += [Case("tp2-train-tied", train, Parallel("tp", gpus=2), {**CONFIG, "tie_word_embeddings": True})]
+    out += [Case("tp4-sp-train", train, Parallel("tp", gpus=4, sequence_parallel=True)),
+            Case("fsdp4-tp2-sp-train", train, Parallel("fsdp", gpus=4, tp=2, sequence_parallel=True))]
+    return out + [Case("fsdp2-train", train, Parallel("fsdp", gpus=2))]
+
+
+def rows(estimate_, trace) -> list[tuple[str, str, int, int]]:
+    """(stage, component, estimate bytes, trace bytes) for every stage both have."""
+    out = []
+    peaks = {p.stage: p.breakdown for p in trace.log.stages}
+    for stage, bd in estimate_.stages:
+        if stage not in peaks:
+            continue
+        for comp, ours, theirs in COMPONENTS:
+            out.append((stage, comp, sum(getattr(bd, c) for c in ours), sum(peaks[stage][c] for c in theirs)))
+        out.append((stage, "total", bd.tensor_bytes, sum(peaks[stage].values())))
+    return out
+
+
+def check(case: Case, progress=None) -> tuple[bool, list[str]]:
+    """(exact, printed lines) for one case."""
+    config = case.model_config()
+    model = from_hf_config(config, "parallel-check", derive=True)
+    ensure_profile(model, case.workload, case.parallel, progress=progress, tp_rank=True)
+    ours = estimate(model, case.workload, case.parallel)
+    old = estimate(model, case.workload, case.parallel, options=Options(analytic_tp=True)) \
+        if case.parallel.tp_size > 1 else None
+    trace = run_traced(config, case.workload, case.parallel, name="parallel-check")
+    lines = [f"{case.name}: {case.parallel.strategy} on {case.parallel.gpus} GPUs, {case.workload.mode}, batch "
+             f"{case.workload.batch}, seq {case.workload.seq}, tp {case.parallel.tp_size}"
+             + (" with sequence parallelism" if case.parallel.sequence_parallel else "") + f" (rank 0, {CONFIG['num_hidden_layers']} layers)",
+             f"  {'stage':10s} {'component':17s} {'estimate':>10s} {'trace':>10s} {'diff':>8s}"
+             + (f" {'analytic':>10s} {'diff':>8s}" if old else "")]
+    exact = True
+    old_rows = {(s, c): e for s, c, e, _ in rows(old, trace)} if old else {}
+    for stage, comp, est, tr in rows(ours, trace):
+        exact &= est == tr
+        line = f"  {stage:10s} {comp:17s} {est:10d} {tr:10d} {est - tr:+8d}"
+        if old:
+            a = old_rows.get((stage, comp), 0)
+            line += f" {a:10d} {a - tr:+8d}"
+        lines.append(line)
+    lines.append(f"  {'exact' if exact else 'MISMATCH'}; notes: " + "; ".join(n for n in ours.notes if "tp" in n
+                                                                           or "fsdp" in n))
+    return exact, lines
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--case", action="append", help="a case name (repeatable); default every case: "
+                    + ", ".join(c.name for c in cases()))
+    ap.add_argument("--quiet", action="store_true", help="no derivation progress")
+    args = ap.parse_args(argv)
+    chosen = [c for c in cases() if not args.case or c.name in args.case]
+    unknown = set(args.case or ()) - {c.name for c in cases()}
+    if unknown:
+        print(f"error: case: {', '.join(sorted(unknown))} unknown; allowed: "
+              + ", ".join(c.name for c in cases()), file=sys.stderr)
+        return 2
+    progress = None if args.quiet else (lambda d, t, m: print(f"    [{d}/{t}] {m}", file=sys.stderr, flush=True))
+    failed = 0
+    for c in chosen:
+        ok, lines = check(c, progress)
+        print("\n".join(lines), flush=True)
+        failed += not ok
+    print(f"{len(chosen) - failed} of {len(chosen)} cases exact")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,193 @@
+"""Mamba-2 mixers as a GPU runs them, on fake CPU tensors (installed by `kernels.emulate("cuda")`).
+
+transformers' Mamba-2 mixers (Mamba-2, Bamba, Nemotron-H, Granite-4 granitemoehybrid, Zamba2, Falcon-H1) call five
+module-level functions, each wrapped by `integrations.hub_kernels.use_kernel_func_from_hub_with_fallback`: where
+`mamba_ssm` / `causal_conv1d` are importable (a CUDA install) the wrapper calls their kernels, otherwise a torch
+reference that pads s to a multiple of the chunk and materialises (b, chunks, chunk, chunk, heads) decay and score
+tensors. Here each function is replaced, in every loaded modeling module that has it, by one that allocates what
+the CUDA kernel allocates (sources: state-spaces/mamba commit e9594ce1, Dao-AILab/causal-conv1d commit 0d2252d1):
+
+- `causal_conv1d_fn` -> causal_conv1d `CausalConv1dFn.forward`: x made contiguous where neither of its last two
+  strides is 1, then `causal_conv1d_fwd_function` (cpp_functions.py: `out = torch.empty_like(x)`);
+  `save_for_backward(x, weight, bias, seq_idx, initial_states)`.
+- `causal_conv1d_update` -> `causal_conv1d_update_function` (cpp_functions.py: `out = torch.empty_like(x)`;
+  conv_state updated in place).
+- `mamba2_selective_state_update` -> mamba_ssm ops/triton/selective_state_update.py `selective_state_update`:
+  `out = torch.empty_like(x)`, the state updated in place.
+- `mamba2_chunk_scan` -> ops/triton/ssd_combined.py `MambaChunkScanCombinedFn.forward` /
+  `_mamba_chunk_scan_combined_fwd`: B, C (stride(-1) != 1) and x (neither stride(-1) nor stride(1) is 1) made
+  contiguous; `_chunk_cumsum_fwd` (ssd_chunk_state.py): dt_out and dA_cumsum, fp32 (b, heads, chunks, chunk);
+  `_chunk_state_fwd`: states fp32 (b, chunks, heads, head_dim, state); `_state_passing_fwd` (ssd_state_passing.py):
+  out (b, chunks, heads, head_dim * state) in C's dtype and final_states fp32 (b, heads, head_dim * state), the fp32
+  states dropped when the name is rebound; `_bmm_chunk_fwd` (ssd_bmm.py): CB fp32 (b, chunks, groups, chunk,
+  chunk); `_chunk_scan_fwd` (ssd_chunk_scan.py): out like x (b, s, heads, head_dim), out_x too where z is given.
+  ctx saves (out or out_x, x, dt, dA_cumsum, A, B, C, D, z, dt_bias, initial_states, seq_idx).
+- `mamba2_split_conv1d_scan_combined`: the fused training kernel (`MambaSplitConv1dScanCombinedFn`) is not
+  emulated: its backward sizes dB, dC and dCB by `nsplits = cdiv(heads / groups, max(min(ceil(b * chunks * heads /
+  SMs), heads / groups), 1))` (ssd_chunk_state.py `_chunk_state_bwd_db`), a step function of b and s that depends
+  on the GPU's SM count, so a training step of a Mamba-2 mixer is refused (one line) rather than traced on the CPU
+  reference, which keeps other tensors.
+
+What the CPU reference keeps instead (transformers `mamba2_chunk_scan`): s padded to the chunk (`pad_tensor_by_size`),
+fp32 copies of x, B and C repeated to every head, the (b, heads, chunks, chunk, chunk) decay matrix L, the
+(b, chunks, chunk, chunk, heads) scores G and M, and (b, chunks + 1, heads, head_dim, state) states.
+Both are exact functions of b and q = chunk * ceil(s / chunk) (estimator.profile.poly).
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.abc
+import importlib.machinery
+import math
+import sys
+
+import torch
+
+# transformers modeling modules with Mamba-2 mixers; one that the installed transformers lacks is skipped
+MIXER_MODULES = ("mamba2", "bamba", "nemotron_h", "granitemoehybrid", "zamba2", "falcon_h1")
+FUNCTIONS = ("causal_conv1d_fn", "causal_conv1d_update", "mamba2_selective_state_update", "mamba2_chunk_scan",
+             "mamba2_split_conv1d_scan_combined")
+_CALLS = {"scan": 0}
+
+
+def scan_calls() -> int:
+    """Chunked scans emulated by this process so far (the derivation asks whether a step ran one)."""
+    return _CALLS["scan"]
+
+
+@contextlib.contextmanager
+def cuda_mixers():
+    """Replace the five functions in every Mamba-2 modeling module for the duration (restored on exit): in those
+    already imported, and in those the enclosed code imports (building the model does), through a finder on
+    sys.meta_path; importing all six up front would cost seconds in every trace of any model."""
+    saved: list = []
+    finder = _PatchOnImport(saved)
+    sys.meta_path.insert(0, finder)
+    try:
+        for name in _TARGETS:
+            if name in sys.modules:
+                _patch(sys.modules[name], saved)
+        yield
+    finally:
+        sys.meta_path.remove(finder)
+        for mod, fn, orig in reversed(saved):
+            setattr(mod, fn, orig)
+
+
+_TARGETS = tuple(f"transformers.models.{n}.modeling_{n}" for n in MIXER_MODULES)
+
+
+def _patch(mod, saved: list) -> None:
+    for fn in FUNCTIONS:
+        if hasattr(mod, fn) and getattr(mod, fn) is not _EMULATED[fn]:
+            saved.append((mod, fn, getattr(mod, fn)))
+            setattr(mod, fn, _EMULATED[fn])
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Finds a target module as the path finder does, and patches it once its code has run."""
+
+    def __init__(self, saved: list):
+        self.saved = saved
+
+    def find_spec(self, name, path, target=None):
+        if name not in _TARGETS:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return None
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            _patch(module, self.saved)
+
+        spec.loader.exec_module = exec_module   # this spec's own loader object
+        return spec
+
+
+def causal_conv1d_fn(hidden_states, weight, bias=None, activation=None, seq_idx=None, **kwargs):
+    """causal_conv1d's CausalConv1dFn: out = empty_like(x) (x (b, d, s), made contiguous only where neither of
+    its last two strides is 1); saves x, weight and bias for backward."""
+    return _CausalConv1d.apply(hidden_states, weight, bias)
+
+
+class _CausalConv1d(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        if x.stride(2) != 1 and x.stride(1) != 1:
+            x = x.contiguous()
+        out = torch.empty_like(x)                       # cpp_functions.causal_conv1d_fwd_function
+        ctx.save_for_backward(x, weight, bias)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        raise RuntimeError("kernels: causal_conv1d's backward is not emulated (a GPU trains Mamba-2 mixers with "
+                           "mamba_ssm's fused kernel, which is refused)")
+
+
+def causal_conv1d_update(hidden_states, conv_state, weight, bias=None, activation=None, **kwargs):
+    """causal_conv1d_update_function: out = empty_like(x); conv_state updated in place."""
+    return torch.empty_like(hidden_states)
+
+
+def mamba2_selective_state_update(state, hidden_states, dt, A, B, C, D=None, dt_bias=None, dt_softplus=False,
+                                  z=None, **kwargs):
+    """selective_state_update (triton): out = empty_like(x); the state updated in place."""
+    return torch.empty_like(hidden_states)
+
+
+def mamba2_chunk_scan(hidden_states, dt, A, B, C, chunk_size, D=None, dt_bias=None, initial_states=None,
+                      dt_softplus=False, dt_limit=(0.0, float("inf")), return_final_states=False, z=None, **kwargs):
+    """mamba_chunk_scan_combined (MambaChunkScanCombinedFn): (out, final_states) or out."""
+    _CALLS["scan"] += 1
+    out, final = _ChunkScanCombined.apply(hidden_states, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states)
+    return (out, final) if return_final_states else out
+
+
+class _ChunkScanCombined(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states):
+        batch, seqlen, nheads, headdim = x.shape
+        ngroups, dstate = B.shape[2], B.shape[3]
+        if B.stride(-1) != 1:
+            B = B.contiguous()
+        if C.stride(-1) != 1:
+            C = C.contiguous()
+        if x.stride(-1) != 1 and x.stride(1) != 1:
+            x = x.contiguous()
+        if z is not None and z.stride(-1) != 1 and z.stride(1) != 1:
+            z = z.contiguous()
+        nchunks = math.ceil(seqlen / chunk_size)
+        f32 = dict(device=x.device, dtype=torch.float32)
+        dt_out = torch.empty(batch, nheads, nchunks, chunk_size, **f32)                # _chunk_cumsum_fwd
+        dA_cumsum = torch.empty(batch, nheads, nchunks, chunk_size, **f32)
+        states = torch.empty(batch, nchunks, nheads, headdim, dstate, **f32)           # _chunk_state_fwd
+        passed = torch.empty(batch, nchunks, nheads, headdim * dstate, device=x.device, dtype=C.dtype)
+        final = torch.empty(batch, nheads, headdim * dstate, **f32)                     # _state_passing_fwd
+        states = passed                                                                  # fp32 states dropped
+        cb = torch.empty(batch, nchunks, ngroups, chunk_size, chunk_size, **f32)       # _bmm_chunk_fwd
+        out = torch.empty(batch, seqlen, nheads, headdim, device=x.device, dtype=x.dtype)  # _chunk_scan_fwd
+        out_x = torch.empty_like(out) if z is not None else None
+        del dt_out, states, cb
+        ctx.save_for_backward(out if z is None else out_x, x, dt, dA_cumsum, A, B, C, D, z, dt_bias, initial_states)
+        ctx.mark_non_differentiable(final)
+        return out, final.view(batch, nheads, headdim, dstate)
+
+    @staticmethod
+    def backward(ctx, dout, dfinal):
+        raise RuntimeError("kernels: mamba_chunk_scan_combined's backward is not emulated (a GPU trains Mamba-2 "
+                           "mixers with mamba_ssm's fused kernel, which is refused)")
+
+
+def mamba2_split_conv1d_scan_combined(*args, **kwargs):
+    """The fused training kernel: refused (see the module docstring)."""
+    raise ValueError("mode: training a Mamba-2 mixer runs mamba_ssm's fused mamba_split_conv1d_scan_combined on a "
+                     "GPU, which is not emulated (its backward splits dB/dC/dCB by ceil(b * chunks * heads / SMs)); "
+                     "only inference (mode infer) is priced for state-space models")
+
+
+_EMULATED = {"causal_conv1d_fn": causal_conv1d_fn, "causal_conv1d_update": causal_conv1d_update,
+             "mamba2_selective_state_update": mamba2_selective_state_update, "mamba2_chunk_scan": mamba2_chunk_scan,
+             "mamba2_split_conv1d_scan_combined": mamba2_split_conv1d_scan_combined}
