@@ -15,6 +15,7 @@ import pytest
 
 from estimator import knobs, store
 from estimator.estimate import traced_class
+from estimator.profile.profile import RANK_MARK
 from estimator.spec import Parallel, Workload
 
 TINY = Path(__file__).parent / "data" / "tiny"
@@ -61,7 +62,12 @@ def test_a_knob_splits_the_class_exactly_when_it_applies(base):
                 applies = True  # kept in every class: a full fine-tune's runner stores its weights in it
             expect_same = not applies or (d.name == "grad_accum" and min(v, 2) == min(base.grad_accum, 2))
             assert (store.canonical_class(w) == store.canonical_class(base)) == expect_same, (d.name, v)
-            assert (store.profile_key(w, Parallel()) == key) == expect_same, (d.name, v)
+            # LoRA's rank is a variable of its profile: another rank is the same file (the per-rank key, which a
+            # lookup tries second, still tells ranks apart: tests/test_lora_rank.py)
+            same_file = expect_same or (d.name == "lora_rank" and store.is_rank_variable(w))
+            assert (store.profile_key(w, Parallel()) == key) == same_file, (d.name, v)
+            if d.name == "lora_rank" and store.is_rank_variable(w):
+                assert store.profile_keys(w, Parallel())[1] != store.profile_keys(base, Parallel())[1]
     assert seen > 20
 
 
@@ -94,12 +100,14 @@ def test_every_shipped_profile_is_reachable_by_its_own_class():
     assert len(files) > 100
     for f in files:
         data = json.loads(f.read_text())
-        w = knobs.workload_from_row(data["workload_class"])
+        rank_free = data["workload_class"].get("lora_rank") == RANK_MARK   # one file for every LoRA rank
+        w = knobs.workload_from_row({**data["workload_class"], **({"lora_rank": 8} if rank_free else {})})
         p = Parallel(strategy=data["parallel_class"]["strategy"], gpus=2) \
             if data["parallel_class"]["strategy"] != "single" else Parallel()
-        assert store.workload_class(w) == data["workload_class"], f
+        cls = store.workload_class(w, rank_variable=rank_free)   # a per-rank LoRA file: the legacy class
+        assert cls == data["workload_class"], f
         kernels = data.get("provenance", {}).get("kernels", "cuda")
-        assert store.class_key(store.workload_class(w), store.parallel_class(p), kernels) == f.stem, f
+        assert store.class_key(cls, store.parallel_class(p), kernels) == f.stem, f
 
 
 # ---------------------------------------------------------------- against the tracer (tiny models, fake tensors)
