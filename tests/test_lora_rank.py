@@ -255,3 +255,21 @@ def test_more_ranks_and_sizes_equal_a_full_depth_trace(ranked):
         got, traced = _stage_peaks(cfg, Workload(**LORA, lora_rank=r, batch=b, seq=s), Options(derive=False))
         assert got == traced, (r, b, s)
 
+
+
+@pytest.mark.slow
+def test_fsdp_rank_free_profile_equals_a_trace_where_the_shards_divide_the_rank(tmp_path, monkeypatch):
+    # FSDP shards the adapters too (r/n): fit at ranks 8, 16 on 2 and 4 ranks, verified at rank 24 on 8. At rank 40
+    # on 4 GPUs (40 rows of A split evenly) every stage equals the traced rank 0 to the byte; a rank the shard count
+    # does not divide is low by FSDP2's row padding (docs/estimator.md)
+    monkeypatch.setenv("WILLITFIT_CACHE", str(tmp_path))
+    store.clear_memo()
+    cfg, par = _config(), Parallel(strategy="fsdp", gpus=4)
+    prof = store.stored_profile(cfg, Workload(**LORA), par, name="tiny")
+    assert prof.rank_variable and prof.provenance["lora_ranks"] == {"fit": list(LORA_RANKS), "verified": 24}
+    w = Workload(**LORA, lora_rank=40, batch=2, seq=64)
+    est = estimate(from_hf_config(cfg, "tiny"), w, par, Options(derive=False))
+    got = {name: b.tensor_bytes for name, b in est.stages}
+    row = trace_case(cfg, "tiny", w, par)
+    assert got == {name: row[f"{name}_peak_alloc_bytes"] for name in got}
+    store.clear_memo()
