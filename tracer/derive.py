@@ -78,9 +78,11 @@ WINDOW_KEYS = ("sliding_window", "sliding_window_size", "attention_chunk_size", 
 # ------------------------------------------------------------------------------------------------- plan
 
 
-def pieces_for(hf_config, max_positions: int, infer: bool) -> list[tuple[int, int | None, tuple[int, ...], int]]:
+def pieces_for(hf_config, max_positions: int, infer: bool,
+               step: int = 8) -> list[tuple[int, int | None, tuple[int, ...], int]]:
     """(s_lo, s_hi, fit seqs, verify seq) per piece of s, split at the config's attention window sizes (and, where
-    the step hands CUDA's memory-efficient attention a mask, at s's alignment: `_derive_pieces`)."""
+    the step hands CUDA's memory-efficient attention a mask, at s's alignment: `_derive_pieces`); the verify seq a
+    multiple of `step` where one is free (`chunk_step`)."""
     # transformers keeps a sliding window's mask implicit while kv_length < window (masking_utils
     # `_ignore_causal_mask_sdpa`): s = window is already the other side, so the cut is window - 1
     cuts = sorted({v - 1 for v in _window_values(hf_config) if 1 < v < max_positions})
@@ -95,7 +97,7 @@ def pieces_for(hf_config, max_positions: int, infer: bool) -> list[tuple[int, in
         unit = next((u for u in UNITS if lo + 4 * u <= cap), None)
         if unit is None:
             raise ValueError(f"seq: the model's context ({max_positions} positions) is too short to derive a profile")
-        out.append((lo, hi, *choose_seqs(lo, unit)))
+        out.append((lo, hi, *choose_seqs(lo, unit, step=step)))
     if not out:
         raise ValueError(f"seq: the model's context ({max_positions} positions) is too short to derive a profile")
     return out
@@ -105,14 +107,16 @@ ALIGNS = {None: lambda s: True, "aligned": lambda s: s % poly.MASK_ALIGNMENT == 
           "unaligned": lambda s: s % poly.MASK_ALIGNMENT != 0}
 
 
-def choose_seqs(lo: int, unit: int, extra: tuple = (), align: str | None = None) -> tuple[tuple[int, ...], int]:
+def choose_seqs(lo: int, unit: int, extra: tuple = (), align: str | None = None,
+                step: int = 8) -> tuple[tuple[int, ...], int]:
     """(fit seqs, verify seq) of a piece starting above lo, for the monomials in s the fit solves for: 1, s, s^2 and
     `extra` (s*m, l: CUDA's memory-efficient attention; q: a chunked scan; see estimator.profile.poly), on the
     seqs of `align`.
     Without extra: lo + u, 2u, 3u. With: the nearest seqs of the alignment at or below those, then more, downwards
     from lo + 3u, each one that tells the monomials further apart. The verify seq lies past them, in (lo + 3u,
     lo + 4u], with a remainder mod 32 that no fitted seq has (so a fit that holds on one alignment only is caught),
-    a multiple of 8 where one is free (a chunked loss splits s into up to 8 chunks)."""
+    a multiple of `step` where one is free (a chunked loss splits s into `step` chunks: `chunk_step`), else of the
+    largest power of two below it that is."""
     member = ALIGNS[align]
     funcs = list(dict.fromkeys([(0, 0, 0, 0), (0, 1, 0, 0), (0, 2, 0, 0), *[(0, *m[1:]) for m in extra]]))
 
@@ -136,7 +140,28 @@ def choose_seqs(lo: int, unit: int, extra: tuple = (), align: str | None = None)
     free = [x for x in range(lo + 4 * unit, max(seqs), -1) if member(x) and x % poly.LSE_ALIGNMENT not in used]
     if not free:
         free = [x for x in range(lo + 4 * unit, max(seqs), -1) if member(x)]
-    return tuple(seqs), next(x for step in (8, 4, 2, 1) for x in free if x % step == 0)
+    whole = [x for x in range(lo + 4 * unit, max(seqs), -1) if member(x)]
+    if step > 8 and not any(x % step == 0 for x in free):
+        free = whole  # a step of 32 or more: every multiple has remainder 0 mod 32, like the fitted seqs
+    steps = sorted({step, 8, 4, 2, 1}, reverse=True)
+    return tuple(seqs), next(x for st in steps for x in free if x % st == 0)
+
+
+def chunk_step(workload: Workload, hf_config) -> int:
+    """What the verify seq should be a multiple of: a chunked loss splits the sequence into loss_chunks slices, and
+    the fused-linear bound into k chunks of B*T rows (tracer.losses.bounding_chunk_count); where they do not divide,
+    one chunk is ceil(s / chunks) long, a step that no polynomial follows (under by less than one row of one chunk's
+    logits: docs/recipes.md). Other steps: 8."""
+    if workload.mode != "train":
+        return 8
+    if workload.loss == "chunked":
+        return max(8, workload.loss_chunks)
+    if workload.loss == "fused-linear":
+        cfg = text_config(hf_config)
+        vocab, hidden = getattr(cfg, "vocab_size", None), getattr(cfg, "hidden_size", None)
+        if isinstance(vocab, int) and isinstance(hidden, int) and hidden > 0:
+            return max(8, losses.bounding_chunk_count(vocab, hidden))
+    return 8
 
 
 def _rank(rows: list[list[Fraction]]) -> int:
@@ -335,12 +360,13 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
     if masked and infer:
         w0 = replace(w0, gen_tokens=0)  # an encoder runs one forward pass: no decoding
     plan = plan_layers(sigs)
-    pieces = pieces_for(hf_config, max_positions(hf_config), infer)
+    step = chunk_step(workload, hf_config)
+    pieces = pieces_for(hf_config, max_positions(hf_config), infer, step)
     fit_world = world[:2] if fsdp else world
     reduced_refused = ""
     try:
         out_pieces, n_jobs, padding = _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp,
-                                                     kernels, progress, scan_extra)
+                                                     kernels, progress, scan_extra, step)
     except _ReducedDepthFailed as e:
         # The model's code outside its layer stack depends on the layer count (Gemma-3n / Gemma-4 per-layer
         # embeddings: one table num_hidden_layers x width wide, reshaped by the config's count), so a model cut in
@@ -348,7 +374,7 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
         reduced_refused = e.reason
         plan = Plan(plan.n_layers, plan.types, (tuple(range(plan.n_layers)),), (None,), True)
         out_pieces, n_jobs, padding = _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp,
-                                                     kernels, progress, scan_extra)
+                                                     kernels, progress, scan_extra, step)
     jobs = range(n_jobs)
     if progress:
         progress(len(jobs), len(jobs), "done")
@@ -391,7 +417,8 @@ class _ReducedDepthFailed(Exception):
         self.reason = reason
 
 
-def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, kernels, progress, scan_extra=()):
+def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, kernels, progress, scan_extra=(),
+                   step=8):
     """(fitted pieces, traces run, largest FSDP padding): every piece of s and batch region, every variant of
     `plan` traced, fit, verified and extended. Where the step calls CUDA's memory-efficient attention (seen on the
     piece's first trace) the fit gets its monomials in l and m and the seqs that determine them (`choose_seqs`);
@@ -436,11 +463,11 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
         unit = seqs[0] - lo
         lse = (poly.LSE_MONOMIALS if "lse" in seen else ()) + scan_extra
         if "mask" in seen:  # a mask is copied on unaligned s only: two lists of ticks, two pieces
-            classes = [("aligned", lse, *choose_seqs(lo, unit, lse, "aligned")),
+            classes = [("aligned", lse, *choose_seqs(lo, unit, lse, "aligned", step)),
                        ("unaligned", poly.MASK_MONOMIALS + lse, *choose_seqs(lo, unit, poly.MASK_MONOMIALS + lse,
-                                                                             "unaligned"))]
+                                                                             "unaligned", step))]
         else:
-            classes = [(None, lse, *(choose_seqs(lo, unit, lse) if lse else (seqs, vseq)))]
+            classes = [(None, lse, *(choose_seqs(lo, unit, lse, step=step) if lse else (seqs, vseq)))]
         n_jobs += sum(jobs(c[2]) for c in classes) - jobs(seqs)
         for align, extra, fseqs, vs in classes:
             for batches, vbatch, b_lo, b_hi in BATCH_REGIONS:
