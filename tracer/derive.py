@@ -58,7 +58,7 @@ from tracer.extend import (
     prune,
     verify,
 )
-from tracer.meta import is_masked_lm, read_inventory  # noqa: F401  (read_inventory: the store's other miss)
+from tracer.meta import is_masked_lm, is_vision_model, read_inventory  # noqa: F401  (read_inventory: the store's other miss)
 
 # Batch 1 is its own region: with one sequence, size-1 dimensions make some copies unnecessary (a sliced
 # (1, s+1) label tensor is already contiguous, so the loss's .contiguous() copies nothing), so bytes at b = 1 are not
@@ -286,7 +286,7 @@ def max_positions(hf_config) -> int:
 
 
 def _signatures(config: dict, workload: Workload) -> tuple[list[str], object, bool]:
-    """(layer type signatures, transformers config, built as a masked LM)."""
+    """(layer type signatures, transformers config, built as an encoder: a masked LM or a vision encoder)."""
 
     base = replace(workload, method="full", gen_tokens=0) if workload.method == "lora" else \
         replace(workload, gen_tokens=0)
@@ -295,7 +295,7 @@ def _signatures(config: dict, workload: Workload) -> tuple[list[str], object, bo
         sigs = [li.signature for li in layer_infos(model)]
     except ValueError:  # no decoder layer stack to tell apart: trace the whole model
         sigs = []
-    return sigs, model.config, is_masked_lm(model)
+    return sigs, model.config, is_masked_lm(model) or is_vision_model(model)
 
 
 @serialized
@@ -321,7 +321,7 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
                          f"{scan[1]}): it pads the sequence to a multiple of {scan[1]}, so its memory is no "
                          "polynomial in seq and no exact profile can be derived; trace it (`python -m bench trace`)")
     if masked and infer:
-        w0 = replace(w0, gen_tokens=0)  # an encoder runs one forward pass: no decoding
+        w0 = replace(w0, gen_tokens=0)  # an encoder (text or vision) runs one forward pass: no decoding
     plan = plan_layers(sigs)
     pieces = pieces_for(hf_config, max_positions(hf_config), infer)
     fit_world = world[:2] if fsdp else world
