@@ -253,6 +253,9 @@ def scope_notes(model: Model) -> tuple[str, ...]:
     text_type = inv.extra.get("text_model_type", inv.model_type)
     if text_type == inv.model_type:
         return ()
+    if vision.is_vision(model):  # SigLIP, CLIP: the step runs the vision_config's tower (tracer.vision)
+        return (f"scope: {inv.model_type} is priced as its vision tower alone ({inv.built_as} on its "
+                f"{text_type}); the checkpoint's text tower is not built",)
     if inv.built_as.endswith("ForConditionalGeneration"):
         return (f"scope: {inv.model_type} is built whole ({inv.built_as}: its vision tower's weights are held) but "
                 "the step is text-only: no images, so no vision-tower activations or image tokens",)
