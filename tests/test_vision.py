@@ -64,6 +64,13 @@ def test_dinov2_parameters_are_counted_exactly():
     assert vision.geometry(m)["extra_tokens"] == 1 and vision.geometry(m)["base_params"] == 174592
 
 
+def test_register_tokens_are_read_from_the_model():
+    # DINOv2 with registers (t-dinov2reg.json: 4 register tokens, 3 layers): CLS + 4 registers beside the patches
+    m = _model("dinov2reg")
+    assert vision.geometry(m)["extra_tokens"] == 5
+    assert vision.sized(m, Workload(image_size=36)).seq == 9 * 9 + 5
+
+
 # ---------------------------------------------------------------- sizes in the model's own terms
 
 def test_image_size_becomes_tokens_per_image():
@@ -167,7 +174,8 @@ def test_dinov2_inference_estimate_equals_a_full_depth_trace_at_an_unfitted_imag
     ("vit", Workload(batch=2, image_size=40, method="lora")),
     ("dinov2", Workload(batch=2, image_size=36)),
     ("dinov2", Workload(batch=3)),                                                 # 28 pixels: no interpolation
-], ids=["vit-48", "vit-native", "vit-fp32", "vit-lora", "dinov2-36", "dinov2-native"])
+    ("dinov2reg", Workload(batch=2, image_size=36)),                               # 81 patches + CLS + 4 registers
+], ids=["vit-48", "vit-native", "vit-fp32", "vit-lora", "dinov2-36", "dinov2-native", "dinov2reg-36"])
 def test_five_layer_estimates_equal_full_depth_traces(name, workload):
     _check_estimate_equals_trace(_config(name), workload)
 
