@@ -11,6 +11,7 @@ in the tokens; such a size is refused in one line naming the nearest multiples.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from estimator.model import Model
@@ -41,15 +42,28 @@ def tokens(model: Model, image_size: int) -> int:
     return (image_size // patch) ** 2 + int(v["extra_tokens"])
 
 
+SEQ_UNSET = Workload().seq   # a workload that names no seq (the CLI's and the app's default)
+
+
 def sized(model: Model, w: Workload) -> Workload:
-    """The workload with a vision encoder's size resolved: image_size (0: the config's) and seq := its tokens per
-    image. A text model keeps its seq and refuses an image size."""
+    """The workload with a vision encoder's size resolved: seq := the tokens per image of image_size; with image_size
+    0, of the config's image_size, unless seq is set (not SEQ_UNSET): a run row's seq already holds its tokens per
+    image (image_size is no run column, bench.store.rows.NOT_COLUMNS), kept as they are, and image_size is then the
+    square image they make (0 for a rectangle of patches, as `python -m bench trace --seq` may trace). A text model
+    keeps its seq and refuses an image size."""
     v = geometry(model)
     if v is None:
         if w.image_size:
             raise ValueError(f"image_size: applies to vision encoders; {model.name} ({model.model_type}) is a text "
                              "model, sized by seq")
         return w
+    if w.image_size == 0 and w.seq != SEQ_UNSET:
+        patches = w.seq - int(v["extra_tokens"])
+        if patches < 1:
+            raise ValueError(f"seq: {w.seq} tokens per image leave no patch ({model.name} adds {v['extra_tokens']} "
+                             "tokens of its own); use --image-size")
+        side = math.isqrt(patches)
+        return replace(w, image_size=side * int(v["patch_size"]) if side * side == patches else 0)
     size = w.image_size or int(v["image_size"])
     return replace(w, image_size=size, seq=tokens(model, size))
 

@@ -82,6 +82,15 @@ def test_image_size_becomes_tokens_per_image():
         vision.sized(vit, Workload(image_size=30))
 
 
+def test_a_run_rows_tokens_are_kept():
+    # image_size is no run column: a row's seq holds its tokens per image, and they price it as they are
+    vit = _model("vit")
+    assert vision.sized(vit, Workload(seq=101)) == Workload(seq=101, image_size=40)
+    assert vision.sized(vit, Workload(seq=64)) == Workload(seq=64, image_size=0)   # 63 patches: a 7 x 9 rectangle
+    with pytest.raises(ValueError, match=r"^seq: 1 tokens per image leave no patch"):
+        vision.sized(vit, Workload(seq=1))
+
+
 def test_a_text_model_refuses_an_image_size():
     from estimator.model import from_hf_config
 
