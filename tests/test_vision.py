@@ -211,3 +211,15 @@ def test_siglip_and_clip_towers_equal_full_depth_traces(config, workload):
     # SigLIP adds no CLS token (100 tokens at 40 pixels), CLIP one (101); training builds the image-classification
     # model on the vision_config's tower, inference the tower alone (SiglipVisionModel, CLIPVisionModel)
     _check_estimate_equals_trace(config, workload)
+
+
+def test_the_app_asks_a_vision_encoder_for_its_image_size_not_a_sequence_length():
+    pytest.importorskip("streamlit")
+    from pages import _inputs as ui
+
+    for mode in ("train", "infer"):
+        text, image = ui.shown_workload_fields(mode, "full"), ui.shown_workload_fields(mode, "full", vision=True)
+        assert "seq" in text and "image_size" not in text
+        assert "image_size" in image and "seq" not in image and "gen_tokens" not in image
+    assert ui.workload_from_dict({"mode": "train", "method": "full", "image_size": 518, "seq": 99}, vision=True) == \
+        Workload(image_size=518)   # seq is not a vision encoder's input: it keeps its default, sized() sets it
