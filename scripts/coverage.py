@@ -206,7 +206,10 @@ base vision model. Its size is the image (`--image-size`, pixels, square, a mult
 config's `image_size`), and its profile is a polynomial in tokens per image: (image_size // patch_size)^2 patches plus
 the CLS and register tokens its embeddings add, read from the model (`estimator.vision.sized`). Position embeddings
 are interpolated where the grid is not the config's, as the model code does when told to
-(`interpolate_pos_encoding`) or always (DINOv2).
+(`interpolate_pos_encoding`) or always (DINOv2); the fit interpolates at every size it traces (a token count of the
+config's own grid is traced as a rectangle of the same patches), and at the config's own size, where the model adds
+its embeddings as they are, the estimate is checked against that real trace (equal at every stage: the skipped
+interpolation's temporaries come and go before the first layer).
 
 | model type | training builds | inference builds | tokens per image | checked (tests/test_vision.py: estimate == full-depth trace, to the byte) |
 |---|---|---|---|---|

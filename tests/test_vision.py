@@ -189,9 +189,9 @@ def test_five_layer_estimates_equal_full_depth_traces(name, workload):
     _check_estimate_equals_trace(_config(name), workload)
 
 
-SIGLIP = {"model_type": "siglip",
+SIGLIP = {"model_type": "siglip",   # 64 pixels: its own 16 x 16 grid is 256 tokens, a size the fit traces
           "vision_config": {"hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4,
-                            "intermediate_size": 128, "image_size": 32, "patch_size": 4},
+                            "intermediate_size": 128, "image_size": 64, "patch_size": 4},
           "text_config": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
                           "intermediate_size": 64, "vocab_size": 100}}
 CLIP = {"model_type": "clip", "projection_dim": 16,
@@ -205,11 +205,15 @@ CLIP = {"model_type": "clip", "projection_dim": 16,
 @pytest.mark.slow
 @pytest.mark.parametrize("config, workload", [
     (SIGLIP, Workload(batch=2, image_size=40)), (SIGLIP, Workload(mode="infer", batch=2, image_size=40)),
+    (SIGLIP, Workload(batch=3)),
     (CLIP, Workload(batch=2, image_size=40)), (CLIP, Workload(mode="infer", batch=2, image_size=40)),
-], ids=["siglip-train", "siglip-infer", "clip-train", "clip-infer"])
+], ids=["siglip-train", "siglip-infer", "siglip-native", "clip-train", "clip-infer"])
 def test_siglip_and_clip_towers_equal_full_depth_traces(config, workload):
     # SigLIP adds no CLS token (100 tokens at 40 pixels), CLIP one (101); training builds the image-classification
-    # model on the vision_config's tower, inference the tower alone (SiglipVisionModel, CLIPVisionModel)
+    # model on the vision_config's tower, inference the tower alone (SiglipVisionModel, CLIPVisionModel). SigLIP's
+    # own 64 pixels are 256 tokens, a size the fit traces: there it traces a 8 x 32 rectangle, which interpolates
+    # as every other fitted size does (tracer.vision.interpolating); the estimate at the real, square 64 pixels,
+    # which adds the embeddings as they are, equals its trace
     _check_estimate_equals_trace(config, workload)
 
 

@@ -43,7 +43,7 @@ from estimator.parallel import TRACED_SHARDING
 from tracer import serialized
 from tracer import kernels as kernels_mod
 from tracer import kernels_sdpa
-from tracer import losses, runner, session
+from tracer import losses, runner, session, vision
 from tracer.depth import layer_infos, text_config
 from tracer.extend import (
     TRACER_CATEGORIES,
@@ -196,7 +196,8 @@ def trace_ticks(config: dict, workload: Workload, parallel: Parallel, layers: li
     gc.disable()  # frees happen at refcount zero; a collector pass at a random tick would break the alignment
     try:
         # Liger's power-of-two chunk rule is not polynomial in the sizes: the profile uses a bounding fixed count
-        with kernels_mod.emulate(kernels), losses.bounding_chunks():
+        # a vision encoder interpolates its position embeddings at every fitted size (tracer.vision.interpolating)
+        with kernels_mod.emulate(kernels), losses.bounding_chunks(), vision.interpolating():
             prime = None
             if workload.mode == "train" and workload.loop == "loss-only" and not workload.optimizer_in_backward:
                 prime = session.grad_names(config, workload, parallel, layers, kernels)

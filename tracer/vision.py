@@ -22,6 +22,8 @@ transformers docs cast them (`inputs.to(model.dtype)`), so the patch convolution
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import inspect
 import math
 
@@ -89,6 +91,34 @@ def grid(patches: int) -> tuple[int, int]:
     return h, patches // h
 
 
+_INTERPOLATING = contextvars.ContextVar("willitfit_vision_interpolating", default=False)
+
+
+@contextlib.contextmanager
+def interpolating():
+    """Inside (tracer.derive's fits): a token count whose patches make the config's own square grid is traced as a
+    rectangle of the same patches, so the position embeddings are interpolated at every fitted size. At the config's
+    own grid the models add their embeddings as they are (ViT, SigLIP, CLIP: `num_patches == num_positions and
+    height == width`), a shorter list of operations that no fit across sizes can join; the profile is the
+    interpolating step's, and at the config's size it is checked against the real, non-interpolating trace
+    (tests/test_vision.py: equal stage peaks; the skipped interpolation's temporaries come and go before the first
+    layer, under every stage's peak)."""
+    token = _INTERPOLATING.set(True)
+    try:
+        yield
+    finally:
+        _INTERPOLATING.reset(token)
+
+
+def _rectangle(patches: int) -> tuple[int, int]:
+    """(h, w), h < w, h * w = patches: the most square factorization that is not square (1 x p at worst)."""
+    h = math.isqrt(patches)
+    h -= h * h == patches
+    while h > 1 and patches % h:
+        h -= 1
+    return max(h, 1), patches // max(h, 1)
+
+
 def _embeddings(model):
     """The model's embeddings module (ViTEmbeddings, Dinov2Embeddings, SiglipVisionEmbeddings, CLIPVisionEmbeddings):
     the first module, in definition order, whose class is named *Embeddings (a PEFT wrapper included)."""
@@ -125,6 +155,8 @@ def pixel_inputs(model, workload, device: str) -> dict:
     inner = getattr(model, "module", model)
     image, patch, channels = geometry(inner.config)
     h, w = grid(workload.seq - inner._willitfit_extra_tokens)
+    if _INTERPOLATING.get() and (h, w) == (image // patch,) * 2 and h > 1:
+        h, w = _rectangle(h * w)
     dtype = next(inner.parameters()).dtype
     out = {"pixel_values": torch.randn(workload.batch, channels, h * patch, w * patch, device=device,
                                        dtype=dtype)}  # (B, C, H, W)
