@@ -113,6 +113,24 @@ def test_unmodelled_image_model_is_refused_in_one_line_without_torch(tmp_path):
                                   "(docs/architectures.md)")
 
 
+def test_batch_one_keeps_a_patch_gradient_through_the_optimizer_step():
+    # Traced, and so in the shipped ViT-H/14 profile: at batch 1 the optimizer stage holds one more bf16 tensor of
+    # patches x hidden (2 * p * 1280 bytes) than the batch >= 2 polynomial's line through batches 2 and 3 gives (a
+    # size-1 batch dimension lets autograd keep a gradient as a view where batch 2 computes a new, smaller one), so on
+    # tiny images batch 1 holds more than batch 2. Measured on the tiny ViT too: 128 bytes per patch at hidden 64.
+    from estimator.estimate import Options, estimate
+    from estimator.model import from_hf_config
+    from estimator.presets import load_config
+
+    name, cfg = load_config("vit-huge-patch14")
+    m = from_hf_config(cfg, name, derive=False)
+    for pixels, patches in ((14, 1), (28, 4)):
+        opt = {b: dict(estimate(m, Workload(batch=b, image_size=pixels), options=Options(derive=False)).stages)[
+            "optimizer"].tensor_bytes for b in (1, 2, 3)}
+        assert opt[1] > opt[2] < opt[3]
+        assert opt[1] - (2 * opt[2] - opt[3]) == 2 * patches * 1280
+
+
 # ---------------------------------------------------------------- the CLI
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
