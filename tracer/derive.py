@@ -43,7 +43,7 @@ from estimator.parallel import TRACED_SHARDING
 from tracer import serialized
 from tracer import kernels as kernels_mod
 from tracer import kernels_sdpa
-from tracer import losses, runner, session
+from tracer import losses, runner, session, vision
 from tracer.depth import layer_infos, text_config
 from tracer.extend import (
     TRACER_CATEGORIES,
@@ -58,7 +58,7 @@ from tracer.extend import (
     prune,
     verify,
 )
-from tracer.meta import is_masked_lm, read_inventory  # noqa: F401  (read_inventory: the store's other miss)
+from tracer.meta import is_masked_lm, is_vision_model, read_inventory  # noqa: F401  (read_inventory: the store's other miss)
 
 # Batch 1 is its own region: with one sequence, size-1 dimensions make some copies unnecessary (a sliced
 # (1, s+1) label tensor is already contiguous, so the loss's .contiguous() copies nothing), so bytes at b = 1 are not
@@ -224,7 +224,8 @@ def trace_ticks(config: dict, workload: Workload, parallel: Parallel, layers: li
     gc.disable()  # frees happen at refcount zero; a collector pass at a random tick would break the alignment
     try:
         # Liger's power-of-two chunk rule is not polynomial in the sizes: the profile uses a bounding fixed count
-        with kernels_mod.emulate(kernels), losses.bounding_chunks():
+        # a vision encoder interpolates its position embeddings at every fitted size (tracer.vision.interpolating)
+        with kernels_mod.emulate(kernels), losses.bounding_chunks(), vision.interpolating():
             prime = None
             if workload.mode == "train" and workload.loop == "loss-only" and not workload.optimizer_in_backward:
                 prime = session.grad_names(config, workload, parallel, layers, kernels)
@@ -314,7 +315,7 @@ def max_positions(hf_config) -> int:
 
 
 def _signatures(config: dict, workload: Workload) -> tuple[list[str], object, bool]:
-    """(layer type signatures, transformers config, built as a masked LM)."""
+    """(layer type signatures, transformers config, built as an encoder: a masked LM or a vision encoder)."""
 
     base = replace(workload, method="full", gen_tokens=0) if workload.method == "lora" else \
         replace(workload, gen_tokens=0)
@@ -323,7 +324,7 @@ def _signatures(config: dict, workload: Workload) -> tuple[list[str], object, bo
         sigs = [li.signature for li in layer_infos(model)]
     except ValueError:  # no decoder layer stack to tell apart: trace the whole model
         sigs = []
-    return sigs, model.config, is_masked_lm(model)
+    return sigs, model.config, is_masked_lm(model) or is_vision_model(model)
 
 
 @serialized
@@ -358,7 +359,7 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
     scan = chunked_scan(hf_config)
     scan_extra = poly.scan_monomials(scan[1]) if scan else ()
     if masked and infer:
-        w0 = replace(w0, gen_tokens=0)  # an encoder runs one forward pass: no decoding
+        w0 = replace(w0, gen_tokens=0)  # an encoder (text or vision) runs one forward pass: no decoding
     plan = plan_layers(sigs)
     step = chunk_step(workload, hf_config)
     pieces = pieces_for(hf_config, max_positions(hf_config), infer, step)
