@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from estimator import components as comp
-from estimator import knobs
+from estimator import knobs, vision
 from estimator.calibration_file import SEED_K
 from estimator.calibration_file import CalibrationEntry, entry_for
 from estimator.breakdown import COMPONENTS
@@ -95,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--list-models", action="store_true", help="list the model presets and exit")
     a("--list-gpus", action="store_true", help="list the GPU presets and exit")
     return p
+
+
+SEQ_DEFAULT = Workload().seq
 
 
 def _workload(args) -> Workload:
@@ -213,7 +216,9 @@ def report(model: Model, est: Estimate, gpu: GPU | None, options: Options,
                    gpu_memory_total_bytes=gpu.memory_bytes, fits=est.device_bytes <= cap,
                    headroom_bytes=cap - est.device_bytes, verdict=_verdict(est.device_bytes, cap, interval),
                    max_batch=max_batch(model, w, p, cap, options),
-                   max_seq=max_seq(model, w, p, cap, options, limit=max(model.max_positions, w.seq)),
+                   # a vision encoder's tokens follow its image size: no sequence length to search
+                   max_seq=None if vision.is_vision(model) else max_seq(model, w, p, cap, options,
+                                                                        limit=max(model.max_positions, w.seq)),
                    max_positions=model.max_positions)
         if not out["fits"]:
             # pricing other workload classes would trace each one: only classes whose profile is on disk
@@ -245,7 +250,9 @@ def render_text(r: dict) -> str:
              + f", {r['trainable_params']:,} trainable",
              f"{w['mode']} {w['method']}, " + (f"recipe {w['recipe']} " if w["mode"] == "train" else "")
              + f"{w['precision']}, weights {w['weight_format']}, "
-             f"batch {w['batch']} x seq {w['seq']}" + (f" + {w['gen_tokens']} generated" if w["gen_tokens"] else "")
+             + (f"batch {w['batch']} x {w['image_size']}x{w['image_size']} px images ({w['seq']} tokens each)"
+                if w.get("image_size") else f"batch {w['batch']} x seq {w['seq']}")
+             + (f" + {w['gen_tokens']} generated" if w["gen_tokens"] else "")
              + (f", {w['optimizer']} ({w['optimizer_impl']}), grad_accum {w['grad_accum']}, checkpointing "
                 f"{w['checkpointing']}" if w["mode"] == "train" else "") + f", attention {w['attention']}",
              f"{p['gpus']} GPU(s), strategy {p['strategy']}; activation model {r['activation_model']}"
@@ -294,8 +301,9 @@ def render_text(r: dict) -> str:
                    "oom": f"OOM by {fmt_bytes(-head)} ({fmt_bytes(-head, 'GB')})",
                    "tight": f"tight: the interval crosses capacity (headroom {fmt_bytes(head)})"}[r["verdict"]]
         lines.append(f"Verdict: {verdict}")
-        lines.append(f"Max micro-batch that fits: {r['max_batch']}; max seq that fits: {r['max_seq']} "
-                     f"(model context {r['max_positions']})")
+        lines.append(f"Max micro-batch that fits: {r['max_batch']}" + (
+            f"; max seq that fits: {r['max_seq']} (model context {r['max_positions']})" if r["max_seq"] is not None
+            else ""))
         if r.get("advice"):
             lines += ["", "What would help (each alone, largest saving first):"]
             shown = r["advice"][:7] + [a for a in r["advice"][7:] if a["title"].startswith("Combine")
@@ -353,6 +361,9 @@ def run(args) -> dict | str:
     except (TypeError, KeyError, ArithmeticError) as e:  # a config.json with wrongly typed fields
         raise ValueError(f"model: cannot build {name!r} from its config ({type(e).__name__}: {e})") from None
     w, p = _workload(args), parallel_from_args(args)
+    if vision.is_vision(model) and args.seq != SEQ_DEFAULT:
+        raise ValueError(f"seq: {name} is a vision encoder, sized by --image-size (pixels), not --seq")
+    w = vision.sized(model, w)  # a vision encoder's image size -> tokens per image (seq); a text model as it is
     gpu = get_gpu(args.gpu) if args.gpu else None
     options, cal = _options(args, model, w)
     beyond = check_context(model, w.seq, w.gen_tokens, args.allow_beyond_context)

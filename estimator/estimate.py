@@ -21,13 +21,13 @@ from estimator.breakdown import Breakdown
 from estimator.model import Model
 from estimator.parallel import check_model, shares, tp_untraced
 from estimator.reserved import workload_class
-from estimator.spec import PAGED_OPTIMIZERS, Parallel, Workload
+from estimator.spec import PAGED_OPTIMIZERS, SIZE_FIELDS, Parallel, Workload
 from estimator.evaluate import stage_breakdowns
 from estimator.reserved import alloc_mode
 from estimator.reserved import fit_for_class
 from estimator.device import context_bytes
 from estimator.gpus import get_gpu
-from estimator import device, evaluate, gpus, parallel, reserved
+from estimator import device, evaluate, gpus, parallel, reserved, vision
 from estimator.profile import poly
 
 UNTRACEABLE_OPTIMIZERS = ("adamw-8bit", "paged-adamw", "paged-adamw-8bit", "adafactor", "lion")
@@ -236,8 +236,7 @@ def traced_class(w: Workload, p: Parallel) -> tuple[Workload, Parallel, tuple[st
     return tw, tp, tuple(notes)
 
 
-_SIZE_FIELDS = ("batch", "seq", "gen_tokens")
-_CLASS_FIELDS = tuple(f.name for f in fields(Workload) if f.name not in _SIZE_FIELDS)
+_CLASS_FIELDS = tuple(f.name for f in fields(Workload) if f.name not in SIZE_FIELDS)
 _CLASSES: dict = {}
 
 
@@ -291,6 +290,9 @@ def scope_notes(model: Model) -> tuple[str, ...]:
     text_type = inv.extra.get("text_model_type", inv.model_type)
     if text_type == inv.model_type:
         return ()
+    if vision.is_vision(model):  # SigLIP, CLIP: the step runs the vision_config's tower (tracer.vision)
+        return (f"scope: {inv.model_type} is priced as its vision tower alone ({inv.built_as} on its "
+                f"{text_type}); the checkpoint's text tower is not built",)
     if inv.built_as.endswith("ForConditionalGeneration"):
         return (f"scope: {inv.model_type} is built whole ({inv.built_as}: its vision tower's weights are held) but "
                 "the step is text-only: no images, so no vision-tower activations or image tokens",)
@@ -361,6 +363,7 @@ def estimate(model: Model, workload: Workload, parallel: Parallel = Parallel(),
     """Per-GPU memory of one step of `workload` on `model` under `parallel`."""
 
     options = device_options(options)
+    workload = vision.sized(model, workload)  # a vision encoder's image size -> its tokens per image (seq)
     workload, attn_note = _runnable_attention(model, workload)  # the estimate shows what will run
     tw, notes, prof, stage_shares = resolve(model, workload, parallel, options)
     notes = attn_note + notes
@@ -378,7 +381,7 @@ def estimate(model: Model, workload: Workload, parallel: Parallel = Parallel(),
     if comp.paged(workload.optimizer):
         paged = comp.optimizer_state_bytes(model.inventory.trainable_shapes(workload), workload.optimizer,
                                            comp.recipe_dtypes(workload).state)
-    return Estimate(model=model, workload=workload, parallel=parallel, params=model.params,
+    return Estimate(model=model, workload=workload, parallel=parallel, params=vision.params(model, workload),
                     trainable_params=model.inventory.trainable_params(workload),
                     stages=tuple((n, b) for n, (_, b) in stages.items()), peak_stage=peak_name,
                     pipeline_stage=pstage, cuda_context_bytes=options.overhead.cuda_context_bytes,

@@ -16,11 +16,11 @@ from estimator.breakdown import Breakdown
 from estimator.parallel import FSDP_FAMILY, Share, composed, shard_group, tp_activation_scale
 from estimator.profile.poly import exponents, rank_degree, s_factor, s_factor_array, seq_degree
 from estimator.profile.profile import CATEGORIES, Piece, Profile
-from estimator.spec import Parallel, Workload
+from estimator.spec import SIZE_FIELDS, Parallel, Workload
 from estimator.units import dtype_bytes
 
 C = {c: i for i, c in enumerate(CATEGORIES)}
-_CLASS_FIELDS = tuple(f for f in Workload.__dataclass_fields__ if f not in ("batch", "seq", "gen_tokens"))
+_CLASS_FIELDS = tuple(f for f in Workload.__dataclass_fields__ if f not in SIZE_FIELDS)
 FWD_BWD = ("forward", "backward", "prefill", "decode", "decode1")
 STATE_CATEGORIES = ("weights", "gradients", "optimizer_states", "optimizer_step", "comm_buffers")
 

@@ -17,6 +17,10 @@ FAMILIES = {
     "deepseek_v2": "deepseek", "deepseek_v3": "deepseek",
     "bert": "bert",
 }
+# The vision encoders willitfit models (tracer.vision: pixel values in, sized by image_size): a model type whose
+# image-classification model runs one transformer encoder over patch tokens. SigLIP and CLIP configs hold the tower
+# in their vision_config.
+VISION_TYPES = ("vit", "dinov2", "dinov2_with_registers", "siglip", "clip")
 
 
 def family_of(model_type: str) -> str:

@@ -15,9 +15,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, fields
 
-from estimator.spec import Knob, Workload, knob_of
-
-SIZE_FIELDS = ("batch", "seq", "gen_tokens")  # what a profile is a polynomial in; the rest is its class
+from estimator.spec import SIZE_FIELDS, Knob, Workload, knob_of  # noqa: F401  (SIZE_FIELDS: one declaration, spec)
 
 
 @dataclass(frozen=True)
@@ -54,11 +52,15 @@ def declared() -> tuple[Declared, ...]:
 CLASS_FIELDS = tuple(d.name for d in declared() if d.name not in SIZE_FIELDS)
 
 
-def applies(d: Declared, mode: str, method: str) -> bool:
-    """Whether field `d` means something for this mode and method (others keep their defaults)."""
+def applies(d: Declared, mode: str, method: str, vision: bool = False) -> bool:
+    """Whether field `d` means something for this mode and method, on a text model or a vision encoder (`vision`:
+    sized by image_size, not seq; it generates nothing); others keep their defaults."""
+    if vision and d.name == "gen_tokens":
+        return False
     return {"all": True, "train": mode == "train", "infer": mode == "infer",
             "adapter": mode == "train" and method != "full",
-            "frozen": mode == "infer" or method != "full"}[d.knob.applies]
+            "frozen": mode == "infer" or method != "full",
+            "text": not vision, "vision": vision}[d.knob.applies]
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:

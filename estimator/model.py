@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from estimator.families import family_of
+from estimator.families import VISION_TYPES, family_of
 from estimator.inventory import Inventory
 from estimator.presets import config_hash
 from estimator import store
@@ -175,9 +175,25 @@ FFN_FROM_HIDDEN = frozenset({"gpt2", "gpt_bigcode", "falcon", "bloom", "gpt_neo"
 WIDTH_FROM_EXPAND = frozenset({"mamba", "mamba2", "falcon_mamba"})
 
 
+# A vision encoder's (families.VISION_TYPES): no vocabulary; its image and patch sizes set its tokens. DINOv2 sizes
+# its MLP by mlp_ratio (4 by default in its code) rather than intermediate_size.
+VISION_SIZE_FIELDS = {
+    "num_hidden_layers": ("num_hidden_layers",),
+    "num_attention_heads": ("num_attention_heads",),
+    "hidden_size": ("hidden_size",),
+    "intermediate_size": ("intermediate_size", "mlp_ratio"),
+    "image_size": ("image_size",),
+    "patch_size": ("patch_size",),
+}
+
+
 def defaulted_sizes(config: dict) -> list[str]:
     """The size fields (SIZE_FIELDS) a config.json leaves to transformers' defaults, in SIZE_FIELDS order.
-    A composite config (text_config) is checked in its text part."""
+    A composite config (text_config) is checked in its text part; a vision encoder's (SigLIP's and CLIP's
+    vision_config) by VISION_SIZE_FIELDS."""
+    if config.get("model_type") in VISION_TYPES:
+        cfg = config.get("vision_config") if isinstance(config.get("vision_config"), dict) else config
+        return [name for name, keys in VISION_SIZE_FIELDS.items() if _first(cfg, keys) is None]
     cfg = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     model_type = cfg.get("model_type") or config.get("model_type")
     stated_width = model_type in FFN_FROM_HIDDEN or (model_type in WIDTH_FROM_EXPAND and cfg.get("expand"))

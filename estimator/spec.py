@@ -55,6 +55,10 @@ MAX_BATCH = 1 << 20
 MAX_SEQ = 1 << 24
 MAX_GPUS = 1 << 16
 MAX_LORA_RANK = 1 << 16
+MAX_IMAGE_SIZE = 1 << 16
+# The workload's sizes: what a profile is evaluated at (a polynomial in batch, seq and gen_tokens; a vision
+# encoder's image_size resolves to its seq, estimator.vision); every other field is the profile's class.
+SIZE_FIELDS = ("batch", "seq", "gen_tokens", "image_size")
 
 
 def _check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
@@ -81,6 +85,7 @@ class Knob:
     hi: int = 0
     applies: str = "all"           # when it means something: all | train | infer | adapter (lora/qlora training)
                                    # | frozen (weights that do not train: inference or adapters)
+                                   # | text (a text model's size) | vision (a vision encoder's size)
     advanced: bool = False         # the app folds it under "More settings"
     row_required: bool = False     # a run row must state it (bench.store.rows)
 
@@ -125,7 +130,12 @@ class Workload:
     batch: int = knob(1, "Micro-batch size (per GPU)", "micro-batch per GPU (sequences)", lo=1, hi=MAX_BATCH,
                       row_required=True)
     seq: int = knob(2048, "Sequence length (tokens)", "training sequence length, or the prompt length for "
-                    "inference", lo=1, hi=MAX_SEQ, row_required=True)
+                    "inference (a vision encoder's is its tokens per image, from --image-size)", lo=1, hi=MAX_SEQ,
+                    applies="text", row_required=True)
+    image_size: int = knob(0, "Image size (pixels, square)", "vision encoders (ViT, DINOv2, SigLIP, CLIP): the side "
+                           "of the square input image in pixels, a multiple of the patch size; the step runs "
+                           "(image_size // patch_size)^2 patches plus the CLS/register tokens; 0: the config's "
+                           "image_size", lo=0, hi=MAX_IMAGE_SIZE, applies="vision")
     gen_tokens: int = knob(0, "Generated tokens", "tokens generated after the prompt (inference); the KV cache "
                            "grows to prompt + generated", lo=0, hi=MAX_SEQ, applies="infer")
     grad_accum: int = knob(1, "Gradient accumulation steps", "micro-batches accumulated per optimizer step "

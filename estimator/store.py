@@ -27,10 +27,9 @@ from estimator import bank, knobs
 from estimator.inventory import Inventory
 from estimator.presets import DATA_DIR, config_hash
 from estimator.profile.profile import RANK_MARK, Profile
-from estimator.spec import Parallel, Workload, spec_dict
+from estimator.spec import SIZE_FIELDS, Parallel, Workload, spec_dict
 
 SHIPPED_DIR = DATA_DIR / "profiles"
-SIZE_FIELDS = ("batch", "seq", "gen_tokens")
 _MEMO: dict[tuple, object] = {}
 
 

@@ -48,7 +48,9 @@ def _check_axis(name: str, values, hi: int) -> np.ndarray:
 def sweep_points(model: Model, workload: Workload, batch, seq, parallel: Parallel = Parallel(),
                  options: Options = Options()) -> np.ndarray:
     """estimate(model, replace(workload, batch=b, seq=s), parallel, options).total_bytes for every (b, s) pair
-    of the equal-length arrays `batch` and `seq` (the workload's own batch/seq are ignored), as int64."""
+    of the equal-length arrays `batch` and `seq` (the workload's own batch/seq are ignored), as int64. A vision
+    encoder's seq is its tokens per image (estimator.vision), the workload's image_size ignored: the points equal
+    estimate(..., replace(workload, batch=b, seq=s, image_size=0))."""
     bs = _check_axis("batch", batch, MAX_BATCH).ravel()
     ss = _check_axis("seq", seq, MAX_SEQ).ravel()
     if bs.shape != ss.shape:

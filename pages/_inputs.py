@@ -75,18 +75,22 @@ def lora_target_options(model: Model) -> list[str]:
     return model.inventory.lora_target_names()
 
 
-def shown_workload_fields(mode: str, method: str, advanced: bool = False) -> list[str]:
+def shown_workload_fields(mode: str, method: str, advanced: bool = False, vision: bool = False) -> list[str]:
     """Which workload inputs apply (from each field's declaration): inference has no optimizer or LoRA, training
-    no generated tokens. advanced=True adds the recipe knobs the sidebar folds under "More settings"."""
-    return [d.name for d in knobs.declared() if knobs.applies(d, mode, method) and (advanced or not d.knob.advanced)]
+    no generated tokens, a vision encoder an image size instead of a sequence length (`vision`). advanced=True adds
+    the recipe knobs the sidebar folds under "More settings"."""
+    return [d.name for d in knobs.declared() if knobs.applies(d, mode, method, vision)
+            and (advanced or not d.knob.advanced)]
 
 
-def workload_from_dict(values: dict) -> spec.Workload:
-    """A Workload from input values; inputs that do not apply to the mode/method keep the spec defaults.
+def workload_from_dict(values: dict, vision: bool = False) -> spec.Workload:
+    """A Workload from input values; inputs that do not apply to the mode/method (and the model: `vision`) keep the
+    spec defaults.
 
     Raises ValueError (naming the field) for a contradictory combination, which the page shows.
     """
-    shown = shown_workload_fields(values.get("mode", _W.mode), values.get("method", _W.method), advanced=True)
+    shown = shown_workload_fields(values.get("mode", _W.mode), values.get("method", _W.method), advanced=True,
+                                  vision=vision)
     kwargs = {k: values[k] for k in shown if k in values}
     if "lora_targets" in kwargs:
         kwargs["lora_targets"] = tuple(kwargs["lora_targets"])
@@ -103,12 +107,13 @@ def prepare_lora_targets(page: str, options: list[str]) -> None:
         st.session_state[key] = chosen
 
 
-def workload_inputs(page: str, fields: dict[str, Field], container) -> tuple[dict, list[str]]:
-    """Draw the workload widgets that apply, the advanced ones folded; returns (values, names shown)."""
+def workload_inputs(page: str, fields: dict[str, Field], container, vision: bool = False) -> tuple[dict, list[str]]:
+    """Draw the workload widgets that apply (a vision encoder's image size instead of a sequence length: `vision`),
+    the advanced ones folded; returns (values, names shown)."""
     mode = widget(page, fields["mode"], container)
     method = widget(page, fields["method"], container) if mode == "train" else _W.method
-    shown = shown_workload_fields(mode, method, advanced=True)
-    core = set(shown_workload_fields(mode, method))
+    shown = shown_workload_fields(mode, method, advanced=True, vision=vision)
+    core = set(shown_workload_fields(mode, method, vision=vision))
     values = {"mode": mode, "method": method}
     more = container.expander("More settings (loop, loss, recipe knobs)")
     for name in shown:

@@ -22,6 +22,7 @@ from estimator.model import check_context, check_sizes, defaults_note
 from estimator.presets import MAX_CONFIG_BYTES, load_config, parse_config_text
 from estimator.spec import Parallel
 from estimator.units import GB, GiB, fmt_bytes
+from estimator.vision import is_vision, sized
 from pages import _charts as charts
 from pages import _derive as derive
 from pages import _state as state, _data as reads, _inputs as ui
@@ -190,6 +191,10 @@ def breakdown_section(est, gpu) -> None:
 def limits_section(model, w, par, gpu, options) -> None:
     st.subheader(f"Limits on the {gpu.display_name}")
     b = search.max_batch(model, w, par, capacity_bytes(gpu), options)
+    if is_vision(model):  # its tokens follow the image size: no sequence length to search
+        st.metric("Largest micro-batch that fits", f"{b:,}", help=f"At {w.image_size} x {w.image_size} pixels "
+                  f"({w.seq:,} tokens per image); 0 = not even batch 1.")
+        return
     s = search.max_seq(model, w, par, capacity_bytes(gpu), options)
     c1, c2 = st.columns(2)
     c1.metric("Largest micro-batch that fits", f"{b:,}", help=f"At sequence length {w.seq:,}; 0 = not even batch 1.")
@@ -325,9 +330,14 @@ def body(f: dict[str, state.Field], shown: set[str]) -> None:
         return
     ui.prepare_lora_targets(PAGE, ui.lora_target_options(model))
     f["lora_targets"] = replace(f["lora_targets"], choices=tuple(ui.lora_target_options(model)))
-    values, w_shown = ui.workload_inputs(PAGE, f, st.sidebar)
+    values, w_shown = ui.workload_inputs(PAGE, f, st.sidebar, vision=is_vision(model))
     shown |= set(w_shown)
-    w = ui.workload_from_dict(values)
+    w = ui.workload_from_dict(values, vision=is_vision(model))
+    try:
+        w = sized(model, w)  # a vision encoder: its image size -> tokens per image (seq)
+    except ValueError as e:
+        st.error(f"{e}. Change the image size in the sidebar.")
+        return
     par = Parallel(strategy=strategy, gpus=1 if strategy == "single" else gpus)
     gpu = get_gpu(gpu_name)
     options = calibrated_options(model, w, f, shown)
@@ -356,8 +366,9 @@ def body(f: dict[str, state.Field], shown: set[str]) -> None:
     options = replace(options, **ui.NO_TRACE)
     est = estimate(model, w, par, options)
     st.caption(f"**{name}** ({model.model_type}, built as {model.inventory.built_as}): {est.params:,} parameters, "
-               f"{est.trainable_params:,} trainable. {w.mode} · batch {w.batch} · seq {w.seq:,} · "
-               f"{par.strategy} on {par.gpus} GPU(s).")
+               f"{est.trainable_params:,} trainable. {w.mode} · batch {w.batch} · "
+               + (f"{w.image_size} x {w.image_size} px images ({w.seq:,} tokens each) · " if is_vision(model) else
+                  f"seq {w.seq:,} · ") + f"{par.strategy} on {par.gpus} GPU(s).")
     st.caption(ui.provenance_caption(prov) + (" " + " ".join(f"Note: {n}." for n in est.notes) if est.notes else ""))
     verdict(est, gpu)
     state.or_error(lambda: closest_published(config, preset, w, par), None)

@@ -13,7 +13,8 @@ What is shipped, per preset (each a workload class: batch, seq and world size ar
   checkpointing (what advice proposes first); inference;
 - the presets of the shipped traced grid (bench/commands/build_db.py: dense up to 13B, plus its MoE): amp full and LoRA, and
   eager inference, so every stored traced row has its profile (`python -m bench accuracy`);
-- FSDP (full, pure bf16: the Multi-GPU page's default) for every causal preset; llama-2-7b with `mixed`.
+- FSDP (full, pure bf16: the Multi-GPU page's default) for every causal preset; llama-2-7b with `mixed`; a vision
+  encoder's (ViT, DINOv2, SigLIP) trains and infers on one GPU here, its other classes derived on first use.
 Everything else is derived on first use and cached (~/.cache/willitfit).
 """
 from __future__ import annotations
@@ -27,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from estimator import store  # noqa: E402
 from estimator.estimate import traced_class  # noqa: E402
+from estimator.families import VISION_TYPES  # noqa: E402
 from estimator.presets import load_config, preset_names  # noqa: E402
 from estimator.spec import Parallel, Workload  # noqa: E402
 from tracer.lora import default_lora_targets  # noqa: E402
@@ -49,7 +51,8 @@ def classes(name: str, config: dict, grid: set[str]) -> list[tuple[Workload, Par
                     (Workload(attention=attn, recipe="amp", **lora), Parallel())]
         if attn == "sdpa":
             out.append((Workload(mode="infer", attention="eager"), Parallel()))
-    if config.get("model_type") != "bert":  # the Multi-GPU page's default strategies include FSDP
+    # the Multi-GPU page's default strategies include FSDP; a vision encoder's FSDP profile is derived on first use
+    if config.get("model_type") != "bert" and config.get("model_type") not in VISION_TYPES:
         out.append((Workload(attention=attn), Parallel(strategy="fsdp", gpus=2)))
     if name == "llama-2-7b":
         out.append((Workload(recipe="mixed"), Parallel()))

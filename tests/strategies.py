@@ -16,6 +16,7 @@ from estimator.model import Model, from_hf_config
 from estimator.presets import config_hash, load_config, preset_names
 from estimator import store
 from estimator.spec import KV_DTYPES, MAX_LORA_RANK, OPTIMIZER_IMPLS, OPTIMIZERS, WEIGHT_FORMATS, Parallel, Workload
+from estimator.vision import geometry, is_vision
 from estimator.store import SHIPPED_DIR
 from tracer.lora import default_lora_targets
 
@@ -65,6 +66,12 @@ def workloads(draw, m: Model, max_batch: int = 64, max_seq: int = 8192) -> Workl
     mode = draw(st.sampled_from(("train", "infer")) if m.causal else st.just("train"))
     seq = draw(st.integers(1, min(max_seq, m.max_positions)))
     common = dict(batch=draw(st.integers(1, max_batch)), seq=seq, attention=attention(m))
+    if is_vision(m):  # sized by its image: a multiple of its patch size, up to 64 patches a side; batch 2 and up:
+        # at batch 1 the optimizer step holds one more patches x hidden gradient than the batch >= 2 line, so batch 1
+        # can hold more than batch 2 on tiny images, as traced
+        # (tests/test_vision.py::test_batch_one_keeps_a_patch_gradient_through_the_optimizer_step)
+        common.update(seq=Workload().seq, image_size=geometry(m)["patch_size"] * draw(st.integers(1, 64)),
+                      batch=draw(st.integers(2, max(2, max_batch))))
     if mode == "infer":
         return Workload(mode="infer", weight_format=draw(st.sampled_from(tuple(f for f in WEIGHT_FORMATS
                                                                                  if f not in ("fp32", "fp16")))),

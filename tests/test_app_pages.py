@@ -182,6 +182,21 @@ def test_fit_link_reproduces_the_view_and_bad_values_fall_back(env):
     assert "method" not in at.query_params  # inference shows no training inputs
 
 
+def test_fit_vision_encoder_asks_for_the_image_size_and_shows_the_library_answer(env):
+    at = app(query={"model": "dinov2-giant"})
+    assert not [n for n in at.number_input if n.key == "fit:seq"]   # no sequence length for an image model
+    at.number_input(key="fit:image_size").set_value(224).run()
+    at.number_input(key="fit:batch").set_value(16).run()
+    model, gpu = the_model("dinov2-giant"), get_gpu(H100)
+    w = Workload(batch=16, image_size=224)                            # 16 x 16 patches + CLS = 257 tokens
+    est = estimate(model, w, Parallel())
+    assert est.workload.seq == 257
+    assert metric(at, "Peak per GPU") == gib(est.total_bytes)
+    assert metric(at, "Largest micro-batch that fits") == f"{search.max_batch(model, w, Parallel(), capacity_bytes(gpu)):,}"
+    at.number_input(key="fit:image_size").set_value(230).run()      # no multiple of 14: one line, no traceback
+    assert any("image_size: 230 is not a multiple" in e.value for e in at.error) and not at.exception
+
+
 def test_fit_lora_and_multi_gpu_inputs(env):
     at = app()
     at.selectbox(key="fit:model").set_value(MODEL).run()

@@ -159,7 +159,8 @@ pytest.importorskip("transformers")
 from bench.trace.cases import trace_case  # noqa: E402
 from estimator.estimate import Options, estimate  # noqa: E402
 from estimator.model import from_hf_config  # noqa: E402
-from tracer.derive import LORA_RANKS, derive_profile  # noqa: E402
+from tracer.derive import derive_profile  # noqa: E402
+from tracer.lora import LORA_RANKS  # noqa: E402
 
 
 def _config() -> dict:

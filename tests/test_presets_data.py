@@ -4,7 +4,8 @@ was checked against its public copies (docs/presets.md).
 The counts below were read from meta-device builds with transformers 5.23 (no memory, no weights, no network, no
 remote code): `AutoConfig.for_model(model_type, **rest)`, then `AutoModelForCausalLM.from_config` on that config, or
 on its `text_config` for the multimodal checkpoints shipped nested (gemma3, llama4, mistral3), and `AutoModel` for
-BERT (BertModel with its pooler, as published). Tied embeddings count once. An edited preset changes its count and
+BERT (BertModel with its pooler, as published) and the vision encoders (ViTModel, Dinov2Model, SigLIP's
+SiglipVisionModel from its vision_config: the published counts). Tied embeddings count once. An edited preset changes its count and
 fails here; a new preset must add its count (and its row in docs/presets.md). The 52 builds take about 4 s on 2
 cores once transformers is imported (measured: `python -m pytest -q tests/test_presets_data.py --durations=3`).
 """
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from estimator.families import VISION_TYPES
 from estimator.presets import MAX_CONFIG_BYTES, MODELS_DIR, parse_config_text, preset_names
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "presets.md"
@@ -73,6 +75,10 @@ EXPECTED_PARAMS = {
     "qwen3-8b": 8_190_735_360,
     "smollm3-3b": 3_075_098_624,
     "tinyllama-1.1b": 1_100_048_384,
+    # vision encoders, counted as published: the base model (AutoModel; SigLIP's vision tower alone)
+    "vit-huge-patch14": 632_404_480,            # ViTModel incl. pooler; ViT-H/14 632M (arXiv 2010.11929 Table 1)
+    "dinov2-giant": 1_136_480_768,              # Dinov2Model, SwiGLU MLP; ViT-g/14 1.1B (arXiv 2304.07193)
+    "siglip-so400m-patch14-224": 427_680_704,   # SiglipVisionModel incl. its attention-pooling head
 }
 
 # Keys a preset must never carry: remote code, and a quantized weight format (a separate choice in willitfit).
@@ -119,9 +125,12 @@ def test_meta_build_has_the_expected_parameter_count(name):
     cfg = _read(name)
     rest = {k: v for k, v in cfg.items() if k != "model_type" and not k.startswith("_")}
     hf_cfg = transformers.AutoConfig.for_model(cfg["model_type"], **rest)
-    if "text_config" in cfg:
+    if "vision_config" in cfg and cfg["model_type"] in VISION_TYPES:
+        hf_cfg = hf_cfg.vision_config
+    elif "text_config" in cfg:
         hf_cfg = hf_cfg.get_text_config()
-    auto = transformers.AutoModel if cfg["model_type"] == "bert" else transformers.AutoModelForCausalLM
+    auto = transformers.AutoModel if cfg["model_type"] in ("bert", *VISION_TYPES) else \
+        transformers.AutoModelForCausalLM
     with torch.device("meta"):
         model = auto.from_config(hf_cfg, trust_remote_code=False)
     assert sum(p.numel() for p in model.parameters()) == EXPECTED_PARAMS[name]

@@ -82,6 +82,24 @@ def test_liger_chunk_rule_matches_its_source():
         assert liger - 1 <= bound <= 4 * liger
 
 
+def test_a_chunked_loss_is_verified_at_a_seq_its_chunks_divide():
+    """bench_cold found qwen2.5-7b fused-linear (k = 16 chunks) and a 16-chunk loss refused at verify seq 1016: the
+    chunks there are ceil(s / 16) rows, a step no polynomial follows. The verify seq is a multiple of the chunk count
+    where one is free (tracer.derive.chunk_step)."""
+    from tracer import derive
+
+    assert losses.bounding_chunk_count(152064, 3584) == 16          # qwen2.5-7b: inc_factor 43
+    assert derive.choose_seqs(0, 256) == ((256, 512, 768), 1016)    # the default is unchanged
+    for step in (16, 32, 64, 128):
+        seqs, verify = derive.choose_seqs(0, 256, step=step)
+        assert verify % step == 0 and verify not in seqs and verify > max(seqs)
+    w = Workload(loss="chunked", loss_chunks=16)
+    assert derive.chunk_step(w, type("C", (), {"vocab_size": 152064, "hidden_size": 3584})()) == 16
+    assert derive.chunk_step(Workload(loss="fused-linear"),
+                             type("C", (), {"vocab_size": 152064, "hidden_size": 3584})()) == 16
+    assert derive.chunk_step(Workload(), None) == 8
+
+
 def test_fused_linear_cross_entropy_gradients_are_right():
     torch.manual_seed(0)
     x = torch.randn(40, 16, requires_grad=True)

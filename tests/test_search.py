@@ -14,6 +14,7 @@ from estimator.search import advice, max_batch, max_seq, min_gpus, valid_world_s
 from estimator.spec import Parallel, Workload
 from estimator.sweep import ROUNDING_TOL_BYTES, sweep, sweep_points
 from estimator.units import GiB
+from estimator.vision import SEQ_UNSET, geometry, is_vision
 from strategies import model, models, parallels, workloads
 
 L8 = "llama-3.1-8b"
@@ -148,7 +149,11 @@ def sweep_cases(draw):
     k = draw(st.one_of(st.none(), st.floats(2.0, 60.0)))
     n = draw(st.integers(1, 12))
     bs = draw(st.lists(st.integers(1, 64), min_size=n, max_size=n))
-    ss = draw(st.lists(st.integers(1, min(8192, m.max_positions)), min_size=n, max_size=n))
+    # a vision encoder's seq: tokens per image, and not the unset default (estimator.vision.sized reads that as "the
+    # config's image size")
+    vision = is_vision(m)
+    seqs = st.integers(1 + (geometry(m)["extra_tokens"] if vision else 0), min(8192, m.max_positions))
+    ss = draw(st.lists(seqs.filter(lambda s: not vision or s != SEQ_UNSET), min_size=n, max_size=n))
     return m, w, p, Options(activation_k=k), np.array(bs), np.array(ss)
 
 
@@ -158,7 +163,8 @@ def test_sweep_points_equal_estimate(case):
     # The same plans evaluated as one tensor product: equal up to float rounding of sums of exact terms.
     m, w, p, o, bs, ss = case
     got = sweep_points(m, w, bs, ss, p, o)
-    want = np.array([_total(m, replace(w, batch=int(b), seq=int(s)), p, o) for b, s in zip(bs, ss)])
+    # image_size=0: a vision encoder's seq axis is its tokens per image (estimator.sweep.sweep_points)
+    want = np.array([_total(m, replace(w, batch=int(b), seq=int(s), image_size=0), p, o) for b, s in zip(bs, ss)])
     assert np.abs(got - want).max() <= ROUNDING_TOL_BYTES
 
 

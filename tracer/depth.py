@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from tracer.vision import is_vision, vision_config
+
 LAYER_INDEX_ATTRS = ("layer_idx", "layer_id", "layer_number")
 
 
@@ -50,7 +52,10 @@ def decoder_layer_list(model: torch.nn.Module) -> tuple[torch.nn.Module, str, to
 
 
 def text_config(config):
-    """The config that holds the decoder's layer count: the model's own, or its nested text_config."""
+    """The config that holds the decoder's layer count: the model's own, or its nested text_config; a vision
+    encoder's vision_config (SigLIP, CLIP: the tower a vision step runs)."""
+    if is_vision(config):
+        return vision_config(config)
     inner = getattr(config, "text_config", None)
     return inner if inner is not None and hasattr(inner, "num_hidden_layers") else config
 

@@ -38,20 +38,20 @@ from fractions import Fraction
 import numpy as np
 
 from estimator.profile import poly
-from estimator.profile.profile import CATEGORIES, Moment, Piece, Profile
+from estimator.profile.profile import CATEGORIES, Piece, Profile
 from estimator.spec import Parallel, Workload
-from estimator.store import is_rank_variable, parallel_class, workload_class
+from estimator.store import parallel_class, workload_class
 from estimator.parallel import TRACED_SHARDING
 from tracer import serialized
 from tracer import kernels as kernels_mod
 from tracer import kernels_sdpa
-from tracer import losses, runner, session
+from tracer import losses, runner, session, vision
 from tracer.depth import layer_infos, text_config
 from tracer.extend import (
     TRACER_CATEGORIES,
     Plan,
     Ticks,
-    gcd_int,
+    moment_of,
     size_points,
     tick_row,
     extend,
@@ -60,7 +60,8 @@ from tracer.extend import (
     prune,
     verify,
 )
-from tracer.meta import is_masked_lm, read_inventory  # noqa: F401  (read_inventory: the store's other miss)
+from tracer.lora import derivation_ranks
+from tracer.meta import is_masked_lm, is_vision_model, read_inventory  # noqa: F401  (read_inventory: the store's other miss)
 
 # Batch 1 is its own region: with one sequence, size-1 dimensions make some copies unnecessary (a sliced
 # (1, s+1) label tensor is already contiguous, so the loss's .contiguous() copies nothing), so bytes at b = 1 are not
@@ -71,12 +72,6 @@ BATCH_REGIONS = (((1,), 1, 1, 1), ((2, 3), 4, 2, None))
 GEN_TOKENS = 3
 UNITS = (256, 128, 64, 32, 16, 8)  # sequence steps tried, largest first (32 and up keep CUDA padded shapes exact)
 FSDP_WORLD = (2, 4, 8)              # fit at 2 (all sizes) and 4 (one size), verify at 8
-# LoRA's rank r as a variable (poly.RANK_MONOMIALS): fit at 8 (every size) and 16 (the sizes its b- and s-linear
-# terms need: extend.size_points), verified at a third rank with the unused size. 3 is odd and below both (a term
-# that steps with r's alignment shows); under FSDP 24, a multiple of 8 (FSDP2 pads a shard's rows, A's r rows, to a
-# multiple of the world size: the verified world is 8).
-LORA_RANKS = (8, 16)
-LORA_VERIFY_RANK, LORA_VERIFY_RANK_FSDP = 3, 24
 # Config keys whose values are attention windows: memory bends in s there (a sliding-window mask or cache, chunked
 # attention). Data, not code per family: a key that changes nothing only splits the fit in two exact pieces.
 WINDOW_KEYS = ("sliding_window", "sliding_window_size", "attention_chunk_size", "window_size", "local_window_size",
@@ -86,9 +81,11 @@ WINDOW_KEYS = ("sliding_window", "sliding_window_size", "attention_chunk_size", 
 # ------------------------------------------------------------------------------------------------- plan
 
 
-def pieces_for(hf_config, max_positions: int, infer: bool) -> list[tuple[int, int | None, tuple[int, ...], int]]:
+def pieces_for(hf_config, max_positions: int, infer: bool,
+               step: int = 8) -> list[tuple[int, int | None, tuple[int, ...], int]]:
     """(s_lo, s_hi, fit seqs, verify seq) per piece of s, split at the config's attention window sizes (and, where
-    the step hands CUDA's memory-efficient attention a mask, at s's alignment: `_derive_pieces`)."""
+    the step hands CUDA's memory-efficient attention a mask, at s's alignment: `_derive_pieces`); the verify seq a
+    multiple of `step` where one is free (`chunk_step`)."""
     # transformers keeps a sliding window's mask implicit while kv_length < window (masking_utils
     # `_ignore_causal_mask_sdpa`): s = window is already the other side, so the cut is window - 1
     cuts = sorted({v - 1 for v in _window_values(hf_config) if 1 < v < max_positions})
@@ -103,7 +100,7 @@ def pieces_for(hf_config, max_positions: int, infer: bool) -> list[tuple[int, in
         unit = next((u for u in UNITS if lo + 4 * u <= cap), None)
         if unit is None:
             raise ValueError(f"seq: the model's context ({max_positions} positions) is too short to derive a profile")
-        out.append((lo, hi, *choose_seqs(lo, unit)))
+        out.append((lo, hi, *choose_seqs(lo, unit, step=step)))
     if not out:
         raise ValueError(f"seq: the model's context ({max_positions} positions) is too short to derive a profile")
     return out
@@ -113,14 +110,16 @@ ALIGNS = {None: lambda s: True, "aligned": lambda s: s % poly.MASK_ALIGNMENT == 
           "unaligned": lambda s: s % poly.MASK_ALIGNMENT != 0}
 
 
-def choose_seqs(lo: int, unit: int, extra: tuple = (), align: str | None = None) -> tuple[tuple[int, ...], int]:
+def choose_seqs(lo: int, unit: int, extra: tuple = (), align: str | None = None,
+                step: int = 8) -> tuple[tuple[int, ...], int]:
     """(fit seqs, verify seq) of a piece starting above lo, for the monomials in s the fit solves for: 1, s, s^2 and
     `extra` (s*m, l: CUDA's memory-efficient attention; q: a chunked scan; see estimator.profile.poly), on the
     seqs of `align`.
     Without extra: lo + u, 2u, 3u. With: the nearest seqs of the alignment at or below those, then more, downwards
     from lo + 3u, each one that tells the monomials further apart. The verify seq lies past them, in (lo + 3u,
     lo + 4u], with a remainder mod 32 that no fitted seq has (so a fit that holds on one alignment only is caught),
-    a multiple of 8 where one is free (a chunked loss splits s into up to 8 chunks)."""
+    a multiple of `step` where one is free (a chunked loss splits s into `step` chunks: `chunk_step`), else of the
+    largest power of two below it that is."""
     member = ALIGNS[align]
     funcs = list(dict.fromkeys([(0, 0, 0, 0), (0, 1, 0, 0), (0, 2, 0, 0), *[(0, *m[1:]) for m in extra]]))
 
@@ -144,7 +143,28 @@ def choose_seqs(lo: int, unit: int, extra: tuple = (), align: str | None = None)
     free = [x for x in range(lo + 4 * unit, max(seqs), -1) if member(x) and x % poly.LSE_ALIGNMENT not in used]
     if not free:
         free = [x for x in range(lo + 4 * unit, max(seqs), -1) if member(x)]
-    return tuple(seqs), next(x for step in (8, 4, 2, 1) for x in free if x % step == 0)
+    whole = [x for x in range(lo + 4 * unit, max(seqs), -1) if member(x)]
+    if step > 8 and not any(x % step == 0 for x in free):
+        free = whole  # a step of 32 or more: every multiple has remainder 0 mod 32, like the fitted seqs
+    steps = sorted({step, 8, 4, 2, 1}, reverse=True)
+    return tuple(seqs), next(x for st in steps for x in free if x % st == 0)
+
+
+def chunk_step(workload: Workload, hf_config) -> int:
+    """What the verify seq should be a multiple of: a chunked loss splits the sequence into loss_chunks slices, and
+    the fused-linear bound into k chunks of B*T rows (tracer.losses.bounding_chunk_count); where they do not divide,
+    one chunk is ceil(s / chunks) long, a step that no polynomial follows (under by less than one row of one chunk's
+    logits: docs/recipes.md). Other steps: 8."""
+    if workload.mode != "train":
+        return 8
+    if workload.loss == "chunked":
+        return max(8, workload.loss_chunks)
+    if workload.loss == "fused-linear":
+        cfg = text_config(hf_config)
+        vocab, hidden = getattr(cfg, "vocab_size", None), getattr(cfg, "hidden_size", None)
+        if isinstance(vocab, int) and isinstance(hidden, int) and hidden > 0:
+            return max(8, losses.bounding_chunk_count(vocab, hidden))
+    return 8
 
 
 def _rank(rows: list[list[Fraction]]) -> int:
@@ -207,7 +227,8 @@ def trace_ticks(config: dict, workload: Workload, parallel: Parallel, layers: li
     gc.disable()  # frees happen at refcount zero; a collector pass at a random tick would break the alignment
     try:
         # Liger's power-of-two chunk rule is not polynomial in the sizes: the profile uses a bounding fixed count
-        with kernels_mod.emulate(kernels), losses.bounding_chunks():
+        # a vision encoder interpolates its position embeddings at every fitted size (tracer.vision.interpolating)
+        with kernels_mod.emulate(kernels), losses.bounding_chunks(), vision.interpolating():
             prime = None
             if workload.mode == "train" and workload.loop == "loss-only" and not workload.optimizer_in_backward:
                 prime = session.grad_names(config, workload, parallel, layers, kernels)
@@ -278,12 +299,6 @@ def _candidates(tl, train: bool) -> Ticks:
     return Ticks(keys, gs, np.array(rows, dtype=np.int64).reshape(len(rows), len(CATEGORIES)))
 
 
-# ------------------------------------------------------------------------------------------------- fit
-
-
-# ------------------------------------------------------------------------------------------------- depth
-
-
 # ------------------------------------------------------------------------------------------------- driver
 
 def max_positions(hf_config) -> int:
@@ -297,7 +312,7 @@ def max_positions(hf_config) -> int:
 
 
 def _signatures(config: dict, workload: Workload) -> tuple[list[str], object, bool]:
-    """(layer type signatures, transformers config, built as a masked LM)."""
+    """(layer type signatures, transformers config, built as an encoder: a masked LM or a vision encoder)."""
 
     base = replace(workload, method="full", gen_tokens=0) if workload.method == "lora" else \
         replace(workload, gen_tokens=0)
@@ -306,7 +321,7 @@ def _signatures(config: dict, workload: Workload) -> tuple[list[str], object, bo
         sigs = [li.signature for li in layer_infos(model)]
     except ValueError:  # no decoder layer stack to tell apart: trace the whole model
         sigs = []
-    return sigs, model.config, is_masked_lm(model)
+    return sigs, model.config, is_masked_lm(model) or is_vision_model(model)
 
 
 @serialized
@@ -323,9 +338,8 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
     start = time.perf_counter()
     infer = workload.mode == "infer"
     fsdp = parallel.strategy in TRACED_SHARDING
-    ranked = is_rank_variable(workload) if rank_variable is None else rank_variable
-    ranks = (LORA_RANKS, LORA_VERIFY_RANK_FSDP if fsdp else LORA_VERIFY_RANK) if ranked else \
-        ((workload.lora_rank,), workload.lora_rank)
+    ranks = derivation_ranks(workload, fsdp, rank_variable)
+    ranked = len(ranks[0]) > 1
     w0 = replace(workload, batch=1, seq=1, gen_tokens=GEN_TOKENS if infer else 0, lora_rank=ranks[0][0])
     # a TP profile is of one tp degree (its parallel class names it): traced and fit at that world size only
     world = FSDP_WORLD if fsdp else ((2,) if parallel.strategy == "ddp" else
@@ -345,14 +359,15 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
     scan = chunked_scan(hf_config)
     scan_extra = poly.scan_monomials(scan[1]) if scan else ()
     if masked and infer:
-        w0 = replace(w0, gen_tokens=0)  # an encoder runs one forward pass: no decoding
+        w0 = replace(w0, gen_tokens=0)  # an encoder (text or vision) runs one forward pass: no decoding
     plan = plan_layers(sigs)
-    pieces = pieces_for(hf_config, max_positions(hf_config), infer)
+    step = chunk_step(workload, hf_config)
+    pieces = pieces_for(hf_config, max_positions(hf_config), infer, step)
     fit_world = world[:2] if fsdp else world
     reduced_refused = ""
     try:
         out_pieces, n_jobs, padding = _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp,
-                                                     kernels, progress, scan_extra, ranks)
+                                                     kernels, progress, scan_extra, step, ranks)
     except _ReducedDepthFailed as e:
         # The model's code outside its layer stack depends on the layer count (Gemma-3n / Gemma-4 per-layer
         # embeddings: one table num_hidden_layers x width wide, reshaped by the config's count), so a model cut in
@@ -360,7 +375,7 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
         reduced_refused = e.reason
         plan = Plan(plan.n_layers, plan.types, (tuple(range(plan.n_layers)),), (None,), True)
         out_pieces, n_jobs, padding = _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp,
-                                                     kernels, progress, scan_extra, ranks)
+                                                     kernels, progress, scan_extra, step, ranks)
     jobs = range(n_jobs)
     if progress:
         progress(len(jobs), len(jobs), "done")
@@ -405,7 +420,7 @@ class _ReducedDepthFailed(Exception):
 
 
 def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, kernels, progress, scan_extra=(),
-                   ranks=((8,), 8)):
+                   step=8, ranks=((8,), 8)):
     """(fitted pieces, traces run, largest FSDP padding): every piece of s and batch region, every variant of
     `plan` traced, fit, verified and extended. Where the step calls CUDA's memory-efficient attention (seen on the
     piece's first trace) the fit gets its monomials in l and m and the seqs that determine them (`choose_seqs`);
@@ -455,11 +470,11 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
         unit = seqs[0] - lo
         lse = (poly.LSE_MONOMIALS if "lse" in seen else ()) + scan_extra
         if "mask" in seen:  # a mask is copied on unaligned s only: two lists of ticks, two pieces
-            classes = [("aligned", lse, *choose_seqs(lo, unit, lse, "aligned")),
+            classes = [("aligned", lse, *choose_seqs(lo, unit, lse, "aligned", step)),
                        ("unaligned", poly.MASK_MONOMIALS + lse, *choose_seqs(lo, unit, poly.MASK_MONOMIALS + lse,
-                                                                             "unaligned"))]
+                                                                             "unaligned", step))]
         else:
-            classes = [(None, lse, *(choose_seqs(lo, unit, lse) if lse else (seqs, vseq)))]
+            classes = [(None, lse, *(choose_seqs(lo, unit, lse, step=step) if lse else (seqs, vseq)))]
         n_jobs += sum(jobs(c[2]) for c in classes) - jobs(seqs)
         for align, extra, fseqs, vs in classes:
             for batches, vbatch, b_lo, b_hi in BATCH_REGIONS:
@@ -475,22 +490,5 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
                     padding = max(padding, verify(fit, check, vpoint))
                     fits.append(fit)
                 cands = prune(extend(plan, fits))
-                out_pieces.append(Piece.from_moments(lo, hi, [_moment(c) for c in cands], b_lo, b_hi, align))
+                out_pieces.append(Piece.from_moments(lo, hi, [moment_of(c) for c in cands], b_lo, b_hi, align))
     return out_pieces, n_jobs, padding
-
-
-def _moment(c) -> Moment:
-    stage, label, monos, den, num = c
-    nums = {}
-    for ci, cat in enumerate(CATEGORIES):
-        row = tuple(int(x) for x in num[ci])
-        if any(row):
-            nums[cat] = row
-    g = 0
-    for row in nums.values():
-        for x in row:
-            g = gcd_int(g, abs(x))
-    g = gcd_int(g, den) or 1
-    return Moment(stage, label, monos, den // g, {c: tuple(x // g for x in r) for c, r in nums.items()})
-
-

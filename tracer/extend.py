@@ -13,7 +13,7 @@ from fractions import Fraction
 import numpy as np
 
 from estimator.profile import poly
-from estimator.profile.profile import CATEGORIES
+from estimator.profile.profile import CATEGORIES, Moment
 
 TRACER_CATEGORIES = ("weights", "gradients", "optimizer_states", "activations", "kv_cache", "comm_buffers",
                      "other")
@@ -376,3 +376,21 @@ def gcd_int(a: int, b: int) -> int:
     while b:
         a, b = b, a % b
     return a
+
+
+def moment_of(c) -> Moment:
+    """A candidate (stage, label, monomials, den, numerators) as a Moment, its integers over their common divisor."""
+    stage, label, monos, den, num = c
+    nums = {}
+    for ci, cat in enumerate(CATEGORIES):
+        row = tuple(int(x) for x in num[ci])
+        if any(row):
+            nums[cat] = row
+    g = 0
+    for row in nums.values():
+        for x in row:
+            g = gcd_int(g, abs(x))
+    g = gcd_int(g, den) or 1
+    return Moment(stage, label, monos, den // g, {c: tuple(x // g for x in r) for c, r in nums.items()})
+
+

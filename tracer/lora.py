@@ -12,6 +12,9 @@ Any other type gets ("q_proj", "v_proj"), `Workload.lora_targets`' default.
 """
 from __future__ import annotations
 
+from estimator.spec import Workload
+from estimator.store import is_rank_variable
+
 FALLBACK = ("q_proj", "v_proj")
 NOT_IN_PEFT = {
     "phi3": ("qkv_proj",),                      # one fused q/k/v projection
@@ -30,3 +33,20 @@ def default_lora_targets(model_type: str) -> tuple[str, ...]:
     if targets:
         return tuple(targets)
     return NOT_IN_PEFT.get(model_type, FALLBACK)
+
+
+# LoRA's rank r as a variable of a profile (estimator.profile.poly RANK_MONOMIALS): fit at 8 (every size) and 16 (the
+# sizes its b- and s-linear terms need: tracer.extend.size_points), verified at a third rank with the unused size. 3
+# is odd and below both (a term that steps with r's alignment shows); under FSDP 24, a multiple of 8 (FSDP2 pads a
+# shard's rows, A's r rows, to a multiple of the world size: the verified world is 8).
+LORA_RANKS = (8, 16)
+LORA_VERIFY_RANK, LORA_VERIFY_RANK_FSDP = 3, 24
+
+
+def derivation_ranks(workload: Workload, fsdp: bool, rank_variable: bool | None = None) -> tuple[tuple[int, ...], int]:
+    """(ranks fit, rank verified) of a derivation (tracer.derive): LORA_RANKS for a LoRA class unless `rank_variable`
+    is False; the workload's own rank alone otherwise (a per-rank profile, or no adapters)."""
+    ranked = is_rank_variable(workload) if rank_variable is None else rank_variable
+    if not ranked:
+        return (workload.lora_rank,), workload.lora_rank
+    return LORA_RANKS, LORA_VERIFY_RANK_FSDP if fsdp else LORA_VERIFY_RANK

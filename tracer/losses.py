@@ -134,9 +134,15 @@ def bounding_chunk_rows(bt: int, vocab: int, hidden: int) -> int:
     half of Liger's inc_factor, keeps the step's shape and gives chunks of B*T/k rows: at least Liger's
     next_power_of_2(cdiv(B*T, inc_factor)) less one row, at most four times it. The profile is conservative by at
     most three of Liger's chunks of logits (docs/recipes.md)."""
+    return -(-bt // bounding_chunk_count(vocab, hidden))
+
+
+def bounding_chunk_count(vocab: int, hidden: int) -> int:
+    """k of `bounding_chunk_rows`: the largest power of two at most half of Liger's inc_factor = cdiv(V, H). Where
+    k does not divide B*T the chunks are ceil(B*T / k) rows, a step no polynomial follows: the derivation fits and
+    verifies on seqs that k divides (tracer.derive `chunk_step`)."""
     inc_factor = -(-vocab // hidden)
-    k = 1 << max(0, (max(1, inc_factor // 2)).bit_length() - 1)
-    return -(-bt // k)
+    return 1 << max(0, (max(1, inc_factor // 2)).bit_length() - 1)
 
 
 _CHUNK_RULE = [liger_chunk_rows]

@@ -25,9 +25,16 @@ import torch
 
 from tracer import serialized
 import tracer  # noqa: F401  (quiets torchao's import-time logging before transformers loads it)
+from tracer import vision
 from tracer.depth import decoder_layer_list, layer_infos, text_config
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def is_vision_model(model) -> bool:
+    """Built as a vision encoder (tracer.vision: pixel values in, one forward pass, no KV cache)."""
+    return bool(getattr(model, "_willitfit_vision", False) or getattr(getattr(model, "base_model", None),
+                                                                     "_willitfit_vision", False))
 
 
 def is_masked_lm(model) -> bool:
@@ -75,9 +82,10 @@ def _transformers_version() -> str:
     return transformers.__version__
 
 
-def model_class(cfg):
-    """The Auto class transformers uses for this config: causal LM, else masked LM; the text model of a
-    multimodal config (its `text_config`) when the top-level type has neither."""
+def model_class(cfg, mode: str = "train"):
+    """The Auto class transformers uses for this config: a vision encoder's image-classification model (training)
+    or base vision model (inference, `mode` "infer"; tracer.vision), else causal LM, else masked LM; the text model of
+    a multimodal config (its `text_config`) when the top-level type has none of these."""
     from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
     from transformers.models.auto.modeling_auto import (
         MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
@@ -85,6 +93,8 @@ def model_class(cfg):
     )
 
     mt = cfg.model_type
+    if vision.is_vision(cfg):
+        return vision.vision_class(cfg, mode)
     if mt in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not getattr(cfg, "is_decoder", False):
         return AutoModelForMaskedLM, cfg  # encoders (BERT, RoBERTa...) are also listed as causal LMs with is_decoder
     if mt in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
@@ -92,6 +102,7 @@ def model_class(cfg):
     text = getattr(cfg, "text_config", None)
     if text is not None and text.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         return AutoModelForCausalLM, text
+    vision.refuse_unmodelled_vision(mt)
     raise ValueError(f"model_type: {mt!r} has no causal-LM or masked-LM model in transformers (and no text "
                      "model that has one)")
 
@@ -214,6 +225,11 @@ def read_inventory(config: dict) -> dict:
     sig_ids: dict[str, int] = {}
     layer_types = [sig_ids.setdefault(li.signature, len(sig_ids)) for li in infos]
     buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    seen = vision.info(model) if vision.is_vision(cfg) else None
+    if seen is not None:  # the inference step runs the base vision model: its own parameter count
+        base_cls, base_cfg = model_class(cfg, "infer")
+        with torch.device("meta"):
+            seen["base_params"] = int(sum(p.numel() for p in base_cls.from_config(base_cfg).parameters()))
     heads = _first_int(tcfg, ("num_attention_heads", "n_head", "num_heads"), math.gcd)
     hidden = _first_int(tcfg, ("hidden_size", "n_embd", "d_model"))
     return {
@@ -239,4 +255,5 @@ def read_inventory(config: dict) -> dict:
         "decoder_path": f"{type(parent).__name__}.{attr}",
         # transformers' own flag: Gemma-2 (logit softcapping) and gpt-oss (attention sinks) have no SDPA path
         "sdpa": bool(getattr(type(model), "_supports_sdpa", True)),
+        **({"vision": seen} if seen is not None else {}),
     }

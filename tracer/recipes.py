@@ -24,7 +24,7 @@ from estimator.parallel import TRACED_SHARDING
 from tracer import compiled, losses
 from tracer.losses import causal_lm, head_and_body
 from tracer.offload import offloading
-from tracer.meta import DTYPES, is_masked_lm
+from tracer.meta import DTYPES, is_masked_lm, is_vision_model
 
 FSDP_STRATEGIES = TRACED_SHARDING  # FSDP2 fully_shard runs for each (estimator.parallel)
 
@@ -60,6 +60,12 @@ def check(w: Workload, p: Parallel) -> None:
 def check_model(model: torch.nn.Module, w: Workload) -> None:
     """Refusals that need the built model."""
 
+    if is_vision_model(model) and w.mode == "train":
+        for name, on in (("loss", w.loss != "full"), ("activation_offload", w.activation_offload),
+                         ("compile", w.compile)):
+            if on:
+                raise ValueError(f"{name}: not traced for vision encoders ({model.config.model_type}); their "
+                                 "classification head is one small Linear, the step traced is the plain one")
     if w.mode == "train" and w.loss != "full":
         if is_masked_lm(model):
             raise ValueError(f"loss: {w.loss!r} chunks a causal LM's output head; {model.config.model_type} is a "
@@ -270,8 +276,8 @@ def forward(model: torch.nn.Module, w: Workload, inputs: dict):
         return losses.LossOutput(compiled.forward(model, inputs))
     try:
         with patch, offload:
-            # use_cache=False: otherwise HF builds a DynamicCache that training never reads
-            return model(**inputs, use_cache=False)
+            # use_cache=False: otherwise HF builds a DynamicCache that training never reads (a vision encoder has none)
+            return model(**inputs) if is_vision_model(model) else model(**inputs, use_cache=False)
     except AssertionError as e:  # OffloadActivations' own check, as torchtune raises it
         raise ValueError(f"activation_offload: torchtune's OffloadActivations stops on "
                          f"{model.config.model_type}: {e} (the model saves tensors its backward never reads)") from None

@@ -28,9 +28,9 @@ import torch
 
 from estimator.spec import Workload
 from tracer import serialized
-from tracer import recipes
+from tracer import recipes, vision
 from tracer.depth import reduce_depth
-from tracer.meta import DTYPES, hf_config, is_masked_lm, model_class  # noqa: F401  (DTYPES, is_masked_lm: used by callers of the runner)
+from tracer.meta import DTYPES, hf_config, is_masked_lm, is_vision_model, model_class  # noqa: F401  (DTYPES, is_masked_lm: used by callers of the runner)
 
 LEARNING_RATE = 1e-5  # any value; it does not change memory
 
@@ -93,10 +93,10 @@ def _hf_config(config: dict):
     return hf_config(config)
 
 
-def _model_class(hf_config):
+def _model_class(hf_config, mode: str = "train"):
     """(Auto class, config to build it from): tracer.meta.model_class."""
 
-    return model_class(hf_config)
+    return model_class(hf_config, mode)
 
 
 @serialized
@@ -112,8 +112,10 @@ def build_model(config: dict, workload: Workload, device: str = "cpu", *, meta_t
     if workload.method == "qlora":
         raise ValueError("method: qlora needs bitsandbytes 4-bit layers, which the runner does not build; "
                          "use lora (or the analytic estimate)")
-    cls, hf_config = _model_class(_hf_config(config))
+    top = _hf_config(config)
+    cls, hf_config = _model_class(top, workload.mode)
     masked = cls.__name__ == "AutoModelForMaskedLM"
+    is_vision = vision.is_vision(top)  # inference builds SigLIP's / CLIP's tower from its vision_config alone
     attn = attn_implementation(workload, device)
     if workload.checkpointing == "selective":
         attn = _selective_attention(attn if attn in ("sdpa", "eager") else "sdpa")
@@ -127,8 +129,11 @@ def build_model(config: dict, workload: Workload, device: str = "cpu", *, meta_t
             if layers is not None:
                 reduce_depth(model, layers)
             model._willitfit_masked_lm = masked
+            model._willitfit_vision = is_vision
+            if is_vision:  # tokens per image beyond the patches, read on the model as built (tracer.vision)
+                model._willitfit_extra_tokens = vision.extra_tokens(model)
             if workload.method == "lora":
-                model = _add_lora(model, workload, masked)
+                model = _add_lora(model, workload, masked or is_vision)
     finally:
         torch.set_default_dtype(old_dtype)
     if meta_then_empty:
@@ -175,10 +180,10 @@ def _materialize(model: torch.nn.Module, device: str) -> None:
                 module._buffers[name] = new[id(b)]
 
 
-def _add_lora(model, workload: Workload, masked: bool = False):
+def _add_lora(model, workload: Workload, encoder: bool = False):
     from peft import LoraConfig, get_peft_model
 
-    task = None if masked else "CAUSAL_LM"
+    task = None if encoder else "CAUSAL_LM"
     # PEFT freezes the base model and, by default (autocast_adapter_dtype=True), keeps adapters in fp32.
     lora = LoraConfig(r=workload.lora_rank, target_modules=list(workload.lora_targets), lora_dropout=0.0,
                       task_type=task)
@@ -274,8 +279,11 @@ def make_optimizer(model: torch.nn.Module, workload: Workload):
 def make_inputs(config: dict, workload: Workload, device: str, model=None, clone_labels: bool = True) -> dict:
     """Token ids of shape (batch, seq), plus labels (the same ids; HF shifts them) for training: a copy, as a
     data collator makes (clone_labels), or the input_ids tensor itself. The vocabulary is the model's input
-    embedding's (a config may leave vocab_size to its class's default, or nest it in text_config)."""
+    embedding's (a config may leave vocab_size to its class's default, or nest it in text_config). A vision
+    encoder gets pixel values for `workload.seq` tokens per image instead (tracer.vision.pixel_inputs)."""
     inner = getattr(model, "module", model)  # DDP wraps the model
+    if inner is not None and is_vision_model(inner):
+        return vision.pixel_inputs(inner, workload, device)
     emb = inner.get_input_embeddings() if inner is not None else None
     vocab = int(emb.num_embeddings if emb is not None else (config.get("vocab_size") or 0))
     if vocab < 1:
@@ -350,6 +358,13 @@ def params_with_grads(model, workload, inputs) -> set[str]:
 
 
 def _infer(model, workload, inputs, on_stage, live: dict) -> None:
+    if is_vision_model(model):
+        if workload.gen_tokens:
+            raise ValueError(f"gen_tokens: {model.config.model_type} is a vision encoder and cannot generate; use 0")
+        with torch.no_grad():
+            model(**inputs)
+        on_stage("prefill")
+        return
     input_ids = inputs["input_ids"]
     if is_masked_lm(model):
         if workload.gen_tokens:

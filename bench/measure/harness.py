@@ -31,7 +31,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from bench.trace.grid import describe
-from bench.store.rows import COLUMN_NAMES, MAX_NOTES, STAGES, canonical_json, compute_run_id, config_hash
+from bench.store.rows import (COLUMN_NAMES, MAX_NOTES, STAGES, canonical_json, compute_run_id, config_hash,
+                              workload_row)
 from estimator.spec import Parallel, Workload, spec_dict
 from estimator.units import fmt_bytes
 from bench.store.validate import validate_row
@@ -120,7 +121,7 @@ def check_measurable(workload: Workload, parallel: Parallel) -> None:
 
 def identity_columns(case: Case, env_fields: dict) -> dict:
     """Every column known before the run, with run_id; the worker and the resume check share this."""
-    wl = spec_dict(case.workload)  # all workload fields, as bench.trace.cases writes them, so tiers join
+    wl = workload_row(case.workload)  # the workload columns, as bench.trace.cases writes them, so tiers join
     row = {
         "source": "measured",
         **env_fields,

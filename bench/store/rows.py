@@ -48,6 +48,18 @@ WORKLOAD_004 = ("loop", "loss", "loss_chunks", "optimizer_in_backward", "activat
                 "double_quant", "float8", "compile")
 
 
+# Workload fields that are no run column: a vision encoder's image_size is resolved to its tokens per image before a
+# run (estimator.vision.sized), and `seq` holds those tokens: the memory depends on them alone (with the config's
+# patch size, in config_json, the image size is the square whose patches plus the CLS/register tokens make seq), so
+# a run's identity and every query stay on seq, and no migration is needed.
+NOT_COLUMNS = ("image_size",)
+
+
+def workload_row(w) -> dict:
+    """A Workload's run-row columns (estimator.spec.spec_dict less NOT_COLUMNS)."""
+    return {k: v for k, v in spec.spec_dict(w).items() if k not in NOT_COLUMNS}
+
+
 def _knob_columns(names: tuple[str, ...]) -> list[Column]:
     by_name = {d.name: d for d in knobs.declared()}
     cols = []

@@ -8,8 +8,8 @@ import functools
 from datetime import datetime, timezone
 
 from bench.measure import env
-from bench.store.rows import COLUMN_NAMES, canonical_json, compute_run_id, config_hash
-from estimator.spec import Parallel, Workload, spec_dict
+from bench.store.rows import COLUMN_NAMES, canonical_json, compute_run_id, config_hash, workload_row
+from estimator.spec import Parallel, Workload
 from tracer.session import (FSDP_STRATEGIES, TRACED_STRATEGIES, Trace, check_checkable,  # noqa: F401
                                      check_traceable, run_traced)
 
@@ -37,7 +37,7 @@ def _identity_row(config: dict, workload: Workload, parallel: Parallel, kernels:
     joins the run_id when it is not the default "cuda" (bench.store.rows.LATER_IDENTITY_DEFAULTS)."""
     row = dict.fromkeys(COLUMN_NAMES)
     row.update(_software())
-    row.update(spec_dict(workload))
+    row.update(workload_row(workload))
     row.update(source="traced", gpu_name=FAKE_GPU_NAME, gpu_total_bytes=None, gpu_count=parallel.gpus,
                config_hash=config_hash(config), strategy=parallel.strategy, world_size=parallel.gpus,
                kernels=kernels)

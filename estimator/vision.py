@@ -1,0 +1,77 @@
+"""Vision encoders' sizes in their own terms: an image size in pixels becomes the step's tokens per image.
+
+    w = sized(model, Workload(image_size=518))     # -> seq = (518 // 14)^2 + 1 = 1370 tokens (DINOv2-g)
+
+A vision encoder's profile is a polynomial in tokens per image, s = p + extra (tracer.vision): p = (image_size //
+patch_size)^2 patches of a square image, extra the CLS and register tokens its embeddings add, both read from the
+model by the inventory (`Inventory.extra["vision"]`). Only image sizes that are a multiple of the patch size are
+priced: the pixels past the last whole patch (a 384-pixel SigLIP image in 14-pixel patches leaves 6) are read by no
+patch, but the input tensor still holds them, b x channels x (H^2 - (n * patch)^2) elements that are no polynomial
+in the tokens; such a size is refused in one line naming the nearest multiples.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from estimator.model import Model
+from estimator.spec import Workload
+
+
+def geometry(model: Model) -> dict | None:
+    """The inventory's vision part (image_size, patch_size, num_channels, extra_tokens, num_labels, base_params), or
+    None for a text model."""
+    v = model.inventory.extra.get("vision")
+    return v if isinstance(v, dict) else None
+
+
+def is_vision(model: Model) -> bool:
+    return geometry(model) is not None
+
+
+def tokens(model: Model, image_size: int) -> int:
+    """Tokens per image of a square `image_size`-pixel image: (image_size // patch)^2 patches plus the extra tokens;
+    ValueError naming image_size where it is no multiple of the patch size."""
+    v = geometry(model)
+    patch = int(v["patch_size"])
+    if image_size < patch or image_size % patch:
+        lo, hi = max(patch, image_size - image_size % patch), image_size - image_size % patch + patch
+        raise ValueError(f"image_size: {image_size} is not a multiple of {model.name}'s patch size {patch} (pixels past "
+                         f"the last whole patch are held but read by no patch, which is not priced exactly); use "
+                         f"{lo} or {hi}")
+    return (image_size // patch) ** 2 + int(v["extra_tokens"])
+
+
+SEQ_UNSET = Workload().seq   # a workload that names no seq (the CLI's and the app's default)
+
+
+def sized(model: Model, w: Workload) -> Workload:
+    """The workload with a vision encoder's size resolved: seq := the tokens per image of image_size; with image_size
+    0, of the config's image_size, unless seq is set (not SEQ_UNSET): a run row's seq already holds its tokens per
+    image (image_size is no run column, bench.store.rows.NOT_COLUMNS), kept as they are, and image_size is then the
+    square image they make (0 for a rectangle of patches, as `python -m bench trace --seq` may trace). A text model
+    keeps its seq and refuses an image size."""
+    v = geometry(model)
+    if v is None:
+        if w.image_size:
+            raise ValueError(f"image_size: applies to vision encoders; {model.name} ({model.model_type}) is a text "
+                             "model, sized by seq")
+        return w
+    if w.image_size == 0 and w.seq != SEQ_UNSET:
+        patches = w.seq - int(v["extra_tokens"])
+        if patches < 1:
+            raise ValueError(f"seq: {w.seq} tokens per image leave no patch ({model.name} adds {v['extra_tokens']} "
+                             "tokens of its own); use --image-size")
+        side = math.isqrt(patches)
+        return replace(w, image_size=side * int(v["patch_size"]) if side * side == patches else 0)
+    size = w.image_size or int(v["image_size"])
+    return replace(w, image_size=size, seq=tokens(model, size))
+
+
+def params(model: Model, w: Workload) -> int:
+    """Parameters of the model the step builds: the image-classification model for training, the base vision model
+    (no classifier; ViT's pooler) for inference."""
+    v = geometry(model)
+    if v is not None and w.mode == "infer":
+        return int(v["base_params"])
+    return model.params

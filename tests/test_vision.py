@@ -1,0 +1,247 @@
+"""Vision encoders (ViT, DINOv2, SigLIP and CLIP vision towers): sized by their image, priced exactly.
+
+Tiny configs (tests/data/tiny/t-vit.json, t-dinov2.json: hidden 64, 4 heads, MLP 128, 32- and 28-pixel images in
+4-pixel patches) with their parameters counted by hand; `estimate` at an image size its profile was never fit at
+equals a full-depth trace of that image's tokens, stage by stage, to the byte; bad sizes and unmodelled image models
+are refused in one line.
+
+    python -m pytest tests/test_vision.py -q
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from estimator import vision
+from estimator.spec import Workload
+
+TINY = Path(__file__).parent / "data" / "tiny"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _config(name: str, **overrides) -> dict:
+    cfg = json.loads((TINY / f"t-{name}.json").read_text())
+    cfg.update(overrides)
+    return cfg
+
+
+def _model(name: str, **overrides):
+    from estimator.model import from_hf_config
+
+    return from_hf_config(_config(name, **overrides), f"t-{name}")
+
+
+# ---------------------------------------------------------------- parameters, counted by hand
+
+def test_vit_parameters_are_counted_exactly():
+    # ViTForImageClassification, hidden 64, 5 layers, MLP 128, 3 x 32 x 32 images in 4 x 4 patches, 2 labels:
+    #   patch conv 3*4*4*64 + 64 = 3136; CLS token 64; position embeddings (8*8 + 1) * 64 = 4160
+    #   per layer: q, k, v, o 4 * (64*64 + 64) = 16640; fc1 64*128 + 128 = 8320; fc2 128*64 + 64 = 8256;
+    #              two LayerNorms 2 * 128 = 256                                   -> 33472, x 5 = 167360
+    #   final LayerNorm 128; classifier 64*2 + 2 = 130                            -> 174978
+    # Inference runs ViTModel: no classifier (-130), its pooler 64*64 + 64 (+4160) -> 179008
+    m = _model("vit")
+    assert m.params == 174978
+    assert m.inventory.built_as == "ViTForImageClassification" and m.layers == 5
+    assert vision.geometry(m) == {"image_size": 32, "patch_size": 4, "num_channels": 3, "extra_tokens": 1,
+                                  "num_labels": 2, "base_params": 179008}
+    assert vision.params(m, Workload(mode="infer")) == 179008
+
+
+def test_dinov2_parameters_are_counted_exactly():
+    # Dinov2ForImageClassification, hidden 64, 5 layers, mlp_ratio 2 (MLP 128), 28-pixel images in 4-pixel patches:
+    #   patch conv 3136; CLS token 64; mask token 64; position embeddings (7*7 + 1) * 64 = 3200
+    #   per layer: norm1 128, attention 16640, layer_scale1 64, norm2 128, fc1 8320, fc2 8256, layer_scale2 64
+    #                                                                             -> 33600, x 5 = 168000
+    #   final LayerNorm 128; classifier on [CLS, mean of patches]: 2*64*2 + 2 = 258 -> 174850; Dinov2Model: 174592
+    m = _model("dinov2")
+    assert m.params == 174850
+    assert vision.geometry(m)["extra_tokens"] == 1 and vision.geometry(m)["base_params"] == 174592
+
+
+def test_register_tokens_are_read_from_the_model():
+    # DINOv2 with registers (t-dinov2reg.json: 4 register tokens, 3 layers): CLS + 4 registers beside the patches
+    m = _model("dinov2reg")
+    assert vision.geometry(m)["extra_tokens"] == 5
+    assert vision.sized(m, Workload(image_size=36)).seq == 9 * 9 + 5
+
+
+# ---------------------------------------------------------------- sizes in the model's own terms
+
+def test_image_size_becomes_tokens_per_image():
+    vit, dino = _model("vit"), _model("dinov2")
+    assert vision.sized(vit, Workload()).seq == 8 * 8 + 1          # the config's 32 pixels
+    assert vision.sized(vit, Workload(image_size=40)).seq == 10 * 10 + 1
+    assert vision.sized(dino, Workload(image_size=56)) == Workload(image_size=56, seq=14 * 14 + 1)
+    with pytest.raises(ValueError, match=r"^image_size: 30 is not a multiple of t-vit's patch size 4 .* use 28 or 32$"):
+        vision.sized(vit, Workload(image_size=30))
+
+
+def test_a_run_rows_tokens_are_kept():
+    # image_size is no run column: a row's seq holds its tokens per image, and they price it as they are
+    vit = _model("vit")
+    assert vision.sized(vit, Workload(seq=101)) == Workload(seq=101, image_size=40)
+    assert vision.sized(vit, Workload(seq=64)) == Workload(seq=64, image_size=0)   # 63 patches: a 7 x 9 rectangle
+    with pytest.raises(ValueError, match=r"^seq: 1 tokens per image leave no patch"):
+        vision.sized(vit, Workload(seq=1))
+
+
+def test_a_text_model_refuses_an_image_size():
+    from estimator.model import from_hf_config
+
+    llama = from_hf_config(_config("llama"), "t-llama")
+    assert vision.sized(llama, Workload(seq=100)).seq == 100
+    with pytest.raises(ValueError, match=r"^image_size: applies to vision encoders; t-llama \(llama\) is a text"):
+        vision.sized(llama, Workload(image_size=224))
+
+
+def test_unmodelled_image_model_is_refused_in_one_line_without_torch(tmp_path):
+    # ConvNeXt has an image-classification model but no patch-token encoder willitfit models: refused from
+    # transformers' source read as text, before torch is imported
+    code = ("import sys\nfrom tracer.model_types import check_model_type\n"
+            "try:\n    check_model_type({'model_type': 'convnext'})\nexcept ValueError as e:\n    print(e)\n"
+            "assert 'torch' not in sys.modules\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == ("model_type: 'convnext' is an image model willitfit does not model yet; the vision "
+                                  "encoders it models are vit, dinov2, dinov2_with_registers, siglip, clip "
+                                  "(docs/architectures.md)")
+
+
+def test_batch_one_keeps_a_patch_gradient_through_the_optimizer_step():
+    # Traced, and so in the shipped ViT-H/14 profile: at batch 1 the optimizer stage holds one more bf16 tensor of
+    # patches x hidden (2 * p * 1280 bytes) than the batch >= 2 polynomial's line through batches 2 and 3 gives (a
+    # size-1 batch dimension lets autograd keep a gradient as a view where batch 2 computes a new, smaller one), so on
+    # tiny images batch 1 holds more than batch 2. Measured on the tiny ViT too: 128 bytes per patch at hidden 64.
+    from estimator.estimate import Options, estimate
+    from estimator.model import from_hf_config
+    from estimator.presets import load_config
+
+    name, cfg = load_config("vit-huge-patch14")
+    m = from_hf_config(cfg, name, derive=False)
+    for pixels, patches in ((14, 1), (28, 4)):
+        opt = {b: dict(estimate(m, Workload(batch=b, image_size=pixels), options=Options(derive=False)).stages)[
+            "optimizer"].tensor_bytes for b in (1, 2, 3)}
+        assert opt[1] > opt[2] < opt[3]
+        assert opt[1] - (2 * opt[2] - opt[3]) == 2 * patches * 1280
+
+
+# ---------------------------------------------------------------- the CLI
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "estimator", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_cli_has_an_image_size_flag_and_refuses_seq_for_a_vision_model():
+    from estimator.cli import build_parser
+
+    assert "--image-size" in build_parser().format_help()
+    cfg = str(TINY / "t-vit.json")
+    out = _cli("--model", cfg, "--seq", "100")
+    assert out.returncode == 2 and out.stderr.strip() == (
+        "python -m estimator: error: seq: t-vit is a vision encoder, sized by --image-size (pixels), not --seq")
+    out = _cli("--model", cfg, "--image-size", "30", "--no-derive")
+    assert out.returncode == 2 and out.stderr.strip().startswith("python -m estimator: error: image_size: 30 is not")
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_cli_refuses_an_unmodelled_image_model(tmp_path):
+    cfg = tmp_path / "convnext.json"
+    cfg.write_text(json.dumps({"model_type": "convnext", "hidden_sizes": [8, 16], "depths": [1, 1]}))
+    out = _cli("--model", str(cfg))
+    assert out.returncode == 2 and out.stderr.strip().startswith(
+        "python -m estimator: error: model_type: 'convnext' is an image model willitfit does not model yet")
+
+
+# ---------------------------------------------------------------- estimate == full-depth trace
+
+def _check_estimate_equals_trace(config: dict, workload: Workload) -> None:
+    """`estimate` at `workload.image_size` (its profile derived by the tracer at token counts of its own choosing:
+    256, 512, 768 and a verify size near 1000) gives every stage's tensor bytes equal to a full-depth trace of that
+    many tokens per image (bench.trace.cases.trace_case), to the byte."""
+    from bench.trace.cases import trace_case
+    from estimator.estimate import estimate
+    from estimator.model import from_hf_config
+
+    model = from_hf_config(config, "tiny")
+    est = estimate(model, workload)
+    tower = config.get("vision_config")   # SigLIP, CLIP: the one note says the text tower is not built
+    assert est.notes == ((f"scope: {config['model_type']} is priced as its vision tower alone ({model.inventory.built_as}"
+                          f" on its {config['model_type']}_vision_model); the checkpoint's text tower is not built",)
+                         if tower else ()), est.notes
+    assert est.workload.seq == vision.tokens(model, workload.image_size or vision.geometry(model)["image_size"])
+    row = trace_case(config, "tiny", replace(est.workload, image_size=0))
+    stages = ("load", "forward", "backward", "optimizer") if workload.mode == "train" else ("load", "prefill")
+    got = {name: b.tensor_bytes for name, b in est.stages if name in stages}
+    assert got == {name: row[f"{name}_peak_alloc_bytes"] for name in stages}
+
+
+def test_vit_training_estimate_equals_a_full_depth_trace_at_an_unfitted_image_size():
+    # 40 pixels: 10 x 10 patches + CLS = 101 tokens, a size the fit never traced; 3 layers (traced whole)
+    _check_estimate_equals_trace(_config("vit", num_hidden_layers=3), Workload(batch=2, image_size=40))
+
+
+def test_dinov2_inference_estimate_equals_a_full_depth_trace_at_an_unfitted_image_size():
+    # DINOv2 always interpolates its position embeddings: 36 pixels, 9 x 9 patches + CLS = 82 tokens
+    _check_estimate_equals_trace(_config("dinov2", num_hidden_layers=3), Workload(mode="infer", batch=3,
+                                                                                 image_size=36))
+
+
+@pytest.mark.slow  # derives 5-layer profiles (reduced depth 3 and 4, extended to 5): a minute of CPU
+@pytest.mark.parametrize("name, workload", [
+    ("vit", Workload(batch=4, image_size=48)),                                     # 145 tokens
+    ("vit", Workload(batch=1)),                                                    # the config's own 32 pixels
+    ("vit", Workload(batch=2, image_size=40, recipe="fp32", precision="fp32")),    # memory-efficient attention
+    ("vit", Workload(batch=2, image_size=40, method="lora")),
+    ("dinov2", Workload(batch=2, image_size=36)),
+    ("dinov2", Workload(batch=3)),                                                 # 28 pixels: no interpolation
+    ("dinov2reg", Workload(batch=2, image_size=36)),                               # 81 patches + CLS + 4 registers
+], ids=["vit-48", "vit-native", "vit-fp32", "vit-lora", "dinov2-36", "dinov2-native", "dinov2reg-36"])
+def test_five_layer_estimates_equal_full_depth_traces(name, workload):
+    _check_estimate_equals_trace(_config(name), workload)
+
+
+SIGLIP = {"model_type": "siglip",   # 64 pixels: its own 16 x 16 grid is 256 tokens, a size the fit traces
+          "vision_config": {"hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4,
+                            "intermediate_size": 128, "image_size": 64, "patch_size": 4},
+          "text_config": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+                          "intermediate_size": 64, "vocab_size": 100}}
+CLIP = {"model_type": "clip", "projection_dim": 16,
+        "vision_config": {"hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4,
+                          "intermediate_size": 128, "image_size": 32, "patch_size": 4, "projection_dim": 16},
+        "text_config": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+                        "intermediate_size": 64, "vocab_size": 100, "bos_token_id": 0, "eos_token_id": 1,
+                        "pad_token_id": 1}}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config, workload", [
+    (SIGLIP, Workload(batch=2, image_size=40)), (SIGLIP, Workload(mode="infer", batch=2, image_size=40)),
+    (SIGLIP, Workload(batch=3)),
+    (CLIP, Workload(batch=2, image_size=40)), (CLIP, Workload(mode="infer", batch=2, image_size=40)),
+], ids=["siglip-train", "siglip-infer", "siglip-native", "clip-train", "clip-infer"])
+def test_siglip_and_clip_towers_equal_full_depth_traces(config, workload):
+    # SigLIP adds no CLS token (100 tokens at 40 pixels), CLIP one (101); training builds the image-classification
+    # model on the vision_config's tower, inference the tower alone (SiglipVisionModel, CLIPVisionModel). SigLIP's
+    # own 64 pixels are 256 tokens, a size the fit traces: there it traces a 8 x 32 rectangle, which interpolates
+    # as every other fitted size does (tracer.vision.interpolating); the estimate at the real, square 64 pixels,
+    # which adds the embeddings as they are, equals its trace
+    _check_estimate_equals_trace(config, workload)
+
+
+def test_the_app_asks_a_vision_encoder_for_its_image_size_not_a_sequence_length():
+    pytest.importorskip("streamlit")
+    from pages import _inputs as ui
+
+    for mode in ("train", "infer"):
+        text, image = ui.shown_workload_fields(mode, "full"), ui.shown_workload_fields(mode, "full", vision=True)
+        assert "seq" in text and "image_size" not in text
+        assert "image_size" in image and "seq" not in image and "gen_tokens" not in image
+    assert ui.workload_from_dict({"mode": "train", "method": "full", "image_size": 518, "seq": 99}, vision=True) == \
+        Workload(image_size=518)   # seq is not a vision encoder's input: it keeps its default, sized() sets it

@@ -1,0 +1,177 @@
+"""Vision encoders (ViT, DINOv2, SigLIP's and CLIP's vision towers): which class a step builds, and its inputs.
+
+    cls, cfg = vision_class(hf_cfg, "train")     # AutoModelForImageClassification, the config it is built from
+    inputs = pixel_inputs(model, workload, "cpu")    # pixel_values (b, 3, H, W) [+ labels (b,)]
+
+A vision step's size is its token count per image, `workload.seq` := p + extra: p = h * w patches (a square image
+of `image_size` pixels has p = (image_size // patch_size)^2) and `extra` the tokens the embeddings add (ViT's and
+CLIP's CLS token, DINOv2's CLS and register tokens, none for SigLIP), read from the model's own embeddings on the
+meta device (`extra_tokens`), not from a table. The profile is then a polynomial in tokens, as a text encoder's is:
+tokens rather than p because CUDA's memory-efficient attention pads the token count (estimator.profile.poly's m, l).
+
+Training builds the image-classification model (AutoModelForImageClassification: ViTForImageClassification,
+Dinov2ForImageClassification, SiglipForImageClassification, CLIPForImageClassification; labels of shape (b,), cross
+entropy on the pooled output); inference the base vision model (AutoModel for ViT/DINOv2, SiglipVisionModel /
+CLIPVisionModel on the config's vision_config), one forward under no_grad.
+
+Position embeddings: at the config's image size the models add theirs as they are; at any other grid they
+interpolate them (bicubic) when the forward is told to (`interpolate_pos_encoding=True`: ViT, SigLIP, CLIP refuse or
+mis-add otherwise) or always (DINOv2), and so do the traces here: `interpolate_pos_encoding` is passed, True, where
+the forward takes it and the grid differs from the config's. Pixel values are built in the weights' dtype, as the
+transformers docs cast them (`inputs.to(model.dtype)`), so the patch convolution copies nothing.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import inspect
+import math
+
+import torch
+
+# The vision encoders modelled (estimator.families.VISION_TYPES); other image-classification types (ConvNeXt, Swin,
+# BEiT, ...) are refused in one line. The classification head's width is the config's num_labels (transformers'
+# default 2; a config with id2label sets its own).
+from estimator.families import VISION_TYPES
+
+
+def is_vision(cfg) -> bool:
+    """A config of a modelled vision encoder (by its model_type)."""
+    return getattr(cfg, "model_type", None) in VISION_TYPES
+
+
+def refuse_unmodelled_vision(model_type: str) -> None:
+    """One line for an image model willitfit does not model (before any slow work)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES
+
+    if model_type in MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES and model_type not in VISION_TYPES:
+        raise ValueError(f"model_type: {model_type!r} is an image model willitfit does not model yet; the vision "
+                         f"encoders it models are {', '.join(VISION_TYPES)} (docs/architectures.md)")
+
+
+def vision_config(cfg):
+    """The config that sizes the encoder: SigLIP's and CLIP's vision_config, else the config itself."""
+    inner = getattr(cfg, "vision_config", None)
+    return inner if inner is not None else cfg
+
+
+def vision_class(cfg, mode: str):
+    """(transformers class, config to build it from) for a training step ("train": the image-classification model)
+    or inference (the base vision model)."""
+    from transformers import AutoModel, AutoModelForImageClassification
+
+    if mode == "train":
+        return AutoModelForImageClassification, cfg
+    return AutoModel, vision_config(cfg)
+
+
+def geometry(cfg) -> tuple[int, int, int]:
+    """(image_size, patch_size, num_channels) of the config: square images and patches (the models modelled here
+    take ints; a (h, w) pair is refused in one line)."""
+    vc = vision_config(cfg)
+    out = []
+    for key in ("image_size", "patch_size", "num_channels"):
+        v = getattr(vc, key, None)
+        if isinstance(v, (list, tuple)) and len(v) == 2 and v[0] == v[1]:
+            v = v[0]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{key}: must be a positive integer (square images and patches), got {v!r}")
+        out.append(v)
+    return tuple(out)
+
+
+def grid(patches: int) -> tuple[int, int]:
+    """(h, w) patches with h * w = patches, as square as it factors (h <= w): a square image where p is a square,
+    else the nearest rectangle of the same patch count (what the fit traces at a token count between squares)."""
+    if patches < 1:
+        raise ValueError(f"seq: a vision step needs at least one patch per image, got {patches}")
+    h = math.isqrt(patches)
+    while patches % h:
+        h -= 1
+    return h, patches // h
+
+
+_INTERPOLATING = contextvars.ContextVar("willitfit_vision_interpolating", default=False)
+
+
+@contextlib.contextmanager
+def interpolating():
+    """Inside (tracer.derive's fits): a token count whose patches make the config's own square grid is traced as a
+    rectangle of the same patches, so the position embeddings are interpolated at every fitted size. At the config's
+    own grid the models add their embeddings as they are (ViT, SigLIP, CLIP: `num_patches == num_positions and
+    height == width`), a shorter list of operations that no fit across sizes can join; the profile is the
+    interpolating step's, and at the config's size it is checked against the real, non-interpolating trace
+    (tests/test_vision.py: equal stage peaks; the skipped interpolation's temporaries come and go before the first
+    layer, under every stage's peak)."""
+    token = _INTERPOLATING.set(True)
+    try:
+        yield
+    finally:
+        _INTERPOLATING.reset(token)
+
+
+def _rectangle(patches: int) -> tuple[int, int]:
+    """(h, w), h < w, h * w = patches: the most square factorization that is not square (1 x p at worst)."""
+    h = math.isqrt(patches)
+    h -= h * h == patches
+    while h > 1 and patches % h:
+        h -= 1
+    return max(h, 1), patches // max(h, 1)
+
+
+def _embeddings(model):
+    """The model's embeddings module (ViTEmbeddings, Dinov2Embeddings, SiglipVisionEmbeddings, CLIPVisionEmbeddings):
+    the first module, in definition order, whose class is named *Embeddings (a PEFT wrapper included)."""
+    for m in model.modules():
+        if type(m).__name__.endswith("Embeddings"):
+            return m
+    raise ValueError(f"model_type: {model.config.model_type!r} has no patch embeddings willitfit can find")
+
+
+@torch.no_grad()
+def extra_tokens(model) -> int:
+    """Tokens the embeddings add to the patches (CLS, registers): their output length on an image of the config's
+    own size, less its patches (run by `tracer.runner.build_model` on the meta model, where it costs nothing, and
+    kept on the model as `_willitfit_extra_tokens`)."""
+    image, patch, channels = geometry(model.config)
+    emb = _embeddings(model)
+    p = next(emb.parameters())
+    pixels = torch.empty(1, channels, image, image, device=p.device, dtype=p.dtype)
+    out = emb(pixels)
+    out = out[0] if isinstance(out, tuple) else out
+    return int(out.shape[1]) - (image // patch) ** 2
+
+
+def _takes_interpolate(model) -> bool:
+    """The embeddings interpolate only when told to (ViT, SigLIP, CLIP; DINOv2 always does): the flag is passed to the
+    model's forward, which hands it down (CLIPForImageClassification through its **kwargs)."""
+    return "interpolate_pos_encoding" in inspect.signature(_embeddings(model).forward).parameters
+
+
+def pixel_inputs(model, workload, device: str) -> dict:
+    """pixel_values (b, channels, h * patch, w * patch) for `workload.seq` tokens per image, in the weights' dtype;
+    labels (b,) int64 for training; `interpolate_pos_encoding` where the forward takes it and the grid is not the
+    config's."""
+    inner = getattr(model, "module", model)
+    image, patch, channels = geometry(inner.config)
+    h, w = grid(workload.seq - inner._willitfit_extra_tokens)
+    if _INTERPOLATING.get() and (h, w) == (image // patch,) * 2 and h > 1:
+        h, w = _rectangle(h * w)
+    dtype = next(inner.parameters()).dtype
+    out = {"pixel_values": torch.randn(workload.batch, channels, h * patch, w * patch, device=device,
+                                       dtype=dtype)}  # (B, C, H, W)
+    if _takes_interpolate(inner) and (h, w) != (image // patch,) * 2:
+        out["interpolate_pos_encoding"] = True
+    if workload.mode == "train":
+        labels = int(getattr(inner.config, "num_labels", 0) or 0)
+        if labels < 1:
+            raise ValueError("num_labels: an image-classification step needs at least one label")
+        out["labels"] = torch.randint(0, labels, (workload.batch,), device=device)  # (B,)
+    return out
+
+
+def info(model) -> dict:
+    """The vision part of an inventory: what the estimator needs to turn an image size into tokens."""
+    image, patch, channels = geometry(model.config)
+    return {"image_size": image, "patch_size": patch, "num_channels": channels,
+            "extra_tokens": extra_tokens(model), "num_labels": int(getattr(model.config, "num_labels", 0) or 0)}
