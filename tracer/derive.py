@@ -119,15 +119,21 @@ def choose_seqs(lo: int, unit: int, extra: tuple = (), align: str | None = None,
     from lo + 3u, each one that tells the monomials further apart. The verify seq lies past them, in (lo + 3u,
     lo + 4u], with a remainder mod 32 that no fitted seq has (so a fit that holds on one alignment only is caught),
     a multiple of `step` where one is free (a chunked loss splits s into `step` chunks: `chunk_step`), else of the
-    largest power of two below it that is."""
+    largest power of two below it that is; with a step above 8 the fit seqs are its multiples where they tell the
+    monomials apart."""
     member = ALIGNS[align]
     funcs = list(dict.fromkeys([(0, 0, 0, 0), (0, 1, 0, 0), (0, 2, 0, 0), *[(0, *m[1:]) for m in extra]]))
 
     def row(s):
         return [Fraction(poly.monomial_value(f, (1, s, 0, 1))) for f in funcs]
 
-    first = [next((x for x in range(lo + k * unit, lo, -1) if member(x)), None) for k in (1, 2, 3)]
-    cands = [x for x in first if x is not None] + [x for x in range(lo + 3 * unit, lo, -1) if member(x)]
+    # a chunked loss's chunks are whole on multiples of step: fit there first (the unaligned class has none)
+    def prefer(x):
+        return member(x) and (step <= 8 or align == "unaligned" or x % step == 0)
+
+    first = [next((x for x in range(lo + k * unit, lo, -1) if prefer(x)), None) for k in (1, 2, 3)]
+    cands = [x for x in first if x is not None] + [x for x in range(lo + 3 * unit, lo, -1) if prefer(x)] + \
+        [x for x in range(lo + 3 * unit, lo, -1) if member(x)]
     seqs, rows = [], []
     for x in cands:
         if x not in seqs and _rank(rows + [row(x)]) > len(rows):
