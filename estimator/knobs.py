@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, fields
+from functools import lru_cache
 
 from estimator.spec import SIZE_FIELDS, Knob, Workload, knob_of  # noqa: F401  (SIZE_FIELDS: one declaration, spec)
 
@@ -44,8 +45,9 @@ def _kind(default, k: Knob) -> str:
     raise TypeError(f"a workload field needs choices, an int, a bool or a tuple default, got {default!r}")
 
 
+@lru_cache(maxsize=1)
 def declared() -> tuple[Declared, ...]:
-    """Every workload field in declaration order."""
+    """Every workload field in declaration order (the declaration never changes: built once)."""
     return tuple(Declared(f.name, _kind(f.default, knob_of(f)), f.default, knob_of(f)) for f in fields(Workload))
 
 

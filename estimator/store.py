@@ -21,6 +21,7 @@ import json
 import os
 import tempfile
 from dataclasses import replace
+from functools import lru_cache
 from pathlib import Path
 
 from estimator import bank, knobs
@@ -57,6 +58,7 @@ def _dirs(h: str) -> list[Path]:
 GRAD_ACCUM_CLASS = 2
 
 
+@lru_cache(maxsize=1024)
 def canonical_class(w: Workload) -> Workload:
     """The one workload that names w's profile class, used for its key and for its derivation alike.
 
