@@ -128,13 +128,20 @@ class Inventory:
             for n, fi, fo in self.lora_shapes(w.lora_targets):
                 shapes += [(n, w.lora_rank, fi), (n, fo, w.lora_rank)]
             return tuple(shapes)
+        # parameters the step never reaches get no gradient and no optimizer state (tracer.vision.info: a vision
+        # encoder's mask_token); the traced step has none, so the swapped optimizer's formulas must not count them
+        unreached = [tuple(s) for s in (self.extra.get("vision") or {}).get("unreached", ())]
         out = []
         for role, shape, _, n in self.param_groups:
+            while role == "other" and n and tuple(shape) in unreached:
+                unreached.remove(tuple(shape))
+                n -= 1
             rows = shape[0] if shape else 1
             cols = 1
             for d in shape[1:]:
                 cols *= d
-            out.append((n, rows, cols))
+            if n:
+                out.append((n, rows, cols))
         return tuple(out)
 
     # -- JSON ----------------------------------------------------------------------------------------

@@ -173,5 +173,9 @@ def pixel_inputs(model, workload, device: str) -> dict:
 def info(model) -> dict:
     """The vision part of an inventory: what the estimator needs to turn an image size into tokens."""
     image, patch, channels = geometry(model.config)
+    # an embeddings' mask_token (DINOv2 always has one) is read only with bool_masked_pos, which an
+    # image-classification step never passes: it gets no gradient, so no optimizer state (states are created lazily)
+    unreached = [list(p.shape) for n, p in model.named_parameters() if n.split(".")[-1] == "mask_token"]
     return {"image_size": image, "patch_size": patch, "num_channels": channels,
-            "extra_tokens": extra_tokens(model), "num_labels": int(getattr(model.config, "num_labels", 0) or 0)}
+            "extra_tokens": extra_tokens(model), "num_labels": int(getattr(model.config, "num_labels", 0) or 0),
+            "unreached": unreached}
