@@ -146,10 +146,8 @@ def choose_seqs(lo: int, unit: int, extra: tuple = (), align: str | None = None,
                          "exact profile can be derived")
     seqs.sort()
     used = {x % poly.LSE_ALIGNMENT for x in seqs}
-    free = [x for x in range(lo + 4 * unit, max(seqs), -1) if member(x) and x % poly.LSE_ALIGNMENT not in used]
-    if not free:
-        free = [x for x in range(lo + 4 * unit, max(seqs), -1) if member(x)]
     whole = [x for x in range(lo + 4 * unit, max(seqs), -1) if member(x)]
+    free = [x for x in whole if x % poly.LSE_ALIGNMENT not in used] or whole
     if step > 8 and not any(x % step == 0 for x in free):
         free = whole  # a step of 32 or more: every multiple has remainder 0 mod 32, like the fitted seqs
     steps = sorted({step, 8, 4, 2, 1}, reverse=True)
