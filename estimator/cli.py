@@ -25,7 +25,7 @@ from estimator.gpus import GPU, get_gpu, load_gpus
 from estimator.hub import OfflineError, fetch_config, split_model_ref
 from estimator.model import Model, check_context, check_sizes, defaults_note, from_hf_config
 from estimator.presets import load_config, preset_names
-from estimator.search import Advice, advice, max_batch, max_seq
+from estimator.search import Advice, advice, max_batch, max_seq, unpriced
 from estimator.spec import (PP_SCHEDULES, OFFLOADS,
                             STRATEGIES,
                             Parallel, Workload, spec_dict)
@@ -82,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--k", type=float, help=f"k for --activation-model k (default {SEED_K:g}, the seeds'); implies it")
     a("--no-derive", action="store_true",
       help="never trace to derive a missing profile (needs torch); fail with the command that derives it")
+    a("--price-advice", action="store_true",
+      help="price every row of 'What would help': derive the profile of each change not priced yet (a few minutes "
+           "of CPU each, once; cached after), then answer; without it such rows are listed without a number")
     a("--calibrated", action="store_true",
       help="use the family's fitted k from data/calibration.json (env WILLITFIT_CALIBRATION) and report a "
            "95%% prediction interval")
@@ -186,7 +189,7 @@ def _verdict(total: int, gpu_bytes: int, interval: tuple[int, int] | None) -> st
 
 
 def report(model: Model, est: Estimate, gpu: GPU | None, options: Options,
-           cal: CalibrationEntry | None) -> dict:
+           cal: CalibrationEntry | None, price_advice: bool = False) -> dict:
     """Everything the CLI shows, as one JSON-ready dict (bytes are ints; GiB/GB only in the text view)."""
     out = {
         "model": model.name, "model_type": model.model_type, "family": model.family,
@@ -225,8 +228,27 @@ def report(model: Model, est: Estimate, gpu: GPU | None, options: Options,
             priced = Options(overhead=options.overhead, activation_k=options.activation_k, derive=False,
                              alloc_conf=options.alloc_conf, gpu=options.gpu,
                              cuda_context_bytes=options.cuda_context_bytes)
-            out["advice"] = [_advice_dict(a) for a in advice(model, w, p, cap, priced)]
+            items = advice(model, w, p, cap, priced)
+            if price_advice and _price(model, unpriced(w, p, items)):
+                items = advice(model, w, p, cap, priced)
+            out["advice"] = [_advice_dict(a) for a in items]
     return out
+
+
+def _price(model: Model, todo: list) -> int:
+    """Derive the profile of each unpriced advice row (progress on stderr); returns how many were derived. A row
+    whose class cannot be traced stays unpriced, with its reason on stderr."""
+    from estimator.estimate import ensure_profile
+
+    done = 0
+    for i, (title, w, p) in enumerate(todo, 1):
+        print(f"pricing {i}/{len(todo)}: {title}", file=sys.stderr, flush=True)
+        try:
+            ensure_profile(model, w, p, _progress)
+            done += 1
+        except ValueError as e:
+            print(f"  not priced: {' '.join(str(e).split())}", file=sys.stderr, flush=True)
+    return done
 
 
 def _advice_dict(a: Advice) -> dict:
@@ -307,13 +329,16 @@ def render_text(r: dict) -> str:
         if r.get("advice"):
             lines += ["", "What would help (each alone, largest saving first):"]
             shown = r["advice"][:7] + [a for a in r["advice"][7:] if a["title"].startswith("Combine")
-                                       or "alloc_conf" in a["change"]]
+                                       or "alloc_conf" in a["change"] or not a["priced"]]
             for a in shown:
                 if not a["priced"]:
                     lines.append(f"  - {a['title']}: {a['note']}")
                     continue
                 lines.append(f"  - {a['title']}: saves {fmt_bytes(a['saving_bytes'])} -> "
                              f"{fmt_bytes(a['new_total_bytes'])} ({'fits' if a['fits'] else 'still OOM'}). {a['note']}")
+            if not all(a["priced"] for a in r["advice"]):
+                lines.append("  (rows without a number: add --price-advice to derive their profiles now, a few "
+                             "minutes of CPU each, once)")
     return "\n".join(lines)
 
 
@@ -367,7 +392,7 @@ def run(args) -> dict | str:
     gpu = get_gpu(args.gpu) if args.gpu else None
     options, cal = _options(args, model, w)
     beyond = check_context(model, w.seq, w.gen_tokens, args.allow_beyond_context)
-    out = report(model, estimate(model, w, p, options), gpu, options, cal)
+    out = report(model, estimate(model, w, p, options), gpu, options, cal, price_advice=args.price_advice)
     out["notes"][:0] = [n for n in (defaults_note(model, defaulted) if defaulted else None, beyond) if n]
     return out
 

@@ -316,8 +316,7 @@ def _combined(model, workload, parallel, gpu_bytes, options, first: list[Advice]
         if not priced:
             return None
         best = priced[0]
-        wf = {k: v for k, v in best.change.items() if k in _WORKLOAD_FIELDS}
-        w, p = replace(w, **wf), replace(p, **{k: v for k, v in best.change.items() if k not in wf})
+        w, p = changed(w, p, best.change)
         steps.append(best)
         if best.fits:
             change = {}
@@ -333,6 +332,18 @@ def _combined(model, workload, parallel, gpu_bytes, options, first: list[Advice]
 
 
 _WORKLOAD_FIELDS = tuple(f.name for f in fields(Workload))
+
+
+def changed(workload: Workload, parallel: Parallel, change: dict) -> tuple[Workload, Parallel]:
+    """The (workload, parallel) an advice's `change` (fields of either) describes."""
+    wf = {k: v for k, v in change.items() if k in _WORKLOAD_FIELDS}
+    return replace(workload, **wf), replace(parallel, **{k: v for k, v in change.items() if k not in wf})
+
+
+def unpriced(workload: Workload, parallel: Parallel, items: list[Advice]) -> list[tuple[str, Workload, Parallel]]:
+    """(title, workload, parallel) of each advice row that has no number yet (its profile is not derived): what
+    `python -m estimator --price-advice` and the app's "What to change" derive so that every row is priced."""
+    return [(a.title, *changed(workload, parallel, a.change)) for a in items if not a.priced]
 
 
 def _single_advice(model, workload, parallel, gpu_bytes, options) -> list[Advice]:

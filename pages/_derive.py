@@ -5,10 +5,15 @@ in a thread of this session (estimator.estimate.ensure_profile), shows the model
 exactly (estimator.components.model_state_bytes), and a progress bar per trace with the time left, refreshed
 every second by a fragment; when the profile is written the page reruns and shows the whole answer. The job lives
 in this session's state only: two sessions never share one (both derive, the store's atomic writes keep the file
-whole). Not a page (the underscore).
+whole). 
+"What to change" lists changes whose own profile is not on disk yet; `advice_in_background` derives them one after
+another in one thread of this session (each trace reported), and the page reruns when they are priced. Changing
+the inputs cancels a job whose rows are no longer asked for (at its next trace). WILLITFIT_PRICE_ADVICE=0 turns
+this off (a busy shared server): such rows are then listed without a number. Not a page (the underscore).
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -47,6 +52,107 @@ class Job:
             return None
         spent = time.monotonic() - self.started_s
         return spent / self.done * max(0, self.total - self.done)
+
+
+class Cancelled(Exception):
+    """Raised from a cancelled job's progress callback: the derivation stops at its next trace."""
+
+
+@dataclass
+class AdviceJob(Job):
+    """Derivations of the advice rows not priced yet, one after another: (title, workload, parallel) each."""
+
+    todo: list = field(default_factory=list)     # (class key, workload, parallel) per row
+    titles: list = field(default_factory=list)   # the rows' titles, as "What to change" shows them
+    current: int = 0
+    failed: dict = field(default_factory=dict)   # class key -> the one-line reason it cannot be priced
+    derived: set = field(default_factory=set)    # class keys whose profile is on disk now
+    cancelled: bool = False
+    row_started_s: float = field(default_factory=time.monotonic)
+
+    def progress(self, done: int, total: int, message: str) -> None:
+        if self.cancelled:
+            raise Cancelled(self.label)
+        super().progress(done, total, message)
+
+    def time_left_s(self) -> float | None:
+        """This row's time left at its pace so far, plus as long again for each row after it."""
+        if self.done <= 0 or self.total <= 0:
+            return None
+        spent = time.monotonic() - self.row_started_s
+        per_row = spent / self.done * self.total
+        return spent / self.done * max(0, self.total - self.done) + per_row * (len(self.todo) - self.current - 1)
+
+
+def _run_advice(job: AdviceJob, model) -> None:
+    try:
+        for i, (key, w, par) in enumerate(job.todo):
+            job.current, job.done, job.total, job.row_started_s = i, 0, 0, time.monotonic()
+            try:
+                estimate_mod.ensure_profile(model, w, par, job.progress)
+            except ValueError as e:
+                job.failed[key] = " ".join(str(e).split())
+            else:
+                job.derived.add(key)
+    except Cancelled:
+        pass
+    except Exception as e:  # noqa: BLE001 - shown in one line; the thread must not die silently
+        job.error = " ".join(str(e).split()) or type(e).__name__
+    finally:
+        job.finished = True
+
+
+def background_advice_enabled() -> bool:
+    return os.environ.get("WILLITFIT_PRICE_ADVICE", "1") != "0"
+
+
+def advice_in_background(page: str, model, todo: list) -> tuple[bool, dict[str, str]]:
+    """Derive the profiles of the unpriced advice rows `todo` ((title, workload, parallel) each) in the background,
+    showing which row and which trace. Returns (whether they are being priced now, {title: why it cannot be priced}
+    for the rows whose derivation refused in this session). Another advice job of this page (other inputs) is
+    cancelled. When the job ends the page reruns and the rows show their numbers."""
+    if not background_advice_enabled():
+        return False, {}
+    h = model.inventory.config_hash[:16]
+    refused = st.session_state.setdefault(f"{page}:advice-refused", {})  # class key -> reason (this session)
+    rows = [(f"{h}:{profile_key(*estimate_mod.traced_class(w, par)[:2])}", title, w, par) for title, w, par in todo]
+    for k in [k for k in st.session_state if str(k).startswith(f"{page}:advice:")]:
+        if st.session_state[k].finished:
+            done = st.session_state.pop(k)
+            refused.update(done.failed)
+            # derived, yet still asked for: never derive it again in a loop; say so instead
+            refused.update({key: "its profile was derived but the estimate still finds none (please report this)"
+                            for key, *_ in rows if key in done.derived})
+    failed = {title: refused[key] for key, title, _, _ in rows if key in refused}
+    rows = [r for r in rows if r[0] not in refused]
+    key = f"{page}:advice:{','.join(sorted(r[0] for r in rows))}"
+    for k in [k for k in st.session_state if str(k).startswith(f"{page}:advice:") and k != key]:
+        st.session_state.pop(k).cancelled = True
+    if not rows:
+        return False, failed
+    job = st.session_state.get(key)
+    if job is None:
+        job = AdviceJob(label=model.name, todo=[(k, w, par) for k, _, w, par in rows],
+                        titles=[title for _, title, _, _ in rows])
+        job.thread = threading.Thread(target=_run_advice, args=(job, model), daemon=True, name=key)
+        job.thread.job = job  # tests/conftest.py cancels a job its test left running
+        st.session_state[key] = job
+        job.thread.start()
+    _watch_advice(job)
+    return True, failed
+
+
+@st.fragment(run_every=POLL_S)
+def _watch_advice(job: AdviceJob) -> None:
+    if job.finished:
+        st.rerun()
+    left = job.time_left_s()
+    eta = f", about {left:.0f} s left" if left is not None else ""
+    title = job.titles[job.current] if job.titles else ""
+    frac = (job.current + (job.done / job.total if job.total else 0.0)) / max(1, len(job.todo))
+    st.progress(min(1.0, frac), text=f"Pricing the rest in the background: change {job.current + 1} of "
+                                    f"{len(job.todo)}, {title!r}: its profile, trace {job.done}/{job.total or '?'}"
+                                    f"{eta}")
 
 
 def _run(job: Job, model, w: Workload, par: Parallel) -> None:

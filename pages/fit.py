@@ -218,9 +218,16 @@ def advice_section(model, w, par, gpu, options) -> None:
                      "saves (GiB)": st.column_config.NumberColumn(format="%.2f"),
                      "new peak (GiB)": st.column_config.NumberColumn(format="%.2f")})
     unpriced = [a for a in items if not a.priced]
-    if unpriced:
-        st.caption("Not priced yet (each needs its own memory profile, derived on first use: set it in the "
-                   "sidebar to see its number): " + "; ".join(a.title for a in unpriced) + ".")
+    if not unpriced:
+        return
+    pricing, failed = derive.advice_in_background(PAGE, model, search.unpriced(w, par, unpriced))
+    waiting = [a.title for a in unpriced if a.title not in failed]
+    if waiting:
+        st.caption("Not priced yet (each needs its own memory profile, " + (
+            "derived in the background now; the table fills in when it is done" if pricing else
+            "derived on first use: set it in the sidebar to see its number") + "): " + "; ".join(waiting) + ".")
+    for title, why in failed.items():
+        st.caption(f"Cannot be priced: {title}: {why}")
 
 
 def closest_published(config, preset, w, par) -> None:

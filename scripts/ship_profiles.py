@@ -10,7 +10,7 @@ What is shipped, per preset (each a workload class: batch, seq and world size ar
 - its inventory;
 - training, pure bf16: full fine-tuning, LoRA on PEFT's default targets (rank-free where derived since the rank
   became a variable: one profile for every rank; older ones per rank 8), full fine-tuning with full activation
-  checkpointing (what advice proposes first); inference;
+  checkpointing and LoRA with full activation checkpointing (what advice proposes first); inference;
 - the presets of the shipped traced grid (bench/commands/build_db.py: dense up to 13B, plus its MoE): amp full and LoRA, and
   eager inference, so every stored traced row has its profile (`python -m bench accuracy`);
 - FSDP (full, pure bf16: the Multi-GPU page's default) for every causal preset; llama-2-7b with `mixed`; a vision
@@ -20,6 +20,7 @@ Everything else is derived on first use and cached (~/.cache/willitfit).
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from pathlib import Path
@@ -43,6 +44,7 @@ def classes(name: str, config: dict, grid: set[str]) -> list[tuple[Workload, Par
     lora = dict(method="lora", lora_targets=default_lora_targets(mt))
     out = [(Workload(attention=attn), Parallel()), (Workload(attention=attn, **lora), Parallel()),
            (Workload(attention=attn, checkpointing="full"), Parallel()),
+           (Workload(attention=attn, checkpointing="full", **lora), Parallel()),
            (Workload(mode="infer", attention=attn), Parallel())]
     if name in grid:
         moe = "experts" in str(config) or "num_local_experts" in config or "num_experts" in config
@@ -85,6 +87,8 @@ def main(argv=None) -> int:
     ap.add_argument("--list", action="store_true", help="print the classes, derive nothing")
     ap.add_argument("--lora-only", action="store_true", help="only the default LoRA class (pure bf16, one GPU): "
                     "its rank-free profile, one file for every rank")
+    ap.add_argument("--only", metavar="REGEX", help="only the classes whose label (as --list prints it) matches, "
+                    "e.g. 'lora .*ckpt=full'")
     ap.add_argument("--force", action="store_true", help="derive again what is already shipped")
     ap.add_argument("--published", action="store_true", help="the classes of the published tier's runs")
     args = ap.parse_args(argv)
@@ -111,6 +115,8 @@ def main(argv=None) -> int:
                 continue
             seen.add(key)
             label = f"{name}: {w.mode} {w.method} {w.recipe} {w.attention} ckpt={w.checkpointing} {p.strategy}"
+            if args.only and not re.search(args.only, label):
+                continue
             if args.list:
                 print(label, key)
                 continue

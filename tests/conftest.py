@@ -57,10 +57,13 @@ def _background_derivations_end_before_the_session():
 @pytest.fixture(autouse=True)
 def _no_background_derivation_outlives_its_test():
     """A page's background derivation (pages/_derive.py) ends with the test that started it, so no other test of
-    this worker shares the process with it."""
+    this worker shares the process with it. A background pricing of advice rows (":advice:") is cancelled first: it
+    stops at its next trace."""
     yield
     import threading
 
     for thread in threading.enumerate():
-        if ":derive:" in thread.name:
+        if ":advice:" in thread.name and getattr(thread, "job", None) is not None:
+            thread.job.cancelled = True
+        if ":derive:" in thread.name or ":advice:" in thread.name:
             thread.join(timeout=1800)

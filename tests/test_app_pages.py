@@ -99,6 +99,8 @@ def env(monkeypatch, tmp_path, built_db) -> Path:
     monkeypatch.setenv("WILLITFIT_CALIBRATION", str(tmp_path / "calibration.json"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty hub cache: nothing is served from the user's
+    # unpriced advice rows are not derived in the background (test_fit_prices_every_advice_row_in_the_background)
+    monkeypatch.setenv("WILLITFIT_PRICE_ADVICE", "0")
     return path
 
 
@@ -152,6 +154,48 @@ def test_fit_default_view_is_the_library_answer(env):
     table = next(d.value for d in at.dataframe if "change" in d.value.columns)
     assert table["change"].tolist() == [a.title for a in advice]
     assert at.query_params["model"] == "llama-3.1-8b" and at.query_params["batch"] == "1"
+
+
+def test_fit_prices_every_advice_row_in_the_background(env, monkeypatch):
+    """The rows of "What to change" whose profile is not on disk are derived in a background thread, one after
+    another, with the row and the trace on a progress bar; the page reruns when they end. Here the derivation is a
+    stand-in that reports two traces and refuses: the test sees which classes it was asked for, the progress, and
+    the one-line reasons; that a real derivation fills the table is tests/test_app_replay.py's slow case."""
+    from estimator import estimate as estimate_mod
+
+    monkeypatch.setenv("WILLITFIT_PRICE_ADVICE", "1")
+    real, release, asked = estimate_mod.ensure_profile, threading.Event(), []
+
+    def derivation(model, w, par, progress=None, **kw):
+        if ":advice:" not in threading.current_thread().name:
+            return real(model, w, par, progress, **kw)  # the page's own (shipped) profile
+        asked.append((w, par))
+        progress(1, 2, "trace 1")
+        assert release.wait(TIMEOUT_S)
+        progress(2, 2, "trace 2")
+        raise ValueError(f"stand-in refusal {len(asked)}")
+
+    monkeypatch.setattr(estimate_mod, "ensure_profile", derivation)
+    at = app(query={"model": "llama-3.1-8b", "batch": "64"})
+    model, w = the_model("llama-3.1-8b"), Workload(batch=64)
+    items = search.advice(model, w, Parallel(), capacity_bytes(get_gpu(H100)), Options(derive=False))
+    todo = search.unpriced(w, Parallel(), items)
+    assert todo, "batch 64 must leave a row unpriced (gradient accumulation's class is not shipped)"
+    assert any(todo[0][0] in c.value and "derived in the background now" in c.value for c in at.caption)
+    job = next(t.job for t in threading.enumerate() if t.name.startswith("fit:advice:"))
+    while not asked and not job.finished:
+        job.thread.join(0.05)
+    at.run()
+    bar = [e.proto.text for e in at.get("progress")]
+    assert any(f"change 1 of {len(todo)}" in t and todo[0][0] in t and "trace 1/2" in t for t in bar), bar
+    release.set()
+    job.thread.join(TIMEOUT_S)
+    at.run()
+    assert [(w_, p_) for w_, p_ in asked] == [(w_, p_) for _, w_, p_ in todo]  # each unpriced row's class, once
+    reasons = [c.value for c in at.caption if c.value.startswith("Cannot be priced")]
+    assert reasons == [f"Cannot be priced: {title}: stand-in refusal {i}" for i, (title, _, _) in enumerate(todo, 1)]
+    at.run()
+    assert len(asked) == len(todo) and not at.exception  # a refused row is not derived again in this session
 
 
 def test_fit_changing_batch_flips_the_verdict_and_the_url(env):

@@ -53,7 +53,7 @@ def server(tmp_path_factory):
     assert ingest_files([write_jsonl(tmp / "rows.jsonl", model_rows())], db_path).written
     port = free_port()
     env = {**os.environ, "WILLITFIT_DB": str(db_path), "WILLITFIT_CALIBRATION": str(tmp / "calibration.json"),
-           "HF_HUB_OFFLINE": "1"}
+           "HF_HUB_OFFLINE": "1", "WILLITFIT_PRICE_ADVICE": "0"}  # no background derivation under the clicks
     log = open(tmp / "streamlit.log", "w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.port", str(port),

@@ -29,7 +29,7 @@ FLAGS = {"--model", "--mode", "--method", "--lora-rank", "--lora-targets", "--re
          "--list-gpus", "--loop", "--loss", "--loss-chunks", "--optimizer-in-backward", "--activation-offload",
          "--quantize-scope", "--no-double-quant", "--float8", "--compile", "--no-derive", "--alloc-conf",
          "--cuda-context", "--pp-schedule", "--microbatches", "--dp-shard", "--dp-replicate", "--allow-defaults",
-         "--allow-beyond-context"}
+         "--allow-beyond-context", "--price-advice"}
 
 
 def run_cli(*args, env=None):
@@ -442,3 +442,35 @@ def test_gpu_and_model_spellings_resolve_or_answer_did_you_mean(capsys):
     assert cli.main(["--model", "mistral", "--gpu", "l4"]) == 2
     err = capsys.readouterr().err
     assert "unknown preset 'mistral'; did you mean mistral-7b" in err and len(err.strip().splitlines()) == 1
+
+
+def test_price_advice_derives_each_unpriced_row_then_answers(capsys, monkeypatch):
+    """--price-advice derives the profile of each row "What would help" could not price (progress on stderr) and
+    prices again; a row whose derivation refuses stays unpriced with its reason. The derivation here is a stand-in
+    that refuses (a real one takes minutes): the test checks which classes were asked for, once each."""
+    from estimator import estimate as estimate_mod
+    from estimator.search import advice, unpriced
+    from estimator.spec import Parallel
+
+    asked = []
+
+    def derivation(model, w, p, progress=None, **kw):
+        asked.append((w, p))
+        progress(1, 1, "stand-in trace")
+        raise ValueError("stand-in refusal")
+
+    monkeypatch.setattr(estimate_mod, "ensure_profile", derivation)
+    args = ("--model", "llama-3.1-8b", "--batch", "64", "--gpu", "h100-sxm-80gb")
+    m, w = model("llama-3.1-8b"), Workload(batch=64)
+    todo = unpriced(w, Parallel(), advice(m, w, Parallel(), capacity_bytes(get_gpu("h100-sxm-80gb")),
+                                          Options(derive=False)))
+    assert todo
+    assert cli.main([*args]) == 0
+    text = capsys.readouterr().out
+    assert "add --price-advice" in text and not asked   # without the flag: listed, nothing derived
+    assert all(title in text for title, _, _ in todo)
+    assert cli.main([*args, "--price-advice"]) == 0
+    out = capsys.readouterr()
+    assert asked == [(w_, p_) for _, w_, p_ in todo]
+    assert out.err.count("not priced: stand-in refusal") == len(todo)
+    assert all(f"pricing {i}/{len(todo)}: {t}" in out.err for i, (t, _, _) in enumerate(todo, 1))
