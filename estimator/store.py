@@ -67,7 +67,9 @@ def canonical_class(w: Workload) -> Workload:
     only means something with method='qlora'. weight_format is declared 'frozen' (the app offers it for frozen
     weights only), but a full fine-tune's float weight_format is honoured by the runner (tracer.runner
     .weight_dtype stores the trainable weights in it), so it is kept. Every grad_accum >= 2 is GRAD_ACCUM_CLASS.
-    Sizes (batch, seq, gen_tokens) are left as they are."""
+    LoRA targets are sorted: PEFT matches each module's name against the set (peft.tuners.tuners_utils
+    .BaseTuner.inject_adapter walks model.named_modules()), so their order changes no tensor. Sizes (batch, seq,
+    gen_tokens) are left as they are."""
     change = {}
     for d in knobs.declared():
         if d.name in SIZE_FIELDS or d.name == "weight_format" or knobs.applies(d, w.mode, w.method):
@@ -78,6 +80,8 @@ def canonical_class(w: Workload) -> Workload:
         change["double_quant"] = True
     if w.grad_accum > GRAD_ACCUM_CLASS:
         change["grad_accum"] = GRAD_ACCUM_CLASS
+    if "lora_targets" not in change and list(w.lora_targets) != sorted(w.lora_targets):
+        change["lora_targets"] = tuple(sorted(w.lora_targets))
     return replace(w, **change) if change else w
 
 

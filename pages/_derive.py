@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import streamlit as st
@@ -109,8 +110,8 @@ def background_advice_enabled() -> bool:
 def advice_in_background(page: str, model, todo: list) -> tuple[bool, dict[str, str]]:
     """Derive the profiles of the unpriced advice rows `todo` ((title, workload, parallel) each) in the background,
     showing which row and which trace. Returns (whether they are being priced now, {title: why it cannot be priced}
-    for the rows whose derivation refused in this session). Another advice job of this page (other inputs) is
-    cancelled. When the job ends the page reruns and the rows show their numbers."""
+    for the rows whose derivation refused in this session). A job this run does not ask for is cancelled when the
+    run ends (`advice_run`). When the job ends the page reruns and the rows show their numbers."""
     if not background_advice_enabled():
         return False, {}
     h = model.inventory.config_hash[:16]
@@ -126,8 +127,7 @@ def advice_in_background(page: str, model, todo: list) -> tuple[bool, dict[str, 
     failed = {title: refused[key] for key, title, _, _ in rows if key in refused}
     rows = [r for r in rows if r[0] not in refused]
     key = f"{page}:advice:{','.join(sorted(r[0] for r in rows))}"
-    for k in [k for k in st.session_state if str(k).startswith(f"{page}:advice:") and k != key]:
-        st.session_state.pop(k).cancelled = True
+    st.session_state[f"{page}:advice-wanted"] = key
     if not rows:
         return False, failed
     job = st.session_state.get(key)
@@ -140,6 +140,20 @@ def advice_in_background(page: str, model, todo: list) -> tuple[bool, dict[str, 
         job.thread.start()
     _watch_advice(job)
     return True, failed
+
+
+@contextmanager
+def advice_run(page: str):
+    """Wrap one run of a page: an advice job this run did not ask for (other inputs, or the page stopped before its
+    advice: an error, another profile deriving) is cancelled when the run ends, at its next trace."""
+    wanted = f"{page}:advice-wanted"
+    st.session_state[wanted] = None
+    try:
+        yield
+    finally:
+        for k in [k for k in st.session_state if str(k).startswith(f"{page}:advice:")]:
+            if k != st.session_state.get(wanted):
+                st.session_state.pop(k).cancelled = True
 
 
 @st.fragment(run_every=POLL_S)

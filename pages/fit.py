@@ -385,4 +385,9 @@ def body(f: dict[str, state.Field], shown: set[str]) -> None:
     state.or_error(lambda: closest_section(model, config, preset, w, par, options), None)
 
 
-state.run_page(main)
+def page() -> None:
+    with derive.advice_run(PAGE):
+        main()
+
+
+state.run_page(page)

@@ -160,7 +160,7 @@ def test_fit_prices_every_advice_row_in_the_background(env, monkeypatch):
     """The rows of "What to change" whose profile is not on disk are derived in a background thread, one after
     another, with the row and the trace on a progress bar; the page reruns when they end. Here the derivation is a
     stand-in that reports two traces and refuses: the test sees which classes it was asked for, the progress, and
-    the one-line reasons; that a real derivation fills the table is tests/test_app_replay.py's slow case."""
+    the one-line reasons; that real derivations fill the table is the slow test below."""
     from estimator import estimate as estimate_mod
 
     monkeypatch.setenv("WILLITFIT_PRICE_ADVICE", "1")
@@ -196,6 +196,31 @@ def test_fit_prices_every_advice_row_in_the_background(env, monkeypatch):
     assert reasons == [f"Cannot be priced: {title}: stand-in refusal {i}" for i, (title, _, _) in enumerate(todo, 1)]
     at.run()
     assert len(asked) == len(todo) and not at.exception  # a refused row is not derived again in this session
+
+
+@pytest.mark.slow
+def test_fit_background_pricing_fills_the_advice_table(env, monkeypatch):
+    """End to end on a pasted tiny config (nothing shipped for it): the page's profile, then every advice row's
+    profile derive in the background; when they end every row of "What to change" has the library's number."""
+    monkeypatch.setenv("WILLITFIT_PRICE_ADVICE", "1")
+    tiny = {"model_type": "gpt_bigcode", "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 128,
+            "n_positions": 4096}
+    at = app()
+    at.selectbox(key="fit:source").set_value("paste").run()
+    at.text_area(key="fit:paste").set_value(json.dumps(tiny)).run()
+    at.number_input(key="fit:batch").set_value(4).run()
+    finish_derivations("fit")
+    at.run()
+    for thread in threading.enumerate():
+        if thread.name.startswith("fit:advice:"):
+            thread.join(900)
+    at.run()
+    model, w = from_hf_config(tiny, "x"), Workload(batch=4)
+    items = search.advice(model, w, Parallel(), capacity_bytes(get_gpu(H100)), Options(derive=False))
+    assert items and all(a.priced for a in items), [a.title for a in items if not a.priced]
+    table = next(d.value for d in at.dataframe if "change" in d.value.columns)
+    assert table["change"].tolist() == [a.title for a in items]
+    assert not [c for c in at.caption if "Not priced yet" in c.value]
 
 
 def test_fit_changing_batch_flips_the_verdict_and_the_url(env):

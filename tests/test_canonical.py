@@ -202,3 +202,16 @@ def test_the_grad_accum_2_profile_prices_more_micro_batches_exactly(ga):
     assert est.profile and not est.notes
     got = {name: b.tensor_bytes for name, b in est.stages if name in TRAIN_STAGES}
     assert got == _peaks(cfg, w)
+
+
+def test_lora_target_order_shares_one_class():
+    a = Workload(method="lora", lora_targets=("v_proj", "q_proj", "o_proj"))
+    b = replace(a, lora_targets=("o_proj", "q_proj", "v_proj"))
+    assert store.canonical_class(a) == store.canonical_class(b) == b
+    assert store.profile_key(a, Parallel()) == store.profile_key(b, Parallel())
+
+
+def test_lora_target_order_changes_no_traced_byte():
+    # PEFT matches module names against the set of targets: the same adapters in the same modules, whatever the order
+    w = Workload(method="lora", lora_targets=("v_proj", "q_proj", "down_proj"), batch=2, seq=48)
+    assert _peaks(_config(**SHALLOW), w) == _peaks(_config(**SHALLOW), replace(w, lora_targets=tuple(sorted(w.lora_targets))))
