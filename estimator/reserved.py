@@ -29,6 +29,8 @@ from estimator.spec import Parallel, Workload
 from estimator.alloc_conf import AllocatorConfig, parse_alloc_conf
 
 FIT_PATH = Path(__file__).resolve().parent.parent / "data" / "allocator_fit.json"
+# the replayed cases behind the fit (docs, tests): kept apart so that an estimate reads a few KiB, not ~45 KiB
+CASES_PATH = FIT_PATH.with_name("allocator_cases.json")
 CLASSES = ("train-full", "train-lora", "train-fsdp", "infer")
 MODES = ("default", "expandable")
 
@@ -106,14 +108,16 @@ def _max_ratios(cases: list[dict]) -> dict:
 
 @functools.cache
 def _load(path: str) -> dict:
+    """{(class, mode): ReservedFit}. Each fit carries its cap ("max_ratio", written by scripts/fit_reserved.py from
+    the cases); a file from before that keeps its cases inline and the caps are computed from them."""
     doc = json.loads(Path(path).read_text())
-    caps = _max_ratios(doc.get("cases", []))
+    caps = _max_ratios(doc["cases"]) if "cases" in doc else {}
     fits = {}
     for cls, modes in doc["classes"].items():
         for mode, f in modes.items():
+            cap = float(f["max_ratio"]) if "max_ratio" in f else caps.get((cls, mode), float("inf"))
             fits[(cls, mode)] = ReservedFit(cls, mode, float(f["ratio"]), int(f["const_bytes"]), int(f["n"]),
-                                            float(f["median_rel_error"]), float(f["worst_rel_error"]),
-                                            caps.get((cls, mode), float("inf")))
+                                            float(f["median_rel_error"]), float(f["worst_rel_error"]), cap)
     return fits
 
 

@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from estimator.alloc_conf import parse_alloc_conf  # noqa: E402
 from estimator.presets import load_config  # noqa: E402
-from estimator.reserved import CLASSES, FIT_PATH, workload_class  # noqa: E402
+from estimator.reserved import CASES_PATH, CLASSES, FIT_PATH, _max_ratios, workload_class  # noqa: E402
 from estimator.spec import Parallel, Workload  # noqa: E402
 
 DOC = ROOT / "docs" / "allocator.md"
@@ -133,11 +133,11 @@ def fit(rows: list[dict], mode: str) -> dict:
                            "worst_rel_error": round(float(np.max(np.abs(rel0))), 5)}}
 
 
-def doc_section(result: dict) -> str:
+def doc_section(result: dict, rows: list[dict]) -> str:
     prov = result["provenance"]
     lines = [SECTION, "",
              f"Made by `{prov['command']}` on {prov['created_at']} (torch {prov['torch']}, transformers "
-             f"{prov['transformers']}; {len(result['cases'])} cases traced and replayed in {prov['seconds']} s on "
+             f"{prov['transformers']}; {len(rows)} cases traced and replayed in {prov['seconds']} s on "
              "one core). Form: `reserved = allocated * (1 + r) + c`, least squares on the relative error; allocated "
              "is the traced peak of tensor bytes, reserved the replayed peak of `memory_reserved`. "
              "Error = |predicted - replayed| / replayed over the class's cases; the ratio-only form (c = 0) is "
@@ -152,7 +152,7 @@ def doc_section(result: dict) -> str:
     lines += ["", "Cases (GiB = 2^30 bytes):", "",
               "| case | class | batch x seq (+gen) | checkpointing | allocated GiB | reserved GiB | expandable GiB |",
               "|---|---|---|---|---:|---:|---:|"]
-    for c in result["cases"]:
+    for c in rows:
         gen = f" +{c['gen_tokens']}" if c["gen_tokens"] else ""
         lines.append(f"| {c['case']}{' fsdp x2' if c['strategy'] == 'fsdp' else ''} | {c['class']} | "
                      f"{c['batch']} x {c['seq']}{gen} | {c['checkpointing']} | {c['allocated_bytes'] / 2**30:.3f} | "
@@ -196,7 +196,11 @@ def main(argv: list[str] | None = None) -> int:
                        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                        "torch": torch.__version__, "transformers": transformers.__version__,
                        "seconds": round(time.perf_counter() - start), "kernels": "cuda", "steps": 2},
-        "classes": classes, "cases": rows}
+        "classes": classes}
+    caps = _max_ratios(rows)  # the cap of each class's cache share, read by every estimate (estimator.reserved)
+    for cls, modes in classes.items():
+        for mode, f in modes.items():
+            f["max_ratio"] = caps.get((cls, mode), float("inf"))
     for cls, modes in classes.items():
         for mode, f in modes.items():
             print(f"{cls:<11} {mode:<10} n={f['n']:>2} r={f['ratio']:.4f} c={f['const_bytes'] / 2**20:8.1f} MiB  "
@@ -205,8 +209,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         return 0
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    Path(args.out).with_name(CASES_PATH.name).write_text(
+        json.dumps({"_about": f"the replayed cases behind {Path(args.out).name} (scripts/fit_reserved.py)",
+                    "provenance": result["provenance"], "cases": rows}, indent=1) + "\n")
     from scripts.perf_doc import replace_section
-    replace_section(SECTION, doc_section(result), DOC)
+    replace_section(SECTION, doc_section(result, rows), DOC)
     print(f"wrote {args.out} and the '{SECTION}' section of {DOC}")
     return 0
 

@@ -237,7 +237,7 @@ def test_published_comparison_is_robust_to_zero_rows_and_compares_a_row():
 
 def test_cache_is_capped_at_the_largest_share_a_replayed_case_showed():
     # Below the fitted sizes the constant alone would dominate: a 10 MB step is never given ~0.9 GiB of cache.
-    doc = json.loads(reserved.FIT_PATH.read_text())
+    doc = json.loads(reserved.CASES_PATH.read_text())
     for cls in reserved.CLASSES:
         for mode in reserved.MODES:
             f = reserved.fit_for_class(cls, mode)
