@@ -200,12 +200,16 @@ def optimizer_state_bytes(shapes, optimizer: str, state_dtype: str) -> int:
     return total
 
 
-def optimizer_step_temp_bytes(shapes, optimizer: str, impl: str, state_dtype: str) -> int:
+def optimizer_step_temp_bytes(shapes, optimizer: str, impl: str, state_dtype: str,
+                              forloop_elems: int | None = None) -> int:
     """Transient bytes the optimizer step allocates on top of weights, grads and states.
 
     foreach Adam/AdamW (torch/optim/adam.py `_multi_tensor_adam`): `exp_avg_sq_sqrt = torch._foreach_sqrt(...)`
-    materialises one state-sized tensor for every parameter at once. forloop (`_single_tensor_adam`): the same
-    `denom` one parameter at a time, so the largest tensor. fused (`torch._fused_adamw_`): none.
+    materialises one state-sized tensor for every parameter at once. forloop (`_single_tensor_adam`): `denom =
+    (exp_avg_sq.sqrt() / c).add_(eps)` one parameter at a time, while the previous parameter's denom is still
+    bound: 2 n_i + n_{i-1} elements at parameter i, whose largest `forloop_elems` is (Inventory.forloop_elems, from
+    the parameters' order); without it (an older inventory) twice the largest plus the largest, an upper bound.
+    fused (`torch._fused_adamw_`): none.
     Adafactor: the reconstructed second moment (row x col outer product), per impl likewise. SGD without weight
     decay and Lion's sign update run in place; bitsandbytes updates in its kernel (8-bit and paged)."""
     if optimizer not in ("adam", "adamw", "adafactor") or impl == "fused":
@@ -213,7 +217,10 @@ def optimizer_step_temp_bytes(shapes, optimizer: str, impl: str, state_dtype: st
     sb = dtype_bytes(state_dtype)
     if impl == "foreach":
         return sum(c * r * k for c, r, k in shapes) * sb
-    return max((r * k for _, r, k in shapes), default=0) * sb
+    largest = max((r * k for _, r, k in shapes), default=0)
+    if optimizer == "adafactor":
+        return largest * sb
+    return (3 * largest if forloop_elems is None else forloop_elems) * sb
 
 
 def paged(optimizer: str) -> bool:

@@ -75,8 +75,10 @@ class Swap:
             new = comp.optimizer_state_bytes(shapes, w.optimizer, rd.state)
             old = comp.optimizer_state_bytes(shapes, tw.optimizer, trd.state)
             self.state_ratio = new / old if old else 0.0
-            self.step_add = (comp.optimizer_step_temp_bytes(shapes, w.optimizer, w.optimizer_impl, rd.state)
-                             - comp.optimizer_step_temp_bytes(shapes, tw.optimizer, tw.optimizer_impl, trd.state))
+            loop = inv.forloop_elems(w) if "forloop" in (w.optimizer_impl, tw.optimizer_impl) else None
+            self.step_add = (comp.optimizer_step_temp_bytes(shapes, w.optimizer, w.optimizer_impl, rd.state, loop)
+                             - comp.optimizer_step_temp_bytes(shapes, tw.optimizer, tw.optimizer_impl, trd.state,
+                                                              loop))
         if comp.paged(w.optimizer):
             self.state_ratio = 0.0  # in CUDA unified memory, outside the allocator: Estimate.paged_bytes
         self.state = 0.0 if offload else state

@@ -144,6 +144,28 @@ class Inventory:
                 out.append((n, rows, cols))
         return tuple(out)
 
+    def forloop_elems(self, w: Workload) -> int | None:
+        """Elements of torch's forloop Adam/AdamW step temporaries at their peak (`_single_tensor_adam`: `denom =
+        (exp_avg_sq.sqrt() / c).add_(eps)` holds sqrt's result and the quotient of parameter i while parameter
+        i - 1's denom is still bound): max over the trainable parameters, in the optimizer's order, of 2 n_i +
+        n_{i-1}. Full fine-tuning: from the inventory (meta.read_inventory); LoRA: its adapters in module order,
+        A (r x in) then B (out x r) of each adapted Linear. None for an inventory written before these fields."""
+        if w.mode == "infer":
+            return 0
+        if w.method == "full":
+            return self.extra.get("forloop_elems")
+        runs = self.extra.get("linear_runs")
+        if runs is None:
+            return None
+        wanted = {t.split(".")[-1] for t in w.lora_targets}
+        best, prev = 0, 0
+        for pattern, count in runs:
+            seq = [x for name, fi, fo in pattern if name in wanted for x in (fi, fo)]
+            for _ in range(min(count, 2)):  # a third identical layer repeats the second's pairs
+                for n in seq:
+                    best, prev = max(best, 2 * n + prev), n
+        return best * w.lora_rank
+
     # -- JSON ----------------------------------------------------------------------------------------
     @staticmethod
     def from_dict(d: dict, name: str, config_hash: str) -> "Inventory":

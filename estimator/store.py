@@ -174,7 +174,7 @@ def stored_key(config: dict, w: Workload, p: Parallel, *, ship: bool = False) ->
 
 
 # Keys an inventory written by this version has beyond the dataclass fields; a cached one without them is stale
-INVENTORY_KEYS = ("sdpa", "decoder_path", "text_model_type")
+INVENTORY_KEYS = ("sdpa", "decoder_path", "text_model_type", "forloop_elems", "linear_runs")
 
 
 def inventory(config: dict, name: str, *, derive: bool = True, progress=None, ship: bool = False) -> Inventory:

@@ -180,7 +180,7 @@ def test_fit_prices_every_advice_row_in_the_background(env, monkeypatch):
     model, w = the_model("llama-3.1-8b"), Workload(batch=64)
     items = search.advice(model, w, Parallel(), capacity_bytes(get_gpu(H100)), Options(derive=False))
     todo = search.unpriced(w, Parallel(), items)
-    assert todo, "batch 64 must leave a row unpriced (gradient accumulation's class is not shipped)"
+    assert todo, "batch 64 must leave a row unpriced (selective checkpointing is not shipped for this preset)"
     assert any(todo[0][0] in c.value and "derived in the background now" in c.value for c in at.caption)
     job = next(t.job for t in threading.enumerate() if t.name.startswith("fit:advice:"))
     while not asked and not job.finished:

@@ -141,8 +141,10 @@ def test_step_temporaries_foreach_fused_forloop():
     shapes = [(2, 100, 10), (1, 50, 1)]  # 2 x 1000 + 50 = 2,050 elements
     # foreach: _foreach_sqrt materialises one state-sized tensor per param at once: 2,050 * 4 = 8,200
     assert comp.optimizer_step_temp_bytes(shapes, "adamw", "foreach", "fp32") == 8_200
-    # forloop: one param at a time, the largest (1,000 elements): 4,000
-    assert comp.optimizer_step_temp_bytes(shapes, "adamw", "forloop", "fp32") == 4_000
+    # forloop: one param at a time while the previous one's denom is still bound: 2 n_i + n_(i-1) elements at its
+    # largest, from the parameters' order (Inventory.forloop_elems); without the order, 3 x the largest bounds it
+    assert comp.optimizer_step_temp_bytes(shapes, "adamw", "forloop", "fp32", forloop_elems=2_050) == 8_200
+    assert comp.optimizer_step_temp_bytes(shapes, "adamw", "forloop", "fp32") == 12_000
     assert comp.optimizer_step_temp_bytes(shapes, "adamw", "fused", "fp32") == 0
     assert comp.optimizer_step_temp_bytes(shapes, "sgd", "foreach", "fp32") == 0
     assert comp.optimizer_step_temp_bytes(shapes, "adamw", "foreach", "bf16") == 4_100
@@ -227,3 +229,19 @@ def test_model_states_priced_at_once_are_the_estimates(workload):
     at_step = estimate(model, workload, options=Options(derive=False)).stage("optimizer")
     for name, b in got.items():
         assert b <= getattr(at_step, name) <= b + 8 * 1024, (name, b, getattr(at_step, name))
+
+
+def test_forloop_adam_peak_follows_the_parameter_order():
+    # torch's _single_tensor_adam: denom = (exp_avg_sq.sqrt() / c).add_(eps) allocates two tensors the size of
+    # parameter i while parameter i-1's denom is still bound. llama-3.2-1b's first parameter is the (tied) embedding,
+    # the largest: 2 x 128256 x 2048 elements, nothing before it.
+    from strategies import model
+
+    m = model("llama-3.2-1b")
+    assert m.inventory.forloop_elems(Workload()) == 2 * 128256 * 2048
+    # LoRA on q_proj, v_proj: A_q (r x 2048), B_q (2048 x r), A_v (r x 2048), B_v (512 x r) per layer, in module
+    # order: the largest 2 n_i + n_(i-1) is 2 x 2048r + 2048r
+    for r in (1, 8, 64):
+        w = Workload(method="lora", lora_rank=r, lora_targets=("v_proj", "q_proj"))
+        assert m.inventory.forloop_elems(w) == 3 * 2048 * r
+    assert m.inventory.forloop_elems(Workload(mode="infer")) == 0

@@ -54,6 +54,10 @@ LORA_QV = ("q_proj", "v_proj")
 CASES = [
     # Llama-like
     case("llama", method="full", recipe="pure", attention="sdpa", slow=False),
+    # forloop AdamW: traced as foreach, its step's temporaries from the parameter order (Inventory.forloop_elems)
+    case("llama", method="full", recipe="pure", attention="sdpa", optimizer_impl="forloop", slow=False),
+    case("gpt2", method="lora", recipe="pure", attention="sdpa", optimizer="adam", optimizer_impl="forloop",
+         lora_targets=("c_fc", "c_attn")),
     case("llama", method="lora", recipe="amp", attention="eager", lora_targets=LORA_QV),
     case("llama", method="full", recipe="pure", attention="eager", checkpointing="selective"),
     case("llama", method="lora", recipe="pure", attention="sdpa", checkpointing="full", lora_targets=LORA_QV),

@@ -168,6 +168,25 @@ def _learned_positions(model, tcfg) -> bool:
 
 
 @serialized
+def _linear_runs(model, roles: dict, layer_of: dict) -> list:
+    """The Linear modules of the decoder layers in module order (what PEFT's adapters follow, A then B of each),
+    as runs of identical layers: [[[name, fan_in, fan_out], ...], layer count] each."""
+    per_layer: dict[int, list] = {}
+    for name, module in model.named_modules():
+        w = getattr(module, "weight", None)
+        if w is None or getattr(w, "ndim", 0) != 2 or roles.get(id(w)) != "linear" or id(w) not in layer_of:
+            continue
+        fan_in, fan_out = (w.shape if type(module).__name__ == "Conv1D" else (w.shape[1], w.shape[0]))
+        per_layer.setdefault(layer_of[id(w)], []).append([name.split(".")[-1], int(fan_in), int(fan_out)])
+    runs: list = []
+    for layer in sorted(per_layer):
+        if runs and runs[-1][0] == per_layer[layer]:
+            runs[-1][1] += 1
+        else:
+            runs.append([per_layer[layer], 1])
+    return runs
+
+
 def read_inventory(config: dict) -> dict:
     """The inventory of the model this config builds, as a JSON-ready dict (see estimator.inventory)."""
 
@@ -218,6 +237,9 @@ def read_inventory(config: dict) -> dict:
             fan_out, fan_in = w.shape
         bias = getattr(module, "bias", None) is not None
         linears[(name.split(".")[-1], int(fan_in), int(fan_out), bias, roles[id(w)], id(w) in layer_of)] += 1
+    linear_runs = _linear_runs(model, roles, layer_of)
+    sizes = [p.numel() for p in model.parameters()]  # the optimizer's order (runner: trainable model.parameters())
+    forloop_elems = max((2 * n + prev for prev, n in zip([0] + sizes[:-1], sizes)), default=0)
     tied = sum(1 for v in names.values() if len(v) > 1)
     out_emb = model.get_output_embeddings()
     tie = out_emb is not None and out_emb.weight is model.get_input_embeddings().weight
@@ -253,6 +275,9 @@ def read_inventory(config: dict) -> dict:
         "attention_dropout": max(float(getattr(tcfg, k, 0.0) or 0.0) for k in
                                  ("attention_dropout", "attn_pdrop", "attention_probs_dropout_prob")),
         "decoder_path": f"{type(parent).__name__}.{attr}",
+        # torch's forloop Adam/AdamW (estimator.components.optimizer_step_temp_bytes): the step's temporaries peak
+        # at max over parameters of 2 x this one + the one before it (elements); LoRA's from the Linear order
+        "forloop_elems": int(forloop_elems), "linear_runs": linear_runs,
         # transformers' own flag: Gemma-2 (logit softcapping) and gpt-oss (attention sinks) have no SDPA path
         "sdpa": bool(getattr(type(model), "_supports_sdpa", True)),
         **({"vision": seen} if seen is not None else {}),
