@@ -10,7 +10,8 @@ What is shipped, per preset (each a workload class: batch, seq and world size ar
 - its inventory;
 - training, pure bf16: full fine-tuning, LoRA on PEFT's default targets (rank-free where derived since the rank
   became a variable: one profile for every rank; older ones per rank 8), full fine-tuning with full activation
-  checkpointing and LoRA with full activation checkpointing (what advice proposes first); inference;
+  checkpointing and LoRA with full activation checkpointing, both with gradient accumulation (grad_accum 2 is the
+  class of every grad_accum >= 2: what advice proposes first); inference;
 - the presets of the shipped traced grid (bench/commands/build_db.py: dense up to 13B, plus its MoE): amp full and LoRA, and
   eager inference, so every stored traced row has its profile (`python -m bench accuracy`);
 - FSDP (full, pure bf16: the Multi-GPU page's default) for every causal preset; llama-2-7b with `mixed`; a vision
@@ -45,6 +46,8 @@ def classes(name: str, config: dict, grid: set[str]) -> list[tuple[Workload, Par
     out = [(Workload(attention=attn), Parallel()), (Workload(attention=attn, **lora), Parallel()),
            (Workload(attention=attn, checkpointing="full"), Parallel()),
            (Workload(attention=attn, checkpointing="full", **lora), Parallel()),
+           (Workload(attention=attn, grad_accum=2), Parallel()),
+           (Workload(attention=attn, grad_accum=2, **lora), Parallel()),
            (Workload(mode="infer", attention=attn), Parallel())]
     if name in grid:
         moe = "experts" in str(config) or "num_local_experts" in config or "num_experts" in config
@@ -114,7 +117,8 @@ def main(argv=None) -> int:
             if key in seen:
                 continue
             seen.add(key)
-            label = f"{name}: {w.mode} {w.method} {w.recipe} {w.attention} ckpt={w.checkpointing} {p.strategy}"
+            label = (f"{name}: {w.mode} {w.method} {w.recipe} {w.attention} ckpt={w.checkpointing} ga={w.grad_accum} "
+                     f"{p.strategy}")
             if args.only and not re.search(args.only, label):
                 continue
             if args.list:
