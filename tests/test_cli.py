@@ -460,8 +460,9 @@ def test_price_advice_derives_each_unpriced_row_then_answers(capsys, monkeypatch
         raise ValueError("stand-in refusal")
 
     monkeypatch.setattr(estimate_mod, "ensure_profile", derivation)
-    args = ("--model", "llama-3.1-8b", "--batch", "64", "--gpu", "h100-sxm-80gb")
-    m, w = model("llama-3.1-8b"), Workload(batch=64)
+    # amp's classes ship for the traced grid's presets, their advice classes (checkpointing, accumulation) do not
+    args = ("--model", "llama-3.2-1b", "--recipe", "amp", "--batch", "64", "--gpu", "h100-sxm-80gb")
+    m, w = model("llama-3.2-1b"), Workload(batch=64, recipe="amp")
     todo = unpriced(w, Parallel(), advice(m, w, Parallel(), capacity_bytes(get_gpu("h100-sxm-80gb")),
                                           Options(derive=False)))
     assert todo
