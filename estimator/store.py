@@ -259,7 +259,14 @@ def stored_profile(config: dict, w: Workload, p: Parallel, *, name: str = "model
                              "first use (needs torch and transformers), e.g. `python -m bench derive --model "
                              f"{name}` with the same workload flags")
     key = keys[0]
-    prof = _derivation().derive_profile(config, w, p, progress=progress, config_hash=h)
+    try:
+        prof = _derivation().derive_profile(config, w, p, progress=progress, config_hash=h)
+    except (RuntimeError, NotImplementedError, TypeError) as e:
+        # the model's own code failed under this workload on fake tensors (e.g. transformers' grouped_mm experts,
+        # which take bf16 inputs only, under the amp or fp32 recipe): one line, no traceback
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:240]
+        raise ValueError(f"trace: {name!r} cannot run this workload class on fake tensors ({first}); no profile can "
+                         "be derived for it") from None
     _write((SHIPPED_DIR if ship else cache_dir()) / h[:16] / f"{key}.json", prof.to_json())
     _MEMO[("prof", h, key)] = prof
     return prof

@@ -69,3 +69,23 @@ def test_a_cached_inventory_of_an_older_version_is_read_again(monkeypatch, tmp_p
     assert not store.inventory(cfg, "t-gemma2").supports_sdpa
     assert "sdpa" in json.loads(path.read_text())
     store.clear_memo()
+
+
+def test_a_model_that_fails_on_fake_tensors_is_refused_in_one_line(monkeypatch, tmp_path):
+    # e.g. transformers' grouped_mm experts take bf16 inputs only: a Mixtral under the amp recipe raised a RuntimeError
+    # from inside the derivation (found by tests/test_exact_random.py); the CLI and the app show one line instead
+    pytest.importorskip("torch")
+    from tracer import derive
+
+    def fails(*a, **k):
+        raise RuntimeError("Expected inputs of BF16 type but got mat_a.dtype=torch.float32\nmore lines")
+
+    monkeypatch.setenv("WILLITFIT_CACHE", str(tmp_path))
+    monkeypatch.setattr(derive, "derive_profile", fails)
+    store.clear_memo()
+    cfg = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "vocab_size": 128}
+    with pytest.raises(ValueError, match=r"^trace: 'tiny' cannot run this workload class on fake tensors \(Expected "
+                                         r"inputs of BF16 type but got mat_a.dtype=torch.float32\)"):
+        store.profile(cfg, Workload(recipe="amp"), Parallel(), name="tiny")
+    store.clear_memo()
