@@ -19,6 +19,7 @@ from estimator import knobs, vision
 from estimator.calibration_file import SEED_K
 from estimator.calibration_file import CalibrationEntry, entry_for
 from estimator.breakdown import COMPONENTS
+import estimator.estimate as estimate_module  # ensure_profile, looked up at call time (tests replace it)
 from estimator.estimate import Estimate, Options, estimate
 from estimator.device import capacity_bytes, capacity_source
 from estimator.gpus import GPU, get_gpu, load_gpus
@@ -238,13 +239,11 @@ def report(model: Model, est: Estimate, gpu: GPU | None, options: Options,
 def _price(model: Model, todo: list) -> int:
     """Derive the profile of each unpriced advice row (progress on stderr); returns how many were derived. A row
     whose class cannot be traced stays unpriced, with its reason on stderr."""
-    from estimator.estimate import ensure_profile
-
     done = 0
     for i, (title, w, p) in enumerate(todo, 1):
         print(f"pricing {i}/{len(todo)}: {title}", file=sys.stderr, flush=True)
         try:
-            ensure_profile(model, w, p, _progress)
+            estimate_module.ensure_profile(model, w, p, _progress)
             done += 1
         except ValueError as e:
             print(f"  not priced: {' '.join(str(e).split())}", file=sys.stderr, flush=True)
