@@ -79,7 +79,8 @@ def _grid() -> tuple[Pair, ...]:
         _p("qwen3-14b-qlora-adapted", "qwen3-14b", _qlora(32, QKVO) + ("--quantize-scope", "adapted"), "qlora",
            "lora-qkvo", gpu="rtx-4090"),
         # activation checkpointing
-        _p("llama3b-ckpt-selective", "llama-3.2-3b", ("--checkpointing", "selective"), "ckpt-selective", gpu="l4"),
+        # (llama-3.2-3b and llama-3.1-70b ship their selective class since 2026-11-26: qwen3-4b and qwen2.5-72b here)
+        _p("qwen3-4b-ckpt-selective", "qwen3-4b", ("--checkpointing", "selective"), "ckpt-selective", gpu="l4"),
         _p("qwen3-8b-ckpt-op-sac", "qwen3-8b", ("--checkpointing", "op-sac"), "ckpt-op-sac"),
         _p("starcoder2-ckpt-full", "starcoder2", ("--checkpointing", "full"), "ckpt-full"),
         _p("gemma3-4b-lora-ckpt-full", "gemma-3-4b", _lora(16, QKVO) + ("--checkpointing", "full"), "ckpt-full",
@@ -98,7 +99,7 @@ def _grid() -> tuple[Pair, ...]:
            ("--recipe", "mixed", "--checkpointing", "selective"), "zero", "ckpt-selective"),
         _p("qwen3-14b-zero2-16-lora-r32", "qwen3-14b", _par("zero2", 16) + _lora(32, ALL_LINEAR) +
            ("--checkpointing", "op-sac"), "zero", "lora-rank", "lora-all-linear", "ckpt-op-sac"),
-        _p("llama70b-tp8-sp-selective", "llama-3.1-70b", _par("tp", 8, "--sequence-parallel") +
+        _p("qwen72b-tp8-sp-selective", "qwen2.5-72b", _par("tp", 8, "--sequence-parallel") +
            ("--checkpointing", "selective"), "tp", "ckpt-selective"),
         _p("llama2-70b-pp4-ga8-ckpt", "llama-2-70b", _par("pp", 4) + ("--grad-accum", "8", "--checkpointing",
                                                                          "selective"), "pp", "ckpt-selective"),

@@ -38,6 +38,9 @@ def _private_profile_cache(tmp_path_factory):
     mp = pytest.MonkeyPatch()
     # WILLITFIT_TEST_CACHE keeps what a session derived, to see which profiles the shipped set lacks
     mp.setenv("WILLITFIT_CACHE", os.environ.get("WILLITFIT_TEST_CACHE") or str(tmp_path_factory.mktemp("wcache")))
+    # a page's unpriced advice rows are not derived in the background unless a test asks (pages/_derive.py): a
+    # derivation of a real preset would take a core for minutes under every AppTest that shows "What to change"
+    mp.setenv("WILLITFIT_PRICE_ADVICE", "0")
     yield
     mp.undo()
 

@@ -118,7 +118,10 @@ def test_advice_for_microbatch_keeps_the_effective_batch():
     by_title = {a.title: a for a in advice(m, w, Parallel(), 24 * GiB, SHIPPED)}
     micro = next(a for t, a in by_title.items() if t.startswith("Micro-batch"))
     assert micro.change["batch"] * micro.change["grad_accum"] == 8  # same effective batch
-    assert not micro.priced  # grad_accum > 1 is another traced class; its profile is derived on first use
+    # grad_accum >= 2 is one traced class (store.GRAD_ACCUM_CLASS), shipped for llama-3.1-8b: priced at once
+    assert micro.priced
+    changed = replace(w, batch=micro.change["batch"], grad_accum=micro.change["grad_accum"])
+    assert micro.new_total_bytes == estimate(m, changed, Parallel(), SHIPPED).total_bytes
 
 
 def test_advice_lora_uses_the_models_module_names():
