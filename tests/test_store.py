@@ -89,3 +89,22 @@ def test_a_model_that_fails_on_fake_tensors_is_refused_in_one_line(monkeypatch, 
                                          r"inputs of BF16 type but got mat_a.dtype=torch.float32\)"):
         store.profile(cfg, Workload(recipe="amp"), Parallel(), name="tiny")
     store.clear_memo()
+
+
+def test_reading_an_inventory_holds_the_tracer_lock(monkeypatch):
+    # tracer entry points run under TRACER_LOCK (app sessions derive in threads); read_inventory lost its
+    # @serialized once when a helper was inserted above it
+    pytest.importorskip("torch")
+    from tracer import TRACER_LOCK, meta
+
+    owned = []
+    real = meta.hf_config
+
+    def spy(config):
+        owned.append(TRACER_LOCK._is_owned())
+        return real(config)
+
+    monkeypatch.setattr(meta, "hf_config", spy)
+    meta.read_inventory({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                         "num_attention_heads": 4, "vocab_size": 128})
+    assert owned == [True]

@@ -167,26 +167,18 @@ def _learned_positions(model, tcfg) -> bool:
                                  and max_pos <= m.num_embeddings <= max_pos + 2 for m in model.modules())
 
 
-@serialized
-def _linear_runs(model, roles: dict, layer_of: dict) -> list:
-    """The Linear modules of the decoder layers in module order (what PEFT's adapters follow, A then B of each),
-    as runs of identical layers: [[[name, fan_in, fan_out], ...], layer count] each."""
-    per_layer: dict[int, list] = {}
-    for name, module in model.named_modules():
-        w = getattr(module, "weight", None)
-        if w is None or getattr(w, "ndim", 0) != 2 or roles.get(id(w)) != "linear" or id(w) not in layer_of:
-            continue
-        fan_in, fan_out = (w.shape if type(module).__name__ == "Conv1D" else (w.shape[1], w.shape[0]))
-        per_layer.setdefault(layer_of[id(w)], []).append([name.split(".")[-1], int(fan_in), int(fan_out)])
+def _runs(layer_linears: dict[int, list]) -> list:
+    """Consecutive identical layers' Linear lists as [[[name, fan_in, fan_out], ...], layer count] runs."""
     runs: list = []
-    for layer in sorted(per_layer):
-        if runs and runs[-1][0] == per_layer[layer]:
+    for layer in sorted(layer_linears):
+        if runs and runs[-1][0] == layer_linears[layer]:
             runs[-1][1] += 1
         else:
-            runs.append([per_layer[layer], 1])
+            runs.append([layer_linears[layer], 1])
     return runs
 
 
+@serialized
 def read_inventory(config: dict) -> dict:
     """The inventory of the model this config builds, as a JSON-ready dict (see estimator.inventory)."""
 
@@ -226,6 +218,7 @@ def read_inventory(config: dict) -> dict:
         if layer is not None:
             per_layer[layer] += p.numel()
     linears: Counter = Counter()
+    layer_linears: dict[int, list] = {}
     for name, module in model.named_modules():
         w = getattr(module, "weight", None)
         if w is None or getattr(w, "ndim", 0) != 2 or roles.get(id(w)) not in ("linear", "router"):
@@ -237,7 +230,9 @@ def read_inventory(config: dict) -> dict:
             fan_out, fan_in = w.shape
         bias = getattr(module, "bias", None) is not None
         linears[(name.split(".")[-1], int(fan_in), int(fan_out), bias, roles[id(w)], id(w) in layer_of)] += 1
-    linear_runs = _linear_runs(model, roles, layer_of)
+        if roles[id(w)] == "linear" and id(w) in layer_of:  # module order: what PEFT's adapters follow, A then B
+            layer_linears.setdefault(layer_of[id(w)], []).append([name.split(".")[-1], int(fan_in), int(fan_out)])
+    linear_runs = _runs(layer_linears)
     sizes = [p.numel() for p in model.parameters()]  # the optimizer's order (runner: trainable model.parameters())
     forloop_elems = max((2 * n + prev for prev, n in zip([0] + sizes[:-1], sizes)), default=0)
     tied = sum(1 for v in names.values() if len(v) > 1)
