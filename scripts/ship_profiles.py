@@ -88,13 +88,20 @@ def published_classes() -> list[tuple[str, Workload, Parallel]]:
     return out
 
 
+def _regex(text: str) -> re.Pattern:
+    try:
+        return re.compile(text)
+    except re.error as e:
+        raise argparse.ArgumentTypeError(f"not a regular expression ({e})") from None
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", help="comma-separated presets (default: all)")
     ap.add_argument("--list", action="store_true", help="print the classes, derive nothing")
     ap.add_argument("--lora-only", action="store_true", help="only the default LoRA class (pure bf16, one GPU): "
                     "its rank-free profile, one file for every rank")
-    ap.add_argument("--only", metavar="REGEX", help="only the classes whose label (as --list prints it) matches, "
+    ap.add_argument("--only", metavar="REGEX", type=_regex, help="only the classes whose label (as --list prints it) matches, "
                     "e.g. 'lora .*ckpt=full'")
     ap.add_argument("--force", action="store_true", help="derive again what is already shipped")
     ap.add_argument("--published", action="store_true", help="the classes of the published tier's runs")
@@ -123,7 +130,7 @@ def main(argv=None) -> int:
             seen.add(key)
             label = (f"{name}: {w.mode} {w.method} {w.recipe} {w.attention} ckpt={w.checkpointing} ga={w.grad_accum} "
                      f"{p.strategy}")
-            if args.only and not re.search(args.only, label):
+            if args.only and not args.only.search(label):
                 continue
             if args.list:
                 print(label, key)
