@@ -332,3 +332,48 @@ def test_alloc_conf_reaches_the_worker_the_row_and_the_run_id(tmp_path, monkeypa
     assert bench_main(["measure", "--model", "llama-3.2-1b", "--out", str(out_file), "--dry-run",
                        "--alloc-conf", "bogus:1"]) == 2
     assert capsys.readouterr().err.startswith("error: PYTORCH_CUDA_ALLOC_CONF: unrecognized key 'bogus'")
+
+
+def test_reused_process_measures_in_turn_and_restarts_after_a_case_that_dies(tmp_path):
+    """--reuse-process: one worker measures the cases in turn; a case that raises ends that process with no row,
+    and a new process takes the cases after it (its first case is again 'case 1 of this worker')."""
+    fields = env.environment_fields(None)
+    first, dies, last = cpu_case(), cpu_case(Workload(batch=2, seq=16, optimizer="lion")), cpu_case(
+        Workload(batch=3, seq=16))
+    out = tmp_path / "runs.jsonl"
+    summary = measure.run_cases([first, dies, last], out, fields, timeout_s=300, progress=False, reuse_process=True)
+    assert (summary.measured, summary.unstarted) == (2, 0)
+    assert [name for name, _ in summary.failed] == [measure.case_name(dies)]
+    assert "lion" in summary.failed[0][1]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["run_id"] for r in rows] == [measure.identity_columns(c, fields)["run_id"] for c in (first, last)]
+    assert all(validate_row(r)[1] == [] for r in rows)
+    assert all("reused process: case 1 of this worker" in r["notes"] for r in rows)
+
+
+def test_a_deadline_starts_nothing_more_and_the_command_says_so(tmp_path):
+    fields = env.environment_fields(None)
+    out = tmp_path / "runs.jsonl"
+    summary = measure.run_cases([cpu_case(), cpu_case(Workload(batch=3, seq=16))], out, fields, progress=False,
+                                reuse_process=True, deadline=time.time() - 1)
+    assert (summary.measured, summary.unstarted, summary.failed) == (0, 2, [])
+    assert "2 not started before the deadline" in summary.text()
+    assert not out.exists() or out.read_text() == ""
+
+
+def test_groups_share_a_process_only_for_one_model_and_allocator_setting():
+    a, b = cpu_case(), cpu_case(Workload(batch=3, seq=16))
+    other_conf = cpu_case(alloc_conf="expandable_segments:True")
+    ddp = cpu_case(parallel=Parallel(strategy="ddp", gpus=2))
+    assert measure._groups([a, b, other_conf, ddp, a], True) == [[a, b], [other_conf], [ddp], [a]]
+    assert measure._groups([a, b], False) == [[a], [b]]
+
+
+def test_reuse_process_refuses_snapshots_in_one_line(tmp_path, capsys):
+    model = tmp_path / "tiny.json"
+    model.write_text(json.dumps(TINY_LLAMA_CONFIG))
+    code = bench_main(["measure", "--device", "cpu", "--model", str(model), "--reuse-process", "--snapshot",
+                       str(tmp_path), "--out", str(tmp_path / "o.jsonl")])
+    assert code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: reuse-process: snapshots are taken one case per process; drop --snapshot or --reuse-process"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 
 from bench.trace import grid
@@ -38,6 +39,14 @@ def register(subparsers) -> None:
                    help="PYTORCH_CUDA_ALLOC_CONF to run every case under, e.g. 'expandable_segments:True'; repeat "
                         "the flag to measure each case under several (an empty string: torch's defaults). Stored "
                         "in each row's alloc_conf. Default: this shell's PYTORCH_CUDA_ALLOC_CONF, else the defaults")
+    p.add_argument("--reuse-process", action="store_true",
+                   help="measure the single-GPU cases of one model and allocator setting in one worker process, "
+                        "tearing each down (gc, cuBLAS workspaces, empty_cache) before the next: about a second "
+                        "per case instead of a process start. Kernels loaded by earlier cases then count in "
+                        "nvml_used_bytes; each row's notes say it was measured this way. Not with --snapshot")
+    p.add_argument("--stop-after", type=float, default=None, metavar="SECONDS",
+                   help="start no case once this many seconds have passed (for a GPU rented by the minute); "
+                        "the cases left are listed in the summary and a rerun resumes them")
     p.add_argument("--contributor", default=None, help="who ran it (e.g. a GitHub handle), stored in every row")
     p.add_argument("--notes", default=None, help="free text stored in every row's notes (machine, quirks)")
     p.add_argument("--dry-run", action="store_true", help="list the cases that would run, then exit")
@@ -81,8 +90,13 @@ def _cases(args: argparse.Namespace) -> list[measure.Case]:
 
 
 def run_measure(args: argparse.Namespace) -> int:
+    start = time.time()
     if not args.timeout > 0:
         return _error(f"timeout: must be > 0 seconds, got {args.timeout}")
+    if args.stop_after is not None and not args.stop_after > 0:
+        return _error(f"stop-after: must be > 0 seconds, got {args.stop_after}")
+    if args.reuse_process and args.snapshot:
+        return _error("reuse-process: snapshots are taken one case per process; drop --snapshot or --reuse-process")
     problem = _check_text("contributor", args.contributor, MAX_TEXT) or _check_text("notes", args.notes, MAX_NOTES // 2)
     if problem:
         return _error(problem)
@@ -103,6 +117,8 @@ def run_measure(args: argparse.Namespace) -> int:
     if args.device == "cuda" and wanted > info["device_count"]:
         return _error(f"gpus: a case needs {wanted} GPUs but {info['device_count']} are visible "
                       "(CUDA_VISIBLE_DEVICES)")
-    summary = measure.run_cases(cases, Path(args.out), info["env"], args.timeout, args.snapshot)
+    deadline = None if args.stop_after is None else start + args.stop_after
+    summary = measure.run_cases(cases, Path(args.out), info["env"], args.timeout, args.snapshot,
+                                reuse_process=args.reuse_process, deadline=deadline)
     print(summary.text(), file=sys.stderr)
-    return 1 if summary.failed else 0
+    return 1 if summary.failed or summary.unstarted else 0

@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -280,11 +281,13 @@ class Summary:
     measured: int = 0                                   # rows written (OOM rows included)
     oom: int = 0                                        # of which hit CUDA OOM
     skipped: int = 0                                    # already in --out
+    unstarted: int = 0                                  # not started before the deadline
     failed: list[tuple[str, str]] = field(default_factory=list)  # (case label, why) for cases with no row
 
     def text(self) -> str:
         lines = [f"measured {self.measured} case(s) ({self.oom} OOM), skipped {self.skipped} already in the "
-                 f"output, {len(self.failed)} failed without a row"]
+                 f"output, {len(self.failed)} failed without a row"
+                 + (f", {self.unstarted} not started before the deadline" if self.unstarted else "")]
         lines += [f"  FAILED {label}: {why.splitlines()[0]}" for label, why in self.failed]
         return "\n".join(lines)
 
@@ -348,33 +351,103 @@ def result_line(case: Case, row: dict) -> str:
             f"{fmt_bytes(row['peak_reserved_bytes'])} reserved")
 
 
+def measure_group(cases: list[Case], workdir: Path, timeout_s: float, deadline: float | None = None):
+    """Measure single-GPU cases of one allocator setting in one reused worker process (`worker --cases`).
+
+    Yields (case, row or None, why) in order. When the process dies, the first case without a row is reported
+    with the process's exit and a new process takes the cases after it; cases the deadline left unstarted are
+    yielded as (case, None, "") and not reported as failures."""
+    pending = list(cases)
+    while pending:
+        case_file, rows_file = workdir / "cases.jsonl", workdir / "rows.jsonl"
+        rows_file.unlink(missing_ok=True)
+        case_file.write_text("".join(json.dumps(c.to_json()) + "\n" for c in pending))
+        cmd = [sys.executable, "-m", "bench.measure.worker", "--cases", str(case_file), "--out", str(rows_file)]
+        if deadline is not None:
+            cmd += ["--deadline", repr(deadline)]
+        code, output = run_process(cmd, timeout_s * len(pending), pending[0].alloc_conf)
+        rows = [json.loads(line) for line in rows_file.read_text().splitlines()] if rows_file.exists() else []
+        for case, row in zip(pending, rows):
+            errors = validate_row(row)[1]
+            yield case, (None if errors else row), ("the worker wrote an invalid row: " + "; ".join(errors)
+                                                     if errors else "")
+        rest = pending[len(rows):]
+        if not rest:
+            return
+        if code == 0:  # the deadline stopped it
+            for case in rest:
+                yield case, None, ""
+            return
+        yield rest[0], None, _describe_exit(code, timeout_s * len(pending), output)
+        pending = rest[1:]
+
+
+def _shares_process(case: Case) -> bool:
+    return case.parallel.strategy == "single" and case.parallel.gpus == 1
+
+
+def _groups(cases: list[Case], reuse_process: bool) -> list[list[Case]]:
+    """Runs of consecutive cases that share a worker process (single-GPU, one model and allocator setting);
+    every other case is a group of its own."""
+    groups: list[tuple[tuple | None, list[Case]]] = []
+    for case in cases:
+        key = (case.model_name, case.alloc_conf, case.device) if reuse_process and _shares_process(case) else None
+        if key is not None and groups and groups[-1][0] == key:
+            groups[-1][1].append(case)
+        else:
+            groups.append((key, [case]))
+    return [g for _, g in groups]
+
+
 def run_cases(cases: list[Case], out: Path, env_fields: dict, timeout_s: float = DEFAULT_TIMEOUT_S,
-              snapshot: str | None = None, progress: bool = True) -> Summary:
-    """Measure every case not already in `out`, appending one row per case as it finishes."""
+              snapshot: str | None = None, progress: bool = True, reuse_process: bool = False,
+              deadline: float | None = None) -> Summary:
+    """Measure every case not already in `out`, appending one row per case as it finishes.
+
+    reuse_process: consecutive single-GPU cases of one model and allocator setting share a worker process
+    (`measure_group`); no snapshot then. deadline (seconds since the epoch): no case starts after it."""
     from tqdm import tqdm
 
     out.parent.mkdir(parents=True, exist_ok=True)
     snapshot = str(Path(snapshot).resolve()) if snapshot else None
     done, summary = existing_run_ids(out), Summary()
-    bar = tqdm(cases, desc="measure", unit="case", file=sys.stderr, disable=not progress, dynamic_ncols=True)
+    todo = [c for c in cases if identity_columns(c, env_fields)["run_id"] not in done]
+    summary.skipped = len(cases) - len(todo)
+    bar = tqdm(total=len(todo), desc="measure", unit="case", file=sys.stderr, disable=not progress,
+               dynamic_ncols=True)
     with tempfile.TemporaryDirectory(prefix="willitfit-measure-") as tmp:
-        for case in bar:
-            expected = identity_columns(case, env_fields)["run_id"]
-            if expected in done:
-                summary.skipped += 1
+        reuse = reuse_process and not snapshot
+        for group in _groups(todo, reuse):
+            if deadline is not None and time.time() > deadline:
+                summary.unstarted += len(group)
                 continue
-            bar.set_postfix_str(case.label(), refresh=True)
-            row, why = measure_one(case, Path(tmp), timeout_s, snapshot)
-            if row is None:
-                summary.failed.append((case_name(case), why))
-                tqdm.write(f"FAILED {case_name(case)}: {why}", file=sys.stderr)
-                continue
-            if row["run_id"] != expected:  # still a true measurement, so it is kept
-                tqdm.write(f"warning: {case_name(case)}: the worker's GPU or versions differ from the probe's; "
-                           "a rerun will not recognise this row and will measure the case again", file=sys.stderr)
-            _append(out, row)
-            tqdm.write(result_line(case, row), file=sys.stderr)
-            done.add(row["run_id"])
-            summary.measured += 1
-            summary.oom += bool(row["oom"])
+            bar.set_postfix_str(group[0].label(), refresh=True)
+            if reuse and _shares_process(group[0]):
+                results = measure_group(group, Path(tmp), timeout_s, deadline)
+            else:
+                results = [(group[0], *measure_one(group[0], Path(tmp), timeout_s, snapshot))]
+            for case, row, why in results:
+                bar.update()
+                if row is None and not why:
+                    summary.unstarted += 1
+                    continue
+                _record(case, row, why, out, env_fields, done, summary)
+    bar.close()
     return summary
+
+
+def _record(case: Case, row: dict | None, why: str, out: Path, env_fields: dict, done: set, summary: Summary):
+    from tqdm import tqdm
+
+    if row is None:
+        summary.failed.append((case_name(case), why))
+        tqdm.write(f"FAILED {case_name(case)}: {why}", file=sys.stderr)
+        return
+    if row["run_id"] != identity_columns(case, env_fields)["run_id"]:  # still a true measurement: kept
+        tqdm.write(f"warning: {case_name(case)}: the worker's GPU or versions differ from the probe's; "
+                   "a rerun will not recognise this row and will measure the case again", file=sys.stderr)
+    _append(out, row)
+    tqdm.write(result_line(case, row), file=sys.stderr)
+    done.add(row["run_id"])
+    summary.measured += 1
+    summary.oom += bool(row["oom"])

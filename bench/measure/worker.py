@@ -1,10 +1,13 @@
 """Measure one case on a real GPU, in a process of its own.
 
     python -m bench.measure.worker --case case.json --out row.json [--snapshot DIR] [--stream-dir DIR]
+    python -m bench.measure.worker --cases cases.jsonl --out rows.jsonl [--deadline EPOCH_S]
     python -m torch.distributed.run --standalone --nproc-per-node 2 -m bench.measure.worker --case ... --out ...
 
 `bench.measure.harness` launches this once per case, so an OOM or a broken CUDA context dies with its process
-and cannot change the next case's numbers. With torchrun (strategy ddp or fsdp) every rank measures its
+and cannot change the next case's numbers. With `--cases` (the harness's `--reuse-process`) one process measures
+several single-GPU cases in turn and tears each down before the next (`teardown`): what stays from earlier cases is
+the CUDA context and the kernels they loaded, which count in nvml_used_bytes; each row's notes say so. With torchrun (strategy ddp or fsdp) every rank measures its
 own GPU, the ranks gather their results to rank 0, and rank 0 writes the one row.
 
 What is counted, per rank (all integer bytes):
@@ -303,6 +306,59 @@ def _gather(result: dict, world_size: int) -> list[dict] | None:
     return out
 
 
+WARM_NOTE = "reused process: case {i} of this worker; kernels loaded by earlier cases count in nvml_used_bytes"
+
+
+def teardown(backend) -> int:
+    """Return the device to a fresh process's state between cases; the bytes still allocated afterwards.
+
+    The case's objects are unreachable once measure_case returns; gc.collect() frees their cycles (HF modules
+    hold some), cuBLAS's per-handle workspaces (allocated by the caching allocator at the first matmul, and kept)
+    are released so the next case allocates them again as a fresh process does, then every cached segment goes
+    back to CUDA and the peaks are reset."""
+    gc.collect()
+    if not backend.counts:
+        return 0
+    torch.cuda.synchronize(backend.device)
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(backend.device)
+    return torch.cuda.memory_allocated(backend.device)
+
+
+def _measure_many(cases_file: str, out: str, deadline: float | None) -> int:
+    """Measure each case of a JSONL file in this one process, appending its row to `out` as it finishes.
+
+    Single-GPU cases only. A case that raises (other than OOM) ends the process with no row for it; the harness
+    starts a new process for the cases after it. No case starts after `deadline` (seconds since the epoch)."""
+    cases = [Case.from_json(json.loads(line)) for line in Path(cases_file).read_text().splitlines() if line.strip()]
+    if any(c.parallel.strategy != "single" or c.parallel.gpus != 1 for c in cases):
+        raise ValueError("strategy: a reused process measures single-GPU cases only")
+    backend = make_backend(cases[0].device, 0)
+    backend.start()
+    env_fields = env.environment_fields(0 if backend.counts else None)
+    versions = ", ".join(f"{k} {v}" for k, v in env.extra_versions().items() if v)
+    for i, case in enumerate(cases, 1):
+        if deadline is not None and time.time() > deadline:
+            print(f"deadline: {len(cases) - i + 1} case(s) not started", file=sys.stderr)
+            break
+        leftover = teardown(backend)
+        result = measure_case(case, backend)
+        notes = [versions] if versions else []
+        notes.append(WARM_NOTE.format(i=i))
+        if leftover:
+            notes.append(f"{leftover} bytes of earlier cases were still allocated when it started")
+        row = build_row(case, env_fields, [result], tuple(notes))
+        with open(out, "a") as f:
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        print(f"done {i}/{len(cases)} {case.label()}", file=sys.stderr, flush=True)
+    return 0
+
+
 def _probe(device: str, out: str) -> int:
     """Write {"env": environment columns, "device_count": n} for the orchestrator's resume check."""
     cuda = device == "cuda"
@@ -347,17 +403,23 @@ def _measure(case: Case, out: str, snapshot_dir: str | None, stream_dir: str | N
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.measure.worker", description=__doc__.splitlines()[0])
     p.add_argument("--case", help="JSON file of one case, as bench.measure.harness writes it")
+    p.add_argument("--cases", help="JSONL file of single-GPU cases to measure in turn in this process; rows are "
+                   "appended to --out")
+    p.add_argument("--deadline", type=float, default=None, help="with --cases: start no case after this time "
+                   "(seconds since the epoch)")
     p.add_argument("--out", required=True, help="file rank 0 writes the row to (JSON); with --probe, the environment")
     p.add_argument("--snapshot", default=None, help="directory for one CUDA memory snapshot per rank (memory_viz)")
     p.add_argument("--stream-dir", default=None, help="directory for one allocation stream (.npz) per rank, from "
                    "the recorded allocator history: python -m bench replay reads it")
     p.add_argument("--probe", choices=("cuda", "cpu"), help="only report the environment and device count")
     args = p.parse_args(argv)
-    if (args.case is None) == (args.probe is None):
-        p.error("give exactly one of --case and --probe")
+    if sum(a is not None for a in (args.case, args.cases, args.probe)) != 1:
+        p.error("give exactly one of --case, --cases and --probe")
     try:
         if args.probe:
             return _probe(args.probe, args.out)
+        if args.cases:
+            return _measure_many(args.cases, args.out, args.deadline)
         return _measure(Case.from_json(json.loads(Path(args.case).read_text())), args.out, args.snapshot,
                         args.stream_dir)
     except NoCudaError as e:
