@@ -76,7 +76,9 @@ PLAN: list[tuple[int, str, tuple[str, ...]]] = [
     *[(1, f"--model {m} {g}", ("",)) for m in ("qwen3-8b", "qwen2.5-7b", "mistral-7b") for g in SEVEN_B],
     # phi-4 (14.7B): full fine-tuning cannot fit (an OOM row); LoRA and inference do
     (1, "--model phi-4 --mode train --method full --recipe pure --batch 1 --seq 512", ("",)),
-    (1, f"--model phi-4 {LORA} --batch 1,4 --seq 2048", ("",)),
+    # Phi-3's attention is one fused qkv_proj, so PEFT's q_proj,v_proj default matches nothing (the 2026-11-26
+    # session lost these four rows to that): PEFT's phi3 default is qkv_proj
+    (1, f"--model phi-4 {LORA} --lora-targets qkv_proj --batch 1,4 --seq 2048", ("",)),
     (1, f"--model phi-4 {INFER} --batch 1,8 --seq 1024", ("",)),
     # qwen3-30b-a3b (MoE, 61 GB of bf16 weights): LoRA on attention, and inference
     (1, "--model qwen3-30b-a3b --mode train --method lora --checkpointing full --batch 1 --seq 512,2048", ("",)),

@@ -5,6 +5,7 @@
     python scripts/ship_profiles.py --model llama-3.1-8b --force
     python scripts/ship_profiles.py --model mistral-7b --lora-only   # the rank-free LoRA profile (every rank)
     python scripts/ship_profiles.py --published  # the classes the published tier's runs need (bench/published/importer.py)
+    python scripts/ship_profiles.py --measured   # the classes the measured rows in data/measured/ need
 
 What is shipped, per preset (each a workload class: batch, seq and world size are a profile's variables):
 - its inventory;
@@ -88,6 +89,22 @@ def published_classes() -> list[tuple[str, Workload, Parallel]]:
     return out
 
 
+def measured_classes() -> list[tuple[str, Workload, Parallel]]:
+    """(preset, workload, parallel) of every measured row shipped in data/measured/*.jsonl (no OOM), so that the
+    accuracy report prices them from shipped profiles."""
+    import json
+
+    from bench.accuracy import calibrate
+
+    out = []
+    for path in sorted((Path(__file__).resolve().parent.parent / "data" / "measured").glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            if not row["oom"] and row["model_name"] in preset_names():
+                out.append((row["model_name"], calibrate.workload_from_row(row), calibrate.parallel_from_row(row)))
+    return out
+
+
 def _regex(text: str) -> re.Pattern:
     try:
         return re.compile(text)
@@ -105,14 +122,16 @@ def main(argv=None) -> int:
                     "e.g. 'lora .*ckpt=full'")
     ap.add_argument("--force", action="store_true", help="derive again what is already shipped")
     ap.add_argument("--published", action="store_true", help="the classes of the published tier's runs")
+    ap.add_argument("--measured", action="store_true", help="the classes of the measured rows in data/measured/")
     args = ap.parse_args(argv)
     from bench.commands.build_db import grid_models
 
     grid = set(grid_models())
     names = args.model.split(",") if args.model else preset_names()
-    if args.published:
+    listed = args.published or args.measured
+    if listed:
         todo: dict[str, list] = {}
-        for name, w, p in published_classes():
+        for name, w, p in (published_classes() if args.published else measured_classes()):
             todo.setdefault(name, []).append((w, p))
         names = sorted(todo)
     failed = 0
@@ -120,7 +139,7 @@ def main(argv=None) -> int:
         _, config = load_config(name)
         store.inventory(config, name, ship=True)
         seen = set()
-        for w, p in (todo[name] if args.published else classes(name, config, grid)):
+        for w, p in (todo[name] if listed else classes(name, config, grid)):
             if args.lora_only and (w.method, w.recipe, p.strategy) != ("lora", "pure", "single"):
                 continue
             tw, tp, _ = traced_class(w, p)

@@ -98,16 +98,17 @@ def test_oom_becomes_a_row_with_the_stage_it_hit(monkeypatch):
     monkeypatch.setattr(runner, "run_stages", fake_stages)
     case = measure.Case("tiny-llama", TINY_LLAMA_CONFIG, TRAIN, Parallel(), device="cuda")
     result = measure_worker.measure_case(case, CountingBackend())
-    # boundaries: 1 opens load, 2 closes load, 3 closes forward, 4 is read after the OOM (backward)
-    assert result["stages"] == {"load": (200, 400), "forward": (300, 600), "backward": (400, 800)}
+    # boundaries: 1 opens the build, 2 drops the build's peak (the load starts with the model built), 3 closes load,
+    # 4 closes forward, 5 is read after the OOM (backward)
+    assert result["stages"] == {"load": (300, 600), "forward": (400, 800), "backward": (500, 1000)}
     assert result["oom"] and result["oom_stage"] == "backward"
     assert result["step_time_s"] is None and result["params"] > 0
-    assert result["nvml_used_bytes"] == 10_000 + 600  # read at the last stage end (forward), not after the OOM
+    assert result["nvml_used_bytes"] == 10_000 + 800  # read at the last stage end (forward), not after the OOM
     row = measure.build_row(case, env.environment_fields(None), [result])
     assert validate_row(row)[1] == []
     assert row["oom"] is True and row["oom_stage"] == "backward"
     assert row["oom_message"].startswith("CUDA out of memory") and len(row["oom_message"]) == MAX_NOTES
-    assert row["peak_alloc_bytes"] == 400 and row["peak_reserved_bytes"] == 800
+    assert row["peak_alloc_bytes"] == 500 and row["peak_reserved_bytes"] == 1000
     assert row["cuda_context_bytes"] == 123 and row["per_rank_json"] is None
     assert "backward peak is what was reached before the failed allocation" in row["notes"]
 
@@ -126,11 +127,12 @@ def test_stage_after_each_marker_follows_the_runner_order():
 
 def test_counted_run_keeps_each_stage_maximum_and_times_the_second_pass():
     result = measure_worker.measure_case(cpu_case(), CountingBackend())
-    # 1 opens load; 2 load; burn-in 3 fwd 4 bwd 5 opt; clock() reads n=5; timed 6 fwd 7 bwd 8 opt; clock n=8
-    assert result["stages"] == {"load": (200, 400), "forward": (600, 1200), "backward": (700, 1400),
-                                "optimizer": (800, 1600)}
+    # 1 opens the build; 2 drops its peak; 3 load; burn-in 4 fwd 5 bwd 6 opt; clock() reads n=6; timed 7 fwd 8 bwd
+    # 9 opt; clock n=9
+    assert result["stages"] == {"load": (300, 600), "forward": (700, 1400), "backward": (800, 1600),
+                                "optimizer": (900, 1800)}
     assert result["step_time_s"] == 3.0 and not result["oom"]
-    assert result["nvml_used_bytes"] == 10_000 + 1600
+    assert result["nvml_used_bytes"] == 10_000 + 1800
 
 
 def test_row_from_two_ranks_takes_the_maximum_and_lists_both():
@@ -334,21 +336,54 @@ def test_alloc_conf_reaches_the_worker_the_row_and_the_run_id(tmp_path, monkeypa
     assert capsys.readouterr().err.startswith("error: PYTORCH_CUDA_ALLOC_CONF: unrecognized key 'bogus'")
 
 
-def test_reused_process_measures_in_turn_and_restarts_after_a_case_that_dies(tmp_path):
-    """--reuse-process: one worker measures the cases in turn; a case that raises ends that process with no row,
-    and a new process takes the cases after it (its first case is again 'case 1 of this worker')."""
+def test_reused_process_measures_in_turn_and_reports_a_refused_case_without_stopping(tmp_path):
+    """--reuse-process: one worker measures the cases in turn; a case the runner refuses (an optimizer torch
+    lacks) is reported with the runner's reason and the same process goes on with the next case."""
     fields = env.environment_fields(None)
-    first, dies, last = cpu_case(), cpu_case(Workload(batch=2, seq=16, optimizer="lion")), cpu_case(
+    first, refused, last = cpu_case(), cpu_case(Workload(batch=2, seq=16, optimizer="lion")), cpu_case(
         Workload(batch=3, seq=16))
     out = tmp_path / "runs.jsonl"
-    summary = measure.run_cases([first, dies, last], out, fields, timeout_s=300, progress=False, reuse_process=True)
+    summary = measure.run_cases([first, refused, last], out, fields, timeout_s=300, progress=False,
+                                reuse_process=True)
     assert (summary.measured, summary.unstarted) == (2, 0)
-    assert [name for name, _ in summary.failed] == [measure.case_name(dies)]
+    assert [name for name, _ in summary.failed] == [measure.case_name(refused)]
     assert "lion" in summary.failed[0][1]
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["run_id"] for r in rows] == [measure.identity_columns(c, fields)["run_id"] for c in (first, last)]
     assert all(validate_row(r)[1] == [] for r in rows)
-    assert all("reused process: case 1 of this worker" in r["notes"] for r in rows)
+    assert "reused process: case 1 of this worker" in rows[0]["notes"]
+    assert "reused process: case 3 of this worker" in rows[1]["notes"]
+
+
+def test_a_case_that_kills_its_process_is_reported_and_a_new_process_takes_the_rest(tmp_path, monkeypatch):
+    fields = env.environment_fields(None)
+    cases = [cpu_case(Workload(batch=b, seq=16)) for b in (1, 2, 3, 4)]
+    launches = []
+
+    def fake_run_process(cmd, timeout_s, alloc_conf=None):
+        names = [json.loads(line)["workload"]["batch"] for line in Path(cmd[cmd.index("--cases") + 1]).open()]
+        launches.append(names)
+        out = Path(cmd[cmd.index("--out") + 1])
+        with out.open("a") as f:
+            for batch in names:
+                if batch == 2:  # dies here: a segfault in the middle of the second case
+                    return -11, "Fatal Python error: Segmentation fault"
+                case = next(c for c in cases if c.workload.batch == batch)
+                f.write(json.dumps(measure.build_row(case, fields, [_result()])) + "\n")
+        return 0, ""
+
+    monkeypatch.setattr(measure, "run_process", fake_run_process)
+    results = list(measure.measure_group(cases, tmp_path, timeout_s=10))
+    assert launches == [[1, 2, 3, 4], [3, 4]]
+    assert [(c.workload.batch, row is not None) for c, row, _ in results] == [(1, True), (2, False), (3, True),
+                                                                               (4, True)]
+    assert results[1][2].startswith("killed by signal SIGSEGV")
+
+
+def _result() -> dict:
+    return {"rank": 0, "cuda_context_bytes": None, "oom": False, "oom_stage": None, "oom_message": None,
+            "step_time_s": None, "params": 1, "trainable_params": 1, "local_param_bytes": None,
+            "stages": {"load": (None, None)}, "nvml_used_bytes": None}
 
 
 def test_a_deadline_starts_nothing_more_and_the_command_says_so(tmp_path):

@@ -24,6 +24,7 @@ from bench.store import db
 from bench.store.app_data import comparable_allocated_bytes
 from offline.calibration import KFit, fit_k
 from estimator.estimate import Estimate, Options, estimate
+from estimator.gpus import get_gpu
 from estimator.model import Model
 from offline.peers import PEERS, peer_predictions
 from estimator.spec import Parallel, Workload
@@ -86,6 +87,18 @@ def load_runs(db_path=None, family: str | None = None, sources=("traced", "measu
     return db.fetch_runs(filters, db_path=db_path, limit=None, wait_s=wait_s)
 
 
+def gpu_of(row: dict) -> str | None:
+    """The GPU preset of a measured row (its CUDA context and kernel images, estimator.device), from the name torch
+    reported ('NVIDIA H100 80GB HBM3'); None for a traced row or a GPU data/gpus.json does not know."""
+    name = row.get("gpu_name")
+    if row.get("source") != "measured" or not isinstance(name, str):
+        return None
+    try:
+        return get_gpu(name).name
+    except ValueError:
+        return None
+
+
 @dataclass(frozen=True)
 class Case:
     """One usable run row with what every method needs from it, computed once."""
@@ -116,7 +129,8 @@ def cases_of(runs: pd.DataFrame, derive: bool = True) -> tuple[list[Case], dict[
             try:
                 w, p = calibrate.workload_from_row(row), calibrate.parallel_from_row(row)
                 conf = row.get("alloc_conf")  # a measured run's allocator settings pick its reserved fit
-                est = estimate(model, w, p, Options(derive=derive, alloc_conf=conf if isinstance(conf, str) else ""))
+                est = estimate(model, w, p, Options(derive=derive, alloc_conf=conf if isinstance(conf, str) else "",
+                                                    gpu=gpu_of(row)))
             except ProfileMissing:
                 why = "no profile"
             except (ValueError, TypeError):
@@ -179,8 +193,23 @@ def _cpu_math_sdpa(c: Case) -> bool:
     return calibrate.cpu_math_sdpa(c.row["source"], c.model, c.workload, c.row.get("notes"))
 
 
+def _init_transient(c: Case) -> bool:
+    """A measured row of tool_version 0.1.0 whose peak is its load stage: the worker's random initialisation
+    allocated an untied output head before tying it to the embeddings (bench.measure.worker, fixed in 0.2.0)."""
+    r = c.row
+    if r["source"] != "measured" or r.get("tool_version") != "0.1.0" or not _present(r.get("load_peak_alloc_bytes")):
+        return False
+    later = [r.get(f"{st}_peak_alloc_bytes") for st in ("forward", "backward", "optimizer", "prefill", "decode")]
+    return int(r["load_peak_alloc_bytes"]) > max((int(v) for v in later if _present(v)), default=0)
+
+
 # (key, rule on a case, what it means): the doc lists the rows each rule matches and their errors
 KNOWN_CAUSES = (
+    ("init-transient", _init_transient,
+     "measured before bench.measure 0.2.0: the peak is the load stage, where random initialisation on the GPU "
+     "held an output head of vocab x hidden before tying it to the input embeddings, which loading real weights "
+     "(from_pretrained) does not do. Inference at a small batch of a tied-embedding model (qwen2.5-0.5b, "
+     "llama-3.2-1b/3b, gemma-3-4b) reads that head high; the worker now resets the peaks once the model is built."),
     ("cpu-math-sdpa", _cpu_math_sdpa,
      "traced on CPU with SDPA + attention dropout: the math kernel saves the s x s probabilities and dropout "
      "mask, which a GPU flash/mem-efficient kernel never allocates. The traced truth is CPU-specific here; "

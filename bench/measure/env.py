@@ -15,7 +15,7 @@ import os
 import platform
 
 # The willitfit version written into every row's tool_version; bump it when a change alters measured values.
-TOOL_VERSION = "0.1.0"
+TOOL_VERSION = "0.2.0"  # 0.2.0: the load stage starts once the model is built
 
 
 def package_version(name: str) -> str | None:

@@ -46,6 +46,7 @@ MEASURED_STRATEGIES = ("single", "ddp", "fsdp")
 CPU_TEST_NOTE = "cpu launch-path test: nothing was counted; not a measurement"
 ALLOC_CONF_VAR = "PYTORCH_CUDA_ALLOC_CONF"
 DEFAULT_TIMEOUT_S = 1800               # one case; a 70B FSDP step with a cold cache takes minutes
+REFUSED_KEY = "refused"                 # bench.measure.worker's line for a case it refused (no torch import here)
 FAILURE_TAIL_LINES = 60                 # lines of a failed worker's output shown on stderr
 
 
@@ -368,6 +369,9 @@ def measure_group(cases: list[Case], workdir: Path, timeout_s: float, deadline: 
         code, output = run_process(cmd, timeout_s * len(pending), pending[0].alloc_conf)
         rows = [json.loads(line) for line in rows_file.read_text().splitlines()] if rows_file.exists() else []
         for case, row in zip(pending, rows):
+            if set(row) == {REFUSED_KEY}:
+                yield case, None, str(row[REFUSED_KEY])
+                continue
             errors = validate_row(row)[1]
             yield case, (None if errors else row), ("the worker wrote an invalid row: " + "; ".join(errors)
                                                      if errors else "")

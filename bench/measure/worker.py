@@ -17,7 +17,8 @@ What is counted, per rank (all integer bytes):
   up to kSmallSize = 1 MiB, c10/cuda/CUDACachingAllocator.cpp), and memory_reserved() (exactly that
   segment) is subtracted so only the context (driver state, kernel images loaded so far)
   remains. Kernels loaded later (cuBLAS, NCCL buffers) are not in it; they show in nvml_used_bytes.
-- <stage>_peak_alloc_bytes / _reserved_bytes: at every stage boundary the device is synchronised,
+- <stage>_peak_alloc_bytes / _reserved_bytes: the load stage starts once the model is built (its random
+  initialisation's transients are not loading's), and at every stage boundary the device is synchronised,
   max_memory_allocated()/max_memory_reserved() are read and the peaks are reset, so each value is the
   highest total in use *during* that stage (memory already live at its start included). A stage that
   repeats (every step, every decoded token) keeps its maximum.
@@ -43,6 +44,7 @@ import torch
 
 from bench.measure import env
 from tracer import runner
+from bench.measure import harness
 from bench.measure.harness import Case, build_row
 from bench.store.rows import MAX_NOTES
 from offline.allocator.stream import stream_from_snapshot
@@ -260,6 +262,10 @@ def measure_case(case: Case, backend, rank: int = 0, snapshot_dir: str | None = 
 def _run(case: Case, backend, rec: StageRecorder, result: dict) -> None:
     wl = case.workload
     model, result["params"], result["trainable_params"] = build_parallel(case, backend)
+    # Random initialisation is not loading: HF allocates an untied output head and only then ties it to the
+    # embeddings (a vocab x hidden transient that from_pretrained never holds), so the load stage starts here,
+    # with the model built (rows before tool_version 0.2.0 include that transient)
+    backend.boundary()
     result["local_param_bytes"] = _local_param_bytes(model)
     optimizer = runner.make_optimizer(model, wl)
     inputs = runner.make_inputs(case.config, wl, str(backend.device), model)
@@ -328,11 +334,19 @@ def teardown(backend) -> int:
     return torch.cuda.memory_allocated(backend.device)
 
 
+def _append_line(out: str, obj: dict) -> None:
+    with open(out, "a") as f:
+        f.write(json.dumps(obj) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def _measure_many(cases_file: str, out: str, deadline: float | None) -> int:
     """Measure each case of a JSONL file in this one process, appending its row to `out` as it finishes.
 
-    Single-GPU cases only. A case that raises (other than OOM) ends the process with no row for it; the harness
-    starts a new process for the cases after it. No case starts after `deadline` (seconds since the epoch)."""
+    Single-GPU cases only. A case the runner refuses (ValueError, NotImplementedError) gets a {"refused": why}
+    line instead of a row and the next case runs; any other exception ends the process with no line for its case,
+    and the harness starts a new process for the cases after it. No case starts after `deadline` (seconds since the epoch)."""
     cases = [Case.from_json(json.loads(line)) for line in Path(cases_file).read_text().splitlines() if line.strip()]
     if any(c.parallel.strategy != "single" or c.parallel.gpus != 1 for c in cases):
         raise ValueError("strategy: a reused process measures single-GPU cases only")
@@ -345,16 +359,19 @@ def _measure_many(cases_file: str, out: str, deadline: float | None) -> int:
             print(f"deadline: {len(cases) - i + 1} case(s) not started", file=sys.stderr)
             break
         leftover = teardown(backend)
-        result = measure_case(case, backend)
+        try:
+            result = measure_case(case, backend)
+        except (ValueError, NotImplementedError) as e:
+            # the runner's refusals of a case (LoRA targets the model lacks, an optimizer torch lacks) come before
+            # or instead of any GPU work: report this case and go on with the next in this process
+            _append_line(out, {harness.REFUSED_KEY: f"{type(e).__name__}: {e}"[:MAX_NOTES]})
+            print(f"refused {i}/{len(cases)} {case.label()}: {e}", file=sys.stderr, flush=True)
+            continue
         notes = [versions] if versions else []
         notes.append(WARM_NOTE.format(i=i))
         if leftover:
             notes.append(f"{leftover} bytes of earlier cases were still allocated when it started")
-        row = build_row(case, env_fields, [result], tuple(notes))
-        with open(out, "a") as f:
-            f.write(json.dumps(row) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        _append_line(out, build_row(case, env_fields, [result], tuple(notes)))
         print(f"done {i}/{len(cases)} {case.label()}", file=sys.stderr, flush=True)
     return 0
 
