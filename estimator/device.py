@@ -1,7 +1,7 @@
 """The device side of the verdict: what a process can get on a GPU, and the CUDA context it holds there.
 
     from estimator.device import capacity_bytes, context_bytes
-    capacity_bytes(get_gpu("h100-sxm-80gb"))   # 85,027,979,264 B = 81089 MiB (cudaMemGetInfo total), not 81559 MiB
+    capacity_bytes(get_gpu("h100-sxm-80gb"))   # 85,017,493,504 B = 81079 MiB (cudaMemGetInfo total), not 81559 MiB
     context_bytes(get_gpu("h100-sxm-80gb"))    # CUDA context + kernel images, data/cuda_context.json
 
 capacity: data/cuda_capacity.json, the total cudaMemGetInfo reports (what torch's OOM message calls "total

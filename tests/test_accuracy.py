@@ -19,7 +19,9 @@ from bench.commands import accuracy as cmd_accuracy
 from bench.__main__ import COMMANDS, main
 from bench.store.ingest import ingest_files
 from offline import peers
-from estimator.estimate import estimate
+from estimator.device import context_bytes
+from estimator.estimate import Options, estimate
+from estimator.gpus import get_gpu
 from estimator.model import from_hf_config
 from estimator.spec import Workload
 from rowfactory import TINY_LLAMA_CONFIG, make_row
@@ -94,7 +96,11 @@ def test_measured_row_is_scored_in_three_tiers(synthetic_db):
     assert m.loc["measured-allocated", "truth_bytes"] == 40_000_000
     assert m.loc["measured-reserved", "pred_bytes"] == est.reserved_bytes > allocated  # + the allocator's cache
     assert m.loc["measured-reserved", "truth_bytes"] == 44_040_192
-    assert m.loc["measured-device", "pred_bytes"] == est.device_bytes == est.total_bytes
+    # the device tier prices the row on its own GPU: torch's name resolves to the H100 preset, whose CUDA context
+    # and kernel images are measured (data/cuda_context.json), not the file's default
+    on_h100 = estimate(from_hf_config(TINY_LLAMA_CONFIG), Workload(batch=2, seq=128), options=Options(gpu="h100"))
+    assert m.loc["measured-device", "pred_bytes"] == on_h100.device_bytes == on_h100.total_bytes
+    assert on_h100.device_bytes - est.device_bytes == context_bytes(get_gpu("h100")) - context_bytes(None) > 0
     assert m.loc["measured-device", "truth_bytes"] == 600_000_000
     # one family only: no other family to learn k from, so no calibrated prediction at all
     assert all(f.fit is None and f.run_ids == () for f in ev.fits.values())

@@ -101,14 +101,15 @@ def test_verdict_flips_on_device_bytes_when_allocated_alone_would_fit():
 
 def test_capacity_and_context_data():
     h100 = get_gpu("h100-sxm-80gb")
-    assert capacity_bytes(h100) == 81089 * 2**20 < h100.memory_bytes == 81559 * 2**20
+    assert capacity_bytes(h100) == 81079 * 2**20 < h100.memory_bytes == 81559 * 2**20  # measured, driver 580
     t4 = get_gpu("t4")                                     # 14.75 GiB in torch's OOM message
     assert capacity_bytes(t4) == 15104 * 2**20
     b200 = get_gpu("b200")                                 # no sourced entry: memory.total minus the default
     assert capacity_bytes(b200) == b200.memory_bytes - 870 * 2**20
-    assert context_bytes(None) == context_bytes(h100) == 500 * 2**20   # no lazy 'step' row yet: the default
+    assert context_bytes(None) == context_bytes(get_gpu("a100-80gb")) == 500 * 2**20  # no lazy 'step' row: default
+    assert context_bytes(h100) == context_bytes(get_gpu("h200")) == 1_307_377_664   # Hopper's, measured after a step
     e = estimate(model(L1), Workload(), Parallel(), Options(gpu="h100-sxm-80gb"))
-    assert e.cuda_context_bytes == 500 * 2**20
+    assert e.cuda_context_bytes == 1_307_377_664
 
 
 def test_expandable_advice_when_fragmentation_decides(tmp_path, monkeypatch):

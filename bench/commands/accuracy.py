@@ -21,6 +21,7 @@ from estimator.units import GiB
 from bench.accuracy import report as accuracy
 from bench.store import app_data
 from bench.accuracy import published as ap
+from bench.accuracy import measured as measured_tier
 
 STAGE_ORDER = ("load", "forward", "backward", "optimizer", "prefill", "decode")
 WORST_IN_DOC = 20
@@ -164,7 +165,8 @@ def run_accuracy(args) -> int:
     date = datetime.now(timezone.utc).strftime("%Y-%m-%d")
     text = render_markdown(ev, runs, counts, _db_label(path), date)
     try:
-        text = text.rstrip() + "\n\n" + "\n".join(published_section(path, args.wait)) + "\n"
+        extra = measured_tier.section(path, args.wait) + published_section(path, args.wait)
+        text = text.rstrip() + "\n\n" + "\n".join(extra) + "\n"
     except DatabaseBusy as e:
         return _fail(str(e))
     out = Path(args.out) if args.out else REPO_DIR / "docs" / "accuracy.md"

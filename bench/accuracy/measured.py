@@ -1,0 +1,194 @@
+"""The measured tier's own checks, for docs/accuracy.md: what was measured, whether the verdict called each OOM,
+and the device overhead fitted on measured rows with leave-one-model-out figures.
+
+    from bench.accuracy import measured
+    lines = measured.section(db_path)     # markdown lines; [] when the database holds no measured row
+
+The verdict check uses every measured row, OOM rows included (report.load_runs drops those): the estimate's
+device bytes (reserved + CUDA context and kernel images + NCCL) against the memory the row's GPU reported
+(`gpu_total_bytes`, cudaMemGetInfo's total), as the verdict sets them against each other.
+"""
+from __future__ import annotations
+
+import re
+import statistics
+
+import pandas as pd
+
+from bench.accuracy import calibrate
+from bench.accuracy.report import gpu_of
+from bench.store import db
+from bench.store.app_data import comparable_allocated_bytes
+from estimator.estimate import Options, estimate
+from estimator.store import ProfileMissing
+from estimator.units import GiB
+
+FIRST_CASE = re.compile(r"reused process: case 1 of this worker")
+
+
+def measured_runs(db_path=None, wait_s: float = db.DEFAULT_WAIT_S) -> pd.DataFrame:
+    """Every measured row, OOM rows included."""
+    return db.fetch_runs({"source": ["measured"]}, db_path=db_path, limit=None, wait_s=wait_s)
+
+
+def _fresh(row: dict) -> bool:
+    """Measured as the first (or only) case of its process: no kernels loaded by earlier cases in its NVML."""
+    notes = row.get("notes") or ""
+    return "reused process" not in notes or bool(FIRST_CASE.search(notes))
+
+
+def overhead_bytes(row: dict) -> int | None:
+    """What the device held beyond the caching allocator at the reserved peak: context + kernel images."""
+    used, reserved = row.get("nvml_used_bytes"), row.get("peak_reserved_bytes")
+    if row.get("oom") or not isinstance(used, (int, float)) or not isinstance(reserved, (int, float)) or used != used:
+        return None
+    return int(used) - int(reserved)
+
+
+def _estimates(runs: pd.DataFrame) -> list[tuple[dict, object]]:
+    """(row, estimate) for each row whose class has a profile on disk (nothing is derived here)."""
+    out = []
+    for row in runs.to_dict("records"):
+        try:
+            model = calibrate.model_from_row(row)
+            w, p = calibrate.workload_from_row(row), calibrate.parallel_from_row(row)
+            conf = row.get("alloc_conf") if isinstance(row.get("alloc_conf"), str) else ""
+            out.append((row, estimate(model, w, p, Options(derive=False, alloc_conf=conf, gpu=gpu_of(row)))))
+        except (ProfileMissing, ValueError, TypeError):
+            continue
+    return out
+
+
+def _gib(x: float) -> str:
+    return f"{x / GiB:.2f}"
+
+
+def _overview(runs: pd.DataFrame) -> list[str]:
+    gpus = ", ".join(sorted(set(runs["gpu_name"].dropna())))
+    versions = sorted({f"torch {r.torch_version}, transformers {r.transformers_version}, driver {r.driver_version}"
+                       for r in runs.itertuples()})
+    by = runs.assign(alloc=runs["alloc_conf"].fillna("").replace("", "default"))
+    table = by.groupby(["model_name", "mode", "alloc"]).agg(rows=("run_id", "size"), oom=("oom", "sum"))
+    lines = ["| model | mode | allocator | rows | of which OOM |", "|---|---|---|---:|---:|"]
+    lines += [f"| {m} | {mode} | {a} | {r.rows} | {int(r.oom)} |" for (m, mode, a), r in table.iterrows()]
+    return [f"{len(runs)} measured rows ({int(runs['oom'].sum())} OOM) on {gpus}; {'; '.join(versions)}. "
+            "Made with `python scripts/measure_plan.py` (one worker process per model and allocator setting, "
+            "`--reuse-process`, docs/measuring.md); the rows are in `data/measured/`.", "", *lines, ""]
+
+
+_OOM = re.compile(r"Tried to allocate ([\d.]+) ([GMK]iB).*?Of the allocated memory ([\d.]+) ([GMK]iB) is allocated by "
+                  r"PyTorch, and ([\d.]+) ([GMK]iB) is reserved by PyTorch but unallocated", re.S)
+_UNIT = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
+
+
+def oom_need(message: str | None) -> tuple[int, int, int] | None:
+    """From torch's OOM message: (bytes the tensors needed = allocated + the failed request, bytes reserved but
+    unallocated at that moment, the rounding of the first: torch prints two decimals), or None when it does not
+    say."""
+    m = _OOM.search(message or "")
+    if m is None:
+        return None
+    b = [float(m.group(i)) * _UNIT[m.group(i + 1)] for i in (1, 3, 5)]
+    rounding = 0.005 * (_UNIT[m.group(2)] + _UNIT[m.group(4)])
+    return int(b[1] + b[0]), int(b[2]), int(rounding)
+
+
+def verdict(est, total: int) -> str:
+    """'fits' when the estimated device bytes fit; 'oom' when even the tensors (allocated) plus the context and
+    kernel images do not; else 'tight': the caching allocator frees its cached blocks and retries before it
+    raises, so whether the cache's share fits depends on fragmentation."""
+    if est.device_bytes <= total:
+        return "fits"
+    return "oom" if est.device_bytes - (est.reserved_bytes - est.allocated_bytes) > total else "tight"
+
+
+def _verdicts(pairs) -> list[str]:
+    """Each row's verdict against whether it ran out of memory on the GPU."""
+    table = {(v, oom): 0 for v in ("fits", "tight", "oom") for oom in (False, True)}
+    wrong = []
+    for row, est in pairs:
+        total = row.get("gpu_total_bytes")
+        if not isinstance(total, (int, float)):
+            continue
+        v = verdict(est, int(total))
+        table[v, bool(row["oom"])] += 1
+        if v != "tight" and (v == "oom") != bool(row["oom"]):
+            wrong.append((row, est, int(total), v))
+        elif v == "tight":
+            wrong.append((row, est, int(total), v))
+    needs = [(comparable_allocated_bytes(est, "measured"), oom_need(row.get("oom_message")))
+             for row, est in pairs if row["oom"]]
+    needs = [(a, n[0], n[2]) for a, n in needs if n is not None]
+    below = [(a, n) for a, n, r in needs if a < n - r]  # the failing request proves the peak was at least n
+    n = sum(table.values())
+    out = [f"Each of the {n} measured rows with a profile on disk, OOM rows included: the verdict from the estimate "
+           "(device bytes against the memory the GPU reported, `gpu_total_bytes`) against what the GPU did. "
+           "'tight': the tensors fit but the allocator's cache, as estimated, does not; the allocator then frees "
+           "its cached blocks and retries, so fragmentation decides.", "",
+           "| verdict | ran | ran out of memory |", "|---|---:|---:|"]
+    out += [f"| {v} | {table[v, False]} | {table[v, True]} |" for v in ("fits", "tight", "oom")]
+    if needs:
+        worst = max((n - a) / n for a, n in below) if below else 0.0
+        out += ["", f"An OOM row's message proves a lower bound on its true peak: the bytes allocated when the "
+                f"request failed plus the request. The estimate here includes cuBLAS's 32 MiB workspace, as in the "
+                f"measured-allocated tier. On {len(needs)} OOM rows the estimate's allocated peak was at "
+                f"or above that bound (within the message's two decimals) in {len(needs) - len(below)}" + (f"; below it in {len(below)}, by at most "
+                                                                      f"{worst:.2%}." if below else ".")]
+    if wrong:
+        out += ["", "The rows called tight or called wrongly:", "",
+                "| model | mode | method | recipe | ckpt | batch | seq | verdict | GPU said | estimate: allocated / "
+                "device (GiB) | GPU memory (GiB) | measured: allocated / reserved peak (GiB) |",
+                "|---|---|---|---|---|---:|---:|---|---|---:|---:|---:|"]
+        for row, est, total, v in wrong:
+            said = f"OOM in {row['oom_stage']}" if row["oom"] else "ran"
+            need = oom_need(row.get("oom_message")) if row["oom"] else None
+            if need is not None:  # what torch said it needed, and what its cache held that could not serve it
+                said += f" (tensors needed {_gib(need[0])}; {_gib(need[1])} reserved but unusable)"
+            out.append(f"| {row['model_name']} | {row['mode']} | {row['method']} | {row['recipe']} | "
+                       f"{row['checkpointing']} | {row['batch']} | {row['seq']} | {v} | {said} | "
+                       f"{_gib(comparable_allocated_bytes(est, 'measured'))} / {_gib(est.device_bytes)} | {_gib(total)} | "
+                       f"{_gib(row['peak_alloc_bytes'] or 0)} / {_gib(row['peak_reserved_bytes'] or 0)} |")
+    return [*out, ""]
+
+
+def _overhead_loo(pairs) -> list[str]:
+    """The device overhead beyond the allocator fitted on the other models' fresh-process training rows, applied
+    to each held-out model's rows: its device error with that constant in place of the shipped one."""
+    fresh = [(r, overhead_bytes(r)) for r, _ in pairs if r["mode"] == "train" and _fresh(r)]
+    fresh = [(r, o) for r, o in fresh if o is not None]
+    models = sorted({r["model_name"] for r, _ in fresh})
+    if len(models) < 2:
+        return ["Fewer than two models have fresh-process training rows: no leave-one-model-out fit.", ""]
+    lines = ["| held-out model | constant from the others (MiB) | its rows | median abs error, device | worst |",
+             "|---|---:|---:|---:|---:|"]
+    for held in models:
+        others = [o for r, o in fresh if r["model_name"] != held]
+        const = int(statistics.median(others))
+        errs = []
+        for row, est in pairs:
+            if row["model_name"] != held or row["oom"] or not row.get("nvml_used_bytes"):
+                continue
+            pred = est.reserved_bytes + const + (est.device_bytes - est.reserved_bytes - est.cuda_context_bytes)
+            errs.append(abs(pred - row["nvml_used_bytes"]) / row["nvml_used_bytes"])
+        if errs:
+            lines.append(f"| {held} | {const / 2**20:.1f} | {len(errs)} | {statistics.median(errs):.1%} | "
+                         f"{max(errs):.1%} |")
+    values = sorted({o for _, o in fresh})
+    spread = (f"every one of them {values[0]:,} B" if len(values) == 1 else
+              f"from {values[0]:,} to {values[-1]:,} B")
+    return [f"`data/cuda_context.json` carries one constant fitted on measured rows: the Hopper 'step' entry, what "
+            f"the device held beyond the caching allocator (NVML used minus the reserved peak) in the {len(fresh)} "
+            f"training rows that were the first case of their process ({spread}). Left out one model at a time, "
+            "the constant from the other models prices the held-out model's device bytes as follows (the "
+            "estimate's reserved bytes are the shipped ones; nothing else is refitted):", "", *lines, ""]
+
+
+def section(db_path=None, wait_s: float = db.DEFAULT_WAIT_S) -> list[str]:
+    """The measured tier's section of docs/accuracy.md; [] when there is no measured row."""
+    runs = measured_runs(db_path, wait_s)
+    if runs.empty:
+        return []
+    pairs = _estimates(runs)
+    return ["## Measured tier: what was measured, the verdict at the OOM cliff, and the one fitted constant", "",
+            *_overview(runs), "### Will it fit? The verdict against the GPU", "", *_verdicts(pairs),
+            "### Device overhead, leave-one-model-out", "", *_overhead_loo(pairs)]
