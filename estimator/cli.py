@@ -182,9 +182,9 @@ def _k_options(args, model: Model, w: Workload) -> tuple[Options, CalibrationEnt
     return Options(), None
 
 
-def _verdict(total: int, gpu_bytes: int, interval: tuple[int, int] | None) -> str:
+def _verdict(est: Estimate, gpu_bytes: int, interval: tuple[int, int] | None) -> str:
     if interval is None:
-        return "fits" if total <= gpu_bytes else "oom"
+        return est.verdict(gpu_bytes)
     lo, hi = interval
     return "fits" if hi <= gpu_bytes else ("oom" if lo > gpu_bytes else "tight")
 
@@ -218,7 +218,7 @@ def report(model: Model, est: Estimate, gpu: GPU | None, options: Options,
         w, p = est.workload, est.parallel
         out.update(gpu=gpu.name, gpu_bytes=cap, gpu_bytes_source=capacity_source(gpu),
                    gpu_memory_total_bytes=gpu.memory_bytes, fits=est.device_bytes <= cap,
-                   headroom_bytes=cap - est.device_bytes, verdict=_verdict(est.device_bytes, cap, interval),
+                   headroom_bytes=cap - est.device_bytes, verdict=_verdict(est, cap, interval),
                    max_batch=max_batch(model, w, p, cap, options),
                    # a vision encoder's tokens follow its image size: no sequence length to search
                    max_seq=None if vision.is_vision(model) else max_seq(model, w, p, cap, options,
@@ -320,7 +320,11 @@ def render_text(r: dict) -> str:
         head = r["headroom_bytes"]
         verdict = {"fits": f"fits with {fmt_bytes(head)} ({fmt_bytes(head, 'GB')}) to spare",
                    "oom": f"OOM by {fmt_bytes(-head)} ({fmt_bytes(-head, 'GB')})",
-                   "tight": f"tight: the interval crosses capacity (headroom {fmt_bytes(head)})"}[r["verdict"]]
+                   "tight": (f"tight: the interval crosses capacity (headroom {fmt_bytes(head)})"
+                             if "interval_bytes" in r else
+                             f"tight: over by {fmt_bytes(-head)} with the allocator's estimated cache, which PyTorch "
+                             "frees and retries before it gives up: the tensors fit, fragmentation decides "
+                             "(expandable_segments:True makes it likelier to run)")}[r["verdict"]]
         lines.append(f"Verdict: {verdict}")
         lines.append(f"Max micro-batch that fits: {r['max_batch']}" + (
             f"; max seq that fits: {r['max_seq']} (model context {r['max_positions']})" if r["max_seq"] is not None

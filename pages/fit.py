@@ -146,6 +146,13 @@ def verdict(est, gpu) -> None:
     if spare >= 0:
         st.success(f"**Fits** on {each} {gpu.display_name}: {ui.both_units(est.device_bytes)} per GPU, "
                    f"**{ui.both_units(spare)} to spare** ({where}).", icon=":material/check_circle:")
+    elif est.verdict(cap) == "tight":
+        st.warning(f"**Tight** on {each} {gpu.display_name}: {ui.both_units(est.device_bytes)} per GPU with the "
+                   f"allocator's estimated cache, **over by {ui.both_units(-spare)}** ({where}); without that cache it "
+                   f"fits. PyTorch frees its cached blocks and retries before it runs out of memory, so fragmentation "
+                   "decides: `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` makes it likelier to run. On an H100 "
+                   "every measured case called tight ran (docs/accuracy.md, \"Measured tier\").",
+                   icon=":material/warning:")
     else:
         st.error(f"**Out of memory** on {each} {gpu.display_name}: needs {ui.both_units(est.device_bytes)} per GPU, "
                  f"**OOM by {ui.both_units(-spare)}** ({where}).", icon=":material/error:")

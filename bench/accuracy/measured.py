@@ -16,7 +16,7 @@ import statistics
 import pandas as pd
 
 from bench.accuracy import calibrate
-from bench.accuracy.report import gpu_of
+from bench.accuracy.report import driver_reserve, gpu_of
 from bench.store import db
 from bench.store.app_data import comparable_allocated_bytes
 from estimator.estimate import Options, estimate
@@ -38,11 +38,12 @@ def _fresh(row: dict) -> bool:
 
 
 def overhead_bytes(row: dict) -> int | None:
-    """What the device held beyond the caching allocator at the reserved peak: context + kernel images."""
+    """What the device held beyond the caching allocator at the reserved peak (context + kernel images), in the
+    frame of cudaMemGetInfo's total: NVML's used minus the driver's reserve, minus the reserved peak."""
     used, reserved = row.get("nvml_used_bytes"), row.get("peak_reserved_bytes")
     if row.get("oom") or not isinstance(used, (int, float)) or not isinstance(reserved, (int, float)) or used != used:
         return None
-    return int(used) - int(reserved)
+    return int(used) - driver_reserve(row) - int(reserved)
 
 
 def _estimates(runs: pd.DataFrame) -> list[tuple[dict, object]]:
@@ -93,15 +94,6 @@ def oom_need(message: str | None) -> tuple[int, int, int] | None:
     return int(b[1] + b[0]), int(b[2]), int(rounding)
 
 
-def verdict(est, total: int) -> str:
-    """'fits' when the estimated device bytes fit; 'oom' when even the tensors (allocated) plus the context and
-    kernel images do not; else 'tight': the caching allocator frees its cached blocks and retries before it
-    raises, so whether the cache's share fits depends on fragmentation."""
-    if est.device_bytes <= total:
-        return "fits"
-    return "oom" if est.device_bytes - (est.reserved_bytes - est.allocated_bytes) > total else "tight"
-
-
 def _verdicts(pairs) -> list[str]:
     """Each row's verdict against whether it ran out of memory on the GPU."""
     table = {(v, oom): 0 for v in ("fits", "tight", "oom") for oom in (False, True)}
@@ -110,7 +102,7 @@ def _verdicts(pairs) -> list[str]:
         total = row.get("gpu_total_bytes")
         if not isinstance(total, (int, float)):
             continue
-        v = verdict(est, int(total))
+        v = est.verdict(int(total))
         table[v, bool(row["oom"])] += 1
         if v != "tight" and (v == "oom") != bool(row["oom"]):
             wrong.append((row, est, int(total), v))
@@ -169,7 +161,8 @@ def _overhead_loo(pairs) -> list[str]:
             if row["model_name"] != held or row["oom"] or not row.get("nvml_used_bytes"):
                 continue
             pred = est.reserved_bytes + const + (est.device_bytes - est.reserved_bytes - est.cuda_context_bytes)
-            errs.append(abs(pred - row["nvml_used_bytes"]) / row["nvml_used_bytes"])
+            truth = row["nvml_used_bytes"] - driver_reserve(row)
+            errs.append(abs(pred - truth) / truth)
         if errs:
             lines.append(f"| {held} | {const / 2**20:.1f} | {len(errs)} | {statistics.median(errs):.1%} | "
                          f"{max(errs):.1%} |")
@@ -177,7 +170,8 @@ def _overhead_loo(pairs) -> list[str]:
     spread = (f"every one of them {values[0]:,} B" if len(values) == 1 else
               f"from {values[0]:,} to {values[-1]:,} B")
     return [f"`data/cuda_context.json` carries one constant fitted on measured rows: the Hopper 'step' entry, what "
-            f"the device held beyond the caching allocator (NVML used minus the reserved peak) in the {len(fresh)} "
+            f"the device held beyond the caching allocator (NVML used, less the driver's reserve that "
+            f"cudaMemGetInfo's total leaves out, minus the reserved peak) in the {len(fresh)} "
             f"training rows that were the first case of their process ({spread}). Left out one model at a time, "
             "the constant from the other models prices the held-out model's device bytes as follows (the "
             "estimate's reserved bytes are the shipped ones; nothing else is refitted):", "", *lines, ""]

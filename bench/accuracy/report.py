@@ -61,8 +61,20 @@ def truths(row: dict) -> list[tuple[str, int]]:
         tiers = TIERS[1:]
     else:
         return []
-    return [(t, int(row[TRUTH_COLUMN[t]])) for t in tiers if _present(row.get(TRUTH_COLUMN[t]))
-            and int(row[TRUTH_COLUMN[t]]) > 0]
+    out = [(t, int(row[TRUTH_COLUMN[t]])) for t in tiers if _present(row.get(TRUTH_COLUMN[t]))
+           and int(row[TRUTH_COLUMN[t]]) > 0]
+    return [(t, v - driver_reserve(row) if t == "measured-device" else v) for t, v in out]
+
+
+def driver_reserve(row: dict) -> int:
+    """What NVML counts as used on a measured row's GPU but cudaMemGetInfo leaves out of its total: nvidia-smi's
+    memory.total (data/gpus.json) minus the row's gpu_total_bytes (480 MiB on an H100 80GB HBM3 with driver 580).
+    The verdict compares device bytes with cudaMemGetInfo's total, so the device tier's truth is NVML's used minus
+    this; 0 where the GPU is unknown."""
+    name, total = gpu_of(row), row.get("gpu_total_bytes")
+    if name is None or not _present(total):
+        return 0
+    return max(0, get_gpu(name).memory_bytes - int(total))
 
 
 def ours_for_tier(est: Estimate, tier: str) -> int:
@@ -433,7 +445,7 @@ DOC_COMPARED = """\
 | traced | `peak_alloc_bytes` of a traced row: exact bytes of live tensor storage on fake CPU tensors | `comparable_allocated_bytes(est, "traced")` = `total_bytes` − overhead (no CUDA context, no cuBLAS workspace, which a trace never sees) | their one number |
 | measured-allocated | `peak_alloc_bytes` of a measured row (`torch.cuda.max_memory_allocated`) | `comparable_allocated_bytes(est, "measured")` = the above + the 32 MiB cuBLAS workspace | their one number |
 | measured-reserved | `peak_reserved_bytes` (`max_memory_reserved`: the caching allocator's segments) | `est.reserved_bytes`: allocated + the allocator's cache fitted on replayed streams (estimator/reserved.py, docs/allocator.md) | their one number |
-| measured-device | `nvml_used_bytes` (NVML, whole device at the peak) | `est.device_bytes`: reserved + CUDA context + NCCL buffers (what the verdict sets against the GPU's capacity) | their one number |
+| measured-device | `nvml_used_bytes` (NVML, whole device at the peak) minus the driver's reserve NVML counts and cudaMemGetInfo's total leaves out (nvidia-smi memory.total minus `gpu_total_bytes`: 480 MiB on an H100), so both sides are in the frame the verdict compares with the GPU's capacity | `est.device_bytes`: reserved + CUDA context + NCCL buffers (what the verdict sets against the GPU's capacity) | their one number |
 
 Peers give one number, "memory needed", which their authors set against the GPU's capacity; it is compared as
 it is with every tier's truth. Measured rows are GPU runs; traced rows are exact for what the CPU kernels
