@@ -13,6 +13,7 @@ import re
 import numpy as np
 import pytest
 
+from bench.accuracy import measured as measured_tier
 from bench.accuracy import report as accuracy
 
 from bench.commands import accuracy as cmd_accuracy
@@ -229,3 +230,48 @@ def test_every_option_has_help_and_commands_route_here():
         assert p.description
         for action in p._actions:
             assert action.help, f"{name} {action.option_strings} has no help text"
+
+
+# ---------------------------------------------------------------- the measured tier's own section
+
+H100_MESSAGE = ("CUDA out of memory. Tried to allocate 15.66 GiB. GPU 0 has a total capacity of 79.18 GiB of which 8.30 "
+                "GiB is free. Including non-PyTorch memory, this process has 70.87 GiB memory in use. Of the allocated "
+                "memory 55.33 GiB is allocated by PyTorch, and 14.79 GiB is reserved by PyTorch but unallocated.")
+
+
+def test_an_oom_message_gives_the_bytes_the_tensors_needed():
+    need, unusable, rounding = measured_tier.oom_need(H100_MESSAGE)
+    assert need == int((55.33 + 15.66) * 2**30) and unusable == int(14.79 * 2**30)
+    assert rounding == int(0.01 * 2**30)
+    assert measured_tier.oom_need("CUDA out of memory.") is None and measured_tier.oom_need(None) is None
+
+
+def test_measured_section_scores_every_verdict_and_leaves_each_model_out(tmp_path):
+    model = from_hf_config(TINY_LLAMA_CONFIG, "tiny-llama")
+    est = estimate(model, Workload(batch=2, seq=128), options=Options(gpu="h100"))
+    h100 = get_gpu("h100")
+    total = 85_017_493_504
+    reserve = h100.memory_bytes - total            # what NVML counts and cudaMemGetInfo's total leaves out
+    first = "reused process: case 1 of this worker"
+
+    def row(name, **kw):
+        base = dict(source="measured", gpu_name="NVIDIA H100 80GB HBM3", gpu_total_bytes=total, batch=2,
+                    model_name=name, peak_alloc_bytes=est.allocated_bytes, peak_reserved_bytes=est.reserved_bytes)
+        return make_row(**{**base, **kw})
+
+    rows = [row("a", nvml_used_bytes=est.reserved_bytes + reserve + 800_000_000, notes=first),
+            row("b", batch=3, nvml_used_bytes=est.reserved_bytes + reserve + 900_000_000, notes=first),  # a new run_id
+            # called fits, ran out of memory: listed, with what torch's message says the tensors needed
+            row("b", seq=127, oom=True, oom_stage="backward", oom_message=H100_MESSAGE, gpu_total_bytes=
+                est.device_bytes + 2**20, peak_reserved_bytes=None, nvml_used_bytes=None),
+            # called oom (tensors alone do not fit) and ran out of memory: agreed
+            row("a", seq=126, oom=True, oom_stage="forward", gpu_total_bytes=est.allocated_bytes // 2,
+                peak_reserved_bytes=None, nvml_used_bytes=None)]
+    db_path = _ingest(tmp_path, rows, "measured")
+    text = "\n".join(measured_tier.section(db_path))
+    assert "4 measured rows (2 OOM) on NVIDIA H100 80GB HBM3" in text
+    assert "| fits | 2 | 1 |" in text and "| tight | 0 | 0 |" in text and "| oom | 0 | 1 |" in text
+    assert "OOM in backward (tensors needed 70.99; 14.79 reserved but unusable)" in text
+    # each model's constant comes from the other model's first-case training row alone
+    assert "| a | 858.3 | 1 |" in text and "| b | 762.9 | 1 |" in text   # 900e6 and 800e6 B in MiB
+    assert measured_tier.section(_ingest(tmp_path, [make_row()], "traced_only")) == []

@@ -82,11 +82,11 @@ _OOM = re.compile(r"Tried to allocate ([\d.]+) ([GMK]iB).*?Of the allocated memo
 _UNIT = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
 
 
-def oom_need(message: str | None) -> tuple[int, int, int] | None:
+def oom_need(message) -> tuple[int, int, int] | None:
     """From torch's OOM message: (bytes the tensors needed = allocated + the failed request, bytes reserved but
     unallocated at that moment, the rounding of the first: torch prints two decimals), or None when it does not
     say."""
-    m = _OOM.search(message or "")
+    m = _OOM.search(message) if isinstance(message, str) else None  # None or NaN: no message stored
     if m is None:
         return None
     b = [float(m.group(i)) * _UNIT[m.group(i + 1)] for i in (1, 3, 5)]
