@@ -18,7 +18,8 @@ What is shipped, per preset (each a workload class: batch, seq and world size ar
 - the presets of the shipped traced grid (bench/commands/build_db.py: dense up to 13B, plus its MoE): amp full and LoRA, and
   eager inference, so every stored traced row has its profile (`python -m bench accuracy`);
 - FSDP (full, pure bf16: the Multi-GPU page's default) for every causal preset; llama-2-7b with `mixed`; a vision
-  encoder's (ViT, DINOv2, SigLIP) trains and infers on one GPU here, its other classes derived on first use.
+  encoder's (ViT, DINOv2, SigLIP) trains and infers on one GPU here, its other classes derived on first use;
+  llama-3.2-1b with `mixed` under FSDP (tests/test_parallel.py).
 Everything else is derived on first use and cached (~/.cache/willitfit).
 """
 from __future__ import annotations
@@ -66,6 +67,8 @@ def classes(name: str, config: dict, grid: set[str]) -> list[tuple[Workload, Par
         out.append((Workload(attention=attn), Parallel(strategy="fsdp", gpus=2)))
     if name == "llama-2-7b":
         out.append((Workload(recipe="mixed"), Parallel()))
+    if name == "llama-3.2-1b":  # mixed under FSDP: tests/test_parallel.py checks its sharded master copy
+        out.append((Workload(recipe="mixed"), Parallel(strategy="fsdp", gpus=2)))
     return out
 
 

@@ -171,3 +171,19 @@ def test_torchtitan_mesh_flags_build_the_parallel():
     bad = cli.build_parser().parse_args(["--model", "x", "--dp-shard", "8", "--gpus", "4", "--strategy", "fsdp"])
     with pytest.raises(ValueError, match="^dp_shard:"):
         cli.parallel_from_args(bad)
+
+
+def test_fsdp_mixed_master_copy_is_sharded_and_no_component_is_negative():
+    """recipe mixed under plain FSDP: a rank holds 1/n of the fp32 master copy, as of every state. It read -18.7 GiB
+    of optimizer states beside the whole model's 29.9 GiB master copy on llama-3.1-8b, FSDP x 8 (the total was right:
+    the whole copy was swapped in and subtracted from the traced states)."""
+    m = model("llama-3.2-1b")
+    w = Workload(batch=1, seq=1024, recipe="mixed")
+    trainable = m.inventory.trainable_params(w)
+    for n in (2, 8, 64):
+        e = estimate(m, w, Parallel("fsdp", n), NO_DERIVE)
+        for stage, b in e.stages:
+            assert min(b.as_dict().values()) >= 0, (n, stage, b)
+        opt = e.stage("optimizer")
+        assert opt.master_weights == pytest.approx(4 * trainable / n, rel=1e-3)      # fp32, 1/n
+        assert opt.optimizer_states == pytest.approx(8 * trainable / n, rel=0.02)    # two fp32 Adam states, 1/n
