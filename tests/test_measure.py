@@ -412,3 +412,25 @@ def test_reuse_process_refuses_snapshots_in_one_line(tmp_path, capsys):
     assert code == 2
     assert capsys.readouterr().err.strip().splitlines() == [
         "error: reuse-process: snapshots are taken one case per process; drop --snapshot or --reuse-process"]
+
+
+def test_the_gpu_session_plan_is_valid_grouped_and_names_phi3s_fused_projection(capsys):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import measure_plan
+
+    cases = measure_plan.plan_cases()
+    assert len(cases) >= 300 and len({measure.canonical_json(c.to_json()) for c in cases}) == len(cases)
+    assert {c.model_name for c in cases} >= {"qwen2.5-0.5b", "llama-3.2-1b", "llama-3.1-8b", "gemma-3-4b", "phi-4",
+                                             "qwen3-30b-a3b"}
+    assert {c.alloc_conf for c in cases} == {"", "expandable_segments:True"}
+    # one worker process per run of a model and allocator setting: phase 1 covers every model before any repeat
+    keys = [(c.model_name, c.alloc_conf) for c in cases]
+    runs = [k for i, k in enumerate(keys) if i == 0 or keys[i - 1] != k]
+    assert runs[:10] == [(m, "") for m in ("qwen2.5-0.5b", "llama-3.2-1b", "llama-3.2-3b", "llama-3.1-8b",
+                                            "gemma-3-4b", "qwen3-8b", "qwen2.5-7b", "mistral-7b", "phi-4",
+                                            "qwen3-30b-a3b")]
+    assert all(c.workload.lora_targets == ("qkv_proj",) for c in cases
+               if c.model_name == "phi-4" and c.workload.method == "lora")
+    assert measure_plan.main(["--out", "unused.jsonl", "--dry-run", "--only", "^phi-4$"]) == 0
+    out = capsys.readouterr().out
+    assert out.strip().endswith("7 cases") and "phi-4 mode=train method=lora lora_targets=qkv_proj" in out
