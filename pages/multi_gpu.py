@@ -26,6 +26,12 @@ from pages import _derive as derive
 from pages import _state as state, _data as reads, _inputs as ui
 
 NO_TRACE = Options(derive=False)  # every profile is made sure of (with a progress bar) before the page prices
+
+
+def priced(gpu) -> Options:
+    """How the page prices: from profiles on disk, on the chosen GPU (its CUDA context and kernel images, as the
+    Will it fit? page does)."""
+    return replace(NO_TRACE, gpu=gpu.name)
 PAGE = "multi"
 MULTI = tuple(s for s in STRATEGIES if s != "single")
 DEFAULT_STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp", "tp", "pp")
@@ -48,7 +54,7 @@ def fields() -> dict[str, state.Field]:
     return f
 
 
-def sweep_rows(model, w, strategies, counts) -> pd.DataFrame:
+def sweep_rows(model, w, strategies, counts, gpu) -> pd.DataFrame:
     """Long table (strategy, gpus, component, bytes, gib, gb) of the peak breakdown at each valid world size."""
     rows = []
     for s in strategies:
@@ -60,7 +66,7 @@ def sweep_rows(model, w, strategies, counts) -> pd.DataFrame:
         for n in counts:
             if n not in valid:
                 continue
-            peak = estimate(model, w, Parallel(strategy=s, gpus=n), NO_TRACE).components
+            peak = estimate(model, w, Parallel(strategy=s, gpus=n), priced(gpu)).components
             rows += [{"strategy": s, "gpus": n, "component": c, "bytes": b, "gib": b / GiB, "gb": b / GB}
                      for c, b in peak.as_dict().items() if b]
     return pd.DataFrame(rows, columns=["strategy", "gpus", "component", "bytes", "gib", "gb"])
@@ -84,14 +90,14 @@ def min_gpus_table(model, w, strategies, gpu) -> None:
     rows = []
     for s in strategies:
         try:
-            n = search.min_gpus(model, w, s, capacity_bytes(gpu), max_gpus=MAX_SEARCH_GPUS, options=NO_TRACE)
+            n = search.min_gpus(model, w, s, capacity_bytes(gpu), max_gpus=MAX_SEARCH_GPUS, options=priced(gpu))
         except ValueError as e:  # e.g. expert parallelism on a dense model
             rows.append({"strategy": s, "fewest GPUs": None, "peak per GPU (GiB)": None, "note": str(e)})
             continue
-        peak = estimate(model, w, Parallel(strategy=s, gpus=n), NO_TRACE).total_bytes if n else None
+        peak = estimate(model, w, Parallel(strategy=s, gpus=n), priced(gpu)).total_bytes if n else None
         rows.append({"strategy": s, "fewest GPUs": n, "peak per GPU (GiB)": peak / GiB if peak else None,
                      "note": "" if n else search.why_no_fit(model, w, s, capacity_bytes(gpu), MAX_SEARCH_GPUS,
-                                                            NO_TRACE)})
+                                                            priced(gpu))})
     st.dataframe(pd.DataFrame(rows), hide_index=True, column_config={
         "fewest GPUs": st.column_config.NumberColumn(format="%d"),
         "peak per GPU (GiB)": st.column_config.NumberColumn(format="%.2f")})
@@ -101,7 +107,7 @@ def layouts_section(model, w, gpu, f) -> None:
     """Every FSDP x TP x PP layout of N GPUs (estimator.layouts), the worst rank of each, one drawn stage by stage."""
     st.subheader("Layouts: FSDP x TP x PP on N GPUs")
     n = state.widget(PAGE, f["layout_n"], st)
-    rows = layouts(model, w, n, capacity_bytes(gpu), NO_TRACE)
+    rows = layouts(model, w, n, capacity_bytes(gpu), priced(gpu))
     if not rows:
         st.info(f"No FSDP x TP x PP layout of {n} GPUs suits {model.name} (TP must divide its heads, PP its layers).")
         return
@@ -113,7 +119,7 @@ def layouts_section(model, w, gpu, f) -> None:
     chosen = st.selectbox("Draw the worst rank of", [lay.label for lay in rows], key=f"{PAGE}:layout",
                           help="Its step stage by stage: what each component holds at each stage's peak.")
     lay = next(x for x in rows if x.label == chosen)
-    est = estimate(model, w, lay.parallel, NO_TRACE)
+    est = estimate(model, w, lay.parallel, priced(gpu))
     charts.show(charts.stages_chart(est.stages, capacity_bytes(gpu),
                                     f"{gpu.display_name}: {fmt_bytes(capacity_bytes(gpu), 'GiB')}"))
     st.caption(f"{lay.label}: {lay.why(capacity_bytes(gpu))}. The layouts are priced analytically over the traced "
@@ -139,7 +145,7 @@ def compare(model, w, gpu, f) -> None:
                 st.warning(f"{s} cannot use {n} GPUs with {model.name} (see estimator.search.valid_world_sizes); "
                            "pick another GPU count.")
                 continue
-            est = estimate(model, w, Parallel(strategy=s, gpus=n), NO_TRACE)
+            est = estimate(model, w, Parallel(strategy=s, gpus=n), priced(gpu))
             spare = capacity_bytes(gpu) - est.total_bytes
             st.metric("Peak per GPU", fmt_bytes(est.total_bytes, "GiB"),
                       delta=f"{fmt_bytes(abs(spare), 'GiB')} {'to spare' if spare >= 0 else 'over'}",
@@ -179,7 +185,7 @@ def main() -> None:
         for s in dict.fromkeys((*strategies, "fsdp")):  # fsdp: the layouts section composes over it
             if derive.profile_or_background(PAGE, model, w, Parallel(strategy=s, gpus=2)) is None:
                 return  # deriving in the background; the page reruns when it is done
-        df = sweep_rows(model, w, strategies, sorted(counts))
+        df = sweep_rows(model, w, strategies, sorted(counts), gpu)
         traced = state.or_error(lambda: traced_points(config, name, w), pd.DataFrame())
         cap = f"{gpu.display_name}: {fmt_bytes(capacity_bytes(gpu), 'GiB')}"
         charts.show(charts.strategy_chart(df, capacity_bytes(gpu), cap, traced if len(traced) else None))

@@ -505,22 +505,23 @@ def test_multi_gpu_fewest_gpus_and_comparison(env):
     model, gpu, w = the_model("llama-3.1-70b"), get_gpu(H100), Workload()
     table = next(d.value for d in at.dataframe if "fewest GPUs" in d.value.columns)
     for row in table.to_dict("records"):
-        n = search.min_gpus(model, w, row["strategy"], capacity_bytes(gpu), max_gpus=1024)
+        n = search.min_gpus(model, w, row["strategy"], capacity_bytes(gpu), max_gpus=1024, options=ON_H100)
         assert (None if row["fewest GPUs"] != row["fewest GPUs"] else row["fewest GPUs"]) == n, row
         if n is None and row["strategy"] in ("fsdp", "zero3"):  # the cause and the fix, not just "does not fit"
             assert "activations alone" in row["note"] and "activation checkpointing (full)" in row["note"], row
     shown = [m.value for m in at.metric if m.label == "Peak per GPU"]
-    assert shown == [gib(estimate(model, w, Parallel(strategy=s, gpus=8)).total_bytes) for s in ("zero3", "tp")]
+    assert shown == [gib(estimate(model, w, Parallel(strategy=s, gpus=8), ON_H100).total_bytes) for s in ("zero3", "tp")]
     at.number_input(key="multi:compare_n").set_value(16).run()
     shown = [m.value for m in at.metric if m.label == "Peak per GPU"]
-    assert shown == [gib(estimate(model, w, Parallel(strategy=s, gpus=16)).total_bytes) for s in ("zero3", "tp")]
+    assert shown == [gib(estimate(model, w, Parallel(strategy=s, gpus=16), ON_H100).total_bytes)
+                     for s in ("zero3", "tp")]
 
 
 def test_multi_gpu_layouts_are_the_library_ranking(env):
     at = app("pages/multi_gpu.py", query={"model": "llama-3.1-70b", "layout_n": "8"})
     model, gpu, w = the_model("llama-3.1-70b"), get_gpu(H100), Workload()
     table = next(d.value for d in at.dataframe if "worst rank (GiB)" in d.value.columns)
-    expected = layouts(model, w, 8, capacity_bytes(gpu))
+    expected = layouts(model, w, 8, capacity_bytes(gpu), ON_H100)  # priced on the page's GPU, as Will it fit?
     assert table["layout"].tolist() == [lay.label for lay in expected]
     assert table["worst rank (GiB)"].tolist() == [lay.device_bytes / GiB for lay in expected]
     assert table["why"].tolist() == [lay.why(capacity_bytes(gpu)) for lay in expected]
