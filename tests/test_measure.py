@@ -434,3 +434,16 @@ def test_the_gpu_session_plan_is_valid_grouped_and_names_phi3s_fused_projection(
     assert measure_plan.main(["--out", "unused.jsonl", "--dry-run", "--only", "^phi-4$"]) == 0
     out = capsys.readouterr().out
     assert out.strip().endswith("7 cases") and "phi-4 mode=train method=lora lora_targets=qkv_proj" in out
+
+
+def test_lora_targets_default_to_peft_per_architecture_unless_given(tmp_path, capsys):
+    """Phi-3's attention is one fused qkv_proj: the Workload default (q_proj,v_proj) matches nothing there, and a GPU
+    session lost four rows to it. Without --lora-targets, measure takes PEFT's default per architecture."""
+    out = str(tmp_path / "o.jsonl")
+    assert bench_main(["measure", "--model", "phi-4,llama-3.2-1b", "--method", "lora", "--batch", "1", "--seq",
+                       "512", "--out", out, "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "lora_targets=qkv_proj" in lines[0] and "lora_targets" not in lines[1]   # llama: q_proj,v_proj, the default
+    assert bench_main(["measure", "--model", "phi-4", "--method", "lora", "--lora-targets", "o_proj", "--batch", "1",
+                       "--seq", "512", "--out", out, "--dry-run"]) == 0
+    assert "lora_targets=o_proj" in capsys.readouterr().out

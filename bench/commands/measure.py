@@ -11,6 +11,7 @@ stderr); 2 bad input, or no CUDA GPU. How to run it and what each column means: 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -20,6 +21,7 @@ from bench.trace import grid
 from bench.measure import harness as measure
 from bench.store.rows import MAX_NOTES, MAX_TEXT
 from estimator.alloc_conf import parse_alloc_conf
+from tracer.lora import default_lora_targets
 
 
 def register(subparsers) -> None:
@@ -78,6 +80,11 @@ def _cases(args: argparse.Namespace) -> list[measure.Case]:
             parse_alloc_conf(conf)  # a bad string stops the command with its one line, before any case runs
     cases = []
     for c in grid_cases:
+        if args.lora_targets is None and c.workload.method in ("lora", "qlora"):
+            # PEFT's default targets for this architecture (as build-db traces them): q_proj,v_proj for most, the
+            # fused qkv_proj for Phi-3, whose attention has no q_proj
+            c = dataclasses.replace(c, workload=dataclasses.replace(
+                c.workload, lora_targets=default_lora_targets(c.config.get("model_type", ""))))
         for conf in confs:
             try:
                 cases.append(measure.Case(c.model_name, c.config, c.workload, c.parallel, device=args.device,
