@@ -143,10 +143,11 @@ def verdict(est, gpu) -> None:
     where = f"peak in the **{est.peak_stage}** stage" + (
         f" of the {est.pipeline_stage} pipeline stage" if est.pipeline_stage != "only" else "")
     each = "each" if est.parallel.gpus > 1 else "one"
-    if spare >= 0:
+    v = est.verdict(cap)
+    if v == "fits":
         st.success(f"**Fits** on {each} {gpu.display_name}: {ui.both_units(est.device_bytes)} per GPU, "
                    f"**{ui.both_units(spare)} to spare** ({where}).", icon=":material/check_circle:")
-    elif est.verdict(cap) == "tight":
+    elif v == "tight":
         st.warning(f"**Tight** on {each} {gpu.display_name}: {ui.both_units(est.device_bytes)} per GPU with the "
                    f"allocator's estimated cache, **over by {ui.both_units(-spare)}** ({where}); without that cache it "
                    f"fits. PyTorch frees its cached blocks and retries before it runs out of memory, so fragmentation "

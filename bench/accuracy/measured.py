@@ -16,10 +16,9 @@ import statistics
 import pandas as pd
 
 from bench.accuracy import calibrate
-from bench.accuracy.report import driver_reserve, gpu_of
+from bench.accuracy.report import driver_reserve, row_estimate
 from bench.store import db
 from bench.store.app_data import comparable_allocated_bytes
-from estimator.estimate import Options, estimate
 from estimator.store import ProfileMissing
 from estimator.units import GiB
 
@@ -51,10 +50,7 @@ def _estimates(runs: pd.DataFrame) -> list[tuple[dict, object]]:
     out = []
     for row in runs.to_dict("records"):
         try:
-            model = calibrate.model_from_row(row)
-            w, p = calibrate.workload_from_row(row), calibrate.parallel_from_row(row)
-            conf = row.get("alloc_conf") if isinstance(row.get("alloc_conf"), str) else ""
-            out.append((row, estimate(model, w, p, Options(derive=False, alloc_conf=conf, gpu=gpu_of(row)))))
+            out.append((row, row_estimate(row, calibrate.model_from_row(row), derive=False)))
         except (ProfileMissing, ValueError, TypeError):
             continue
     return out
@@ -104,9 +100,7 @@ def _verdicts(pairs) -> list[str]:
             continue
         v = est.verdict(int(total))
         table[v, bool(row["oom"])] += 1
-        if v != "tight" and (v == "oom") != bool(row["oom"]):
-            wrong.append((row, est, int(total), v))
-        elif v == "tight":
+        if v == "tight" or (v == "oom") != bool(row["oom"]):
             wrong.append((row, est, int(total), v))
     needs = [(comparable_allocated_bytes(est, "measured"), oom_need(row.get("oom_message")))
              for row, est in pairs if row["oom"]]
@@ -121,11 +115,11 @@ def _verdicts(pairs) -> list[str]:
     out += [f"| {v} | {table[v, False]} | {table[v, True]} |" for v in ("fits", "tight", "oom")]
     if needs:
         worst = max((n - a) / n for a, n in below) if below else 0.0
-        out += ["", f"An OOM row's message proves a lower bound on its true peak: the bytes allocated when the "
-                f"request failed plus the request. The estimate here includes cuBLAS's 32 MiB workspace, as in the "
-                f"measured-allocated tier. On {len(needs)} OOM rows the estimate's allocated peak was at "
-                f"or above that bound (within the message's two decimals) in {len(needs) - len(below)}" + (f"; below it in {len(below)}, by at most "
-                                                                      f"{worst:.2%}." if below else ".")]
+        tail = f"; below it in {len(below)}, by at most {worst:.2%}." if below else "."
+        out += ["", "An OOM row's message proves a lower bound on its true peak: the bytes allocated when the request "
+                "failed plus the request. The estimate here includes cuBLAS's 32 MiB workspace, as in the "
+                f"measured-allocated tier. On {len(needs)} OOM rows the estimate's allocated peak was at or above "
+                f"that bound (within the message's two decimals) in {len(needs) - len(below)}{tail}"]
     if wrong:
         out += ["", "The rows called tight or called wrongly:", "",
                 "| model | mode | method | recipe | ckpt | batch | seq | verdict | GPU said | estimate: allocated / "
@@ -160,7 +154,7 @@ def _overhead_loo(pairs) -> list[str]:
         for row, est in pairs:
             if row["model_name"] != held or row["oom"] or not row.get("nvml_used_bytes"):
                 continue
-            pred = est.reserved_bytes + const + (est.device_bytes - est.reserved_bytes - est.cuda_context_bytes)
+            pred = row_estimate(row, calibrate.model_from_row(row), derive=False, cuda_context_bytes=const).device_bytes
             truth = row["nvml_used_bytes"] - driver_reserve(row)
             errs.append(abs(pred - truth) / truth)
         if errs:

@@ -111,6 +111,15 @@ def gpu_of(row: dict) -> str | None:
         return None
 
 
+def row_estimate(row: dict, model: Model, **options) -> Estimate:
+    """Ours for a stored run: its workload and parallelism, its allocator settings (a measured run's pick its
+    reserved fit) and, for a measured run, its GPU (the context and kernel images of its architecture). `options`
+    are further Options fields (derive, cuda_context_bytes)."""
+    conf = row.get("alloc_conf")
+    opts = Options(alloc_conf=conf if isinstance(conf, str) else "", gpu=gpu_of(row), **options)
+    return estimate(model, calibrate.workload_from_row(row), calibrate.parallel_from_row(row), opts)
+
+
 @dataclass(frozen=True)
 class Case:
     """One usable run row with what every method needs from it, computed once."""
@@ -140,9 +149,7 @@ def cases_of(runs: pd.DataFrame, derive: bool = True) -> tuple[list[Case], dict[
         if model is not None:
             try:
                 w, p = calibrate.workload_from_row(row), calibrate.parallel_from_row(row)
-                conf = row.get("alloc_conf")  # a measured run's allocator settings pick its reserved fit
-                est = estimate(model, w, p, Options(derive=derive, alloc_conf=conf if isinstance(conf, str) else "",
-                                                    gpu=gpu_of(row)))
+                est = row_estimate(row, model, derive=derive)
             except ProfileMissing:
                 why = "no profile"
             except (ValueError, TypeError):

@@ -43,8 +43,8 @@ def register(subparsers) -> None:
                         "in each row's alloc_conf. Default: this shell's PYTORCH_CUDA_ALLOC_CONF, else the defaults")
     p.add_argument("--reuse-process", action="store_true",
                    help="measure the single-GPU cases of one model and allocator setting in one worker process, "
-                        "tearing each down (gc, cuBLAS workspaces, empty_cache) before the next: about a second "
-                        "per case instead of a process start. Kernels loaded by earlier cases then count in "
+                        "tearing each down (gc, cuBLAS workspaces, empty_cache) before the next: no process start, "
+                        "imports and CUDA start per case (4.7 s a case, steps included, on an H100: docs/measuring.md). Kernels loaded by earlier cases then count in "
                         "nvml_used_bytes; each row's notes say it was measured this way. Not with --snapshot")
     p.add_argument("--stop-after", type=float, default=None, metavar="SECONDS",
                    help="start no case once this many seconds have passed (for a GPU rented by the minute); "

@@ -329,7 +329,8 @@ def measure_one(case: Case, workdir: Path, timeout_s: float, snapshot: str | Non
     return row, ""
 
 
-def _append(out: Path, row: dict) -> None:
+def append_line(out: Path, row: dict) -> None:
+    """One JSON line, flushed and fsynced (the harness's rows, and the worker's lines under --cases)."""
     with out.open("a") as f:
         f.write(json.dumps(row) + "\n")
         f.flush()
@@ -450,7 +451,7 @@ def _record(case: Case, row: dict | None, why: str, out: Path, env_fields: dict,
     if row["run_id"] != identity_columns(case, env_fields)["run_id"]:  # still a true measurement: kept
         tqdm.write(f"warning: {case_name(case)}: the worker's GPU or versions differ from the probe's; "
                    "a rerun will not recognise this row and will measure the case again", file=sys.stderr)
-    _append(out, row)
+    append_line(out, row)
     tqdm.write(result_line(case, row), file=sys.stderr)
     done.add(row["run_id"])
     summary.measured += 1

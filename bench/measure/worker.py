@@ -334,13 +334,6 @@ def teardown(backend) -> int:
     return torch.cuda.memory_allocated(backend.device)
 
 
-def _append_line(out: str, obj: dict) -> None:
-    with open(out, "a") as f:
-        f.write(json.dumps(obj) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
 def _measure_many(cases_file: str, out: str, deadline: float | None) -> int:
     """Measure each case of a JSONL file in this one process, appending its row to `out` as it finishes.
 
@@ -364,14 +357,14 @@ def _measure_many(cases_file: str, out: str, deadline: float | None) -> int:
         except (ValueError, NotImplementedError) as e:
             # the runner's refusals of a case (LoRA targets the model lacks, an optimizer torch lacks) come before
             # or instead of any GPU work: report this case and go on with the next in this process
-            _append_line(out, {harness.REFUSED_KEY: f"{type(e).__name__}: {e}"[:MAX_NOTES]})
+            harness.append_line(Path(out), {harness.REFUSED_KEY: f"{type(e).__name__}: {e}"[:MAX_NOTES]})
             print(f"refused {i}/{len(cases)} {case.label()}: {e}", file=sys.stderr, flush=True)
             continue
         notes = [versions] if versions else []
         notes.append(WARM_NOTE.format(i=i))
         if leftover:
             notes.append(f"{leftover} bytes of earlier cases were still allocated when it started")
-        _append_line(out, build_row(case, env_fields, [result], tuple(notes)))
+        harness.append_line(Path(out), build_row(case, env_fields, [result], tuple(notes)))
         print(f"done {i}/{len(cases)} {case.label()}", file=sys.stderr, flush=True)
     return 0
 
