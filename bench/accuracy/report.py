@@ -61,16 +61,13 @@ def truths(row: dict) -> list[tuple[str, int]]:
         tiers = TIERS[1:]
     else:
         return []
-    out = [(t, int(row[TRUTH_COLUMN[t]])) for t in tiers if _present(row.get(TRUTH_COLUMN[t]))
-           and int(row[TRUTH_COLUMN[t]]) > 0]
-    return [(t, v - driver_reserve(row) if t == "measured-device" else v) for t, v in out]
+    out = [(t, int(row[TRUTH_COLUMN[t]])) for t in tiers if _present(row.get(TRUTH_COLUMN[t]))]
+    return [(t, v - driver_reserve(row) if t == "measured-device" else v) for t, v in out if v > 0]
 
 
 def driver_reserve(row: dict) -> int:
-    """What NVML counts as used on a measured row's GPU but cudaMemGetInfo leaves out of its total: nvidia-smi's
-    memory.total (data/gpus.json) minus the row's gpu_total_bytes (480 MiB on an H100 80GB HBM3 with driver 580).
-    The verdict compares device bytes with cudaMemGetInfo's total, so the device tier's truth is NVML's used minus
-    this; 0 where the GPU is unknown."""
+    """What NVML counts as used but cudaMemGetInfo's total (the verdict's capacity) leaves out: nvidia-smi's
+    memory.total (data/gpus.json) minus the row's gpu_total_bytes (480 MiB on an H100); 0 for an unknown GPU."""
     name, total = gpu_of(row), row.get("gpu_total_bytes")
     if name is None or not _present(total):
         return 0
@@ -100,8 +97,7 @@ def load_runs(db_path=None, family: str | None = None, sources=("traced", "measu
 
 
 def gpu_of(row: dict) -> str | None:
-    """The GPU preset of a measured row (its CUDA context and kernel images, estimator.device), from the name torch
-    reported ('NVIDIA H100 80GB HBM3'); None for a traced row or a GPU data/gpus.json does not know."""
+    """The GPU preset of a measured row from torch's name for it ('NVIDIA H100 80GB HBM3'); else None."""
     name = row.get("gpu_name")
     if row.get("source") != "measured" or not isinstance(name, str):
         return None
@@ -112,9 +108,8 @@ def gpu_of(row: dict) -> str | None:
 
 
 def row_estimate(row: dict, model: Model, **options) -> Estimate:
-    """Ours for a stored run: its workload and parallelism, its allocator settings (a measured run's pick its
-    reserved fit) and, for a measured run, its GPU (the context and kernel images of its architecture). `options`
-    are further Options fields (derive, cuda_context_bytes)."""
+    """Ours for a stored run: its workload, parallelism, allocator settings and (measured) GPU; `options` are
+    further Options fields (derive, cuda_context_bytes)."""
     conf = row.get("alloc_conf")
     opts = Options(alloc_conf=conf if isinstance(conf, str) else "", gpu=gpu_of(row), **options)
     return estimate(model, calibrate.workload_from_row(row), calibrate.parallel_from_row(row), opts)
@@ -213,8 +208,7 @@ def _cpu_math_sdpa(c: Case) -> bool:
 
 
 def _init_transient(c: Case) -> bool:
-    """A measured row of tool_version 0.1.0 whose peak is its load stage: the worker's random initialisation
-    allocated an untied output head before tying it to the embeddings (bench.measure.worker, fixed in 0.2.0)."""
+    """A measured row of tool_version 0.1.0 whose peak is its load stage (see its KNOWN_CAUSES text)."""
     r = c.row
     if r["source"] != "measured" or r.get("tool_version") != "0.1.0" or not _present(r.get("load_peak_alloc_bytes")):
         return False
