@@ -42,12 +42,14 @@ from estimator.profile.profile import CATEGORIES, Piece, Profile
 from estimator.spec import Parallel, Workload
 from estimator.store import parallel_class, workload_class
 from estimator.parallel import TRACED_SHARDING
-from tracer import serialized
+from tracer import forked, serialized
 from tracer import kernels as kernels_mod
 from tracer import kernels_sdpa
 from tracer import losses, runner, session, vision
 from tracer.depth import layer_infos, text_config
 from tracer.extend import (
+    decode_ticks,
+    encode_ticks,
     TRACER_CATEGORIES,
     Plan,
     Ticks,
@@ -233,9 +235,7 @@ def trace_ticks(config: dict, workload: Workload, parallel: Parallel, layers: li
         # Liger's power-of-two chunk rule is not polynomial in the sizes: the profile uses a bounding fixed count
         # a vision encoder interpolates its position embeddings at every fitted size (tracer.vision.interpolating)
         with kernels_mod.emulate(kernels), losses.bounding_chunks(), vision.interpolating():
-            prime = None
-            if workload.mode == "train" and workload.loop == "loss-only" and not workload.optimizer_in_backward:
-                prime = session.grad_names(config, workload, parallel, layers, kernels)
+            prime = prime_names(config, workload, parallel, layers, kernels)
             with session._prepared(config, workload, parallel, layers, kernels=kernels) as case:
                 counter = session._run(case, steps, observe_layers=layers is not None, prime=prime)
             tl = counter.timeline()
@@ -244,6 +244,15 @@ def trace_ticks(config: dict, workload: Workload, parallel: Parallel, layers: li
     ticks = _candidates(tl, workload.mode == "train")
     ticks.efficient = frozenset(k for k, v in kernels_sdpa.efficient_calls().items() if v > calls_before[k])
     return ticks
+
+
+def prime_names(config: dict, workload: Workload, parallel: Parallel, layers: list[int] | None,
+                kernels: str = "cuda") -> set[str] | None:
+    """The parameters whose optimizer states a training trace creates before its counted step (session._run's
+    `prime`), or None where the trace runs its first step instead (other loops, optimizer in backward)."""
+    if workload.mode == "train" and workload.loop == "loss-only" and not workload.optimizer_in_backward:
+        return session.grad_names(config, workload, parallel, layers, kernels)
+    return None
 
 
 def _stage_of_ticks(tl) -> list[tuple[int, int, str, int]]:
@@ -445,20 +454,30 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
     done, padding = 0, 0
     cache: dict = {}
 
-    def run(pt, v):
-        nonlocal done
-        if (v, pt) in cache:
-            return cache[(v, pt)]
+    def what(pt, v) -> str:
         keep = plan.variants[v]
         b, s, n, r = pt
+        return (("tracing the whole model" if keep is None or plan.full else
+                 f"tracing {len(keep)} of {plan.n_layers} layers") + f" at batch {b}, seq {s}"
+                + (f", {n} GPUs" if n > 1 else "") + (f", LoRA rank {r}" if ranked else ""))
+
+    def trace(job):
+        v, (b, s, n, r) = job
+        keep = plan.variants[v]
+        return trace_ticks(config, replace(w0, batch=b, seq=s, lora_rank=r), _at_world(parallel, n),
+                           None if keep is None else list(keep), kernels)
+
+    def run(pt, v):
+        nonlocal done
+        hit = cache.get((v, pt))
+        if isinstance(hit, Exception):  # a forked trace's failure, raised where one process would have met it
+            raise hit
+        if hit is not None:
+            return hit
         if progress:
-            progress(done, n_jobs, ("tracing the whole model" if keep is None or plan.full else
-                                    f"tracing {len(keep)} of {plan.n_layers} layers") + f" at batch {b}, seq {s}"
-                                   + (f", {n} GPUs" if n > 1 else "") + (f", LoRA rank {r}" if ranked else ""))
-        par = _at_world(parallel, n)
+            progress(done, n_jobs, what(pt, v))
         try:
-            ticks = trace_ticks(config, replace(w0, batch=b, seq=s, lora_rank=r), par,
-                                None if keep is None else list(keep), kernels)
+            ticks = trace((v, pt))
         except RuntimeError as e:
             if done or plan.full:
                 raise
@@ -466,6 +485,35 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
         done += 1
         cache[(v, pt)] = ticks
         return ticks
+
+    def prefetch(points) -> None:
+        """Trace the sizes a piece's fit and check will ask for, in forked copies where that is possible
+        (tracer.forked); `run` then finds them in `cache`."""
+        todo = list(dict.fromkeys(job for job in points if job not in cache))
+        sequential = forked.why_sequential(len(todo), forked.workers())
+        here = set()
+
+        def start(job) -> None:
+            here.add(job)
+            if progress:
+                progress(done, n_jobs, what(job[1], job[0]))
+
+        def finished(job, out) -> None:
+            nonlocal done
+            cache[job] = out
+            if not isinstance(out, Exception):
+                done += 1
+            if progress and job not in here:  # a forked copy's trace: said as it comes back
+                progress(done, n_jobs, what(job[1], job[0]).replace("tracing", "traced", 1))
+
+        if sequential is None:
+            # what every copy would compute first, computed once here and inherited (session.grad_names memo)
+            with kernels_mod.emulate(kernels), losses.bounding_chunks(), vision.interpolating():
+                for v, (b, s, n, r) in {job[0]: job for job in todo}.values():
+                    keep = plan.variants[v]
+                    prime_names(config, replace(w0, batch=b, seq=s, lora_rank=r), _at_world(parallel, n),
+                                None if keep is None else list(keep), kernels)
+        forked.run_all(todo, trace, encode_ticks, decode_ticks, finished, start)
 
     out_pieces = []
     for lo, hi, seqs, vseq in pieces:
@@ -480,6 +528,9 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
         else:
             classes = [(None, lse, *(choose_seqs(lo, unit, lse, step=step) if lse else (seqs, vseq)))]
         n_jobs += sum(jobs(c[2]) for c in classes) - jobs(seqs)
+        prefetch([(v, pt) for _, _, fseqs, vs in classes for batches, vbatch, _, _ in BATCH_REGIONS
+                  for v in range(len(plan.variants))
+                  for pt in (*size_points(batches, fseqs, fit_world, fit_ranks), (vbatch, vs, world[-1], vrank))])
         for align, extra, fseqs, vs in classes:
             for batches, vbatch, b_lo, b_hi in BATCH_REGIONS:
                 vpoint = (vbatch, vs, world[-1], vrank)

@@ -78,6 +78,17 @@ class Ticks:
     efficient: frozenset = frozenset()   # "lse", "mask": how the step called memory-efficient attention (derive)
 
 
+def encode_ticks(t: Ticks) -> dict:
+    """Ticks as JSON-able data (a forked trace's result on its pipe, tracer.forked); `decode_ticks` reads it."""
+    return {"keys": [list(k) for k in t.keys], "gs": list(t.gs), "values": t.values.tolist(),
+            "efficient": sorted(t.efficient)}
+
+
+def decode_ticks(d: dict) -> Ticks:
+    values = np.array(d["values"], dtype=np.int64).reshape(len(d["keys"]), len(CATEGORIES))
+    return Ticks([tuple(k) for k in d["keys"]], [int(g) for g in d["gs"]], values, frozenset(d["efficient"]))
+
+
 def tick_row(col, opt_step: int) -> list[int]:
     by = dict(zip(TRACER_CATEGORIES, (int(x) for x in col)))
     by["activations"] -= opt_step

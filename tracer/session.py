@@ -238,8 +238,8 @@ def grad_names(config: dict, workload: Workload, parallel: Parallel, layers: lis
     at many sizes."""
     import json
 
-    key = (json.dumps(config, sort_keys=True, default=str), workload.method, workload.lora_rank,
-           workload.lora_targets, workload.loss, workload.compile, workload.recipe, workload.checkpointing,
+    # not the LoRA rank: which parameters get gradients does not depend on it (a derivation traces three ranks)
+    key = (json.dumps(config, sort_keys=True, default=str), workload.method, workload.lora_targets, workload.loss, workload.compile, workload.recipe, workload.checkpointing,
            parallel.strategy, parallel.tp_size, tuple(layers) if layers is not None else None, kernels)
     if key not in _GRAD_NAMES:
         if len(_GRAD_NAMES) > 256:
