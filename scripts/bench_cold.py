@@ -40,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from estimator import cli, knobs, store  # noqa: E402
 from estimator.estimate import profile_where, traced_class  # noqa: E402
+from tracer import forked  # noqa: E402  (how many processes a derivation traces in; imports no torch)
 from estimator.model import from_hf_config  # noqa: E402
 from estimator.presets import load_config  # noqa: E402
 from scripts.bench_cold_grid import CONFIG_DIR, GRID, NON_PRESET_TYPES, Pair  # noqa: E402
@@ -139,6 +140,18 @@ def summary(rows: list[dict]) -> dict:
     return out
 
 
+def _commit() -> str | None:
+    """The checkout's commit (with '+changes' when the tree differs from it), or None outside git."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=30).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (head + ("+changes" if dirty else "")) or None
+
+
 def _versions() -> dict:
     out = {"python": platform.python_version()}
     for pkg in ("torch", "transformers", "peft", "numpy"):
@@ -152,7 +165,9 @@ def _versions() -> dict:
 def report_section(result: dict) -> str:
     m, s = result["machine"], result["summary"]
     lines = [SECTION, "",
-             f"Measured by `{result['command']}` on {m['cores']} CPU cores ({m['platform']}), "
+             f"Measured by `{result['command']}` at commit {result.get('commit') or '(unknown)'} on {m['cores']} "
+             f"CPU cores ({m['platform']}), {m.get('trace_workers', 1)} tracing process(es) per derivation "
+             f"(tracer.forked, WILLITFIT_TRACE_WORKERS), "
              f"Python {m['versions']['python']}, torch {m['versions']['torch']}, transformers "
              f"{m['versions']['transformers']}; 1-minute load average {m['load_before'][0]:.2f} before, "
              f"{m['load_after'][0]:.2f} after. Each pair ran `python -m estimator --model M <flags> --json` in a fresh "
@@ -231,7 +246,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{i}/{len(pairs)}] {p.name}: {r['wall_s']:.2f} s wall, {r['cpu_s']:.2f} s CPU; {what}", flush=True)
     cmd = " ".join(["python scripts/bench_cold.py", *(argv if argv is not None else sys.argv[1:])])
     result = {"command": cmd, "timeout_s": args.timeout, "targets_s": TARGETS_S,
-              "machine": {"cores": os.cpu_count(), "platform": platform.platform(), "versions": _versions(),
+              "commit": _commit(),
+              "machine": {"cores": os.cpu_count(), "trace_workers": forked.workers(), "platform": platform.platform(),
+                          "versions": _versions(),
                           "load_before": load_before, "load_after": os.getloadavg()},
               "summary": summary(rows), "rows": rows}
     for what in ("wall_s", "cpu_s"):
