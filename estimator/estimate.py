@@ -330,7 +330,7 @@ def ensure_profile(model: Model, workload: Workload, parallel: Parallel = Parall
     `progress(done, total, message)` per trace) if it is not. Returns its provenance with 'where': shipped, cache or
     'derived now'. With tp > 1 that is the traced TP rank's profile where one is on disk, else the analytic split's;
     `tp_rank=True` derives the traced TP rank's (minutes: `scripts/parallel_check.py`, `python -m bench derive`)."""
-    tw, tp = _evaluated_class(model, workload, parallel, tp_rank)
+    tw, tp = evaluated_class(model, workload, parallel, tp_rank)
     found = _where(model, tw, tp)
     prof = store.profile(model.config, tw, tp, name=model.name, derive=found is None, progress=progress)
     return {**prof.provenance, "where": found or "derived now"}
@@ -339,11 +339,11 @@ def ensure_profile(model: Model, workload: Workload, parallel: Parallel = Parall
 def profile_where(model: Model, workload: Workload, parallel: Parallel = Parallel()) -> str | None:
     """Where the profile `estimate(model, workload, parallel)` evaluates is: 'shipped', 'cache', or None when it
     must be derived (or fetched from a bank) first. A file check: no profile is read."""
-    tw, tp = _evaluated_class(model, workload, parallel, False)
+    tw, tp = evaluated_class(model, workload, parallel, False)
     return _where(model, tw, tp)
 
 
-def _evaluated_class(model: Model, workload: Workload, parallel: Parallel, tp_rank: bool):
+def evaluated_class(model: Model, workload: Workload, parallel: Parallel, tp_rank: bool):
     """(traced workload, traced parallel) of the profile an estimate evaluates: a traced TP rank's only where it is
     on disk already or `tp_rank` asks for it, else the class of the analytic split (`analytic_class`)."""
     w, _ = _runnable_attention(model, workload)

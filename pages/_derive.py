@@ -1,7 +1,8 @@
 """A page never blocks on a derivation: what is priced at once shows at once, the profile derives in the background.
 
 When the profile an estimate needs is on no disk (shipped, cache, bank), `profile_or_background` starts deriving it
-in a thread of this session (estimator.estimate.ensure_profile), shows the model states the inventory prices
+in the background (a thread of this session watching `python -m tracer.derive_job`, a process of its own whose traces
+run on several cores: tracer.forked), shows the model states the inventory prices
 exactly (estimator.components.model_state_bytes), and a progress bar per trace with the time left, refreshed
 every second by a fragment; when the profile is written the page reruns and shows the whole answer. The job lives
 in this session's state only: two sessions never share one (both derive, the store's atomic writes keep the file
@@ -13,7 +14,12 @@ this off (a busy shared server): such rows are then listed without a number. Not
 """
 from __future__ import annotations
 
+import json
 import os
+import signal
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from contextlib import contextmanager
@@ -24,11 +30,12 @@ import streamlit as st
 from estimator import estimate as estimate_mod
 from estimator.breakdown import COMPONENTS
 from estimator.components import model_state_bytes
-from estimator.spec import Parallel, Workload
+from estimator.spec import Parallel, Workload, spec_dict
 from estimator.store import profile_key
 from estimator.units import fmt_bytes
 
 POLL_S = 1.0
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @dataclass
@@ -90,7 +97,7 @@ def _run_advice(job: AdviceJob, model) -> None:
         for i, (key, w, par) in enumerate(job.todo):
             job.current, job.done, job.total, job.row_started_s = i, 0, 0, time.monotonic()
             try:
-                estimate_mod.ensure_profile(model, w, par, job.progress)
+                derive(model, w, par, job.progress)
             except ValueError as e:
                 job.failed[key] = " ".join(str(e).split())
             else:
@@ -169,9 +176,50 @@ def _watch_advice(job: AdviceJob) -> None:
                                     f"{eta}")
 
 
+def derive(model, w: Workload, par: Parallel, progress) -> None:
+    """What estimator.estimate.ensure_profile(model, w, par, progress) does, in a process of its own: `python -m
+    tracer.derive_job` derives the profile into the cache, reporting each trace to `progress` (which raises
+    Cancelled to stop it: the process is killed). A refusal raises ValueError with the derivation's one line; a
+    crash, RuntimeError with the last line it wrote."""
+    if estimate_mod.profile_where(model, w, par) is not None:
+        return
+    tw, tp = estimate_mod.evaluated_class(model, w, par, False)
+    job = json.dumps({"config": model.config, "name": model.name, "workload": spec_dict(tw),
+                      "parallel": spec_dict(tp)})
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (ROOT, os.environ.get("PYTHONPATH"))))}
+    error = None
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "tracer.derive_job"], cwd=ROOT, env=env, text=True,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
+                                start_new_session=True)  # its own process group: its forked copies end with it
+        try:
+            proc.stdin.write(job)
+            proc.stdin.close()
+            for line in proc.stdout:
+                msg = json.loads(line)
+                if "done" in msg:
+                    progress(int(msg["done"]), int(msg["total"]), str(msg["message"]))
+                elif "error" in msg:
+                    error = str(msg["error"])
+            proc.wait()
+        except BaseException:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
+        finally:
+            proc.stdout.close()
+        if error is not None:
+            raise ValueError(error)
+        if proc.returncode != 0:
+            err.seek(0)
+            last = ([ln for ln in err.read().splitlines() if ln.strip()] or [f"exit status {proc.returncode}"])[-1]
+            raise RuntimeError(f"derivation: its process failed: {last.strip()[:300]}")
+    estimate_mod.ensure_profile(model, w, par)  # read from the cache it wrote
+
+
 def _run(job: Job, model, w: Workload, par: Parallel) -> None:
     try:
-        estimate_mod.ensure_profile(model, w, par, job.progress)
+        derive(model, w, par, job.progress)
     except Exception as e:  # noqa: BLE001 - the page shows it in one line; the thread must not die silently
         job.error = " ".join(str(e).split()) or type(e).__name__
     finally:

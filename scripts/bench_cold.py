@@ -140,6 +140,21 @@ def summary(rows: list[dict]) -> dict:
     return out
 
 
+PROBE_ITERATIONS = 10_000_000
+
+
+def speed_probe_s() -> float:
+    """CPU seconds one core takes for a fixed pure-Python loop (PROBE_ITERATIONS additions), best of 3: how fast
+    this machine runs the interpreter today, so that runs on different days (or shared machines) compare."""
+    best = math.inf
+    for _ in range(3):
+        t, x = time.process_time(), 0
+        for i in range(PROBE_ITERATIONS):
+            x += i
+        best = min(best, time.process_time() - t)
+    return round(best, 3)
+
+
 def _commit() -> str | None:
     """The checkout's commit (with '+changes' when the tree differs from it), or None outside git."""
     try:
@@ -162,6 +177,13 @@ def _versions() -> dict:
     return out
 
 
+def _probe(m: dict) -> str:
+    if m.get("speed_probe_s") is None:
+        return "no speed probe recorded"
+    return (f"this machine's speed probe (`speed_probe_s`: {PROBE_ITERATIONS:,} Python additions on one core, CPU "
+            f"seconds, best of 3) read {m['speed_probe_s']:.2f} s")
+
+
 def report_section(result: dict) -> str:
     m, s = result["machine"], result["summary"]
     lines = [SECTION, "",
@@ -170,7 +192,8 @@ def report_section(result: dict) -> str:
              f"(tracer.forked, WILLITFIT_TRACE_WORKERS), "
              f"Python {m['versions']['python']}, torch {m['versions']['torch']}, transformers "
              f"{m['versions']['transformers']}; 1-minute load average {m['load_before'][0]:.2f} before, "
-             f"{m['load_after'][0]:.2f} after. Each pair ran `python -m estimator --model M <flags> --json` in a fresh "
+             f"{m['load_after'][0]:.2f} after; {_probe(m)}. Each pair ran `python -m estimator --model M <flags> "
+             "--json` in a fresh "
              "process with an empty WILLITFIT_CACHE, no WILLITFIT_PROFILES bank, HF_HUB_OFFLINE=1 "
              f"(scripts/bench_cold_grid.py: {len(result['rows'])} pairs, none shipped); wall is the process's, CPU "
              f"its getrusage user + system; timeout {result['timeout_s']} s per pair. Results: docs/bench_cold.json.",
@@ -236,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     full = len(pairs) == len(GRID)
     load_before = os.getloadavg()
+    probe = speed_probe_s()
     rows = []
     for i, p in enumerate(pairs, 1):
         r = run_pair(p, args.timeout)
@@ -249,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
               "commit": _commit(),
               "machine": {"cores": os.cpu_count(), "trace_workers": forked.workers(), "platform": platform.platform(),
                           "versions": _versions(),
-                          "load_before": load_before, "load_after": os.getloadavg()},
+                          "load_before": load_before, "load_after": os.getloadavg(), "speed_probe_s": probe},
               "summary": summary(rows), "rows": rows}
     for what in ("wall_s", "cpu_s"):
         print(what, " ".join(f"{k} {v:.2f} s ({'met' if v <= TARGETS_S[k] else 'missed'})"
