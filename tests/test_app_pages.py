@@ -165,21 +165,21 @@ def test_fit_prices_every_advice_row_in_the_background(env, monkeypatch):
     another, with the row and the trace on a progress bar; the page reruns when they end. Here the derivation is a
     stand-in that reports two traces and refuses: the test sees which classes it was asked for, the progress, and
     the one-line reasons; that real derivations fill the table is the slow test below."""
-    from estimator import estimate as estimate_mod
+    from pages import _derive
 
     monkeypatch.setenv("WILLITFIT_PRICE_ADVICE", "1")
-    real, release, asked = estimate_mod.ensure_profile, threading.Event(), []
+    real, release, asked = _derive.derive, threading.Event(), []
 
-    def derivation(model, w, par, progress=None, **kw):
+    def derivation(model, w, par, progress):
         if ":advice:" not in threading.current_thread().name:
-            return real(model, w, par, progress, **kw)  # the page's own (shipped) profile
+            return real(model, w, par, progress)  # the page's own (shipped) profile
         asked.append((w, par))
         progress(1, 2, "trace 1")
         assert release.wait(TIMEOUT_S)
         progress(2, 2, "trace 2")
         raise ValueError(f"stand-in refusal {len(asked)}")
 
-    monkeypatch.setattr(estimate_mod, "ensure_profile", derivation)
+    monkeypatch.setattr(_derive, "derive", derivation)
     # amp's classes ship for the traced grid's presets, their advice classes (checkpointing, accumulation) do not
     at = app(query={"model": "llama-3.2-1b", "batch": "64", "recipe": "amp"})
     model, w = the_model("llama-3.2-1b"), Workload(batch=64, recipe="amp")

@@ -1,0 +1,77 @@
+"""The app's background derivations run in a process of their own (`python -m tracer.derive_job`, pages/_derive.derive):
+the profile lands in the cache with every trace reported, a refusal is the derivation's own one line, and a cancelled
+derivation is killed before it writes anything.
+
+    python -m pytest tests/test_derive_job.py -q
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from estimator import estimate as estimate_mod
+from estimator import store
+from estimator.model import from_hf_config
+from estimator.spec import Parallel, Workload
+from pages import _derive
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = Path(__file__).parent / "data" / "tiny"
+# no other test derives this config (its own widths), so nothing of it is on disk before
+BIGCODE = {"model_type": "gpt_bigcode", "n_layer": 2, "n_embd": 48, "n_head": 4, "vocab_size": 96,
+           "n_positions": 2048}
+
+
+@pytest.fixture()
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("WILLITFIT_CACHE", str(tmp_path))
+    store.clear_memo()
+    yield tmp_path
+    store.clear_memo()
+
+
+def test_a_derivation_in_its_own_process_fills_the_cache_reporting_each_trace(cache):
+    model, w, par = from_hf_config(BIGCODE, "bigcode-48"), Workload(batch=4), Parallel()
+    assert estimate_mod.profile_where(model, w, par) is None
+    seen = []
+    _derive.derive(model, w, par, lambda done, total, message: seen.append((done, total, message)))
+    assert estimate_mod.profile_where(model, w, par) == "cache"
+    total = seen[-1][1]
+    assert total >= 6 and seen[-1][0] == total and seen[-1][2] == "done"
+    assert [d for d, _, _ in seen] == sorted(d for d, _, _ in seen)       # progress only goes forward
+    assert any(m.startswith(("tracing", "traced")) for _, _, m in seen)
+    est = estimate_mod.estimate(model, w, par, estimate_mod.Options(derive=False))  # no derivation left to do
+    assert est.total_bytes > 0
+
+
+def test_a_refused_derivation_raises_its_own_one_line(cache):
+    cfg = json.loads((TINY / "t-mamba2.json").read_text())
+    model, w, par = from_hf_config(cfg, "t-mamba2"), Workload(), Parallel()
+    with pytest.raises(ValueError) as here:                                  # the same refusal, in this process
+        estimate_mod.ensure_profile(model, w, par)
+    with pytest.raises(ValueError) as there:
+        _derive.derive(model, w, par, lambda *a: None)
+    assert str(there.value) == " ".join(str(here.value).split())
+    assert str(there.value).startswith("mode: mamba2 runs a chunked state-space scan")
+
+
+def test_a_cancelled_derivation_leaves_no_process_and_no_file(cache):
+    model, w, par = from_hf_config(BIGCODE, "bigcode-48"), Workload(batch=2, checkpointing="full"), Parallel()
+
+    def cancel(done, total, message):
+        raise _derive.Cancelled("test")
+
+    with pytest.raises(_derive.Cancelled):
+        _derive.derive(model, w, par, cancel)
+    assert estimate_mod.profile_where(model, w, par) is None  # killed with its process group at the first trace
+
+
+def test_a_malformed_job_is_one_line(cache):
+    r = subprocess.run([sys.executable, "-m", "tracer.derive_job"], input='{"config": {}}', capture_output=True,
+                       text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 2
+    assert json.loads(r.stdout) == {"error": "job: one JSON object with config, name, workload and parallel"}
