@@ -515,10 +515,16 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
                                 None if keep is None else list(keep), kernels)
         forked.run_all(todo, trace, encode_ticks, decode_ticks, finished, start)
 
-    out_pieces = []
+    def probe_of(seqs) -> tuple:
+        return (BATCH_REGIONS[-1][0][0], seqs[0], fit_world[0], fit_ranks[0])   # one the b >= 2 region fits anyway
+
+    # Two rounds, each spread over processes (prefetch): every piece's first trace (it decides that piece's seqs;
+    # the first piece's here, where a failure of the reduced model is told apart), then every other trace
+    run(probe_of(pieces[0][2]), 0)
+    prefetch([(0, probe_of(p[2])) for p in pieces[1:]])
+    planned = []
     for lo, hi, seqs, vseq in pieces:
-        probe = (BATCH_REGIONS[-1][0][0], seqs[0], fit_world[0], fit_ranks[0])   # one the b >= 2 region fits anyway
-        seen = run(probe, 0).efficient
+        seen = run(probe_of(seqs), 0).efficient
         unit = seqs[0] - lo
         lse = (poly.LSE_MONOMIALS if "lse" in seen else ()) + scan_extra
         if "mask" in seen:  # a mask is copied on unaligned s only: two lists of ticks, two pieces
@@ -528,9 +534,12 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
         else:
             classes = [(None, lse, *(choose_seqs(lo, unit, lse, step=step) if lse else (seqs, vseq)))]
         n_jobs += sum(jobs(c[2]) for c in classes) - jobs(seqs)
-        prefetch([(v, pt) for _, _, fseqs, vs in classes for batches, vbatch, _, _ in BATCH_REGIONS
-                  for v in range(len(plan.variants))
-                  for pt in (*size_points(batches, fseqs, fit_world, fit_ranks), (vbatch, vs, world[-1], vrank))])
+        planned.append((lo, seqs, seen, classes))
+    prefetch([(v, pt) for _, _, _, classes in planned for _, _, fseqs, vs in classes
+              for batches, vbatch, _, _ in BATCH_REGIONS for v in range(len(plan.variants))
+              for pt in (*size_points(batches, fseqs, fit_world, fit_ranks), (vbatch, vs, world[-1], vrank))])
+    out_pieces = []
+    for (lo, hi, _, _), (_, seqs, seen, classes) in zip(pieces, planned):
         for align, extra, fseqs, vs in classes:
             for batches, vbatch, b_lo, b_hi in BATCH_REGIONS:
                 vpoint = (vbatch, vs, world[-1], vrank)
