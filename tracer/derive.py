@@ -28,34 +28,27 @@ The result is a `Profile` (pure data, JSON) that `estimator.estimate` evaluates 
 """
 from __future__ import annotations
 
-import gc
 import platform
 import time
 from collections.abc import Callable
 from dataclasses import replace
 from fractions import Fraction
 
-import numpy as np
-
 from estimator.profile import poly
-from estimator.profile.profile import CATEGORIES, Piece, Profile
+from estimator.profile.profile import Piece, Profile
 from estimator.spec import Parallel, Workload
 from estimator.store import parallel_class, workload_class
 from estimator.parallel import TRACED_SHARDING
 from tracer import forked, serialized
 from tracer import kernels as kernels_mod
-from tracer import kernels_sdpa
 from tracer import losses, runner, session, vision
 from tracer.depth import layer_infos, text_config
 from tracer.extend import (
     decode_ticks,
     encode_ticks,
-    TRACER_CATEGORIES,
     Plan,
-    Ticks,
     moment_of,
     size_points,
-    tick_row,
     extend,
     fit_variant,
     plan_layers,
@@ -63,6 +56,7 @@ from tracer.extend import (
     verify,
 )
 from tracer.lora import derivation_ranks
+from tracer.ticks import prime_names, trace_ticks
 from tracer.meta import is_masked_lm, is_vision_model, read_inventory  # noqa: F401  (read_inventory: the store's other miss)
 
 # Batch 1 is its own region: with one sequence, size-1 dimensions make some copies unnecessary (a sliced
@@ -218,98 +212,6 @@ def _window_values(cfg) -> list[int]:
             if k in WINDOW_KEYS and isinstance(v, int) and not isinstance(v, bool):
                 vals.append(v)
     return vals
-
-
-# ------------------------------------------------------------------------------------------------- one trace
-
-
-def trace_ticks(config: dict, workload: Workload, parallel: Parallel, layers: list[int] | None,
-                kernels: str = "cuda") -> Ticks:
-    """Trace one reduced model (or the whole one: layers None) at one size and keep the ticks that can be a peak
-    (with the same kernels as session.run_traced, so a profile and a traced row agree)."""
-
-    steps = 2 if workload.mode == "train" else 1
-    calls_before = kernels_sdpa.efficient_calls()
-    gc.disable()  # frees happen at refcount zero; a collector pass at a random tick would break the alignment
-    try:
-        # Liger's power-of-two chunk rule is not polynomial in the sizes: the profile uses a bounding fixed count
-        # a vision encoder interpolates its position embeddings at every fitted size (tracer.vision.interpolating)
-        with kernels_mod.emulate(kernels), losses.bounding_chunks(), vision.interpolating():
-            prime = prime_names(config, workload, parallel, layers, kernels)
-            with session._prepared(config, workload, parallel, layers, kernels=kernels) as case:
-                counter = session._run(case, steps, observe_layers=layers is not None, prime=prime)
-            tl = counter.timeline()
-    finally:
-        gc.enable()
-    ticks = _candidates(tl, workload.mode == "train")
-    ticks.efficient = frozenset(k for k, v in kernels_sdpa.efficient_calls().items() if v > calls_before[k])
-    return ticks
-
-
-def prime_names(config: dict, workload: Workload, parallel: Parallel, layers: list[int] | None,
-                kernels: str = "cuda") -> set[str] | None:
-    """The parameters whose optimizer states a training trace creates before its counted step (session._run's
-    `prime`), or None where the trace runs its first step instead (other loops, optimizer in backward)."""
-    if workload.mode == "train" and workload.loop == "loss-only" and not workload.optimizer_in_backward:
-        return session.grad_names(config, workload, parallel, layers, kernels)
-    return None
-
-
-def _stage_of_ticks(tl) -> list[tuple[int, int, str, int]]:
-    """(first tick, last tick, stage, window ordinal) per stage window, in order."""
-    out, prev, seen = [], 0, {}
-    for t, st in tl.marks:
-        seen[st] = seen.get(st, 0) + 1
-        out.append((prev + 1, t, st, seen[st]))
-        prev = t
-    return out
-
-
-def _candidates(tl, train: bool) -> Ticks:
-    live = tl.live()                                    # (tracer categories, T + 1)
-    T = len(tl.kind) - 1
-    block = np.full(T + 2, -1, dtype=np.int64)
-    for t, b in sorted(tl.blocks, key=lambda x: x[0]):
-        block[t + 1:] = -1 if b is None else int(b)
-    windows = _stage_of_ticks(tl)
-    if train:  # the steady state: the last step (its micro-batches and its optimizer step)
-        opt_ends = [i for i, w in enumerate(windows) if w[2] == "optimizer"]
-        start = opt_ends[-2] + 1 if len(opt_ends) >= 2 else 1
-        keep = [windows[0]] + windows[start:]
-    else:
-        keep = windows
-    keys, gs, rows = [], [], []
-    act = TRACER_CATEGORIES.index("activations")
-    for lo, hi, stage, ordinal in keep:
-        g = ordinal if stage == "decode" and ordinal >= 2 else 0
-        if stage == "decode" and ordinal == 1:
-            stage = "decode1"
-        if stage == "load":
-            keys.append(("load", 0, None, 0))
-            gs.append(0)
-            rows.append(tick_row(live[:, hi], 0))
-            continue
-        ticks = [t for t in range(lo, hi + 1) if tl.kind[t] == 1 and
-                 (t == hi or tl.kind[t + 1] == -1 or block[t + 1] != block[t])]
-        if stage == "optimizer":  # the step's temporaries differ between its ticks by constants: keep the largest
-            base = live[act, lo - 1]
-            t = max(ticks, key=lambda t: int(live[:, t].sum())) if ticks else hi
-            keys.append(("optimizer", 0, None, 0))
-            gs.append(0)
-            rows.append(tick_row(live[:, t], int(live[act, t] - base)))
-            continue
-        seg, prev_block, local = 0, None, {}
-        for t in ticks:
-            b = None if block[t] < 0 else int(block[t])
-            if b is None and prev_block is not None:
-                seg += 1
-            prev_block = b
-            group = (stage, seg if b is None else 0, b)
-            local[group] = local.get(group, -1) + 1
-            keys.append((*group, local[group]))
-            gs.append(g)
-            rows.append(tick_row(live[:, t], 0))
-    return Ticks(keys, gs, np.array(rows, dtype=np.int64).reshape(len(rows), len(CATEGORIES)))
 
 
 # ------------------------------------------------------------------------------------------------- driver
