@@ -56,6 +56,8 @@ def _both(config: str, workload: dict, parallel: dict | None = None) -> list[dic
                  marks=pytest.mark.slow),
     pytest.param("t-llama.json", {"recipe": "mixed"}, {"strategy": "fsdp", "gpus": 2},  # fake process group, 1/n
                  marks=pytest.mark.slow),
+    pytest.param("t-llama.json", {"compile": True}, None,  # AOTAutograd (its tqdm bar: no monitor thread, tracer/)
+                 marks=pytest.mark.slow),
 ])
 def test_forked_traces_give_the_same_profile_to_the_byte(config, workload, parallel):
     one, three = _both(config, workload, parallel)

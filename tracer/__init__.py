@@ -23,6 +23,16 @@ import threading
 for _name in ("torchao", "torch.utils._pytree"):
     logging.getLogger(_name).setLevel(logging.ERROR)
 
+# tqdm starts a monitor thread with its first progress bar (AOTAutograd's compile of a traced step makes one). A
+# process with a second thread is one tracer.forked does not fork (a copy could inherit a lock held), so a compiled
+# workload's traces ran one after another; tqdm's own switch turns the monitor off.
+try:
+    import tqdm as _tqdm
+
+    _tqdm.tqdm.monitor_interval = 0
+except ImportError:  # transformers requires tqdm; without it there is no monitor either
+    pass
+
 # One traced run at a time per process: a trace sets torch's global state (the default dtype while a model is built,
 # FakeTensorMode, the fake process group of FSDP), so two at once (two app sessions deriving, a page's background
 # derivation beside a test) would read each other's. Re-entrant: a derivation runs many traces.
