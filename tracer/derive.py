@@ -363,11 +363,15 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
                  f"tracing {len(keep)} of {plan.n_layers} layers") + f" at batch {b}, seq {s}"
                 + (f", {n} GPUs" if n > 1 else "") + (f", LoRA rank {r}" if ranked else ""))
 
-    def trace(job):
+    def args(job) -> tuple:
+        """(config, workload, parallel, layers, kernels) of one trace job (variant, (b, s, n, r))."""
         v, (b, s, n, r) = job
         keep = plan.variants[v]
-        return trace_ticks(config, replace(w0, batch=b, seq=s, lora_rank=r), _at_world(parallel, n),
-                           None if keep is None else list(keep), kernels)
+        return (config, replace(w0, batch=b, seq=s, lora_rank=r), _at_world(parallel, n),
+                None if keep is None else list(keep), kernels)
+
+    def trace(job):
+        return trace_ticks(*args(job))
 
     def run(pt, v):
         nonlocal done
@@ -411,10 +415,8 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
         if sequential is None:
             # what every copy would compute first, computed once here and inherited (session.grad_names memo)
             with kernels_mod.emulate(kernels), losses.bounding_chunks(), vision.interpolating():
-                for v, (b, s, n, r) in {job[0]: job for job in todo}.values():
-                    keep = plan.variants[v]
-                    prime_names(config, replace(w0, batch=b, seq=s, lora_rank=r), _at_world(parallel, n),
-                                None if keep is None else list(keep), kernels)
+                for job in {job[0]: job for job in todo}.values():
+                    prime_names(*args(job))
         forked.run_all(todo, trace, encode_ticks, decode_ticks, finished, start)
 
     def probe_of(seqs) -> tuple:
@@ -436,12 +438,12 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
         else:
             classes = [(None, lse, *(choose_seqs(lo, unit, lse, step=step) if lse else (seqs, vseq)))]
         n_jobs += sum(jobs(c[2]) for c in classes) - jobs(seqs)
-        planned.append((lo, seqs, seen, classes))
-    prefetch([(v, pt) for _, _, _, classes in planned for _, _, fseqs, vs in classes
+        planned.append((seen, classes))
+    prefetch([(v, pt) for _, classes in planned for _, _, fseqs, vs in classes
               for batches, vbatch, _, _ in BATCH_REGIONS for v in range(len(plan.variants))
               for pt in (*size_points(batches, fseqs, fit_world, fit_ranks), (vbatch, vs, world[-1], vrank))])
     out_pieces = []
-    for (lo, hi, _, _), (_, seqs, seen, classes) in zip(pieces, planned):
+    for (lo, hi, seqs, _), (seen, classes) in zip(pieces, planned):
         for align, extra, fseqs, vs in classes:
             for batches, vbatch, b_lo, b_hi in BATCH_REGIONS:
                 vpoint = (vbatch, vs, world[-1], vrank)

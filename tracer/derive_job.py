@@ -19,12 +19,16 @@ from estimator import knobs, store
 from estimator.spec import Parallel
 
 
+_OUT = sys.stdout  # this process's messages only: anything else printed (a library's print) goes to stderr
+
+
 def _say(msg: dict) -> None:
-    sys.stdout.write(json.dumps(msg, separators=(",", ":")) + "\n")
-    sys.stdout.flush()
+    _OUT.write(json.dumps(msg, separators=(",", ":")) + "\n")
+    _OUT.flush()
 
 
 def main() -> int:
+    sys.stdout = sys.stderr
     job = json.loads(sys.stdin.read())
     if not isinstance(job, dict) or not {"config", "name", "workload", "parallel"} <= set(job):
         _say({"error": "job: one JSON object with config, name, workload and parallel"})
