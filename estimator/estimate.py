@@ -19,7 +19,8 @@ from estimator import components as comp
 from estimator import store
 from estimator.breakdown import Breakdown
 from estimator.model import Model
-from estimator.parallel import check_model, shares, tp_untraced
+from estimator.parallel import (check_model, compile_untraced, pp_microbatches, pp_rank_shares, pp_untraced,
+                                shares, tp_untraced)
 from estimator.reserved import workload_class
 from estimator.spec import PAGED_OPTIMIZERS, SIZE_FIELDS, Parallel, Workload
 from estimator.evaluate import stage_breakdowns
@@ -47,8 +48,8 @@ class Options:
     alloc_conf: str = ""                # PYTORCH_CUDA_ALLOC_CONF: which fitted reserved class (estimator.reserved)
     gpu: str | None = None              # GPU preset: picks the CUDA context of its architecture (estimator.device)
     cuda_context_bytes: int | None = None  # a measured CUDA context: overrides the GPU preset's and the overhead's
-    analytic_tp: bool = False           # price strategy tp by the analytic split even where a traced rank's profile
-                                        # is on disk (scripts/parallel_check.py compares the two)
+    analytic_tp: bool = False           # price tp (analytic_pp: pp) by the analytic rule even where the traced
+    analytic_pp: bool = False           # ranks' profiles are on disk (scripts/parallel_check.py compares the two)
 
     def __post_init__(self) -> None:
         c = self.cuda_context_bytes
@@ -157,27 +158,11 @@ class Estimate:
         return dict(self.stages)[name]
 
 
-def compile_untraced(w: Workload, p: Parallel) -> str | None:
-    """Why a compile=True workload is not traced compiled (tracer.compiled runs AOTAutograd's partitioner on
-    one GPU's training step with the full loss and no other knob), or None when it is (or compile is off)."""
-    if not w.compile:
-        return None
-    if w.mode != "train":
-        return "compile: traced for training only (the partitioner's saved tensors); inference runs eager"
-    if p.strategy not in ("single", "ddp"):
-        return (f"compile: traced on one GPU only; FSDP2's hooks and sharded parameters do not run inside "
-                f"AOTAutograd's functional trace here (strategy {p.strategy!r})")
-    if (w.loss, w.checkpointing, w.activation_offload, w.float8) != ("full", "none", False, False):
-        return ("compile: traced with loss='full' and no checkpointing, activation offloading or float8 (the "
-                "compiled graph is the model's own step)")
-    return None
-
-
 def traced_class(w: Workload, p: Parallel) -> tuple[Workload, Parallel, tuple[str, ...]]:
     """The traceable (workload, parallel) whose profile stands for this one, and what is priced analytically.
     It starts from the canonical class (store.canonical_class: knobs that do not apply at their defaults, every
     grad_accum >= 2 as 2), the same one the store keys and derives, so no note speaks of an unused knob."""
-    notes = []
+    notes, asked = [], w   # a pipeline's micro-batches default to the grad_accum asked, before canonical_class
     w = store.canonical_class(w)
     tw = replace(w, batch=1, seq=1, gen_tokens=0, kv_dtype="auto")
     if w.method == "qlora":
@@ -243,6 +228,15 @@ def traced_class(w: Workload, p: Parallel) -> tuple[Workload, Parallel, tuple[st
         sp = p.sequence_parallel
         tp = Parallel(strategy=tp.strategy, gpus=2 * p.tp_size, tp=p.tp_size, sequence_parallel=sp) if fsdp else \
             Parallel(strategy="tp", gpus=p.gpus, sequence_parallel=sp)
+    if p.pp_size > 1 and pp_untraced(asked, p) is None:
+        # every pipeline rank traced (tracer.pp), each profile fit at this degree, schedule and micro-batch count;
+        # where they are not all on disk, `resolve` falls back to the analytic rule over the single-GPU profile
+        m = pp_microbatches(asked, p)
+        notes = [n for n in notes if not n.startswith(f"{p.strategy}: sharding priced")]
+        notes.append(f"pp: every rank of pp {p.pp_size} traced ({p.pp_schedule}, {m} micro-batches of "
+                     f"{w.batch}; torch.distributed.pipelining, torchtitan's split of the layers)")
+        tp = Parallel(strategy="pp", gpus=p.pp_size, pp_schedule=p.pp_schedule, microbatches=m)
+        tw = replace(tw, grad_accum=1)
     if p.offload != "none":
         notes.append(f"offload: {p.offload} moved off the GPU")
     return tw, tp, tuple(notes)
@@ -253,9 +247,12 @@ _CLASSES: dict = {}
 
 
 def resolve(model: Model, w: Workload, p: Parallel, options: Options):
-    """(traced workload, notes, profile, shares) for this workload class, memoised: a search or a sweep only
-    changes the sizes, and looking a profile up (hashing its class) costs more than evaluating it."""
-    key = (model, p, options.derive, options.analytic_tp, tuple(getattr(w, f) for f in _CLASS_FIELDS))
+    """(traced workload, notes, profile, [(share, profile)] per GPU that could hold the peak) for this workload
+    class, memoised: a search or a sweep only changes the sizes, and looking a profile up (hashing its class) costs
+    more than evaluating it. Every share is evaluated with the one profile, except a pipeline whose ranks are
+    traced one by one: each rank with its own."""
+    key = (model, p, options.derive, options.analytic_tp, options.analytic_pp,
+           tuple(getattr(w, f) for f in _CLASS_FIELDS))
     hit = _CLASSES.get(key)
     if hit is None:
         model.inventory.trainable_params(w)  # a LoRA target the model lacks: one clean line, before any trace
@@ -266,14 +263,41 @@ def resolve(model: Model, w: Workload, p: Parallel, options: Options):
         prof = None
         if tp.tp_size > 1:
             prof, tp, notes = _traced_tp_or_analytic(model, tw, tp, notes, options)
-        if prof is None:
-            prof = store.profile(model.config, tw, tp, name=model.name, derive=options.derive,
-                                 progress=options.progress)
-        hit = (tw, notes, prof, shares(model.inventory, p))
+        per_rank = None
+        if tp.strategy == "pp":
+            per_rank, tw, tp, notes = _traced_pp_or_analytic(model, w, tw, tp, notes, options)
+        if per_rank is not None:
+            prof = per_rank[0]
+            pairs = tuple(zip(pp_rank_shares(model.inventory, p), per_rank))
+        else:
+            if prof is None:
+                prof = store.profile(model.config, tw, tp, name=model.name, derive=options.derive,
+                                     progress=options.progress)
+            pairs = tuple((sh, prof) for sh in shares(model.inventory, p))
+        hit = (tw, notes, prof, pairs)
         if len(_CLASSES) > 4096:
             _CLASSES.clear()
         _CLASSES[key] = hit
     return hit
+
+
+def _traced_pp_or_analytic(model: Model, w: Workload, tw: Workload, tp: Parallel, notes: tuple, options: Options):
+    """(every rank's profile, traced workload, parallel class, notes) where all the ranks' profiles are on disk;
+    else None and the single-GPU class of the analytic rule, with a note naming the command that derives them (an
+    estimate never starts a pipeline derivation itself: every rank is a derivation of its own)."""
+    try:
+        if options.analytic_pp:
+            raise store.ProfileMissing("analytic asked")
+        return tuple(store.profile(model.config, tw, tp, name=model.name, derive=False, pp_rank=r)
+                     for r in range(tp.pp_size)), tw, tp, notes
+    except store.ProfileMissing:
+        how = (f"`python -m bench derive --model {model.name} --strategy pp --gpus {tp.pp_size} --pp-schedule "
+               f"{tp.pp_schedule} --microbatches {tp.microbatches}` with the same workload flags")
+        note = "pp: priced by the analytic rule (Options.analytic_pp)" if options.analytic_pp else \
+            f"pp: no traced profiles of the {tp.pp_size} pipeline ranks on disk; priced by the analytic rule (derive " \
+            f"the exact ones: {how})"
+        tw = replace(tw, grad_accum=store.canonical_class(w).grad_accum)
+        return None, tw, Parallel(), tuple(n for n in notes if not n.startswith("pp: every rank")) + (note,)
 
 
 def _traced_tp_or_analytic(model: Model, tw: Workload, tp: Parallel, notes: tuple, options: Options):
@@ -329,8 +353,17 @@ def ensure_profile(model: Model, workload: Workload, parallel: Parallel = Parall
     """Make sure the profile `estimate(model, workload, parallel)` evaluates is on disk, deriving it now (torch;
     `progress(done, total, message)` per trace) if it is not. Returns its provenance with 'where': shipped, cache or
     'derived now'. With tp > 1 that is the traced TP rank's profile where one is on disk, else the analytic split's;
-    `tp_rank=True` derives the traced TP rank's (minutes: `scripts/parallel_check.py`, `python -m bench derive`)."""
+    `tp_rank=True` derives the traced TP rank's, or every traced pipeline rank's (minutes each:
+    `scripts/parallel_check.py`, `python -m bench derive`)."""
     tw, tp = evaluated_class(model, workload, parallel, tp_rank)
+    if tp.strategy == "pp":  # every rank of the pipeline, each its own derivation; the first's provenance
+        out = None
+        for r in range(tp.pp_size):
+            found = _where(model, tw, tp, r)
+            prof = store.profile(model.config, tw, tp, name=model.name, derive=found is None, progress=progress,
+                                 pp_rank=r)
+            out = out or {**prof.provenance, "where": found or "derived now"}
+        return out
     found = _where(model, tw, tp)
     prof = store.profile(model.config, tw, tp, name=model.name, derive=found is None, progress=progress)
     return {**prof.provenance, "where": found or "derived now"}
@@ -344,19 +377,22 @@ def profile_where(model: Model, workload: Workload, parallel: Parallel = Paralle
 
 
 def evaluated_class(model: Model, workload: Workload, parallel: Parallel, tp_rank: bool):
-    """(traced workload, traced parallel) of the profile an estimate evaluates: a traced TP rank's only where it is
-    on disk already or `tp_rank` asks for it, else the class of the analytic split (`analytic_class`)."""
+    """(traced workload, traced parallel) of the profile an estimate evaluates: a traced TP rank's (every traced
+    pipeline rank's) only where it is on disk already or `tp_rank` asks for it, else the class of the analytic split
+    (`analytic_class`; a pipeline: the single-GPU profile)."""
     w, _ = _runnable_attention(model, workload)
     tw, tp, _ = traced_class(w, parallel)
     if tp.tp_size > 1 and not tp_rank and _where(model, tw, tp) is None:
         tp = analytic_class(tp)
+    if tp.strategy == "pp" and not tp_rank and any(_where(model, tw, tp, r) is None for r in range(tp.pp_size)):
+        tw, tp = replace(tw, grad_accum=store.canonical_class(w).grad_accum), Parallel()
     return tw, tp
 
 
-def _where(model: Model, tw: Workload, tp: Parallel) -> str | None:
+def _where(model: Model, tw: Workload, tp: Parallel, pp_rank: int = 0) -> str | None:
     """'shipped' or 'cache' for the profile file that answers this traced class (LoRA: the rank-free one, else a
-    per-rank one: store.stored_key), or None."""
-    key = store.stored_key(model.config, tw, tp)
+    per-rank one: store.stored_key; a pipeline: rank `pp_rank`'s), or None."""
+    key = store.stored_key(model.config, tw, tp, pp_rank=pp_rank)
     return None if key is None else store.where(model.config, key=key)
 
 
@@ -382,9 +418,9 @@ def estimate(model: Model, workload: Workload, parallel: Parallel = Parallel(),
     fit, mode_note, source = reserved_fit(workload_class(workload, parallel), options.alloc_conf)
     workspace = options.overhead.cublas_workspace_bytes
     best = None
-    for sh in stage_shares:
+    for sh, sh_prof in stage_shares:
         # the allocator's cache on each stage's allocated peak (monotone in it: the peak stage stays the peak)
-        stages = stage_breakdowns(model, prof, workload, parallel, tw, sh, options, fit, workspace)
+        stages = stage_breakdowns(model, sh_prof, workload, parallel, tw, sh, options, fit, workspace)
         peak_name, (label, peak) = max(((n, v) for n, v in stages.items()), key=lambda kv: kv[1][1].total)
         if best is None or peak.total > best[0]:
             best = (peak.total, sh.stage, stages, peak_name, label)

@@ -37,9 +37,10 @@ class Swap:
 
     def __init__(self, model, w: Workload, p: Parallel, tw: Workload, sh: Share, activation_k, overhead,
                  tp_rank: bool = False):
-        """`tp_rank`: the profile is of one traced TP rank (tracer.tp), which already holds this rank's weights,
-        gradients, states, activations and KV cache: nothing is split again; what the inventory swaps in (another
-        optimizer's states, the master copy) takes this rank's share of the parameters (Share.params_local)."""
+        """`tp_rank`: the profile is of one traced rank (a TP rank, tracer.tp, or a pipeline rank, tracer.pp), which
+        already holds this rank's weights, gradients, states, activations and KV cache: nothing is split again; what
+        the inventory swaps in (another optimizer's states, the master copy) takes this rank's share of the
+        parameters (Share.params_local)."""
         inv = model.inventory
         rd, trd = comp.recipe_dtypes(w), comp.recipe_dtypes(tw)
         traced = p.strategy in FSDP_FAMILY or tp_rank
@@ -88,8 +89,8 @@ class Swap:
         self.state = 0.0 if offload else state
         self.step_add = 0 if offload else int(self.step_add * (per_rank if self.composed or tp_rank else state))
         self.dequant = comp.dequant_temp_bytes(inv, w)
-        self.kv = dtype_bytes(comp.kv_dtype(w)) / dtype_bytes(w.precision) * sh.layers_local / max(1, inv.layers) \
-            / (1 if tp_rank else p.tp_size)
+        self.kv = dtype_bytes(comp.kv_dtype(w)) / dtype_bytes(w.precision) * \
+            (1.0 if tp_rank else sh.layers_local / max(1, inv.layers) / p.tp_size)
         # micro-batches whose activations a stage holds at once: the schedule decides (estimator.spec.PP_SCHEDULES)
         micro = p.microbatches or w.grad_accum
         if p.pp_size == 1:
@@ -98,7 +99,7 @@ class Swap:
             in_flight = micro
         else:
             in_flight = min(p.pp_size, micro) if sh.stage == "first" else 1
-        self.act_layers = sh.layers_local / max(1, inv.layers) * in_flight if p.pp_size > 1 else 1.0
+        self.act_layers = sh.layers_local / max(1, inv.layers) * in_flight if p.pp_size > 1 and not tp_rank else 1.0
         self.tp_lin, self.tp_sq = (1.0, 1.0) if tp_rank else tp_activation_scale(p.tp_size, p.sequence_parallel)
         self.k_form = None  # the seeds' form: k * b*s*h*L*bytes, i.e. a b*s monomial with this coefficient
         if activation_k is not None and w.mode == "train":
@@ -301,12 +302,17 @@ def stage_plans(model, prof, w, p, tw, sh, options, piece):
     hit = _PLANS.get(key)
     if hit is None:
         swap = Swap(model, w, p, tw, sh, options.activation_k, options.overhead,
-                    tp_rank="tp" in prof.parallel_class)
+                    tp_rank=traced_rank(prof.parallel_class))
         hit = (swap, {st: StagePlan(piece, st, swap) for st in prof.stages if st in piece._arrays})
         if len(_PLANS) > 4096:
             _PLANS.clear()
         _PLANS[key] = hit
     return hit
+
+
+def traced_rank(parallel_class: dict) -> bool:
+    """Whether a profile's parallel class is of one traced rank as it is (a TP rank, a pipeline rank)."""
+    return "tp" in parallel_class or parallel_class.get("strategy") == "pp"
 
 
 def clear_plans() -> None:

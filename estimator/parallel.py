@@ -13,7 +13,10 @@ Sources:
   Traced instead where a profile of one TP rank is on disk (tracer.tp, `tp_untraced`: strategy tp alone, or FSDP2 x
   TP, with sequence parallelism in training): the estimate then takes that rank's categories as they are.
 - Pipeline parallelism (1F1B, Narayanan et al. 2021): a stage holds ceil(L/pp) layers, the first the embedding,
-  the last the head; the first stage keeps min(pp, grad_accum) micro-batches of activations.
+  the last the head; the first stage keeps min(pp, grad_accum) micro-batches of activations (the analytic rule).
+  Traced instead where every rank's profile is on disk (tracer.pp, `pp_untraced`: strategy pp over all the GPUs,
+  1F1B or GPipe, full fine-tuning): each rank holds torchtitan's split of the layers (`pp_stage_layers`), and the
+  estimate takes each rank's categories as they are, the worst rank deciding (`pp_rank_shares`).
 - Expert parallelism: the routed experts are sharded over ep.
 - Composed (docs/parallel.md): an FSDP-family strategy with tp, pp or ep > 1 shards over the data-parallel group
   dp = gpus / (tp*pp*ep) what TP/PP/EP leave on the rank (torchtitan's order: TP on the innermost mesh dimension,
@@ -141,6 +144,98 @@ def tp_untraced(w: Workload, p: Parallel) -> str | None:
                               or w.activation_offload or w.checkpointing == "op-sac" or w.recipe == "fsdp-mp"):
         return ("loss: traced TP trains with loss 'full' under loss_parallel and no float8, compile, "
                 "optimizer-in-backward, activation offload, op-sac or fsdp-mp")
+    return None
+
+
+PP_TRACED_SCHEDULES = ("1f1b", "gpipe")  # single-stage schedules of torch.distributed.pipelining, traced per rank
+PP_FIRST_LESS = PP_LAST_LESS = 1          # torchtitan pipeline_parallel_{first,last}_stage_less_layers (defaults)
+
+
+def pp_stage_layers(n_layers: int, pp: int, stage: int, first_less: int = PP_FIRST_LESS,
+                    last_less: int = PP_LAST_LESS) -> range:
+    """The decoder layers pipeline stage `stage` of `pp` holds, as torchtitan deals them out
+    (torchtitan/distributed/pipeline_parallel.py `_generate_llm_fqn_per_model_part`, the same in its transformers
+    backend): the embedding and the final norm + head weigh `first_less` and `last_less` layers, the n_layers + both
+    "effective layers" are split evenly, the remainder one each to the first stages. 6 layers on 4 stages: 1, 2, 2,
+    1; 32 on 4: 8, 9, 8, 7."""
+    if not 0 <= stage < pp:
+        raise ValueError(f"pp_rank: pipeline stage {stage} does not exist; allowed 0..{pp - 1}")
+    per, extra = divmod(n_layers + first_less + last_less, pp)
+    if per == 0 or first_less > per or last_less > per:
+        raise ValueError(f"pp: {pp} pipeline stages for {n_layers} layers leave a stage without a layer (torchtitan "
+                         f"counts the embedding and the head as one layer each); at most "
+                         f"{(n_layers + first_less + last_less) // max(first_less, last_less, 1)} stages")
+    start = 0
+    for i in range(pp):
+        count = per + (1 if i < extra else 0) - (first_less if i == 0 else last_less if i == pp - 1 else 0)
+        count = max(0, min(count, n_layers - start))
+        if i == stage:
+            return range(start, start + count)
+        start += count
+    raise AssertionError("unreachable")
+
+
+def pp_microbatches(w: Workload, p: Parallel) -> int:
+    """Micro-batches per step through the pipeline: Parallel.microbatches, else the workload's grad_accum."""
+    return p.microbatches or w.grad_accum
+
+
+def pp_untraced(w: Workload, p: Parallel) -> str | None:
+    """Why the ranks of this pipeline are not traced one by one (tracer.pp: torch.distributed.pipelining on a fake
+    process group, torchtitan's split), naming the field, or None when they are: strategy 'pp' over all the GPUs
+    (no tp, ep or data parallelism), 1F1B or GPipe, training with full fine-tuning and the model's full loss, eager,
+    the optimizer stepped after the schedule, no activation offload, recipe pure, mixed or amp."""
+    if p.pp_size < 2 or p.strategy != "pp" or p.tp_size > 1 or p.ep_size > 1 or p.dp_size > 1:
+        return ("pp: traced pipelines are strategy 'pp' over all the GPUs (gpus = pp; no tp, ep or data "
+                "parallelism)")
+    if p.pp_schedule not in PP_TRACED_SCHEDULES:
+        return f"pp_schedule: traced schedules are {', '.join(PP_TRACED_SCHEDULES)}, not {p.pp_schedule!r}"
+    if w.mode != "train":
+        return "mode: pipelines are traced in training (torchtitan's pipelines train)"
+    if w.method != "full":
+        return f"method: traced pipelines train method 'full' (torchtitan), not {w.method!r}"
+    if w.loss != "full" or w.compile or w.optimizer_in_backward or w.activation_offload or w.recipe == "fsdp-mp":
+        return ("loss: traced pipelines run the model's full loss, eager, the optimizer stepped after the schedule, "
+                "no activation offload and no fsdp-mp")
+    if p.pp_schedule == "1f1b" and pp_microbatches(w, p) < p.pp_size:
+        return (f"microbatches: 1F1B needs at least as many micro-batches as stages (torch.distributed.pipelining "
+                f"Schedule1F1B); got {pp_microbatches(w, p)} for pp {p.pp_size}")
+    if p.microbatches and w.grad_accum > 1:
+        return ("grad_accum: a traced pipeline step is one schedule step over its micro-batches; give the "
+                "micro-batches or grad_accum, not both")
+    return None
+
+
+def pp_rank_shares(inv: Inventory, par: Parallel) -> tuple[Share, ...]:
+    """One Share per pipeline rank, for ranks traced one by one (each profile holds its rank's states and
+    activations as they are): its stage's parameters (the embedding on the first, the norm and head on the last)
+    and layers. Named 'first', 'last', or 'middle (rank r)' in between."""
+    pp = par.pp_size
+    embed = inv.embedding_params
+    head = inv.params - sum(inv.layer_params) - embed
+    out = []
+    for r in range(pp):
+        held = pp_stage_layers(inv.layers, pp, r)
+        params = sum(inv.layer_params[i] for i in held) + (embed if r == 0 else 0) + (head if r == pp - 1 else 0)
+        name = "first" if r == 0 else "last" if r == pp - 1 else f"middle (rank {r})"
+        largest = max((inv.layer_params[i] for i in held), default=0)
+        out.append(Share(name, int(params), len(held), 1.0, 1.0, 1.0, int(largest)))
+    return tuple(out)
+
+
+def compile_untraced(w: Workload, p: Parallel) -> str | None:
+    """Why a compile=True workload is not traced compiled (tracer.compiled runs AOTAutograd's partitioner on
+    one GPU's training step with the full loss and no other knob), or None when it is (or compile is off)."""
+    if not w.compile:
+        return None
+    if w.mode != "train":
+        return "compile: traced for training only (the partitioner's saved tensors); inference runs eager"
+    if p.strategy not in ("single", "ddp"):
+        return (f"compile: traced on one GPU only; FSDP2's hooks and sharded parameters do not run inside "
+                f"AOTAutograd's functional trace here (strategy {p.strategy!r})")
+    if (w.loss, w.checkpointing, w.activation_offload, w.float8) != ("full", "none", False, False):
+        return ("compile: traced with loss='full' and no checkpointing, activation offloading or float8 (the "
+                "compiled graph is the model's own step)")
     return None
 
 

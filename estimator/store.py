@@ -100,26 +100,32 @@ def is_rank_variable(w: Workload) -> bool:
     return w.mode == "train" and w.method in ("lora", "qlora")
 
 
-def parallel_class(p: Parallel) -> dict:
+def parallel_class(p: Parallel, pp_rank: int = 0) -> dict:
     """What a profile of this parallel setting is of: the strategy, and for a traced TP rank (strategy tp, or
-    FSDP x TP) its degree: a TP profile is fit at one tp; an FSDP one holds n = the dp group as a variable."""
+    FSDP x TP) its degree: a TP profile is fit at one tp; an FSDP one holds n = the dp group as a variable. A
+    pipeline rank's (tracer.pp) names its degree, schedule, micro-batches and the rank (its stage)."""
+    if p.strategy == "pp" and p.pp_size > 1:
+        return {"strategy": "pp", "pp": p.pp_size, "schedule": p.pp_schedule, "microbatches": p.microbatches,
+                "rank": pp_rank}
+    if pp_rank:
+        raise ValueError(f"pp_rank: only a pipeline's ranks have profiles of their own; got rank {pp_rank}")
     if p.tp_size > 1:
         return {"strategy": p.strategy, "tp": p.tp_size, **({"sp": True} if p.sequence_parallel else {})}
     return {"strategy": p.strategy}
 
 
-def profile_key(w: Workload, p: Parallel, kernels: str = "cuda") -> str:
+def profile_key(w: Workload, p: Parallel, kernels: str = "cuda", pp_rank: int = 0) -> str:
     """16 hex digits naming a (workload class, parallel class, kernels) profile file: the one a derivation
-    writes (for LoRA, the rank-free class)."""
-    return class_key(workload_class(w), parallel_class(p), kernels)
+    writes (for LoRA, the rank-free class). `pp_rank`: a pipeline's rank (parallel_class)."""
+    return class_key(workload_class(w), parallel_class(p, pp_rank), kernels)
 
 
-def profile_keys(w: Workload, p: Parallel, kernels: str = "cuda") -> tuple[str, ...]:
+def profile_keys(w: Workload, p: Parallel, kernels: str = "cuda", pp_rank: int = 0) -> tuple[str, ...]:
     """The keys a lookup tries, in order: `profile_key`, then for LoRA the legacy key of a profile derived for this
     one rank (the shipped per-rank files stay valid)."""
-    keys = (profile_key(w, p, kernels),)
+    keys = (profile_key(w, p, kernels, pp_rank),)
     if is_rank_variable(w):
-        keys += (class_key(workload_class(w, rank_variable=False), parallel_class(p), kernels),)
+        keys += (class_key(workload_class(w, rank_variable=False), parallel_class(p, pp_rank), kernels),)
     return keys
 
 
@@ -162,11 +168,11 @@ def where(config: dict, name: str = "inventory", key: str | None = None) -> str 
     return None
 
 
-def stored_key(config: dict, w: Workload, p: Parallel, *, ship: bool = False) -> str | None:
+def stored_key(config: dict, w: Workload, p: Parallel, *, ship: bool = False, pp_rank: int = 0) -> str | None:
     """The key of the profile file on disk (shipped, else cached; `ship`: shipped only) that `profile` would read
     for this class, in `profile_keys` order: the rank-free one, else a per-rank one; None if neither is there."""
     h = config_hash(config)
-    for key in profile_keys(w, p):
+    for key in profile_keys(w, p, pp_rank=pp_rank):
         for d in _dirs(h)[:1] if ship else _dirs(h):
             if (d / f"{key}.json").is_file():
                 return key
@@ -217,21 +223,23 @@ def inventory(config: dict, name: str, *, derive: bool = True, progress=None, sh
 
 
 def profile(config: dict, w: Workload, p: Parallel, *, name: str = "model", derive: bool = True,
-            progress=None, ship: bool = False) -> Profile:
+            progress=None, ship: bool = False, pp_rank: int = 0) -> Profile:
     """The profile of (config, workload class, parallel class) at this workload's LoRA rank; derived and cached on a
     miss. LoRA: the rank-free profile (any rank, `Profile.at_rank`) is looked for first, then one derived for this
     rank (`profile_keys`), everywhere (shipped, cache, bank) before deriving; a derivation writes the rank-free one.
-    What is derived is the canonical class (canonical_class), the one its key names."""
-    return stored_profile(config, w, p, name=name, derive=derive, progress=progress, ship=ship).at_rank(w.lora_rank)
+    What is derived is the canonical class (canonical_class), the one its key names. `pp_rank`: which pipeline rank's
+    profile (strategy pp: each rank is traced and derived on its own, tracer.pp)."""
+    return stored_profile(config, w, p, name=name, derive=derive, progress=progress, ship=ship,
+                          pp_rank=pp_rank).at_rank(w.lora_rank)
 
 
 def stored_profile(config: dict, w: Workload, p: Parallel, *, name: str = "model", derive: bool = True,
-                   progress=None, ship: bool = False, legacy: bool = True) -> Profile:
+                   progress=None, ship: bool = False, legacy: bool = True, pp_rank: int = 0) -> Profile:
     """The profile as stored: for LoRA, rank-variable where one is found or derived (see `profile`). `legacy=False`
     takes no per-rank file (scripts/ship_profiles.py: a rank-free one is derived where only those are shipped)."""
     w = canonical_class(w)
     h = config_hash(config)
-    keys = profile_keys(w, p) if legacy else profile_keys(w, p)[:1]
+    keys = profile_keys(w, p, pp_rank=pp_rank) if legacy else profile_keys(w, p, pp_rank=pp_rank)[:1]
     for key in keys:
         hit = _MEMO.get(("prof", h, key))
         if hit is not None:
@@ -260,7 +268,8 @@ def stored_profile(config: dict, w: Workload, p: Parallel, *, name: str = "model
                              f"{name}` with the same workload flags")
     key = keys[0]
     try:
-        prof = _derivation().derive_profile(config, w, p, progress=progress, config_hash=h)
+        prof = _derivation().derive_profile(config, w, p, progress=progress, config_hash=h,
+                                            **({"pp_rank": pp_rank} if pp_rank else {}))
     except (RuntimeError, NotImplementedError) as e:
         # the model's own code failed under this workload on fake tensors (e.g. transformers' grouped_mm experts,
         # which take bf16 inputs only, under the amp or fp32 recipe): one line, no traceback

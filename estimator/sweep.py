@@ -59,16 +59,16 @@ def sweep_points(model: Model, workload: Workload, batch, seq, parallel: Paralle
     if bs.size == 0:
         return out.astype(np.int64)
     options = device_options(options)
-    tw, _, prof, stage_shares = resolve(model, workload, parallel, options)
+    tw, _, _, stage_shares = resolve(model, workload, parallel, options)
     n = world(parallel)
     gs = np.full(bs.size, workload.gen_tokens)
     best = np.full(bs.size, -np.inf)
-    for piece in prof.pieces:
-        mask = piece.covers(bs, ss)
-        if not mask.any():
-            continue
-        for sh in stage_shares:
-            _, plans = stage_plans(model, prof, workload, parallel, tw, sh, options, piece)
+    for sh, sh_prof in stage_shares:
+        for piece in sh_prof.pieces:
+            mask = piece.covers(bs, ss)
+            if not mask.any():
+                continue
+            _, plans = stage_plans(model, sh_prof, workload, parallel, tw, sh, options, piece)
             for stage, plan in plans.items():
                 if not applies(stage, workload.gen_tokens):
                     continue

@@ -12,7 +12,10 @@ the estimate, the trace and their difference, plus the old analytic split (Optio
 
 Cases: tp 2 / 4 / 8 (training full fine-tuning, pure bf16 AdamW; inference); FSDP2 over dp 2 composed with tp 2
 and 4 on a (dp, tp) mesh (training); tp 2 with the head tied to the embedding (training); sequence parallelism:
-tp 4 and FSDP 2 x TP 2 (training); plain fsdp 2 (training).
+tp 4 and FSDP 2 x TP 2 (training); plain fsdp 2 (training); pipelines (tracer.pp: every rank derived and traced,
+beside the old analytic rule, Options.analytic_pp): pp 2 1F1B over 4 micro-batches of the 12-layer model (stages
+of 6 layers, so the reduced depths cut inside a stage), pp 4 GPipe over 6 micro-batches (amp; stages of 1, 2, 2
+and 1 layers) and pp 4 1F1B over 4 micro-batches of an 8-layer model (mixed: fp32 master weights; 2, 3, 2, 1).
 """
 from __future__ import annotations
 
@@ -20,7 +23,8 @@ import argparse
 import sys
 from dataclasses import dataclass
 
-from estimator.estimate import Options, ensure_profile, estimate
+from estimator.estimate import Options, ensure_profile, estimate, resolve
+from estimator.evaluate import stage_breakdowns
 from estimator.model import from_hf_config
 from estimator.spec import Parallel, Workload
 from tracer.session import run_traced
@@ -57,14 +61,25 @@ def cases() -> list[Case]:
     out += [Case("tp2-train-tied", train, Parallel("tp", gpus=2), {**CONFIG, "tie_word_embeddings": True})]
     out += [Case("tp4-sp-train", train, Parallel("tp", gpus=4, sequence_parallel=True)),
             Case("fsdp4-tp2-sp-train", train, Parallel("fsdp", gpus=4, tp=2, sequence_parallel=True))]
-    return out + [Case("fsdp2-train", train, Parallel("fsdp", gpus=2))]
+    out += [Case("fsdp2-train", train, Parallel("fsdp", gpus=2))]
+    deep = {**CONFIG, "num_hidden_layers": 12}
+    return out + [Case("pp2-1f1b-train", train, Parallel("pp", gpus=2, microbatches=4), deep),
+                  Case("pp4-gpipe-train", Workload(recipe="amp", **CHECK_TRAIN),
+                       Parallel("pp", gpus=4, microbatches=6, pp_schedule="gpipe")),
+                  Case("pp4-1f1b-train-mixed", Workload(recipe="mixed", **CHECK_TRAIN),
+                       Parallel("pp", gpus=4, microbatches=4), {**CONFIG, "num_hidden_layers": 8})]
 
 
 def rows(estimate_, trace) -> list[tuple[str, str, int, int]]:
     """(stage, component, estimate bytes, trace bytes) for every stage both have."""
+    return stage_rows(estimate_.stages, trace)
+
+
+def stage_rows(stages, trace) -> list[tuple[str, str, int, int]]:
+    """`rows` from (stage, Breakdown) pairs."""
     out = []
     peaks = {p.stage: p.breakdown for p in trace.log.stages}
-    for stage, bd in estimate_.stages:
+    for stage, bd in stages:
         if stage not in peaks:
             continue
         for comp, ours, theirs in COMPONENTS:
@@ -79,6 +94,8 @@ def check(case: Case, progress=None) -> tuple[bool, list[str]]:
     model = from_hf_config(config, "parallel-check", derive=True)
     ensure_profile(model, case.workload, case.parallel, progress=progress, tp_rank=True)
     ours = estimate(model, case.workload, case.parallel)
+    if case.parallel.pp_size > 1:
+        return check_pipeline(case, model)
     old = estimate(model, case.workload, case.parallel, options=Options(analytic_tp=True)) \
         if case.parallel.tp_size > 1 else None
     trace = run_traced(config, case.workload, case.parallel, name="parallel-check")
@@ -98,6 +115,38 @@ def check(case: Case, progress=None) -> tuple[bool, list[str]]:
         lines.append(line)
     lines.append(f"  {'exact' if exact else 'MISMATCH'}; notes: " + "; ".join(n for n in ours.notes if "tp" in n
                                                                            or "fsdp" in n))
+    return exact, lines
+
+
+def check_pipeline(case: Case, model) -> tuple[bool, list[str]]:
+    """`check` for a pipeline: every rank's estimate (its own profile) against a full-depth trace of that rank, and
+    the old analytic rule's first or last stage beside the ranks it stands for."""
+    w, p, config = case.workload, case.parallel, case.model_config()
+    tw, _, _, pairs = resolve(model, w, p, Options())
+    old_tw, _, _, old_pairs = resolve(model, w, p, Options(analytic_pp=True))
+    old_by_stage = {sh.stage: (sh, prof) for sh, prof in old_pairs}
+    lines = [f"{case.name}: pp {p.pp_size}, {p.pp_schedule}, {p.microbatches} micro-batches of {w.batch}, seq "
+             f"{w.seq}, {w.recipe} ({config['num_hidden_layers']} layers)",
+             f"  {'rank':18s} {'stage':10s} {'component':17s} {'estimate':>10s} {'trace':>10s} {'diff':>8s} "
+             f"{'analytic':>10s} {'diff':>9s}"]
+    exact, worst = True, (0, 0)
+    for rank, (sh, prof) in enumerate(pairs):
+        trace = run_traced(config, w, p, rank=rank, name="parallel-check")
+        worst = max(worst, (trace.log.peak.peak_bytes, rank))
+        old = {}
+        if sh.stage in old_by_stage:
+            osh, oprof = old_by_stage[sh.stage]
+            old = {(st, c): e for st, c, e, _ in stage_rows(
+                [(k, v[1]) for k, v in stage_breakdowns(model, oprof, w, p, old_tw, osh, Options()).items()], trace)}
+        ours = [(k, v[1]) for k, v in stage_breakdowns(model, prof, w, p, tw, sh, Options()).items()]
+        for stage, comp, est, tr in stage_rows(ours, trace):
+            exact &= est == tr
+            a = old.get((stage, comp))
+            lines.append(f"  {sh.stage:18s} {stage:10s} {comp:17s} {est:10d} {tr:10d} {est - tr:+8d} "
+                         + (f"{a:10d} {a - tr:+9d}" if a is not None else f"{'-':>10s} {'-':>9s}"))
+    est = estimate(model, w, p)
+    lines.append(f"  worst rank traced: {worst[1]}; the estimate's: {est.pipeline_stage} ({est.peak_stage})")
+    lines.append(f"  {'exact' if exact else 'MISMATCH'}; notes: " + "; ".join(n for n in est.notes if "pp" in n))
     return exact, lines
 
 

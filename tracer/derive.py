@@ -38,7 +38,7 @@ from estimator.profile import poly
 from estimator.profile.profile import Piece, Profile
 from estimator.spec import Parallel, Workload
 from estimator.store import parallel_class, workload_class
-from estimator.parallel import TRACED_SHARDING
+from estimator.parallel import TRACED_SHARDING, pp_stage_layers
 from tracer import forked, serialized
 from tracer import kernels as kernels_mod
 from tracer import losses, runner, session, vision
@@ -242,13 +242,15 @@ def _signatures(config: dict, workload: Workload) -> tuple[list[str], object, bo
 @serialized
 def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parallel(),
                    progress: Callable[[int, int, str], None] | None = None, config_hash: str = "",
-                   kernels: str = "cuda", rank_variable: bool | None = None) -> Profile:
+                   kernels: str = "cuda", rank_variable: bool | None = None, pp_rank: int = 0) -> Profile:
     """Trace the model at reduced depth and a few sizes, fit, verify and extend: see the module docstring.
 
     `workload` and `parallel` fix the class; their sizes (batch, seq, gen_tokens, gpus) are ignored; `kernels`
     as in session.run_traced. LoRA's rank is a variable of the profile (`LORA_RANKS`) unless `rank_variable` is
-    False (then the profile is the workload's rank's alone, as profiles were before). Raises ValueError (one line)
-    when the case cannot be traced or the fit is not exact."""
+    False (then the profile is the workload's rank's alone, as profiles were before). With pipeline parallelism
+    (strategy pp) the profile is of rank `pp_rank`: its stage's layers (tracer.pp.stage_layers) are the model the
+    reduced depths cut, and each traced size runs the whole schedule. Raises ValueError (one line) when the case
+    cannot be traced or the fit is not exact."""
 
     start = time.perf_counter()
     infer = workload.mode == "infer"
@@ -258,7 +260,8 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
     w0 = replace(workload, batch=1, seq=1, gen_tokens=GEN_TOKENS if infer else 0, lora_rank=ranks[0][0])
     # a TP profile is of one tp degree (its parallel class names it): traced and fit at that world size only
     world = FSDP_WORLD if fsdp else ((2,) if parallel.strategy == "ddp" else
-                                     (parallel.tp_size,) if parallel.strategy == "tp" else (1,))
+                                     (parallel.tp_size,) if parallel.strategy == "tp" else
+                                     (parallel.pp_size,) if parallel.strategy == "pp" else (1,))
     session.check_traceable(w0, _at_world(parallel, world[0]))
     scan = chunked_scan(config)
     if scan and kernels != "cuda":
@@ -271,6 +274,12 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
                          "training it runs mamba_ssm's fused kernel on a GPU, which is not emulated "
                          "(tracer.kernels_ssm); only inference (mode infer) is priced")
     sigs, hf_config, masked = _signatures(config, w0)
+    offset = 0
+    if parallel.pp_size > 1:  # a pipeline rank: its stage's layers are the model the reduced depths cut
+        held = pp_stage_layers(len(sigs), parallel.pp_size, pp_rank)
+        sigs, offset = sigs[held.start:held.stop], held.start
+    elif pp_rank:
+        raise ValueError(f"pp_rank: only a pipeline's ranks are traced apart; got rank {pp_rank} without pp")
     scan = chunked_scan(hf_config)
     scan_extra = poly.scan_monomials(scan[1]) if scan else ()
     if masked and infer:
@@ -282,7 +291,7 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
     reduced_refused = ""
     try:
         out_pieces, n_jobs, padding = _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp,
-                                                     kernels, progress, scan_extra, step, ranks)
+                                                     kernels, progress, scan_extra, step, ranks, (pp_rank, offset))
     except _ReducedDepthFailed as e:
         # The model's code outside its layer stack depends on the layer count (Gemma-3n / Gemma-4 per-layer
         # embeddings: one table num_hidden_layers x width wide, reshaped by the config's count), so a model cut in
@@ -290,7 +299,7 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
         reduced_refused = e.reason
         plan = Plan(plan.n_layers, plan.types, (tuple(range(plan.n_layers)),), (None,), True)
         out_pieces, n_jobs, padding = _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp,
-                                                     kernels, progress, scan_extra, step, ranks)
+                                                     kernels, progress, scan_extra, step, ranks, (pp_rank, offset))
     jobs = range(n_jobs)
     if progress:
         progress(len(jobs), len(jobs), "done")
@@ -307,7 +316,7 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
             "derived_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
     return Profile(config_hash, str(config.get("model_type")), workload_class(workload, ranked),
-                   parallel_class(parallel), plan.n_layers, tuple(out_pieces), prov)
+                   parallel_class(parallel, pp_rank), plan.n_layers, tuple(out_pieces), prov)
 
 
 def _scan_path(scan: tuple[str, int]) -> str:
@@ -335,18 +344,20 @@ class _ReducedDepthFailed(Exception):
 
 
 def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, kernels, progress, scan_extra=(),
-                   step=8, ranks=((8,), 8)):
+                   step=8, ranks=((8,), 8), stage=(0, 0)):
     """(fitted pieces, traces run, largest FSDP padding): every piece of s and batch region, every variant of
     `plan` traced, fit, verified and extended. Where the step calls CUDA's memory-efficient attention (seen on the
     piece's first trace) the fit gets its monomials in l and m and the seqs that determine them (`choose_seqs`);
     with a mask, the piece is split by s's alignment (the mask is copied on unaligned s only). `scan_extra`: the
     monomials in q of a chunked state-space scan (poly.scan_monomials; its chunk tensors are sized by the chunk
     count), fit on every piece with seqs that tell q from s. `ranks`: (the LoRA ranks fit, the rank verified); with
-    two fit ranks the rank is a variable. A reduced plan whose first trace fails in the model's code raises
-    _ReducedDepthFailed (the caller traces the model whole)."""
+    two fit ranks the rank is a variable. `stage`: (pipeline rank, its first layer): the plan's layers are counted
+    from that one. A reduced plan whose first trace fails in the model's code raises _ReducedDepthFailed (the
+    caller traces the model whole)."""
 
     fit_ranks, vrank = ranks
     ranked = len(fit_ranks) > 1
+    pp_rank, offset = stage
 
     def jobs(fseqs) -> int:
         return sum(len(size_points(r[0], fseqs, fit_world, fit_ranks)) + 1 for r in BATCH_REGIONS) * \
@@ -368,10 +379,10 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
         v, (b, s, n, r) = job
         keep = plan.variants[v]
         return (config, replace(w0, batch=b, seq=s, lora_rank=r), _at_world(parallel, n),
-                None if keep is None else list(keep), kernels)
+                None if keep is None else [offset + i for i in keep], kernels)
 
     def trace(job):
-        return trace_ticks(*args(job))
+        return trace_ticks(*args(job), pp_rank=pp_rank)
 
     def run(pt, v):
         nonlocal done

@@ -18,7 +18,7 @@ import contextlib
 
 import torch
 
-from estimator.estimate import compile_untraced
+from estimator.parallel import compile_untraced
 from estimator.spec import Parallel, Workload
 from estimator.parallel import TRACED_SHARDING
 from tracer import compiled, losses

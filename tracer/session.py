@@ -32,15 +32,15 @@ import torch
 
 from estimator.model import check_context, from_hf_config
 from estimator.spec import Parallel, Workload
-from estimator.parallel import TRACED_SHARDING
+from estimator.parallel import TRACED_SHARDING, pp_microbatches
 from tracer import serialized
 from tracer import kernels as kernels_mod
-from tracer import recipes, runner, tp
+from tracer import pp, recipes, runner, tp
 from tracer.counters import StageLog, StorageCounter, memtracker_peak_bytes
 from tracer.depth import decoder_layer_list
 
 FSDP_STRATEGIES = TRACED_SHARDING  # FSDP2 fully_shard runs for each (estimator.parallel)
-TRACED_STRATEGIES = ("single", "ddp", *FSDP_STRATEGIES, "tp")
+TRACED_STRATEGIES = ("single", "ddp", *FSDP_STRATEGIES, "tp", "pp")
 
 
 def check_learned_positions(config: dict, name: str, workload: Workload) -> None:
@@ -69,8 +69,10 @@ def check_traceable(workload: Workload, parallel: Parallel) -> None:
                          f"{', '.join(TRACED_STRATEGIES)}")
     if parallel.tp_size > 1:
         tp.check(workload, parallel)
-    elif parallel.pp_size > 1 or parallel.ep_size > 1:
-        raise ValueError("pp: pipeline and expert parallelism are not traced; use pp=ep=1")
+    elif parallel.pp_size > 1:
+        pp.check(workload, parallel)
+    elif parallel.ep_size > 1:
+        raise ValueError("ep: expert parallelism is not traced; use ep=1")
     if parallel.offload != "none":
         raise ValueError("offload: CPU offload is not traced (every fake tensor is already on the CPU)")
     if workload.kv_dtype != "auto":
@@ -117,16 +119,33 @@ class _Case:
     context: object = contextlib.nullcontext       # entered around the steps (TP: torchtitan's loss_parallel)
     notes: list = field(default_factory=list)
     per_rank: dict | None = None
+    step: object = None     # one training step's forward and backward, step(on_stage) (a pipeline schedule), or None
 
 
 @contextlib.contextmanager
 def _prepared(config: dict, workload: Workload, parallel: Parallel, layers: list[int] | None = None,
-              kernels: str = "cuda"):
+              kernels: str = "cuda", rank: int = 0):
     """Yield the built _Case inside fake mode (and, for FSDP, a fake process group torn down after).
     `layers`: keep only these decoder layers (reduced depth; tracer.depth). `kernels` "cpu" passes the
     input ids themselves as labels, as the plain loop does (scripts/plain_loop.py); "cuda" a clone, as a data
-    collator does (transformers DataCollatorForLanguageModeling: labels = input_ids.clone())."""
+    collator does (transformers DataCollatorForLanguageModeling: labels = input_ids.clone()). `rank`: the traced
+    rank, which only a pipeline tells apart (rank r holds stage r: tracer.pp); every other layout traces rank 0."""
     clone = kernels == "cuda"
+    if rank and parallel.pp_size == 1:
+        raise ValueError(f"rank: only a pipeline's ranks differ; without pp every rank traces as rank 0, got {rank}")
+    if parallel.pp_size > 1:
+        if kernels != "cuda":
+            raise ValueError("kernels: a pipeline rank is traced with CUDA's kernels only")
+        with pp.pp_case(config, workload, parallel, rank, layers) as (model, inputs, step):
+            n = pp_microbatches(workload, parallel)
+            case = _Case(model.lm, runner.make_optimizer(model, workload), inputs, workload, step=step,
+                         per_rank={"world_size": parallel.gpus, "traced_rank": rank, "pp": parallel.pp_size,
+                                   "pp_schedule": parallel.pp_schedule, "microbatches": n})
+            case.notes.append(f"pp rank {rank} of {parallel.pp_size} traced with a fake process group: "
+                              f"torch.distributed.pipelining {parallel.pp_schedule}, {n} micro-batches of "
+                              f"{workload.batch}, torchtitan's stage split (send and receive move no data)")
+            yield case
+        return
     if parallel.strategy in FSDP_STRATEGIES:
         with _fsdp_model(config, workload, parallel, layers) as model, _fake_mode():
             model.to_empty(device="cpu")  # FSDP2's documented meta-device init; shards become fake
@@ -223,7 +242,15 @@ def _run(case: _Case, steps: int, observe_layers: bool = False,
             _prime_optimizer(case, primed)
             on_stage("optimizer")
             steps -= 1
-        runner.run_stages(case.model, case.optimizer, case.workload, case.inputs, on_stage, steps=steps, live=live)
+        if case.step is None:
+            runner.run_stages(case.model, case.optimizer, case.workload, case.inputs, on_stage, steps=steps,
+                              live=live)
+        else:
+            for _ in range(steps):
+                case.step(on_stage)
+                case.optimizer.step()
+                case.optimizer.zero_grad(set_to_none=True)
+                on_stage("optimizer")
     return counter
 
 
@@ -369,13 +396,15 @@ def _decoder_layers(model) -> list[torch.nn.Module]:
 
 @serialized
 def run_traced(config: dict, workload: Workload, parallel: Parallel = Parallel(), *, steps: int = 2,
-               check: bool = False, name: str = "model", kernels: str = "cuda", stream: bool = False) -> Trace:
+               check: bool = False, name: str = "model", kernels: str = "cuda", stream: bool = False,
+               rank: int = 0) -> Trace:
     """Trace one case: per-stage peaks and breakdowns, parameter counts, notes.
 
     kernels: "cuda" (default) traces what a CUDA GPU keeps (tracer.kernels.emulate); "cpu" the model
     exactly as a plain training loop on fake CPU tensors runs it.
     stream=True keeps the run's allocation events (`Trace.events`: what the caching allocator would be asked,
     in order; offline.allocator.Stream is built from them by bench.trace.cases.stream_of).
+    rank: the traced rank of a pipeline (its stage; tracer.pp); every other layout traces rank 0.
     check=True traces the case a second time, counted by torch's own tracker alone (MemTracker for
     single-GPU full fine-tuning, FSDPMemTracker for FSDP), and raises if its overall peak is not
     the same to the byte. The two runs are separate because FSDPMemTracker re-registers FSDP's hooks,
@@ -388,7 +417,7 @@ def run_traced(config: dict, workload: Workload, parallel: Parallel = Parallel()
         check_checkable(workload, parallel)
     start = time.perf_counter()
     with kernels_mod.emulate(kernels):
-        with _prepared(config, workload, parallel, kernels=kernels) as case:
+        with _prepared(config, workload, parallel, kernels=kernels, rank=rank) as case:
             counter = _run(case, steps)
             trace = Trace(counter.log(), *_param_counts(case.model), case.notes, case.per_rank)
             trace.notes.append(kernels_mod.note(kernels))

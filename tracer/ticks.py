@@ -18,9 +18,10 @@ from tracer.extend import TRACER_CATEGORIES, Ticks, tick_row
 
 
 def trace_ticks(config: dict, workload: Workload, parallel: Parallel, layers: list[int] | None,
-                kernels: str = "cuda") -> Ticks:
+                kernels: str = "cuda", pp_rank: int = 0) -> Ticks:
     """Trace one reduced model (or the whole one: layers None) at one size and keep the ticks that can be a peak
-    (with the same kernels as session.run_traced, so a profile and a traced row agree)."""
+    (with the same kernels as session.run_traced, so a profile and a traced row agree). `pp_rank`: a pipeline's rank
+    (tracer.pp); `layers` are then its stage's layers that are kept."""
 
     steps = 2 if workload.mode == "train" else 1
     calls_before = kernels_sdpa.efficient_calls()
@@ -30,12 +31,12 @@ def trace_ticks(config: dict, workload: Workload, parallel: Parallel, layers: li
         # a vision encoder interpolates its position embeddings at every fitted size (tracer.vision.interpolating)
         with kernels_mod.emulate(kernels), losses.bounding_chunks(), vision.interpolating():
             prime = prime_names(config, workload, parallel, layers, kernels)
-            with session._prepared(config, workload, parallel, layers, kernels=kernels) as case:
+            with session._prepared(config, workload, parallel, layers, kernels=kernels, rank=pp_rank) as case:
                 counter = session._run(case, steps, observe_layers=layers is not None, prime=prime)
             tl = counter.timeline()
     finally:
         gc.enable()
-    ticks = _candidates(tl, workload.mode == "train")
+    ticks = _candidates(tl, workload.mode == "train", per_window=parallel.pp_size > 1)
     ticks.efficient = frozenset(k for k, v in kernels_sdpa.efficient_calls().items() if v > calls_before[k])
     return ticks
 
@@ -43,7 +44,10 @@ def trace_ticks(config: dict, workload: Workload, parallel: Parallel, layers: li
 def prime_names(config: dict, workload: Workload, parallel: Parallel, layers: list[int] | None,
                 kernels: str = "cuda") -> set[str] | None:
     """The parameters whose optimizer states a training trace creates before its counted step (session._run's
-    `prime`), or None where the trace runs its first step instead (other loops, optimizer in backward)."""
+    `prime`), or None where the trace runs its first step instead (other loops, optimizer in backward, a pipeline
+    rank: its step is a schedule, not the model's forward)."""
+    if parallel.pp_size > 1:
+        return None
     if workload.mode == "train" and workload.loop == "loss-only" and not workload.optimizer_in_backward:
         return session.grad_names(config, workload, parallel, layers, kernels)
     return None
@@ -59,7 +63,11 @@ def _stage_of_ticks(tl) -> list[tuple[int, int, str, int]]:
     return out
 
 
-def _candidates(tl, train: bool) -> Ticks:
+def _candidates(tl, train: bool, per_window: bool = False) -> Ticks:
+    """The ticks that can hold a peak, keyed (stage, segment, layer block, index). Repeated windows of a stage (the
+    micro-batches of a step) share their keys, so a fit keeps the last one's; `per_window` (a pipeline schedule,
+    whose micro-batches hold different numbers of others in flight) numbers the ticks across the windows instead,
+    so each window's are kept."""
     live = tl.live()                                    # (tracer categories, T + 1)
     T = len(tl.kind) - 1
     block = np.full(T + 2, -1, dtype=np.int64)
@@ -73,6 +81,7 @@ def _candidates(tl, train: bool) -> Ticks:
     else:
         keep = windows
     keys, gs, rows = [], [], []
+    counts: dict = {}   # per stage: (segment, previous block, index per group), carried across windows if per_window
     act = TRACER_CATEGORIES.index("activations")
     for lo, hi, stage, ordinal in keep:
         g = ordinal if stage == "decode" and ordinal >= 2 else 0
@@ -92,7 +101,9 @@ def _candidates(tl, train: bool) -> Ticks:
             gs.append(0)
             rows.append(tick_row(live[:, t], int(live[act, t] - base)))
             continue
-        seg, prev_block, local = 0, None, {}
+        if not per_window or stage not in counts:
+            counts[stage] = (0, None, {})
+        seg, prev_block, local = counts[stage]
         for t in ticks:
             b = None if block[t] < 0 else int(block[t])
             if b is None and prev_block is not None:
@@ -103,4 +114,5 @@ def _candidates(tl, train: bool) -> Ticks:
             keys.append((*group, local[group]))
             gs.append(g)
             rows.append(tick_row(live[:, t], 0))
+        counts[stage] = (seg + 1 if per_window else seg, None, local)
     return Ticks(keys, gs, np.array(rows, dtype=np.int64).reshape(len(rows), len(CATEGORIES)))

@@ -5,6 +5,7 @@
     python -m bench derive --model all --ship                         # every preset's shipped profiles
     python -m bench derive --model qwen3-8b --method lora --push /shared/willitfit-profiles   # share them
     python -m bench derive --model qwen3-8b --method lora --pull hf://datasets/org/profiles   # fetch, no tracing
+    python -m bench derive --model llama-3.2-1b --strategy pp --gpus 4 --microbatches 8   # every pipeline rank
 
 Each distinct (model, workload class, strategy) of the grid is derived once: batch, seq, gen tokens and the
 world size are the profile's variables, not part of its class. Files go to the user's cache
@@ -91,11 +92,18 @@ def run_derive(args: argparse.Namespace) -> int:
             if args.force and derive:
                 for key in store.profile_keys(tw, tp):  # LoRA: the rank-free file and a per-rank one
                     store.forget(c.config, key, ship=args.ship)
-            prof = store.stored_profile(c.config, tw, tp, name=c.model_name, progress=progress, ship=args.ship,
-                                        derive=derive)
-            key = store.stored_key(c.config, tw, tp, ship=args.ship)
+            # a pipeline: every rank's profile (tracer.pp), each a derivation of its own
+            ranks = range(tp.pp_size) if tp.strategy == "pp" else range(1)
+            if args.force and derive:
+                for r in ranks[1:]:
+                    for key in store.profile_keys(tw, tp, pp_rank=r):
+                        store.forget(c.config, key, ship=args.ship)
+            profs = [store.stored_profile(c.config, tw, tp, name=c.model_name, progress=progress, ship=args.ship,
+                                          derive=derive, pp_rank=r) for r in ranks]
+            prof = profs[0]
+            keys = [store.stored_key(c.config, tw, tp, ship=args.ship, pp_rank=r) for r in ranks]
             if args.push:
-                for fname in ("inventory.json", f"{key}.json"):
+                for fname in ("inventory.json", *(f"{key}.json" for key in keys)):
                     status = bank.put(args.push, config_hash(c.config)[:16], fname, store.local_text(c.config, fname))
                     pushed[status] = pushed.get(status, 0) + 1
                     if status == "conflict":
@@ -104,8 +112,9 @@ def run_derive(args: argparse.Namespace) -> int:
             failed += 1
             print(f"{label}: refused: {' '.join(str(e).split())}", flush=True)
             continue
-        moments = sum(len(p.moments) for p in prof.pieces)
-        print(f"{label}: {moments} moments in {len(prof.pieces)} pieces, "
+        moments = sum(len(p.moments) for prof in profs for p in prof.pieces)
+        print(f"{label}: {moments} moments in {len(prof.pieces)} pieces"
+              + (f" x {len(profs)} pipeline ranks" if len(profs) > 1 else "") + ", "
               f"{time.perf_counter() - start:.1f} s", flush=True)
     print(f"{len(todo) - failed} profile(s) ready, {failed} {'missing from the bank' if args.pull else 'refused'}, "
           f"{skipped} grid combination(s) skipped")

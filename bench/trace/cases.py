@@ -21,8 +21,16 @@ NOTES = ("traced on fake CPU tensors: exact bytes of every tensor storage the op
 
 def trace_case(config: dict, name: str, workload: Workload, parallel: Parallel = Parallel(), *,
                steps: int = 2, check: bool = False, kernels: str = "cuda") -> dict:
-    """Trace one case and return its run row (every column of bench.store.rows.COLUMNS); see `run_traced`."""
-    trace = run_traced(config, workload, parallel, steps=steps, check=check, name=name, kernels=kernels)
+    """Trace one case and return its run row (every column of bench.store.rows.COLUMNS); see `run_traced`. A
+    pipeline's ranks hold different stages (tracer.pp): each is traced, the row is the worst rank's, and its
+    per_rank_json lists every rank's peak."""
+    if parallel.pp_size == 1:
+        trace = run_traced(config, workload, parallel, steps=steps, check=check, name=name, kernels=kernels)
+        return build_row(config, name, workload, parallel, trace, kernels)
+    traces = [run_traced(config, workload, parallel, steps=steps, check=check, name=name, kernels=kernels, rank=r)
+              for r in range(parallel.pp_size)]
+    trace = max(traces, key=lambda t: t.log.peak.peak_bytes)
+    trace.per_rank = {**(trace.per_rank or {}), "rank_peaks": [t.log.peak.peak_bytes for t in traces]}
     return build_row(config, name, workload, parallel, trace, kernels)
 
 

@@ -1,0 +1,147 @@
+"""Traced pipeline parallelism (tracer.pp: torch.distributed.pipelining on a fake process group, torchtitan's split)
+and its per-rank profiles in the estimator: torchtitan's layer split, hand-checked stage contents of a tiny Llama,
+the one-line refusals, the profile classes, the fallback to the analytic rule, and every rank's estimate equal to a
+full-depth trace of that rank at a size no fit used (default tier: the cheapest case; the slow tier runs
+scripts/parallel_check.py's pipeline cases).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from estimator.estimate import Options, ensure_profile, estimate, profile_where, resolve, traced_class
+from estimator.evaluate import stage_breakdowns
+from estimator.model import from_hf_config
+from estimator.parallel import pp_rank_shares, pp_stage_layers, pp_untraced
+from estimator.presets import load_config
+from estimator.spec import Parallel, Workload
+from estimator.store import parallel_class, profile_key
+from scripts.parallel_check import main as parallel_check
+from tracer.session import run_traced
+
+BF16 = 2
+# hidden 64, MLP 128, 4 layers, 4 heads of 16, 2 KV heads, vocab 128: per layer q 64x64, k 32x64, v 32x64, o 64x64,
+# gate/up/down 128x64, 2 norms of 64 = 36,992 parameters; embedding and head 128x64 = 8,192 each; final norm 64
+TINY = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128,
+        "max_position_embeddings": 256, "tie_word_embeddings": False}
+LAYER = 36_992
+
+
+@pytest.mark.parametrize("layers, pp, want", [
+    (6, 4, [1, 2, 2, 1]), (32, 4, [8, 9, 8, 7]), (4, 2, [2, 2]), (126, 8, [15, 16, 16, 16, 16, 16, 16, 15]),
+    (80, 8, [10, 11, 10, 10, 10, 10, 10, 9]),
+])
+def test_stages_hold_torchtitans_split_of_the_layers(layers, pp, want):
+    # torchtitan _generate_llm_fqn_per_model_part with its defaults (the embedding and the norm + head weigh one layer
+    # each): checked against torchtitan's own function for every 1..129 layers on 2..16 stages while writing it
+    got = [pp_stage_layers(layers, pp, r) for r in range(pp)]
+    assert [len(g) for g in got] == want
+    assert [i for g in got for i in g] == list(range(layers))   # contiguous, in order, each layer once
+
+
+def test_a_split_that_leaves_a_stage_empty_is_one_line():
+    with pytest.raises(ValueError, match="^pp: 4 pipeline stages for 1 layers"):
+        pp_stage_layers(1, 4, 0)
+    with pytest.raises(ValueError, match="^pp_rank: pipeline stage 4 does not exist"):
+        pp_stage_layers(8, 4, 4)
+
+
+@pytest.mark.parametrize("w, p, field", [
+    (Workload(method="lora"), Parallel("pp", gpus=2), "method"),
+    (Workload(mode="infer"), Parallel("pp", gpus=2), "mode"),
+    (Workload(loss="chunked"), Parallel("pp", gpus=2), "loss"),
+    (Workload(grad_accum=4), Parallel("pp", gpus=2, microbatches=4), "grad_accum"),
+    (Workload(), Parallel("pp", gpus=4, microbatches=2), "microbatches"),
+    (Workload(), Parallel("fsdp", gpus=8, pp=2), "pp"),
+])
+def test_untraced_pipelines_are_named_in_one_line(w, p, field):
+    why = pp_untraced(w, p)
+    assert why and why.startswith(f"{field}:") and "\n" not in why
+    with pytest.raises(ValueError, match=f"^{field}:"):
+        run_traced(TINY, w, p)
+
+
+def test_each_rank_holds_its_stage():
+    # 4 layers on 2 stages: 2 each. Rank 0: the embedding and layers 0-1; rank 1: layers 2-3, the final norm, the head
+    p = Parallel("pp", gpus=2, microbatches=2)
+    first = run_traced(TINY, Workload(batch=1, seq=8), p, rank=0)
+    last = run_traced(TINY, Workload(batch=1, seq=8), p, rank=1)
+    assert first.log.stages[0].breakdown["weights"] == (8_192 + 2 * LAYER) * BF16
+    assert last.log.stages[0].breakdown["weights"] == (2 * LAYER + 64 + 8_192) * BF16
+    assert first.per_rank["traced_rank"] == 0 and last.per_rank["microbatches"] == 2
+    assert any("pp rank 1 of 2" in n and "1f1b" in n for n in last.notes)
+    assert not torch.distributed.is_initialized()
+    with pytest.raises(ValueError, match="^rank: only a pipeline's ranks differ"):
+        run_traced(TINY, Workload(batch=1, seq=8), Parallel(), rank=1)
+
+
+def test_gpipe_holds_every_micro_batch_1f1b_at_most_pp():
+    # GPipe runs every forward before any backward: the first stage holds all 4 micro-batches' activations at once;
+    # 1F1B holds at most pp = 2 of them there
+    w = Workload(batch=1, seq=32)
+    fwd = {}
+    for sched in ("1f1b", "gpipe"):
+        t = run_traced(TINY, w, Parallel("pp", gpus=2, microbatches=4, pp_schedule=sched), rank=0)
+        fwd[sched] = next(s.breakdown["activations"] for s in t.log.stages if s.stage == "forward")
+    assert fwd["gpipe"] > fwd["1f1b"]
+
+
+def test_pipeline_profile_classes_name_degree_schedule_micro_batches_and_rank():
+    p = Parallel("pp", gpus=4, microbatches=8)
+    assert parallel_class(p, 3) == {"strategy": "pp", "pp": 4, "schedule": "1f1b", "microbatches": 8, "rank": 3}
+    assert profile_key(Workload(), p, pp_rank=0) != profile_key(Workload(), p, pp_rank=3)
+    with pytest.raises(ValueError, match="^pp_rank:"):
+        parallel_class(Parallel("tp", gpus=2), 1)
+    # grad_accum stands for the micro-batches where none are given; the traced class carries them
+    tw, tp, notes = traced_class(Workload(grad_accum=6), Parallel("pp", gpus=4))
+    assert tp == Parallel("pp", gpus=4, microbatches=6) and tw.grad_accum == 1
+    assert any(n.startswith("pp: every rank of pp 4 traced (1f1b, 6 micro-batches") for n in notes)
+    assert traced_class(Workload(method="lora"), Parallel("pp", gpus=4))[1] == Parallel()
+
+
+def test_rank_shares_hold_the_stage_parameters():
+    inv = from_hf_config(load_config("llama-3.2-1b")[1], "llama-3.2-1b", derive=False).inventory
+    sh = pp_rank_shares(inv, Parallel("pp", gpus=4))
+    assert [s.stage for s in sh] == ["first", "middle (rank 1)", "middle (rank 2)", "last"]
+    assert [s.layers_local for s in sh] == [4, 5, 4, 3]   # 16 layers: torchtitan's split
+    assert sum(s.params_local for s in sh) == inv.params     # every parameter on exactly one rank (untied here:
+    # llama-3.2-1b ties its head, and the inventory counts the tied matrix once, on the first stage)
+
+
+def test_estimate_without_every_rank_on_disk_is_the_analytic_rule(tmp_path, monkeypatch):
+    monkeypatch.setenv("WILLITFIT_CACHE", str(tmp_path))   # no traced pipeline rank here, and none shipped
+    name = "llama-3.2-1b"
+    model = from_hf_config(load_config(name)[1], name, derive=False)
+    w, p = Workload(batch=2, seq=512, grad_accum=4), Parallel("pp", gpus=2)
+    got = estimate(model, w, p, options=Options(derive=False))
+    assert any("no traced profiles of the 2 pipeline ranks" in n and "--strategy pp --gpus 2" in n
+               and "--microbatches 4" in n for n in got.notes)
+    assert got.pipeline_stage in ("first", "last")
+    assert profile_where(model, w, p) == "shipped"   # the single-GPU profile the rule prices from
+
+
+def test_every_rank_estimate_equals_its_full_depth_trace(tmp_path, monkeypatch):
+    # the cheapest case: 2 stages of 2 layers (each traced whole), 1F1B over 3 micro-batches; estimate at a batch
+    # and a sequence no fit traced (the fit: batches 1..4, seqs of 64 and up; the check 5 x 100)
+    monkeypatch.setenv("WILLITFIT_CACHE", str(tmp_path))
+    model = from_hf_config(TINY, "pp-tiny", derive=True)
+    w, p = Workload(batch=5, seq=100), Parallel("pp", gpus=2, microbatches=3)
+    ensure_profile(model, w, p, tp_rank=True)
+    tw, _, _, pairs = resolve(model, w, p, Options())
+    assert [sh.stage for sh, _ in pairs] == ["first", "last"]
+    for rank, (sh, prof) in enumerate(pairs):
+        assert prof.parallel_class["rank"] == rank
+        ours = stage_breakdowns(model, prof, w, p, tw, sh, Options())
+        trace = run_traced(TINY, w, p, rank=rank)
+        for peak in trace.log.stages:
+            assert ours[peak.stage][1].tensor_bytes == sum(peak.breakdown.values()), (rank, peak.stage)
+    est = estimate(model, w, p)
+    assert any(n.startswith("pp: every rank of pp 2 traced") for n in est.notes)
+
+
+@pytest.mark.slow
+def test_parallel_check_pipeline_cases_are_exact(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("WILLITFIT_CACHE", str(tmp_path))
+    assert parallel_check(["--case", "pp2-1f1b-train", "--case", "pp4-gpipe-train", "--quiet"]) == 0
+    assert "2 of 2 cases exact" in capsys.readouterr().out

@@ -1,0 +1,188 @@
+"""Pipeline parallelism on one rank, as torchtitan runs a transformers model, in a fake world.
+
+    with pp_case(config, workload, Parallel("pp", gpus=4, microbatches=8), rank=0) as (model, inputs, step): ...
+
+torchtitan's transformers backend (torchtitan/experiments/transformers_modeling_backend/pipeline.py, the same rules
+as torchtitan/distributed/pipeline_parallel.py for its own models) splits a causal LM into pipeline stages and runs
+them with torch.distributed.pipelining:
+
+- **the split** (`estimator.parallel.pp_stage_layers`, torchtitan's `generate_llm_fqn_per_model_part`): the embedding and the norm + head
+  count as one layer each (`pipeline_parallel_first_stage_less_layers` = `..._last_stage_less_layers` = 1, its
+  defaults), the L + 2 "effective layers" are dealt out evenly with the remainder to the first stages, and the first
+  stage holds the embedding, the last the final norm and the head; every stage keeps the rotary embedding;
+- **a stage's module** (`pipeline_module_split`): a copy of the whole model with the other stages' layers deleted and
+  the embedding, norm and head of the other stages replaced by Identity (here: deleted, or Identity for the norm, so
+  that the model's own forward runs unchanged: a stage after the first passes its input as `inputs_embeds`);
+- **the schedule**: one `PipelineStage` per rank (single-stage schedules: 1F1B, GPipe), `n_microbatches` micro-batches
+  of `workload.batch` sequences each (torchtitan's local batch / `pipeline_parallel_microbatch_size`), the loss
+  computed on the last stage by the model's own loss function, gradients scaled by 1 / n_microbatches
+  (`scale_grads`, the schedule's default).
+
+What differs from a GPU run, and why it does not change the bytes: the fake process group's send and receive move
+no data (the receive buffers the stage allocates are real, and counted); the schedules' start-up vote (two ranks
+agreeing whether shapes are static, `_warmup_p2p`) reads a received tensor's value, which a fake tensor has not, so it
+is decided here as the ranks would decide it (static: every stage's input and output shapes are given up front, as
+torchtitan can give them, `PipelineStage(input_args=, output_args=)`), and checked: a stage whose output is not the
+shape or dtype it declared raises.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from estimator.parallel import pp_microbatches, pp_stage_layers, pp_untraced
+from estimator.spec import Parallel, Workload
+from tracer import runner
+
+
+
+def check(workload: Workload, parallel: Parallel) -> None:
+    """One line for what a traced pipeline rank cannot run (before any torch work): estimator.parallel.pp_untraced."""
+    why = pp_untraced(workload, parallel)
+    if why:
+        raise ValueError(why)
+
+
+class StageModule(torch.nn.Module):
+    """One pipeline stage of a causal LM, running the model's own forward: the first stage from token ids, the
+    others from the previous stage's hidden states (`inputs_embeds`); the last returns the logits, the others the
+    hidden states (the final norm replaced by Identity before the last stage)."""
+
+    def __init__(self, lm: torch.nn.Module, first: bool, last: bool, out_meta: tuple):
+        super().__init__()
+        self.lm, self.first, self.last = lm, first, last
+        self._out_meta = out_meta     # (shape, dtype) the stage declared to the schedule; checked at every call
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        kw = {"input_ids": x} if self.first else {"inputs_embeds": x}
+        if self.last:
+            out = self.lm(**kw, use_cache=False).logits
+        else:
+            out = self.lm.get_decoder()(**kw, use_cache=False).last_hidden_state
+        if (tuple(out.shape), out.dtype) != self._out_meta:
+            raise ValueError(f"pp: the stage's output is {tuple(out.shape)} {out.dtype}, not the declared "
+                             f"{self._out_meta[0]} {self._out_meta[1]}: this model's stages cannot be traced")
+        return out
+
+
+def _child_owner(root: torch.nn.Module, target: torch.nn.Module) -> tuple[torch.nn.Module, str]:
+    for module in root.modules():
+        for name, child in module.named_children():
+            if child is target:
+                return module, name
+    raise ValueError("pp: the model's embedding or head is not a submodule it owns")
+
+
+def _prune(lm: torch.nn.Module, first: bool, last: bool) -> None:
+    """Delete what other stages hold: the embedding before the first stage's layers, the final norm and the head
+    after the last's (torchtitan's pipeline_module_split)."""
+    base = lm.get_decoder()
+    norm = getattr(base, "norm", None)
+    if not isinstance(norm, torch.nn.Module) or lm.get_input_embeddings() is None or lm.get_output_embeddings() is None:
+        raise ValueError(f"model_type: {lm.config.model_type!r} is not split into pipeline stages here (the split needs "
+                         "an input embedding, a final `norm` and an output head, as torchtitan's transformers backend)")
+    if not first:
+        owner, name = _child_owner(lm, lm.get_input_embeddings())
+        setattr(owner, name, None)
+    if not last:
+        base.norm = torch.nn.Identity()
+        owner, name = _child_owner(lm, lm.get_output_embeddings())
+        setattr(owner, name, None)
+
+
+def _text_config(lm):
+    get = getattr(lm.config, "get_text_config", None)
+    return get() if get else lm.config
+
+
+@contextlib.contextmanager
+def pp_case(config: dict, workload: Workload, parallel: Parallel, rank: int = 0, layers: list[int] | None = None):
+    """Yield (stage module, inputs, step) for pipeline rank `rank` inside a fake world of pp ranks, with fake
+    parameters; `step(on_stage)` runs one schedule step (every micro-batch's forward and backward), calling
+    on_stage("forward") after each micro-batch's forward (and, on the last stage, its loss),
+    on_stage("backward") after each backward and once more when the schedule's step returns. `layers` overrides the stage's layers (reduced depth)."""
+    import torch.distributed as dist
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    check(workload, parallel)
+    pp, m = parallel.pp_size, pp_microbatches(workload, parallel)
+    first, last = rank == 0, rank == pp - 1
+    hf = runner._hf_config(config)
+    n_layers = int(getattr(hf.get_text_config() if hasattr(hf, "get_text_config") else hf, "num_hidden_layers"))
+    keep = list(pp_stage_layers(n_layers, pp, rank)) if layers is None else list(layers)
+    if dist.is_initialized():
+        raise RuntimeError("a process group is already initialised; pipeline tracing needs its own fake one")
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=pp)
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            lm = runner.build_model(config, workload, "cpu", meta_then_empty=True, layers=keep)
+            tc = _text_config(lm)
+            vocab, hidden = int(lm.get_input_embeddings().num_embeddings), int(tc.hidden_size)
+            _prune(lm, first, last)
+            b, s = workload.batch, workload.seq
+            stream = runner.weight_dtype(workload)  # the residual stream between stages: the weights' dtype
+            logits = runner.DTYPES[workload.precision] if workload.recipe == "amp" else stream
+            out_meta = ((b, s, vocab), logits) if last else ((b, s, hidden), stream)
+            module = StageModule(lm, first, last, out_meta)
+            ids = torch.randint(0, vocab, (b * m, s))
+            labels = ids.clone()  # a data collator's copy (DataCollatorForLanguageModeling)
+            in_arg = ids[:b] if first else torch.empty(b, s, hidden, dtype=stream, requires_grad=True)
+            out_arg = torch.empty(*out_meta[0], dtype=out_meta[1], requires_grad=not last)
+            stage = PipelineStage(module, rank, pp, torch.device("cpu"), input_args=(in_arg,), output_args=(out_arg,))
+            del in_arg, out_arg
+
+            def loss_fn(out, target):
+                return lm.loss_function(logits=out, labels=target, vocab_size=out.shape[-1])
+
+            cls = Schedule1F1B if parallel.pp_schedule == "1f1b" else ScheduleGPipe
+            schedule = cls(stage, n_microbatches=m, loss_fn=loss_fn)
+            _static_warmup(schedule)
+            inputs = {"input_ids": ids} if first else {}
+            if last:
+                inputs["labels"] = labels
+            del ids, labels
+
+            def step(on_stage) -> None:
+                compute_loss, backward = schedule._maybe_compute_loss, stage.backward_one_chunk
+
+                def after_forward(*args, **kwargs):
+                    compute_loss(*args, **kwargs)
+                    on_stage("forward")
+
+                def after_backward(*args, **kwargs):
+                    out = backward(*args, **kwargs)
+                    on_stage("backward")
+                    return out
+
+                schedule._maybe_compute_loss, stage.backward_one_chunk = after_forward, after_backward
+                try:
+                    args = (inputs["input_ids"],) if first else ()
+                    kw = {"target": inputs["labels"], "losses": []} if last else {}
+                    with runner._autocast(workload, lm):
+                        schedule.step(*args, **kw, return_outputs=False)  # torchtitan: return_outputs=False
+                finally:
+                    del schedule._maybe_compute_loss, stage.backward_one_chunk
+                # the schedule's own end of step (gradients scaled, its caches of the last micro-batches dropped)
+                # closes the backward stage, so that the optimizer's stage starts from what the step leaves
+                on_stage("backward")
+
+            yield module, inputs, step
+    finally:
+        dist.destroy_process_group()
+
+
+def _static_warmup(schedule) -> None:
+    """Decide the schedule's start-up vote as every rank would (static: each stage gave its shapes), instead of
+    exchanging it: the vote reads a received tensor's value (`.item()`), which a fake receive does not fill."""
+    from torch.distributed.pipelining._utils import InferenceMode
+
+    def warmup(stages, has_backward, p2p_done):
+        for st in stages:
+            if InferenceMode.needs_dynamic(st._user_meta, has_backward):
+                raise ValueError("pp: this stage's shapes are not static; the schedule would infer them at run time")
+            st._inference_mode = InferenceMode.STATIC
+
+    schedule._warmup_p2p = warmup
