@@ -129,10 +129,10 @@ def check_pipeline(case: Case, model) -> tuple[bool, list[str]]:
              f"{w.seq}, {w.recipe} ({config['num_hidden_layers']} layers)",
              f"  {'rank':18s} {'stage':10s} {'component':17s} {'estimate':>10s} {'trace':>10s} {'diff':>8s} "
              f"{'analytic':>10s} {'diff':>9s}"]
-    exact, worst = True, (0, 0)
+    exact, peaks = True, []
     for rank, (sh, prof) in enumerate(pairs):
         trace = run_traced(config, w, p, rank=rank, name="parallel-check")
-        worst = max(worst, (trace.log.peak.peak_bytes, rank))
+        peaks.append(trace.log.peak.peak_bytes)
         old = {}
         if sh.stage in old_by_stage:
             osh, oprof = old_by_stage[sh.stage]
@@ -145,7 +145,9 @@ def check_pipeline(case: Case, model) -> tuple[bool, list[str]]:
             lines.append(f"  {sh.stage:18s} {stage:10s} {comp:17s} {est:10d} {tr:10d} {est - tr:+8d} "
                          + (f"{a:10d} {a - tr:+9d}" if a is not None else f"{'-':>10s} {'-':>9s}"))
     est = estimate(model, w, p)
-    lines.append(f"  worst rank traced: {worst[1]}; the estimate's: {est.pipeline_stage} ({est.peak_stage})")
+    worst = [f"{pairs[r][0].stage} {peaks[r]}" for r in range(len(peaks)) if peaks[r] == max(peaks)]
+    lines.append(f"  worst traced: {', '.join(worst)} B; the estimate's: {est.pipeline_stage} ({est.peak_stage}) "
+                 f"{est.components.tensor_bytes} B")
     lines.append(f"  {'exact' if exact else 'MISMATCH'}; notes: " + "; ".join(n for n in est.notes if "pp" in n))
     return exact, lines
 
