@@ -98,7 +98,7 @@ class Swap:
         elif p.pp_schedule == "gpipe":
             in_flight = micro
         else:
-            in_flight = min(p.pp_size, micro) if sh.stage == "first" else 1
+            in_flight = min(p.pp_size - sh.pp_rank, micro)   # 1F1B: rank r runs pp - r forwards first
         self.act_layers = sh.layers_local / max(1, inv.layers) * in_flight if p.pp_size > 1 and not tp_rank else 1.0
         self.tp_lin, self.tp_sq = (1.0, 1.0) if tp_rank else tp_activation_scale(p.tp_size, p.sequence_parallel)
         self.k_form = None  # the seeds' form: k * b*s*h*L*bytes, i.e. a b*s monomial with this coefficient

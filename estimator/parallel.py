@@ -12,8 +12,10 @@ Sources:
   LayerNorm and dropout part) is not unless sequence parallelism splits it too.
   Traced instead where a profile of one TP rank is on disk (tracer.tp, `tp_untraced`: strategy tp alone, or FSDP2 x
   TP, with sequence parallelism in training): the estimate then takes that rank's categories as they are.
-- Pipeline parallelism (1F1B, Narayanan et al. 2021): a stage holds ceil(L/pp) layers, the first the embedding,
-  the last the head; the first stage keeps min(pp, grad_accum) micro-batches of activations (the analytic rule).
+- Pipeline parallelism (1F1B, Narayanan et al. 2021; GPipe): a stage holds torchtitan's split of the layers
+  (`pp_stage_layers`), the first the embedding, the last the head; under 1F1B rank r keeps min(pp - r, micro-batches)
+  micro-batches of activations, under GPipe every rank all of them (the analytic rule: the single-GPU step's
+  activations scaled by the stage's share of the layers; the first, the last and rank 1 for the middle ones).
   Traced instead where every rank's profile is on disk (tracer.pp, `pp_untraced`: strategy pp over all the GPUs,
   1F1B or GPipe, full fine-tuning): each rank holds torchtitan's split of the layers (`pp_stage_layers`), and the
   estimate takes each rank's categories as they are, the worst rank deciding (`pp_rank_shares`).
@@ -54,6 +56,7 @@ class Share:
     largest_layer_params: int  # for a ZeRO-3 gathered working set (estimate.py)
     gathered_frac: float = 1.0  # this GPU's TP/EP share of the largest layer (what FSDP all-gathers per unit)
     fsdp_frac: float = 1.0      # of the model's params, what FSDP shards over dp on this GPU (composed layouts)
+    pp_rank: int = 0            # its pipeline rank (stage): how many micro-batches a 1F1B schedule keeps in flight
 
 
 def shard_group(par: Parallel) -> int:
@@ -90,7 +93,10 @@ def check_model(inv: Inventory, par: Parallel, name: str = "model") -> None:
 
 
 def shares(inv: Inventory, par: Parallel) -> list[Share]:
-    """One Share per distinct pipeline stage that could hold the peak (first and last; one without PP)."""
+    """One Share per distinct pipeline stage that could hold the peak (one without PP). With PP, torchtitan's split
+    of the layers (`pp_stage_layers`): the first stage (the embedding), the last (the head), and with 3 or more
+    stages rank 1, which stands for the middle ranks: it has the most layers among them (the split gives the extra
+    layers to the first ranks) and, under 1F1B, the most micro-batches in flight."""
     return list(_shares(inv, par))
 
 
@@ -103,11 +109,11 @@ def _shares(inv: Inventory, par: Parallel) -> tuple[Share, ...]:
     largest = int(max(layer, default=0))
     full = max(inv.layer_params, default=0)
     gathered = max(layer, default=0) / full if full else 1.0
-    layers_local = -(-inv.layers // pp)
-    body = int(sum(layer) / max(1, inv.layers) * layers_local)
+    split = [len(pp_stage_layers(inv.layers, pp, r)) for r in range(pp)] if pp > 1 else [inv.layers]
+    per_layer = sum(layer) / max(1, inv.layers)
     # FSDP on a TP/PP/EP mesh shards the rank's TP slice of its stage; EP borrows its ranks from the FSDP
     # dimension (torchtitan: dp_shard = dp_shard_mod_ep x ep), so that slice is spread over dp x ep ranks
-    body_tp = sum((p - norms) / tp + norms for p in inv.layer_params) / max(1, inv.layers) * layers_local
+    per_layer_tp = sum((p - norms) / tp + norms for p in inv.layer_params) / max(1, inv.layers)
     g = shard_group(par)
     s = par.strategy
     frac_w = 1 / g if s in SHARD_PARAMS else 1.0
@@ -115,12 +121,16 @@ def _shares(inv: Inventory, par: Parallel) -> tuple[Share, ...]:
     frac_s = 1 / g if s in SHARD_STATES else 1.0
     embed = inv.embedding_params // tp
     head = (inv.params - sum(inv.layer_params) - inv.embedding_params) // tp
+    def stage(name: str, r: int, ends: int, ends_tp: int) -> tuple:
+        n = split[r]
+        return name, r, n, ends + int(per_layer * n), ends + per_layer_tp * n
     if pp == 1:
-        stages = [("only", embed + body + head, embed + body_tp + head)]
+        stages = [stage("only", 0, embed + head, embed + head)]
     else:
-        stages = [("first", embed + body, embed + body_tp), ("last", body + head, body_tp + head)]
-    return tuple(Share(name, p, layers_local, frac_w, frac_g, frac_s, largest, gathered, p_tp / ep / inv.params)
-                 for name, p, p_tp in stages)
+        stages = [stage("first", 0, embed, embed), stage("last", pp - 1, head, head)]
+        stages += [stage("middle", 1, 0, 0)] if pp >= 3 else []
+    return tuple(Share(name, p, n, frac_w, frac_g, frac_s, largest, gathered, p_tp / ep / inv.params, r)
+                 for name, r, n, p, p_tp in stages)
 
 
 def tp_untraced(w: Workload, p: Parallel) -> str | None:
@@ -219,7 +229,7 @@ def pp_rank_shares(inv: Inventory, par: Parallel) -> tuple[Share, ...]:
         params = sum(inv.layer_params[i] for i in held) + (embed if r == 0 else 0) + (head if r == pp - 1 else 0)
         name = "first" if r == 0 else "last" if r == pp - 1 else f"middle (rank {r})"
         largest = max((inv.layer_params[i] for i in held), default=0)
-        out.append(Share(name, int(params), len(held), 1.0, 1.0, 1.0, int(largest)))
+        out.append(Share(name, int(params), len(held), 1.0, 1.0, 1.0, int(largest), pp_rank=r))
     return tuple(out)
 
 

@@ -13,7 +13,7 @@ the estimate, the trace and their difference, plus the old analytic split (Optio
 Cases: tp 2 / 4 / 8 (training full fine-tuning, pure bf16 AdamW; inference); FSDP2 over dp 2 composed with tp 2
 and 4 on a (dp, tp) mesh (training); tp 2 with the head tied to the embedding (training); sequence parallelism:
 tp 4 and FSDP 2 x TP 2 (training); plain fsdp 2 (training); pipelines (tracer.pp: every rank derived and traced,
-beside the old analytic rule, Options.analytic_pp): pp 2 1F1B over 4 micro-batches of the 12-layer model (stages
+beside the analytic rule, Options.analytic_pp): pp 2 1F1B over 4 micro-batches of the 12-layer model (stages
 of 6 layers, so the reduced depths cut inside a stage), pp 4 GPipe over 6 micro-batches (amp; stages of 1, 2, 2
 and 1 layers) and pp 4 1F1B over 4 micro-batches of an 8-layer model (mixed: fp32 master weights; 2, 3, 2, 1).
 """
@@ -120,11 +120,11 @@ def check(case: Case, progress=None) -> tuple[bool, list[str]]:
 
 def check_pipeline(case: Case, model) -> tuple[bool, list[str]]:
     """`check` for a pipeline: every rank's estimate (its own profile) against a full-depth trace of that rank, and
-    the old analytic rule's first or last stage beside the ranks it stands for."""
+    the analytic rule's first, last and middle (rank 1) stages beside those ranks."""
     w, p, config = case.workload, case.parallel, case.model_config()
     tw, _, _, pairs = resolve(model, w, p, Options())
     old_tw, _, _, old_pairs = resolve(model, w, p, Options(analytic_pp=True))
-    old_by_stage = {sh.stage: (sh, prof) for sh, prof in old_pairs}
+    old_by_rank = {sh.pp_rank: (sh, prof) for sh, prof in old_pairs}   # first, last and rank 1 (the middle)
     lines = [f"{case.name}: pp {p.pp_size}, {p.pp_schedule}, {p.microbatches} micro-batches of {w.batch}, seq "
              f"{w.seq}, {w.recipe} ({config['num_hidden_layers']} layers)",
              f"  {'rank':18s} {'stage':10s} {'component':17s} {'estimate':>10s} {'trace':>10s} {'diff':>8s} "
@@ -134,8 +134,8 @@ def check_pipeline(case: Case, model) -> tuple[bool, list[str]]:
         trace = run_traced(config, w, p, rank=rank, name="parallel-check")
         peaks.append(trace.log.peak.peak_bytes)
         old = {}
-        if sh.stage in old_by_stage:
-            osh, oprof = old_by_stage[sh.stage]
+        if rank in old_by_rank:
+            osh, oprof = old_by_rank[rank]
             old = {(st, c): e for st, c, e, _ in stage_rows(
                 [(k, v[1]) for k, v in stage_breakdowns(model, oprof, w, p, old_tw, osh, Options()).items()], trace)}
         ours = [(k, v[1]) for k, v in stage_breakdowns(model, prof, w, p, tw, sh, Options()).items()]
@@ -146,8 +146,10 @@ def check_pipeline(case: Case, model) -> tuple[bool, list[str]]:
                          + (f"{a:10d} {a - tr:+9d}" if a is not None else f"{'-':>10s} {'-':>9s}"))
     est = estimate(model, w, p)
     worst = [f"{pairs[r][0].stage} {peaks[r]}" for r in range(len(peaks)) if peaks[r] == max(peaks)]
+    old = estimate(model, w, p, options=Options(analytic_pp=True))
     lines.append(f"  worst traced: {', '.join(worst)} B; the estimate's: {est.pipeline_stage} ({est.peak_stage}) "
-                 f"{est.components.tensor_bytes} B")
+                 f"{est.components.tensor_bytes} B; the analytic rule's: {old.pipeline_stage} ({old.peak_stage}) "
+                 f"{old.components.tensor_bytes} B")
     lines.append(f"  {'exact' if exact else 'MISMATCH'}; notes: " + "; ".join(n for n in est.notes if "pp" in n))
     return exact, lines
 

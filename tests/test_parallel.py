@@ -44,17 +44,18 @@ def test_hsdp_shard_must_divide_the_dp_group():
 
 def test_405b_fsdp8_tp8_pp8_holds_a_512th_plus_its_stage_share():
     """llama-3.1-405b on 512 GPUs as FSDP 8 x TP 8 x PP 8 (issue 19: it read 756 GiB, 64x too much): a rank
-    holds 8 B per parameter of its TP shard of its stage (ceil(126 / 8) = 16 layers, and the embedding on the
-    first stage or the head on the last), sharded 8 ways; about 1/512 of the model's states."""
+    holds 8 B per parameter of its TP shard of its stage (torchtitan's split of 126 layers on 8 stages: 15, 16 x 6,
+    15, the embedding on the first stage and the head on the last), sharded 8 ways; about 1/512 of the model's
+    states."""
     inv = model("llama-3.1-405b").inventory
     got = states("llama-3.1-405b", Parallel("fsdp", 512, tp=8, pp=8))
     layer = inv.layer_params[0]
     head = inv.params - sum(inv.layer_params) - inv.embedding_params
-    stage = 16 * layer + max(inv.embedding_params, head)        # the larger of the first and last stages
+    stage = max(15 * layer + inv.embedding_params, 16 * layer, 15 * layer + head)   # the largest stage
     assert got == pytest.approx(B_PER_PARAM * stage / 64, rel=0.01)
     whole = B_PER_PARAM * inv.params / 512
-    assert whole < got < 1.1 * whole                             # 16/15.75 layers and the embedding: +5%
-    assert got / 2**30 == pytest.approx(6.2, abs=0.1)            # GiB (mixed bf16 adds the fp32 master: ~12)
+    assert whole < got < 1.1 * whole                             # 16 of 126 / 8 = 15.75 layers: +1.6%
+    assert got / 2**30 == pytest.approx(5.9, abs=0.1)            # GiB (mixed bf16 adds the fp32 master: ~12)
 
 
 def test_405b_fsdp8_tp8_holds_what_fsdp64_holds():
@@ -64,13 +65,14 @@ def test_405b_fsdp8_tp8_holds_what_fsdp64_holds():
 
 
 def test_405b_fsdp8_pp8_holds_what_fsdp64_holds_plus_its_stage():
-    """PP 8 gives a rank 16 of 126 layers and the embedding or the head: a little more than 1/8."""
+    """PP 8 gives a rank 15 or 16 of 126 layers (torchtitan's split) and the embedding or the head: a little more
+    than 1/8."""
     inv = model("llama-3.1-405b").inventory
     fsdp = states("llama-3.1-405b", Parallel("fsdp", 64))
     got = states("llama-3.1-405b", Parallel("fsdp", 64, pp=8))
-    head = inv.params - sum(inv.layer_params) - inv.embedding_params
-    assert got == pytest.approx(B_PER_PARAM * (16 * inv.layer_params[0] + max(inv.embedding_params, head)) / 8,
-                                rel=0.01)
+    layer, head = inv.layer_params[0], inv.params - sum(inv.layer_params) - inv.embedding_params
+    assert got == pytest.approx(B_PER_PARAM * max(15 * layer + inv.embedding_params, 16 * layer, 15 * layer + head)
+                                / 8, rel=0.01)
     assert fsdp < got < 1.1 * fsdp
 
 
