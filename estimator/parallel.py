@@ -96,7 +96,8 @@ def shares(inv: Inventory, par: Parallel) -> list[Share]:
     """One Share per distinct pipeline stage that could hold the peak (one without PP). With PP, torchtitan's split
     of the layers (`pp_stage_layers`): the first stage (the embedding), the last (the head), and with 3 or more
     stages rank 1, which stands for the middle ranks: it has the most layers among them (the split gives the extra
-    layers to the first ranks) and, under 1F1B, the most micro-batches in flight."""
+    layers to the first ranks) and, under 1F1B, the most micro-batches in flight; it is priced where it holds more
+    layers than the first stage (otherwise the first holds more of everything)."""
     return list(_shares(inv, par))
 
 
@@ -128,7 +129,9 @@ def _shares(inv: Inventory, par: Parallel) -> tuple[Share, ...]:
         stages = [stage("only", 0, embed + head, embed + head)]
     else:
         stages = [stage("first", 0, embed, embed), stage("last", pp - 1, head, head)]
-        stages += [stage("middle", 1, 0, 0)] if pp >= 3 else []
+        # rank 1 only where it can exceed the first stage: with no more layers it holds less of everything (no
+        # embedding, no more micro-batches in flight), so it cannot decide (and each share costs an evaluation)
+        stages += [stage("middle", 1, 0, 0)] if pp >= 3 and split[1] > split[0] else []
     return tuple(Share(name, p, n, frac_w, frac_g, frac_s, largest, gathered, p_tp / ep / inv.params, r)
                  for name, r, n, p, p_tp in stages)
 

@@ -117,7 +117,7 @@ def run_derive(args: argparse.Namespace) -> int:
               + (f" x {len(profs)} pipeline ranks" if len(profs) > 1 else "") + ", "
               f"{time.perf_counter() - start:.1f} s", flush=True)
     print(f"{len(todo) - failed} profile(s) ready, {failed} {'missing from the bank' if args.pull else 'refused'}, "
-          f"{skipped} grid combination(s) skipped")
+          f"{sum(skipped.values())} grid combination(s) skipped")
     if args.push:
         print(f"bank {args.push}: " + ", ".join(f"{n} {s}" for s, n in sorted(pushed.items())) if pushed else
               f"bank {args.push}: nothing pushed")
