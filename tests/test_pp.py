@@ -6,6 +6,8 @@ scripts/parallel_check.py's pipeline cases).
 """
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -76,6 +78,14 @@ def test_each_rank_holds_its_stage():
         run_traced(TINY, Workload(batch=1, seq=8), Parallel(), rank=1)
 
 
+def test_a_traced_pipeline_row_is_its_worst_rank():
+    from bench.trace.cases import trace_case
+
+    row = trace_case(TINY, "pp-tiny", Workload(batch=1, seq=8), Parallel("pp", gpus=2, microbatches=2))
+    ranks = json.loads(row["per_rank_json"])
+    assert len(ranks["rank_peaks"]) == 2 and ranks["traced_rank"] == ranks["rank_peaks"].index(max(ranks["rank_peaks"]))
+
+
 def test_gpipe_holds_every_micro_batch_1f1b_at_most_pp():
     # GPipe runs every forward before any backward: the first stage holds all 4 micro-batches' activations at once;
     # 1F1B holds at most pp = 2 of them there
@@ -105,8 +115,9 @@ def test_rank_shares_hold_the_stage_parameters():
     sh = pp_rank_shares(inv, Parallel("pp", gpus=4))
     assert [s.stage for s in sh] == ["first", "middle (rank 1)", "middle (rank 2)", "last"]
     assert [s.layers_local for s in sh] == [4, 5, 4, 3]   # 16 layers: torchtitan's split
-    assert sum(s.params_local for s in sh) == inv.params     # every parameter on exactly one rank (untied here:
-    # llama-3.2-1b ties its head, and the inventory counts the tied matrix once, on the first stage)
+    # every parameter on exactly one rank: llama-3.2-1b ties its head to the embedding, which the inventory counts
+    # once (with the first stage)
+    assert sum(s.params_local for s in sh) == inv.params
 
 
 def test_estimate_without_every_rank_on_disk_is_the_analytic_rule(tmp_path, monkeypatch):
