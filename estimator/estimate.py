@@ -235,7 +235,9 @@ def traced_class(w: Workload, p: Parallel) -> tuple[Workload, Parallel, tuple[st
         notes = [n for n in notes if not n.startswith(f"{p.strategy}: sharding priced")]
         notes.append(f"pp: every rank of pp {p.pp_size} traced ({p.pp_schedule}, {m} micro-batches of "
                      f"{w.batch}; torch.distributed.pipelining, torchtitan's split of the layers)")
-        tp = Parallel(strategy="pp", gpus=p.pp_size, pp_schedule=p.pp_schedule, microbatches=m)
+        tp = Parallel(strategy="pp", gpus=p.pp_size, pp_schedule=p.pp_schedule, microbatches=m) if p.strategy == "pp" \
+            else Parallel(strategy=p.strategy, gpus=2 * p.pp_size, pp=p.pp_size, pp_schedule=p.pp_schedule,
+                          microbatches=m)   # FSDP2 over each stage's dp ranks: fit in 1/n, n = dp (at 2 and 4)
         tw = replace(tw, grad_accum=1)
     if p.offload != "none":
         notes.append(f"offload: {p.offload} moved off the GPU")
@@ -264,7 +266,7 @@ def resolve(model: Model, w: Workload, p: Parallel, options: Options):
         if tp.tp_size > 1:
             prof, tp, notes = _traced_tp_or_analytic(model, tw, tp, notes, options)
         per_rank = None
-        if tp.strategy == "pp":
+        if tp.pp_size > 1:
             per_rank, tw, tp, notes = _traced_pp_or_analytic(model, w, tw, tp, notes, options)
         if per_rank is not None:
             prof = per_rank[0]
@@ -291,13 +293,14 @@ def _traced_pp_or_analytic(model: Model, w: Workload, tw: Workload, tp: Parallel
         return tuple(store.profile(model.config, tw, tp, name=model.name, derive=False, pp_rank=r)
                      for r in range(tp.pp_size)), tw, tp, notes
     except store.ProfileMissing:
-        how = (f"`python -m bench derive --model {model.name} --strategy pp --gpus {tp.pp_size} --pp-schedule "
-               f"{tp.pp_schedule} --microbatches {tp.microbatches}` with the same workload flags")
+        how = (f"`python -m bench derive --model {model.name} --strategy {tp.strategy} --gpus {tp.gpus} "
+               + (f"--pp {tp.pp_size} " if tp.strategy != "pp" else "")
+               + f"--pp-schedule {tp.pp_schedule} --microbatches {tp.microbatches}` with the same workload flags")
         note = "pp: priced by the analytic rule (Options.analytic_pp)" if options.analytic_pp else \
             f"pp: no traced profiles of the {tp.pp_size} pipeline ranks on disk; priced by the analytic rule (derive " \
             f"the exact ones: {how})"
         tw = replace(tw, grad_accum=store.canonical_class(w).grad_accum)
-        return None, tw, Parallel(), tuple(n for n in notes if not n.startswith("pp: every rank")) + (note,)
+        return None, tw, analytic_class(tp), tuple(n for n in notes if not n.startswith("pp: every rank")) + (note,)
 
 
 def _traced_tp_or_analytic(model: Model, tw: Workload, tp: Parallel, notes: tuple, options: Options):
@@ -356,7 +359,7 @@ def ensure_profile(model: Model, workload: Workload, parallel: Parallel = Parall
     `tp_rank=True` derives the traced TP rank's, or every traced pipeline rank's (minutes each:
     `scripts/parallel_check.py`, `python -m bench derive`)."""
     tw, tp = evaluated_class(model, workload, parallel, tp_rank)
-    if tp.strategy == "pp":  # every rank of the pipeline, each its own derivation; the first's provenance
+    if tp.pp_size > 1:  # every rank of the pipeline, each its own derivation; the first's provenance
         out = None
         for r in range(tp.pp_size):
             found = _where(model, tw, tp, r)
@@ -384,8 +387,8 @@ def evaluated_class(model: Model, workload: Workload, parallel: Parallel, tp_ran
     tw, tp, _ = traced_class(w, parallel)
     if tp.tp_size > 1 and not tp_rank and _where(model, tw, tp) is None:
         tp = analytic_class(tp)
-    if tp.strategy == "pp" and not tp_rank and any(_where(model, tw, tp, r) is None for r in range(tp.pp_size)):
-        tw, tp = replace(tw, grad_accum=store.canonical_class(w).grad_accum), Parallel()
+    if tp.pp_size > 1 and not tp_rank and any(_where(model, tw, tp, r) is None for r in range(tp.pp_size)):
+        tw, tp = replace(tw, grad_accum=store.canonical_class(w).grad_accum), analytic_class(tp)
     return tw, tp
 
 
@@ -397,9 +400,9 @@ def _where(model: Model, tw: Workload, tp: Parallel, pp_rank: int = 0) -> str | 
 
 
 def analytic_class(tp: Parallel) -> Parallel:
-    """The traced class the analytic TP split prices from, for a traced TP rank's class: single GPU for strategy
-    tp, the FSDP rank (n = dp) for FSDP x TP."""
-    return Parallel() if tp.strategy == "tp" else Parallel(strategy=tp.strategy, gpus=2)
+    """The traced class the analytic TP split (the PP rule) prices from, for a traced TP (PP) rank's class: single
+    GPU for strategy tp (pp), the FSDP rank (n = dp) for FSDP x TP (FSDP x PP)."""
+    return Parallel() if tp.strategy in ("tp", "pp") else Parallel(strategy=tp.strategy, gpus=2)
 
 
 def profile_for(model: Model, w: Workload, p: Parallel, options: Options = Options()):

@@ -312,7 +312,7 @@ def stage_plans(model, prof, w, p, tw, sh, options, piece):
 
 def traced_rank(parallel_class: dict) -> bool:
     """Whether a profile's parallel class is of one traced rank as it is (a TP rank, a pipeline rank)."""
-    return "tp" in parallel_class or parallel_class.get("strategy") == "pp"
+    return "tp" in parallel_class or "pp" in parallel_class
 
 
 def clear_plans() -> None:

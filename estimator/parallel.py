@@ -198,9 +198,10 @@ def pp_untraced(w: Workload, p: Parallel) -> str | None:
     process group, torchtitan's split), naming the field, or None when they are: strategy 'pp' over all the GPUs
     (no tp, ep or data parallelism), 1F1B or GPipe, training with full fine-tuning and the model's full loss, eager,
     the optimizer stepped after the schedule, no activation offload, recipe pure, mixed or amp."""
-    if p.pp_size < 2 or p.strategy != "pp" or p.tp_size > 1 or p.ep_size > 1 or p.dp_size > 1:
-        return ("pp: traced pipelines are strategy 'pp' over all the GPUs (gpus = pp; no tp, ep or data "
-                "parallelism)")
+    if p.pp_size < 2 or p.tp_size > 1 or p.ep_size > 1 or p.strategy not in ("pp", *TRACED_SHARDING) \
+            or (p.strategy == "pp" and p.dp_size > 1):
+        return ("pp: traced pipelines are strategy 'pp' over all the GPUs (gpus = pp), or fsdp / zero3 / "
+                "fsdp-grad-op over the dp ranks of each stage (gpus = dp x pp); no tp or ep")
     if p.pp_schedule not in PP_TRACED_SCHEDULES:
         return f"pp_schedule: traced schedules are {', '.join(PP_TRACED_SCHEDULES)}, not {p.pp_schedule!r}"
     if w.mode != "train":

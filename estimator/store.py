@@ -26,6 +26,7 @@ from pathlib import Path
 
 from estimator import bank, knobs
 from estimator.inventory import Inventory
+from estimator.parallel import TRACED_SHARDING
 from estimator.presets import DATA_DIR, config_hash
 from estimator.profile.profile import RANK_MARK, Profile
 from estimator.spec import SIZE_FIELDS, Parallel, Workload, spec_dict
@@ -104,8 +105,8 @@ def parallel_class(p: Parallel, pp_rank: int = 0) -> dict:
     """What a profile of this parallel setting is of: the strategy, and for a traced TP rank (strategy tp, or
     FSDP x TP) its degree: a TP profile is fit at one tp; an FSDP one holds n = the dp group as a variable. A
     pipeline rank's (tracer.pp) names its degree, schedule, micro-batches and the rank (its stage)."""
-    if p.strategy == "pp" and p.pp_size > 1:
-        return {"strategy": "pp", "pp": p.pp_size, "schedule": p.pp_schedule, "microbatches": p.microbatches,
+    if p.pp_size > 1 and p.strategy in ("pp", *TRACED_SHARDING) and p.tp_size == 1 and p.ep_size == 1:
+        return {"strategy": p.strategy, "pp": p.pp_size, "schedule": p.pp_schedule, "microbatches": p.microbatches,
                 "rank": pp_rank}
     if pp_rank:
         raise ValueError(f"pp_rank: only a pipeline's ranks have profiles of their own; got rank {pp_rank}")

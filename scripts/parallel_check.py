@@ -15,7 +15,9 @@ and 4 on a (dp, tp) mesh (training); tp 2 with the head tied to the embedding (t
 tp 4 and FSDP 2 x TP 2 (training); plain fsdp 2 (training); pipelines (tracer.pp: every rank derived and traced,
 beside the analytic rule, Options.analytic_pp): pp 2 1F1B over 4 micro-batches of the 12-layer model (stages
 of 6 layers, so the reduced depths cut inside a stage), pp 4 GPipe over 6 micro-batches (amp; stages of 1, 2, 2
-and 1 layers) and pp 4 1F1B over 4 micro-batches of an 8-layer model (mixed: fp32 master weights; 2, 3, 2, 1).
+and 1 layers) and pp 4 1F1B over 4 micro-batches of an 8-layer model (mixed: fp32 master weights; 2, 3, 2, 1);
+FSDP2 over each stage's dp ranks: FSDP 16 x PP 2 (1F1B, the 12-layer model) and FSDP 8 x PP 4 (GPipe, mixed, the
+8-layer model), at a dp no fit used.
 """
 from __future__ import annotations
 
@@ -67,7 +69,12 @@ def cases() -> list[Case]:
                   Case("pp4-gpipe-train", Workload(recipe="amp", **CHECK_TRAIN),
                        Parallel("pp", gpus=4, microbatches=6, pp_schedule="gpipe")),
                   Case("pp4-1f1b-train-mixed", Workload(recipe="mixed", **CHECK_TRAIN),
-                       Parallel("pp", gpus=4, microbatches=4), {**CONFIG, "num_hidden_layers": 8})]
+                       Parallel("pp", gpus=4, microbatches=4), {**CONFIG, "num_hidden_layers": 8}),
+                  # FSDP2 over each stage's dp ranks, at a dp the fit (2, 4) and its check (8) did not use
+                  Case("fsdp16-pp2-1f1b-train", train, Parallel("fsdp", gpus=32, pp=2, microbatches=4), deep),
+                  Case("fsdp8-pp4-gpipe-train-mixed", Workload(recipe="mixed", **CHECK_TRAIN),
+                       Parallel("fsdp", gpus=32, pp=4, microbatches=4, pp_schedule="gpipe"),
+                       {**CONFIG, "num_hidden_layers": 8})]
 
 
 def rows(estimate_, trace) -> list[tuple[str, str, int, int]]:
@@ -125,7 +132,8 @@ def check_pipeline(case: Case, model) -> tuple[bool, list[str]]:
     tw, _, _, pairs = resolve(model, w, p, Options())
     old_tw, _, _, old_pairs = resolve(model, w, p, Options(analytic_pp=True))
     old_by_rank = {sh.pp_rank: (sh, prof) for sh, prof in old_pairs}   # first, last and rank 1 (the middle)
-    lines = [f"{case.name}: pp {p.pp_size}, {p.pp_schedule}, {p.microbatches} micro-batches of {w.batch}, seq "
+    lines = [f"{case.name}: " + (f"{p.strategy} {p.dp_size} x " if p.strategy != "pp" else "")
+             + f"pp {p.pp_size}, {p.pp_schedule}, {p.microbatches} micro-batches of {w.batch}, seq "
              f"{w.seq}, {w.recipe} ({config['num_hidden_layers']} layers)",
              f"  {'rank':18s} {'stage':10s} {'component':17s} {'estimate':>10s} {'trace':>10s} {'diff':>8s} "
              f"{'analytic':>10s} {'diff':>9s}"]

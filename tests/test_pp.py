@@ -55,7 +55,8 @@ def test_a_split_that_leaves_a_stage_empty_is_one_line():
     (Workload(loss="chunked"), Parallel("pp", gpus=2), "loss"),
     (Workload(grad_accum=4), Parallel("pp", gpus=2, microbatches=4), "grad_accum"),
     (Workload(), Parallel("pp", gpus=4, microbatches=2), "microbatches"),
-    (Workload(), Parallel("fsdp", gpus=8, pp=2), "pp"),
+    (Workload(), Parallel("fsdp", gpus=8, pp=2, ep=2, microbatches=2), "pp"),
+    (Workload(), Parallel("pp", gpus=8, pp=2, microbatches=2), "pp"),   # replicas of the pipeline: not traced
 ])
 def test_untraced_pipelines_are_named_in_one_line(w, p, field):
     why = pp_untraced(w, p)
@@ -84,6 +85,28 @@ def test_a_traced_pipeline_row_is_its_worst_rank():
     row = trace_case(TINY, "pp-tiny", Workload(batch=1, seq=8), Parallel("pp", gpus=2, microbatches=2))
     ranks = json.loads(row["per_rank_json"])
     assert len(ranks["rank_peaks"]) == 2 and ranks["traced_rank"] == ranks["rank_peaks"].index(max(ranks["rank_peaks"]))
+
+
+def test_fsdp_over_a_stage_shards_it_and_keeps_its_gradients_whole_during_the_schedule():
+    # FSDP 2 x PP 2: each stage's parameters sharded over its 2 dp ranks at load. torch.distributed.pipelining runs
+    # every backward of an FSDP stage without resharding or reduce-scattering (PipelineStage
+    # .backward_maybe_with_nosync: set_reshard_after_backward(False), set_requires_gradient_sync(False)) and reduces
+    # once at the end of the step (perform_reduce_grad): during the schedule the rank holds its stage's gradients
+    # whole, and at the optimizer step only its shard
+    p = Parallel("fsdp", gpus=4, pp=2, microbatches=2)
+    trace = run_traced(TINY, Workload(batch=1, seq=8), p, rank=1)
+    stage = 2 * LAYER + 64 + 8_192
+    by = {s.stage: s.breakdown for s in trace.log.stages}
+    assert by["load"]["weights"] == stage // 2 * BF16
+    assert by["forward"]["gradients"] == stage * BF16          # the first micro-batch's backward has run
+    # torchtitan under PP: reshard_after_forward=False, so the gathered parameters stay beside the shards
+    assert by["forward"]["weights"] == (stage + stage // 2) * BF16
+    assert by["optimizer"]["gradients"] == stage // 2 * BF16
+    assert trace.per_rank["world_size"] == 4 and not torch.distributed.is_initialized()
+    assert parallel_class(p, 1) == {"strategy": "fsdp", "pp": 2, "schedule": "1f1b", "microbatches": 2, "rank": 1}
+    _, tp, _ = traced_class(Workload(), p)
+    assert tp == Parallel("fsdp", gpus=4, pp=2, microbatches=2)   # fit in 1/n at n = dp = 2 and 4
+    assert pp_untraced(Workload(), Parallel("hsdp", gpus=8, pp=2, microbatches=2)).startswith("pp:")
 
 
 def test_gpipe_holds_every_micro_batch_1f1b_at_most_pp():
@@ -154,5 +177,6 @@ def test_every_rank_estimate_equals_its_full_depth_trace(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_parallel_check_pipeline_cases_are_exact(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("WILLITFIT_CACHE", str(tmp_path))
-    assert parallel_check(["--case", "pp2-1f1b-train", "--case", "pp4-gpipe-train", "--quiet"]) == 0
-    assert "2 of 2 cases exact" in capsys.readouterr().out
+    assert parallel_check(["--case", "pp2-1f1b-train", "--case", "pp4-gpipe-train", "--case",
+                           "fsdp16-pp2-1f1b-train", "--quiet"]) == 0
+    assert "3 of 3 cases exact" in capsys.readouterr().out

@@ -326,12 +326,12 @@ def _scan_path(scan: tuple[str, int]) -> str:
 
 
 def _at_world(parallel: Parallel, n: int) -> Parallel:
-    """The traced setting at world size n: FSDP's n is its shard group (dp), so FSDP x TP runs on n x tp GPUs;
+    """The traced setting at world size n: FSDP's n is its shard group (dp), so FSDP x TP x PP runs on n x tp x pp GPUs;
     TP alone runs on its own degree (n = tp); single on one GPU."""
     if parallel.strategy == "single":
         return parallel
-    if parallel.strategy in TRACED_SHARDING:
-        return replace(parallel, gpus=n * parallel.tp)
+    if parallel.strategy in TRACED_SHARDING:   # n is the dp group: of each TP group and pipeline stage
+        return replace(parallel, gpus=n * parallel.tp * parallel.pp)
     return replace(parallel, gpus=n)
 
 

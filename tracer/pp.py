@@ -31,7 +31,7 @@ import contextlib
 
 import torch
 
-from estimator.parallel import pp_microbatches, pp_stage_layers, pp_untraced
+from estimator.parallel import TRACED_SHARDING, pp_microbatches, pp_stage_layers, pp_untraced
 from estimator.spec import Parallel, Workload
 from tracer import runner
 
@@ -53,6 +53,11 @@ class StageModule(torch.nn.Module):
         super().__init__()
         self.lm, self.first, self.last = lm, first, last
         self._out_meta = out_meta     # (shape, dtype) the stage declared to the schedule; checked at every call
+
+    @property
+    def config(self):
+        """The model's config (tracer.depth finds the stage's decoder layers by it)."""
+        return self.lm.config
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         kw = {"input_ids": x} if self.first else {"inputs_embeds": x}
@@ -109,16 +114,26 @@ def pp_case(config: dict, workload: Workload, parallel: Parallel, rank: int = 0,
 
     check(workload, parallel)
     pp, m = parallel.pp_size, pp_microbatches(workload, parallel)
+    fsdp = parallel.strategy in TRACED_SHARDING   # FSDP2 over the dp ranks of each stage (torchtitan's 2-D mesh)
+    dp = parallel.dp_size if fsdp else 1
     first, last = rank == 0, rank == pp - 1
     hf = runner._hf_config(config)
     n_layers = int(getattr(hf.get_text_config() if hasattr(hf, "get_text_config") else hf, "num_hidden_layers"))
     keep = list(pp_stage_layers(n_layers, pp, rank)) if layers is None else list(layers)
     if dist.is_initialized():
         raise RuntimeError("a process group is already initialised; pipeline tracing needs its own fake one")
-    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=pp)
+    # torchtitan's mesh puts pp outermost: stage r's dp ranks are r * dp .. r * dp + dp - 1; the first is traced
+    dist.init_process_group("fake", store=FakeStore(), rank=rank * dp, world_size=pp * dp)
     try:
+        group = None
+        if fsdp:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            mesh = init_device_mesh("cpu", (pp, dp), mesh_dim_names=("pp", "dp"))
+            group = mesh["pp"].get_group()
         with FakeTensorMode(allow_non_fake_inputs=True):
-            lm = runner.build_model(config, workload, "cpu", meta_then_empty=True, layers=keep)
+            lm = runner.build_model(config, workload, "meta" if fsdp else "cpu", meta_then_empty=not fsdp,
+                                    layers=keep)
             tc = _text_config(lm)
             vocab, hidden = int(lm.get_input_embeddings().num_embeddings), int(tc.hidden_size)
             _prune(lm, first, last)
@@ -127,11 +142,15 @@ def pp_case(config: dict, workload: Workload, parallel: Parallel, rank: int = 0,
             logits = runner.DTYPES[workload.precision] if workload.recipe == "amp" else stream
             out_meta = ((b, s, vocab), logits) if last else ((b, s, hidden), stream)
             module = StageModule(lm, first, last, out_meta)
+            if fsdp:  # torchtitan: fully_shard every block, then the stage's module, on the dp mesh; to_empty after
+                _shard(module, mesh["dp"], workload, parallel)
+                module.to_empty(device="cpu")
             ids = torch.randint(0, vocab, (b * m, s))
             labels = ids.clone()  # a data collator's copy (DataCollatorForLanguageModeling)
             in_arg = ids[:b] if first else torch.empty(b, s, hidden, dtype=stream, requires_grad=True)
             out_arg = torch.empty(*out_meta[0], dtype=out_meta[1], requires_grad=not last)
-            stage = PipelineStage(module, rank, pp, torch.device("cpu"), input_args=(in_arg,), output_args=(out_arg,))
+            stage = PipelineStage(module, rank, pp, torch.device("cpu"), input_args=(in_arg,), output_args=(out_arg,),
+                                  group=group)
             del in_arg, out_arg
 
             def loss_fn(out, target):
@@ -172,6 +191,23 @@ def pp_case(config: dict, workload: Workload, parallel: Parallel, rank: int = 0,
             yield module, inputs, step
     finally:
         dist.destroy_process_group()
+
+
+def _shard(module: StageModule, mesh, workload: Workload, parallel: Parallel) -> None:
+    """FSDP2 on one stage as torchtitan applies it under PP: `fully_shard` per decoder layer, then the stage's own
+    module (its root), over the stage's dp ranks, with `reshard_after_forward=False`: torchtitan's default policy
+    with PP ("default": `not pp_enabled`, torchtitan/distributed/fsdp.py get_fsdp_reshard_after_forward_policy; no
+    all-gather per micro-batch), so fsdp, zero3 and fsdp-grad-op are the same under a pipeline."""
+    from torch.distributed.fsdp import fully_shard
+
+    from tracer import recipes
+    from tracer.depth import decoder_layer_list
+
+    reshard = False
+    mp = {"mp_policy": recipes.mp_policy(workload)} if workload.recipe == "fsdp-mp" else {}
+    for layer in decoder_layer_list(module)[2]:
+        fully_shard(layer, mesh=mesh, reshard_after_forward=reshard, **mp)
+    fully_shard(module, mesh=mesh, reshard_after_forward=reshard, **mp)
 
 
 def _static_warmup(schedule) -> None:

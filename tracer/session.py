@@ -138,7 +138,7 @@ def _prepared(config: dict, workload: Workload, parallel: Parallel, layers: list
             raise ValueError("kernels: a pipeline rank is traced with CUDA's kernels only")
         with pp.pp_case(config, workload, parallel, rank, layers) as (model, inputs, step):
             n = pp_microbatches(workload, parallel)
-            case = _Case(model.lm, runner.make_optimizer(model, workload), inputs, workload, step=step,
+            case = _Case(model, runner.make_optimizer(model, workload), inputs, workload, step=step,
                          per_rank={"world_size": parallel.gpus, "traced_rank": rank, "pp": parallel.pp_size,
                                    "pp_schedule": parallel.pp_schedule, "microbatches": n})
             case.notes.append(f"pp rank {rank} of {parallel.pp_size} traced with a fake process group: "

@@ -44,6 +44,7 @@ AXES = (
     ("strategy", "parallel", str, spec.STRATEGIES),
     ("offload", "parallel", str, spec.OFFLOADS),
     ("gpus", "parallel", int, None),
+    ("pp", "parallel", int, None),
     ("pp_schedule", "parallel", str, spec.PP_SCHEDULES),
     ("microbatches", "parallel", int, None),
     ("batch", "workload", int, None),
@@ -59,6 +60,8 @@ HELP = {
     "activation_offload": "torchtune enable_activation_offloading: saved activations of 1024 bytes or more go to "
                           "CPU in forward and come back in backward",
     "float8": "torchao float8 training of the decoder Linears (tensorwise dynamic scaling; needs torchao)",
+    "pp": "pipeline stages composed with an FSDP strategy (--strategy fsdp --gpus dp*pp --pp pp; --strategy pp "
+          "takes every GPU as a stage)",
     "pp_schedule": "pipeline schedule with --strategy pp (torch.distributed.pipelining; 1f1b and gpipe are traced "
                    "per rank)",
     "microbatches": "micro-batches per step through a pipeline (0: --grad-accum)",
