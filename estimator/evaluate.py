@@ -107,7 +107,22 @@ class Swap:
         self.overhead = comp.overhead_bytes(p.gpus, overhead)
         self.buckets = inv.trainable_params(w) * dtype_bytes(rd.grad) if p.strategy == "ddp" and w.mode == "train" \
             else 0
-        self.exact = not self.composed and \
+        # a pipeline priced by the rule (a traced rank holds all this already, tracer.pp): the stage's receive
+        # buffers, one (b, s, h) per micro-batch for its input after the first stage and for its output's gradient
+        # before the last (torch PipelineStage); under FSDP the stage's parameters stay gathered beside their shards
+        # (torchtitan's reshard_after_forward=False with PP) and its gradients whole until the step's end
+        # (PipelineStage.backward_maybe_with_nosync): docs/parallel.md, "Traced pipeline parallelism"
+        self.pp_buffers, self.pp_weights, self.pp_grads, self.pp_fwd_grads = 0.0, 0, 0, False
+        if p.pp_size > 1 and not tp_rank and w.mode == "train":
+            n_buf = (sh.pp_rank > 0) + (sh.pp_rank < p.pp_size - 1)
+            self.pp_buffers = micro * n_buf * inv.hidden * dtype_bytes(comp.float_dtype(w)) / p.tp_size
+            if self.composed:
+                whole = sh.fsdp_frac * inv.params
+                self.pp_weights = int(whole * dtype_bytes(comp.float_dtype(w)))
+                self.pp_grads = int(whole * trainable / inv.params * dtype_bytes(rd.grad))
+                # 1F1B runs a backward before rank r's last forwards where there are more than pp - r micro-batches
+                self.pp_fwd_grads = p.pp_schedule == "1f1b" and micro > p.pp_size - sh.pp_rank
+        self.exact = not self.composed and not self.pp_buffers and \
             (self.local, self.grad, self.state_ratio, self.kv, self.act_layers, self.tp_lin) == (1,) * 6
 
     def activation_scale(self, monos) -> np.ndarray:
@@ -120,6 +135,14 @@ class Swap:
         (1/n, n = the dp group) hold this rank's TP/PP slice of the model over ep (Share.fsdp_frac); the n-free
         terms (FSDP's all-gathered unit: a layer, the embedding) its TP/EP share of a layer."""
         return np.array([self.sharded_frac if m[3] else self.gathered_frac for m in monos])
+
+    def pp_gathered(self, stage: str) -> tuple[float, float] | None:
+        """(scale of the traced weights' n-free terms, of every traced gradient term) in a forward or backward stage
+        of FSDP under a pipeline, whose gathered stage and whole gradients replace them (`pp_weights`, `pp_grads`);
+        None elsewhere."""
+        if not self.pp_weights or stage not in ("forward", "backward"):
+            return None
+        return 0.0, (0.0 if stage == "backward" or self.pp_fwd_grads else 1.0)
 
     def rules(self, stage: str) -> tuple[Rule, ...]:
         """`_rules` per stage, memoised on this Swap (which nothing changes after construction): the breakdown of
@@ -137,14 +160,18 @@ class Swap:
         k_form = self.k_form is not None and stage in ("forward", "backward")
         opt, fwd_bwd = stage == "optimizer", stage in FWD_BWD
         return (
-            Rule("weights", (("weights", (self.local,), 0),), self.weights_shift),
-            Rule("gradients", (("gradients", (self.grad,), 0), ("comm_buffers", (1.0,), 0)), self.buckets),
+            Rule("weights", (("weights", (self.local,), 0),),
+                 self.weights_shift + (self.pp_weights if stage in ("forward", "backward") else 0)),
+            Rule("gradients", (("gradients", (self.grad,), 0), ("comm_buffers", (1.0,), 0)),
+                 self.buckets + (self.pp_grads if stage == "backward" or (stage == "forward" and self.pp_fwd_grads)
+                                 else 0)),
             # states exist only after the first step: the traced ones less the traced master copy, rescaled
             Rule("optimizer_states", (("optimizer_states", (self.state_ratio, self.state), -self.master_traced),),
                  0, guard=True),
             Rule("master_weights", (), self.master, guard=True),
             # the seeds' k form replaces the traced activations with k * b*s*h*L*bytes (a b*s monomial)
-            Rule("activations", () if k_form else (("activations", (1.0,), 0),), 0, self.k_form if k_form else 0.0),
+            Rule("activations", () if k_form else (("activations", (1.0,), 0),), 0,
+                 (self.k_form if k_form else 0.0) + (self.pp_buffers if stage != "load" else 0.0)),
             Rule("kv_cache", (("kv_cache", (self.kv,), 0),), 0),
             Rule("temporaries", (("optimizer_step", (self.state,), 0),),
                  (self.step_add if opt else 0) + (self.dequant if fwd_bwd else 0)),
@@ -206,6 +233,10 @@ class StagePlan:
             sc = swap.states_scale(monos)
             for c in STATE_CATEGORIES:
                 coef[:, C[c], :] *= sc
+            gathered = swap.pp_gathered(stage)
+            if gathered is not None:  # FSDP under a pipeline: the stage gathered and its gradients whole instead
+                coef[:, C["weights"], :] *= np.array([1.0 if m[3] else gathered[0] for m in monos])
+                coef[:, C["gradients"], :] *= gathered[1]
         self.idx, self.monos, self.coef, self.stage, self.swap = idx, monos, coef, stage, swap  # coef: (k, C, m)
         alpha, guarded_alpha = np.zeros(len(CATEGORIES)), np.zeros(len(CATEGORIES))
         const = guarded_const = 0.0
