@@ -248,8 +248,9 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
     `workload` and `parallel` fix the class; their sizes (batch, seq, gen_tokens, gpus) are ignored; `kernels`
     as in session.run_traced. LoRA's rank is a variable of the profile (`LORA_RANKS`) unless `rank_variable` is
     False (then the profile is the workload's rank's alone, as profiles were before). With pipeline parallelism
-    (strategy pp) the profile is of rank `pp_rank`: its stage's layers (tracer.pp.stage_layers) are the model the
-    reduced depths cut, and each traced size runs the whole schedule. Raises ValueError (one line) when the case
+    (strategy pp, or FSDP x PP) the profile is of rank `pp_rank`: its stage's layers
+    (estimator.parallel.pp_stage_layers) are the model the reduced depths cut, and each traced size runs the whole
+    schedule (tracer.pp). Raises ValueError (one line) when the case
     cannot be traced or the fit is not exact."""
 
     start = time.perf_counter()

@@ -6,8 +6,8 @@ torchtitan's transformers backend (torchtitan/experiments/transformers_modeling_
 as torchtitan/distributed/pipeline_parallel.py for its own models) splits a causal LM into pipeline stages and runs
 them with torch.distributed.pipelining:
 
-- **the split** (`estimator.parallel.pp_stage_layers`, torchtitan's `generate_llm_fqn_per_model_part`): the embedding and the norm + head
-  count as one layer each (`pipeline_parallel_first_stage_less_layers` = `..._last_stage_less_layers` = 1, its
+- **the split** (`estimator.parallel.pp_stage_layers`, torchtitan's `generate_llm_fqn_per_model_part`): the
+  embedding and the norm + head count as one layer each (`pipeline_parallel_first_stage_less_layers` = `..._last_stage_less_layers` = 1, its
   defaults), the L + 2 "effective layers" are dealt out evenly with the remainder to the first stages, and the first
   stage holds the embedding, the last the final norm and the head; every stage keeps the rotary embedding;
 - **a stage's module** (`pipeline_module_split`): a copy of the whole model with the other stages' layers deleted and
@@ -16,7 +16,10 @@ them with torch.distributed.pipelining:
 - **the schedule**: one `PipelineStage` per rank (single-stage schedules: 1F1B, GPipe), `n_microbatches` micro-batches
   of `workload.batch` sequences each (torchtitan's local batch / `pipeline_parallel_microbatch_size`), the loss
   computed on the last stage by the model's own loss function, gradients scaled by 1 / n_microbatches
-  (`scale_grads`, the schedule's default).
+  (`scale_grads`, the schedule's default), `return_outputs=False` (torchtitan's trainer);
+- **FSDP2 x PP** (fsdp, zero3, fsdp-grad-op with pp > 1): the (pp, dp) mesh with pp outermost, `fully_shard` per
+  decoder layer and then on the stage's module over the dp dimension with `reshard_after_forward=False` (torchtitan's
+  default with PP), the stage's first dp rank traced.
 
 What differs from a GPU run, and why it does not change the bytes: the fake process group's send and receive move
 no data (the receive buffers the stage allocates are real, and counted); the schedules' start-up vote (two ranks
@@ -106,7 +109,8 @@ def pp_case(config: dict, workload: Workload, parallel: Parallel, rank: int = 0,
     """Yield (stage module, inputs, step) for pipeline rank `rank` inside a fake world of pp ranks, with fake
     parameters; `step(on_stage)` runs one schedule step (every micro-batch's forward and backward), calling
     on_stage("forward") after each micro-batch's forward (and, on the last stage, its loss),
-    on_stage("backward") after each backward and once more when the schedule's step returns. `layers` overrides the stage's layers (reduced depth)."""
+    on_stage("backward") after each backward and once more when the schedule's step returns. `layers` overrides the
+    stage's layers (reduced depth)."""
     import torch.distributed as dist
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe

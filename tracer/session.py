@@ -16,6 +16,9 @@ Multi-GPU, rank 0 of N is traced with torch's fake process group (collectives do
 - tp (and fsdp / zero3 / fsdp-grad-op with tp > 1): torchtitan's apply_tp on the model's own
   base_model_tp_plan (tracer.tp), on a "tp" mesh or, under FSDP2, the inner dimension of a (dp, tp) mesh with
   fully_shard over dp; training runs inside loss_parallel. Rank 0 stands for all (tp divides every sharded dim).
+- pp (and fsdp / zero3 / fsdp-grad-op with pp > 1): one pipeline rank, rank r holding stage r, as torchtitan
+  splits and schedules a transformers model with torch.distributed.pipelining (tracer.pp; `run_traced(rank=r)`):
+  the ranks hold different stages, so each is traced on its own.
 - ddp: DDP's C++ Reducer reads tensor data (parameter verification, bucket rebuilding), which fake
   tensors do not have, so DDP itself cannot run. Its one memory effect on a rank is the gradient buckets
   it allocates at construction (torch/csrc/distributed/c10d/reducer.cpp, initialize_buckets; with the
