@@ -215,7 +215,8 @@ def test_ddp_adds_gradient_buckets():
 
 
 @pytest.mark.parametrize("workload, parallel, field", [
-    (Workload(), Parallel(strategy="pp", gpus=2), "strategy"),
+    (Workload(), Parallel(strategy="zero2", gpus=2), "strategy"),
+    (Workload(), Parallel(strategy="pp", gpus=2), "microbatches"),   # 1F1B needs as many micro-batches as stages
     (Workload(mode="infer"), Parallel(strategy="tp", gpus=2, sequence_parallel=True), "sequence_parallel"),
     (Workload(), Parallel(strategy="zero3", gpus=2, offload="optimizer"), "offload"),
     (Workload(method="qlora"), Parallel(), "method"),
@@ -301,9 +302,11 @@ def test_cli_grid_writes_one_row_per_case(tiny_path, tmp_path, capsys):
 def test_cli_bad_input_exits_2_naming_the_field(tiny_path, capsys):
     assert main(["trace", "--model", tiny_path, "--batch", "1,x"]) == 2
     assert capsys.readouterr().err.strip() == "error: batch: 'x' is not an integer"
-    # tp is traced per rank (tracer.tp); pipeline parallelism is not
+    # tp and pp are traced per rank (tracer.tp, tracer.pp); ZeRO-2 is not, nor a 1F1B pipeline short of micro-batches
+    assert main(["trace", "--model", tiny_path, "--strategy", "zero2", "--gpus", "2"]) == 2
+    assert "not traced: strategy: 'zero2'" in capsys.readouterr().err
     assert main(["trace", "--model", tiny_path, "--strategy", "pp", "--gpus", "2"]) == 2
-    assert "not traced: strategy: 'pp'" in capsys.readouterr().err
+    assert "not traced: microbatches: 1F1B needs at least as many micro-batches" in capsys.readouterr().err
 
 
 def test_cli_ingest_then_resume_from_database(tiny_path, tmp_path, capsys):

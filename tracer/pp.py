@@ -37,6 +37,7 @@ import torch
 from estimator.parallel import TRACED_SHARDING, pp_microbatches, pp_stage_layers, pp_untraced
 from estimator.spec import Parallel, Workload
 from tracer import runner
+from tracer.depth import decoder_layer_list
 
 
 
@@ -147,7 +148,7 @@ def pp_case(config: dict, workload: Workload, parallel: Parallel, rank: int = 0,
             out_meta = ((b, s, vocab), logits) if last else ((b, s, hidden), stream)
             module = StageModule(lm, first, last, out_meta)
             if fsdp:  # torchtitan: fully_shard every block, then the stage's module, on the dp mesh; to_empty after
-                _shard(module, mesh["dp"], workload, parallel)
+                _shard(module, mesh["dp"])
                 module.to_empty(device="cpu")
             ids = torch.randint(0, vocab, (b * m, s))
             labels = ids.clone()  # a data collator's copy (DataCollatorForLanguageModeling)
@@ -197,21 +198,17 @@ def pp_case(config: dict, workload: Workload, parallel: Parallel, rank: int = 0,
         dist.destroy_process_group()
 
 
-def _shard(module: StageModule, mesh, workload: Workload, parallel: Parallel) -> None:
+def _shard(module: StageModule, mesh) -> None:
     """FSDP2 on one stage as torchtitan applies it under PP: `fully_shard` per decoder layer, then the stage's own
     module (its root), over the stage's dp ranks, with `reshard_after_forward=False`: torchtitan's default policy
     with PP ("default": `not pp_enabled`, torchtitan/distributed/fsdp.py get_fsdp_reshard_after_forward_policy; no
     all-gather per micro-batch), so fsdp, zero3 and fsdp-grad-op are the same under a pipeline."""
     from torch.distributed.fsdp import fully_shard
 
-    from tracer import recipes
-    from tracer.depth import decoder_layer_list
-
-    reshard = False
-    mp = {"mp_policy": recipes.mp_policy(workload)} if workload.recipe == "fsdp-mp" else {}
+    # fsdp-mp (a MixedPrecisionPolicy) is not traced under a pipeline: estimator.parallel.pp_untraced refuses it
     for layer in decoder_layer_list(module)[2]:
-        fully_shard(layer, mesh=mesh, reshard_after_forward=reshard, **mp)
-    fully_shard(module, mesh=mesh, reshard_after_forward=reshard, **mp)
+        fully_shard(layer, mesh=mesh, reshard_after_forward=False)
+    fully_shard(module, mesh=mesh, reshard_after_forward=False)
 
 
 def _static_warmup(schedule) -> None:
