@@ -40,7 +40,6 @@ from tracer import runner
 from tracer.depth import decoder_layer_list
 
 
-
 def check(workload: Workload, parallel: Parallel) -> None:
     """One line for what a traced pipeline rank cannot run (before any torch work): estimator.parallel.pp_untraced."""
     why = pp_untraced(workload, parallel)
