@@ -13,7 +13,7 @@ import numpy as np
 
 from estimator import components as comp
 from estimator.breakdown import Breakdown
-from estimator.parallel import FSDP_FAMILY, Share, composed, shard_group, tp_activation_scale
+from estimator.parallel import FSDP_FAMILY, Share, composed, pp_microbatches, shard_group, tp_activation_scale
 from estimator.profile.poly import exponents, rank_degree, s_factor, s_factor_array, seq_degree
 from estimator.profile.profile import CATEGORIES, Piece, Profile
 from estimator.spec import SIZE_FIELDS, Parallel, Workload
@@ -62,7 +62,8 @@ class Swap:
         self.master = 0 if offload else int(comp.master_weight_bytes(trainable, w.recipe) * state)
         self.master_traced = comp.master_weight_bytes(trainable, tw.recipe)
         if tp_rank:  # the same share of both, so that equal recipes cancel to the byte
-            per_rank = sh.params_local / inv.params
+            # FSDP over a traced TP or pipeline rank holds 1/n of its slice's master copy, as of every state
+            per_rank = sh.params_local / inv.params / world(p)
             self.master = int(comp.master_weight_bytes(trainable, w.recipe) * per_rank)
             self.master_traced = int(self.master_traced * per_rank)
         if self.composed or (traced and not tp_rank):
@@ -92,7 +93,7 @@ class Swap:
         self.kv = dtype_bytes(comp.kv_dtype(w)) / dtype_bytes(w.precision) * \
             (1.0 if tp_rank else sh.layers_local / max(1, inv.layers) / p.tp_size)
         # micro-batches whose activations a stage holds at once: the schedule decides (estimator.spec.PP_SCHEDULES)
-        micro = p.microbatches or w.grad_accum
+        micro = pp_microbatches(w, p)
         if p.pp_size == 1:
             in_flight = 1
         elif p.pp_schedule == "gpipe":
@@ -115,7 +116,9 @@ class Swap:
         self.pp_buffers, self.pp_weights, self.pp_grads, self.pp_fwd_grads = 0.0, 0, 0, False
         if p.pp_size > 1 and not tp_rank and w.mode == "train":
             n_buf = (sh.pp_rank > 0) + (sh.pp_rank < p.pp_size - 1)
-            self.pp_buffers = micro * n_buf * inv.hidden * dtype_bytes(comp.float_dtype(w)) / p.tp_size
+            # the hidden states between stages are whole on every TP rank, split over it only with sequence parallelism
+            self.pp_buffers = micro * n_buf * inv.hidden * dtype_bytes(comp.float_dtype(w)) / \
+                (p.tp_size if p.sequence_parallel else 1)
             if self.composed:
                 whole = sh.fsdp_frac * inv.params
                 self.pp_weights = int(whole * dtype_bytes(comp.float_dtype(w)))

@@ -17,7 +17,7 @@ Sources:
   micro-batches of activations, under GPipe every rank all of them (the analytic rule: the single-GPU step's
   activations scaled by the stage's share of the layers; the first, the last and rank 1 for the middle ones).
   Traced instead where every rank's profile is on disk (tracer.pp, `pp_untraced`: strategy pp over all the GPUs,
-  1F1B or GPipe, full fine-tuning): each rank holds torchtitan's split of the layers (`pp_stage_layers`), and the
+  or FSDP2 over each stage's dp ranks; 1F1B or GPipe, full fine-tuning): each rank holds torchtitan's split of the layers (`pp_stage_layers`), and the
   estimate takes each rank's categories as they are, the worst rank deciding (`pp_rank_shares`).
 - Expert parallelism: the routed experts are sharded over ep.
 - Composed (docs/parallel.md): an FSDP-family strategy with tp, pp or ep > 1 shards over the data-parallel group
@@ -195,8 +195,9 @@ def pp_microbatches(w: Workload, p: Parallel) -> int:
 
 def pp_untraced(w: Workload, p: Parallel) -> str | None:
     """Why the ranks of this pipeline are not traced one by one (tracer.pp: torch.distributed.pipelining on a fake
-    process group, torchtitan's split), naming the field, or None when they are: strategy 'pp' over all the GPUs
-    (no tp, ep or data parallelism), 1F1B or GPipe, training with full fine-tuning and the model's full loss, eager,
+    process group, torchtitan's split), naming the field, or None when they are: strategy 'pp' over all the GPUs, or
+    fsdp / zero3 / fsdp-grad-op over each stage's dp ranks (no tp or ep), 1F1B (with at least pp micro-batches) or
+    GPipe, training with full fine-tuning and the model's full loss, eager,
     the optimizer stepped after the schedule, no activation offload, recipe pure, mixed or amp."""
     if p.pp_size < 2 or p.tp_size > 1 or p.ep_size > 1 or p.strategy not in ("pp", *TRACED_SHARDING) \
             or (p.strategy == "pp" and p.dp_size > 1):

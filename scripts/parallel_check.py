@@ -153,6 +153,10 @@ def check_pipeline(case: Case, model) -> tuple[bool, list[str]]:
             lines.append(f"  {sh.stage:18s} {stage:10s} {comp:17s} {est:10d} {tr:10d} {est - tr:+8d} "
                          + (f"{a:10d} {a - tr:+9d}" if a is not None else f"{'-':>10s} {'-':>9s}"))
     est = estimate(model, w, p)
+    negative = [f"{st} {f}" for st, bd in est.stages for f, v in bd.as_dict().items() if v < 0]
+    if negative:   # a breakdown that adds up but shows a negative component is wrong too
+        exact = False
+        lines.append(f"  NEGATIVE components in the estimate: {', '.join(negative)}")
     worst = [f"{pairs[r][0].stage} {peaks[r]}" for r in range(len(peaks)) if peaks[r] == max(peaks)]
     old = estimate(model, w, p, options=Options(analytic_pp=True))
     lines.append(f"  worst traced: {', '.join(worst)} B; the estimate's: {est.pipeline_stage} ({est.peak_stage}) "

@@ -145,12 +145,13 @@ def test_gpipe_keeps_every_micro_batch_1f1b_at_most_pp():
     """1F1B's first stage holds min(pp, m) micro-batches of activations, GPipe's every stage all m: with one
     micro-batch they agree; with 8 on 4 stages GPipe holds more; past pp micro-batches 1F1B keeps no more in flight,
     and only the stage's receive buffers grow (one per micro-batch, torch PipelineStage: the first stage's, for its
-    output's gradient, (b, s, h / tp) in bf16: 1 x 4096 x 8192 / 8 x 2 B each)."""
+    output's gradient, (b, s, h) in bf16, whole on every TP rank without sequence parallelism: 1 x 4096 x 8192 x 2 B
+    each)."""
     assert _pp("gpipe", 1).total_bytes == _pp("1f1b", 1).total_bytes
     assert _pp("gpipe", 8).total_bytes > _pp("1f1b", 8).total_bytes
     four, eight = _pp("1f1b", 4), _pp("1f1b", 8)
     assert four.pipeline_stage == eight.pipeline_stage == "first"
-    assert eight.components.tensor_bytes - four.components.tensor_bytes == 4 * 4096 * 8192 // 8 * 2
+    assert eight.components.tensor_bytes - four.components.tensor_bytes == 4 * 4096 * 8192 * 2
     assert four.total_bytes > _pp("1f1b", 2).total_bytes
     assert _pp("gpipe", 8).total_bytes > _pp("gpipe", 4).total_bytes
 

@@ -89,14 +89,11 @@ def run_derive(args: argparse.Namespace) -> int:
         start = time.perf_counter()
         try:
             store.inventory(c.config, c.model_name, ship=args.ship, progress=progress, derive=derive)
+            # a pipeline (alone or under FSDP): every rank's profile (tracer.pp), each a derivation of its own
+            ranks = range(tp.pp_size)
             if args.force and derive:
-                for key in store.profile_keys(tw, tp):  # LoRA: the rank-free file and a per-rank one
-                    store.forget(c.config, key, ship=args.ship)
-            # a pipeline: every rank's profile (tracer.pp), each a derivation of its own
-            ranks = range(tp.pp_size) if tp.strategy == "pp" else range(1)
-            if args.force and derive:
-                for r in ranks[1:]:
-                    for key in store.profile_keys(tw, tp, pp_rank=r):
+                for r in ranks:
+                    for key in store.profile_keys(tw, tp, pp_rank=r):  # LoRA: the rank-free file and a per-rank one
                         store.forget(c.config, key, ship=args.ship)
             profs = [store.stored_profile(c.config, tw, tp, name=c.model_name, progress=progress, ship=args.ship,
                                           derive=derive, pp_rank=r) for r in ranks]
