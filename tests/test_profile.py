@@ -123,6 +123,27 @@ def test_prune_keeps_only_undominated_moments():
     assert kept == {"big", "other"}
 
 
+def test_per_tick_optimizer_keys_are_dropped_where_the_traces_disagree_on_them():
+    # the optimizer step's per-tick keys (tracer.ticks: where the step has few ticks) are optional: a reduced model
+    # whose traces do not all have the same ones keeps only the step's largest tick, and a check trace may have
+    # ones the fit dropped; every other key must still agree
+    import numpy as np
+    from tracer.extend import Ticks, fit_variant, optional, verify
+
+    def ticks(n_opt: int, b: int, s: int) -> Ticks:
+        keys = [("forward", 0, None, 0), ("optimizer", 0, None, 0)] + [("optimizer", -1, None, i) for i in range(n_opt)]
+        rows = [[100 + b * s] + [0] * 7, [500] + [0] * 7] + [[400 + i] + [0] * 7 for i in range(n_opt)]
+        return Ticks(keys, [0] * len(keys), np.array(rows, dtype=np.int64))
+
+    pts = [(b, s, 1, 8) for b in (2, 3) for s in (256, 512, 768)]
+    same = fit_variant({pt: ticks(2, *pt[:2]) for pt in pts}, fsdp=False)
+    assert sum(optional(k) for k in same.keys) == 2
+    mixed = fit_variant({pt: ticks(2 if i else 3, *pt[:2]) for i, pt in enumerate(pts)}, fsdp=False)
+    assert [k for k in mixed.keys] == [("forward", 0, None, 0), ("optimizer", 0, None, 0)]
+    assert verify(mixed, ticks(4, 5, 1000), (5, 1000, 1, 8)) == 0
+    assert not optional(("optimizer", 0, None, 0)) and optional(("optimizer", -1, None, 3))
+
+
 # ---------------------------------------------------------------- full depth, against the traced tier
 
 pytest.importorskip("torch")

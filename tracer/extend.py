@@ -135,6 +135,9 @@ def fit_variant(traces: dict[tuple, Ticks], fsdp: bool, one_batch: bool = False,
     memory-efficient attention (the traced seqs then determine them: tracer.derive.choose_seqs); `ranked`: LoRA's
     rank is a variable (poly.RANK_MONOMIALS; the points hold two ranks: size_points)."""
     pts = list(traces)
+    if any(list(zip(traces[p].keys, traces[p].gs)) != list(zip(traces[pts[0]].keys, traces[pts[0]].gs))
+           for p in pts[1:]):
+        traces = {p: _without_optional(t) for p, t in traces.items()}   # per-tick optimizer keys differ: drop them
     first = traces[pts[0]]
     ref = list(zip(first.keys, first.gs))
     for p in pts[1:]:
@@ -181,6 +184,17 @@ def fit_variant(traces: dict[tuple, Ticks], fsdp: bool, one_batch: bool = False,
 FSDP_PADDING_TOLERANCE = 2e-3
 
 
+def optional(key: tuple) -> bool:
+    """A per-tick key of the optimizer step (tracer.ticks._candidates): kept where every trace of a reduced model and
+    every reduced model has it, dropped elsewhere (the step's largest tick has a key of its own)."""
+    return key[:2] == ("optimizer", -1)
+
+
+def _without_optional(t: Ticks) -> Ticks:
+    keep = [i for i, k in enumerate(t.keys) if not optional(k)]
+    return Ticks([t.keys[i] for i in keep], [t.gs[i] for i in keep], t.values[keep], t.efficient)
+
+
 def verify(fit: Fit, ticks: Ticks, point: tuple[int, int, int, int]) -> int:
     """Every fitted tick must reproduce a trace at sizes (b, s, n, r) the fit did not use (for a rank-variable fit,
     at a third rank too), to the byte (FSDP: up to its shards' padding, see FSDP_PADDING_TOLERANCE). Returns the
@@ -189,6 +203,8 @@ def verify(fit: Fit, ticks: Ticks, point: tuple[int, int, int, int]) -> int:
     got = {(k, g): row for k, g, row in zip(ticks.keys, ticks.gs, ticks.values)}
     worst = 0
     for (k, g), row in got.items():
+        if k not in fit.num and optional(k):
+            continue
         if k not in fit.num:
             raise ValueError(f"fit: tick {k} appears at (b, s, n, r) = {point} but not at the fitted sizes")
         mv = [poly.monomial_value(m, (b, s, g, Fraction(1, n), r)) for m in fit.monomials[k]]
@@ -240,6 +256,8 @@ def extend(plan: Plan, fits: list[Fit]) -> list[tuple[str, str, tuple, int, np.n
     for key in f1.keys:
         q = key[2]
         base = f1.num[key]
+        if optional(key) and any(key not in fits[v].num for v in a_pos):
+            continue   # a per-tick optimizer key that another reduced model does not have: the largest tick stands
         if q is None or q == 0 or q == last:
             c = base.copy()
             for v in a_pos:
@@ -350,7 +368,8 @@ def _label(key: tuple, full_index: int | None, n_layers: int) -> str:
                  ("backward", 0): "head and loss backward", ("backward", 1): "embedding backward",
                  ("prefill", 0): "before the layers", ("prefill", 1): "head",
                  ("decode", 0): "before the layers", ("decode", 1): "head",
-                 ("decode1", 0): "before the layers", ("decode1", 1): "head"}.get((stage, seg), f"segment {seg}")
+                 ("decode1", 0): "before the layers", ("decode1", 1): "head",
+                 ("optimizer", -1): "step"}.get((stage, seg), f"segment {seg}")
     else:
         where = f"layer {full_index}" + (" (first)" if full_index == 0 else
                                          " (last)" if full_index == n_layers - 1 else "")

@@ -53,6 +53,10 @@ def prime_names(config: dict, workload: Workload, parallel: Parallel, layers: li
     return None
 
 
+OPTIONAL = ("optimizer", -1)   # (stage, segment) of the optimizer step's per-tick keys (tracer.extend.optional)
+MAX_OPTIMIZER_TICKS = 32
+
+
 def _stage_of_ticks(tl) -> list[tuple[int, int, str, int]]:
     """(first tick, last tick, stage, window ordinal) per stage window, in order."""
     out, prev, seen = [], 0, {}
@@ -100,6 +104,16 @@ def _candidates(tl, train: bool, per_window: bool = False) -> Ticks:
             keys.append(("optimizer", 0, None, 0))
             gs.append(0)
             rows.append(tick_row(live[:, t], int(live[act, t] - base)))
+            # ... and, where the step has few ticks (a foreach optimizer: one per op, whatever the depth), each of them
+            # as an optional key: which is the largest can change with depth (DTensor TP's AdamW: two embedding-sized
+            # temporaries lead at 3 layers, the all-parameter sqrt at 8), so the full depth needs every one extended.
+            # Where their count changes with depth or size (forloop: one per parameter), the fit and the extension
+            # drop them (OPTIONAL) and the largest stands alone, as before.
+            if len(ticks) <= MAX_OPTIMIZER_TICKS:
+                for i, t in enumerate(ticks):
+                    keys.append((*OPTIONAL, None, i))
+                    gs.append(0)
+                    rows.append(tick_row(live[:, t], int(live[act, t] - base)))
             continue
         if not per_window or stage not in counts:
             counts[stage] = (0, None, {})
