@@ -19,8 +19,8 @@ from estimator import components as comp
 from estimator import store
 from estimator.breakdown import Breakdown
 from estimator.model import Model
-from estimator.parallel import (check_model, compile_untraced, pp_microbatches, pp_rank_shares, pp_untraced,
-                                shares, tp_untraced)
+from estimator.parallel import (check_model, compile_untraced, pp_microbatches, pp_rank_shares, pp_traced_parallel,
+                                pp_untraced, shares, tp_untraced)
 from estimator.reserved import workload_class
 from estimator.spec import PAGED_OPTIMIZERS, SIZE_FIELDS, Parallel, Workload
 from estimator.evaluate import stage_breakdowns
@@ -235,9 +235,11 @@ def traced_class(w: Workload, p: Parallel) -> tuple[Workload, Parallel, tuple[st
         notes = [n for n in notes if not n.startswith(f"{p.strategy}: sharding priced")]
         notes.append(f"pp: every rank of pp {p.pp_size} traced ({p.pp_schedule}, {m} micro-batches of "
                      f"{w.batch}; torch.distributed.pipelining, torchtitan's split of the layers)")
-        tp = Parallel(strategy="pp", gpus=p.pp_size, pp_schedule=p.pp_schedule, microbatches=m) if p.strategy == "pp" \
-            else Parallel(strategy=p.strategy, gpus=2 * p.pp_size, pp=p.pp_size, pp_schedule=p.pp_schedule,
-                          microbatches=m)   # FSDP2 over each stage's dp ranks: fit in 1/n, n = dp (at 2 and 4)
+        if p.tp_size > 1:   # TP inside every stage (torchtitan's 3-D mesh)
+            notes = [n for n in notes if not n.startswith("tp: ")]
+            notes.append(f"tp: each stage tensor-parallel over tp {p.tp_size} (torchtitan's apply_tp, loss_parallel"
+                         + (", sequence parallelism" if p.sequence_parallel else "") + ")")
+        tp = pp_traced_parallel(p, m)
         tw = replace(tw, grad_accum=1)
     if p.offload != "none":
         notes.append(f"offload: {p.offload} moved off the GPU")
@@ -263,7 +265,7 @@ def resolve(model: Model, w: Workload, p: Parallel, options: Options):
         tw, tp, notes = traced_class(w, p)
         notes = attn_note + scope_notes(model) + notes
         prof = None
-        if tp.tp_size > 1:
+        if tp.tp_size > 1 and tp.pp_size == 1:
             prof, tp, notes = _traced_tp_or_analytic(model, tw, tp, notes, options)
         per_rank = None
         if tp.pp_size > 1:
@@ -294,13 +296,15 @@ def _traced_pp_or_analytic(model: Model, w: Workload, tw: Workload, tp: Parallel
                      for r in range(tp.pp_size)), tw, tp, notes
     except store.ProfileMissing:
         how = (f"`python -m bench derive --model {model.name} --strategy {tp.strategy} --gpus {tp.gpus} "
-               + (f"--pp {tp.pp_size} " if tp.strategy != "pp" else "")
+               + (f"--pp {tp.pp_size} " if tp.strategy != "pp" or tp.tp_size > 1 else "")
+               + (f"--tp {tp.tp_size} " if tp.tp_size > 1 else "")
+               + ("--sequence-parallel true " if tp.sequence_parallel else "")
                + f"--pp-schedule {tp.pp_schedule} --microbatches {tp.microbatches}` with the same workload flags")
         note = "pp: priced by the analytic rule (Options.analytic_pp)" if options.analytic_pp else \
             f"pp: no traced profiles of the {tp.pp_size} pipeline ranks on disk; priced by the analytic rule (derive " \
             f"the exact ones: {how})"
         tw = replace(tw, grad_accum=store.canonical_class(w).grad_accum)
-        return None, tw, analytic_class(tp), tuple(n for n in notes if not n.startswith("pp: every rank")) + (note,)
+        return None, tw, analytic_class(tp), tuple(n for n in notes if not n.startswith(("pp: every rank", "tp: each stage"))) + (note,)
 
 
 def _traced_tp_or_analytic(model: Model, tw: Workload, tp: Parallel, notes: tuple, options: Options):
@@ -385,7 +389,7 @@ def evaluated_class(model: Model, workload: Workload, parallel: Parallel, tp_ran
     (`analytic_class`; a pipeline: the single-GPU profile)."""
     w, _ = _runnable_attention(model, workload)
     tw, tp, _ = traced_class(w, parallel)
-    if tp.tp_size > 1 and not tp_rank and _where(model, tw, tp) is None:
+    if tp.tp_size > 1 and tp.pp_size == 1 and not tp_rank and _where(model, tw, tp) is None:
         tp = analytic_class(tp)
     if tp.pp_size > 1 and not tp_rank and any(_where(model, tw, tp, r) is None for r in range(tp.pp_size)):
         tw, tp = replace(tw, grad_accum=store.canonical_class(w).grad_accum), analytic_class(tp)

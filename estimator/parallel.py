@@ -144,9 +144,9 @@ def tp_untraced(w: Workload, p: Parallel) -> str | None:
     loss_parallel) and none of float8, compile, optimizer-in-backward, activation offload, op-sac or fsdp-mp. The
     rest is the analytic split."""
     if p.tp_size == 1 or p.pp_size > 1 or p.ep_size > 1 or (p.strategy == "tp" and p.tp_size != p.gpus) \
-            or p.strategy not in ("tp", *TRACED_SHARDING):
-        return ("tp: traced tensor parallelism is strategy 'tp' over all the GPUs, or fsdp / zero3 / fsdp-grad-op "
-                "composed with tp > 1 (no pp, ep)")
+            or p.strategy not in ("tp", *FSDP_FAMILY):
+        return ("tp: traced tensor parallelism is strategy 'tp' over all the GPUs, or fsdp / zero3 / fsdp-grad-op / "
+                "hsdp composed with tp > 1 (no pp, ep)")
     if p.sequence_parallel and w.mode != "train":
         return "sequence_parallel: traced for training (torchtitan's); inference is traced without it"
     if p.offload != "none":
@@ -195,14 +195,18 @@ def pp_microbatches(w: Workload, p: Parallel) -> int:
 
 def pp_untraced(w: Workload, p: Parallel) -> str | None:
     """Why the ranks of this pipeline are not traced one by one (tracer.pp: torch.distributed.pipelining on a fake
-    process group, torchtitan's split), naming the field, or None when they are: strategy 'pp' over all the GPUs, or
-    fsdp / zero3 / fsdp-grad-op over each stage's dp ranks (no tp or ep), 1F1B (with at least pp micro-batches) or
-    GPipe, training with full fine-tuning and the model's full loss, eager,
-    the optimizer stepped after the schedule, no activation offload, recipe pure, mixed or amp."""
-    if p.pp_size < 2 or p.tp_size > 1 or p.ep_size > 1 or p.strategy not in ("pp", *TRACED_SHARDING) \
+    process group, torchtitan's split), naming the field, or None when they are: strategy 'pp' over all the GPUs
+    (gpus = pp, or pp x tp with tensor parallelism inside each stage), or fsdp / zero3 / fsdp-grad-op over each
+    stage's dp ranks (gpus = dp x tp x pp; no ep), 1F1B (with at least pp micro-batches) or GPipe, training with full
+    fine-tuning and the model's full loss, eager, the optimizer stepped after the schedule, no activation offload,
+    recipe pure, mixed or amp; with tp, what traced TP runs too (`tp_untraced`'s rules for training)."""
+    if p.pp_size < 2 or p.ep_size > 1 or p.strategy not in ("pp", *FSDP_FAMILY) \
             or (p.strategy == "pp" and p.dp_size > 1):
-        return ("pp: traced pipelines are strategy 'pp' over all the GPUs (gpus = pp), or fsdp / zero3 / "
-                "fsdp-grad-op over the dp ranks of each stage (gpus = dp x pp); no tp or ep")
+        return ("pp: traced pipelines are strategy 'pp' over all the GPUs (gpus = pp x tp), or fsdp / zero3 / "
+                "fsdp-grad-op / hsdp over the dp ranks of each stage (gpus = dp x tp x pp); no ep")
+    if p.tp_size > 1 and (w.float8 or w.checkpointing == "op-sac" or p.offload != "none"):
+        return ("tp: traced TP inside pipeline stages runs without float8, op-sac and offload (traced TP's rules, "
+                "estimator.parallel.tp_untraced)")
     if p.pp_schedule not in PP_TRACED_SCHEDULES:
         return f"pp_schedule: traced schedules are {', '.join(PP_TRACED_SCHEDULES)}, not {p.pp_schedule!r}"
     if w.mode != "train":
@@ -221,6 +225,19 @@ def pp_untraced(w: Workload, p: Parallel) -> str | None:
     return None
 
 
+def pp_traced_parallel(p: Parallel, microbatches: int) -> Parallel:
+    """The parallel class whose ranks are traced for this pipeline (`pp_untraced` is None): strategy pp over pp x tp
+    GPUs, or the FSDP strategy over each stage's dp ranks at dp 2 (its profile is fit in 1/n; HSDP is FSDP over its
+    shard group), with the TP degree and sequence parallelism inside every stage."""
+    t = p.tp_size
+    common = dict(tp=t, sequence_parallel=p.sequence_parallel and t > 1, pp_schedule=p.pp_schedule,
+                  microbatches=microbatches)
+    if p.strategy == "pp":
+        return Parallel(strategy="pp", gpus=p.pp_size * t, pp=p.pp_size if t > 1 else 1, **common)
+    return Parallel(strategy="fsdp" if p.strategy == "hsdp" else p.strategy, gpus=2 * p.pp_size * t, pp=p.pp_size,
+                    **common)
+
+
 def pp_rank_shares(inv: Inventory, par: Parallel) -> tuple[Share, ...]:
     """One Share per pipeline rank, for ranks traced one by one (each profile holds its rank's states and
     activations as they are): its stage's parameters (the embedding on the first, the norm and head on the last)
@@ -234,7 +251,10 @@ def pp_rank_shares(inv: Inventory, par: Parallel) -> tuple[Share, ...]:
         params = sum(inv.layer_params[i] for i in held) + (embed if r == 0 else 0) + (head if r == pp - 1 else 0)
         name = "first" if r == 0 else "last" if r == pp - 1 else f"middle (rank {r})"
         largest = max((inv.layer_params[i] for i in held), default=0)
-        out.append(Share(name, int(params), len(held), 1.0, 1.0, 1.0, int(largest), pp_rank=r))
+        # under TP a rank holds its slice of the stage (the norms whole: about 1/tp); only a recipe swapped in for
+        # the traced one reads this count (the master copy), equal recipes cancel to the byte (evaluate.Swap)
+        out.append(Share(name, int(params) // par.tp_size, len(held), 1.0, 1.0, 1.0, int(largest) // par.tp_size,
+                         pp_rank=r))
     return tuple(out)
 
 

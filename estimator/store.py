@@ -104,10 +104,12 @@ def is_rank_variable(w: Workload) -> bool:
 def parallel_class(p: Parallel, pp_rank: int = 0) -> dict:
     """What a profile of this parallel setting is of: the strategy, and for a traced TP rank (strategy tp, or
     FSDP x TP) its degree: a TP profile is fit at one tp; an FSDP one holds n = the dp group as a variable. A
-    pipeline rank's (tracer.pp) names its degree, schedule, micro-batches and the rank (its stage)."""
-    if p.pp_size > 1 and p.strategy in ("pp", *TRACED_SHARDING) and p.tp_size == 1 and p.ep_size == 1:
+    pipeline rank's (tracer.pp) names its degree, schedule, micro-batches and the rank (its stage), and with TP
+    inside the stages the tp degree and sequence parallelism."""
+    if p.pp_size > 1 and p.strategy in ("pp", *TRACED_SHARDING) and p.ep_size == 1:
+        tp = {"tp": p.tp_size, **({"sp": True} if p.sequence_parallel else {})} if p.tp_size > 1 else {}
         return {"strategy": p.strategy, "pp": p.pp_size, "schedule": p.pp_schedule, "microbatches": p.microbatches,
-                "rank": pp_rank}
+                "rank": pp_rank, **tp}
     if pp_rank:
         raise ValueError(f"pp_rank: only a pipeline's ranks have profiles of their own; got rank {pp_rank}")
     if p.tp_size > 1:

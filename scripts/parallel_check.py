@@ -17,7 +17,9 @@ beside the analytic rule, Options.analytic_pp): pp 2 1F1B over 4 micro-batches o
 of 6 layers, so the reduced depths cut inside a stage), pp 4 GPipe over 6 micro-batches (amp; stages of 1, 2, 2
 and 1 layers) and pp 4 1F1B over 4 micro-batches of an 8-layer model (mixed: fp32 master weights; 2, 3, 2, 1);
 FSDP2 over each stage's dp ranks: FSDP 16 x PP 2 (1F1B, the 12-layer model) and FSDP 8 x PP 4 (GPipe, mixed, the
-8-layer model), at a dp no fit used.
+8-layer model), at a dp no fit used; TP inside every stage on torchtitan's (pp, dp, tp) mesh: pp 2 x tp 2 (1F1B, the
+12-layer model), pp 2 x tp 4 with sequence parallelism (GPipe over 3 micro-batches, mixed, the 8-layer model) and
+FSDP 16 x TP 2 x PP 2 (1F1B, the 12-layer model, 64 ranks).
 """
 from __future__ import annotations
 
@@ -74,7 +76,14 @@ def cases() -> list[Case]:
                   Case("fsdp16-pp2-1f1b-train", train, Parallel("fsdp", gpus=32, pp=2, microbatches=4), deep),
                   Case("fsdp8-pp4-gpipe-train-mixed", Workload(recipe="mixed", **CHECK_TRAIN),
                        Parallel("fsdp", gpus=32, pp=4, microbatches=4, pp_schedule="gpipe"),
-                       {**CONFIG, "num_hidden_layers": 8})]
+                       {**CONFIG, "num_hidden_layers": 8}),
+                  # TP inside every stage (torchtitan's (pp, dp, tp) mesh), with and without sequence parallelism
+                  Case("pp2-tp2-1f1b-train", train, Parallel("pp", gpus=4, pp=2, tp=2, microbatches=4), deep),
+                  Case("pp2-tp4-sp-gpipe-train-mixed", Workload(recipe="mixed", **CHECK_TRAIN),
+                       Parallel("pp", gpus=8, pp=2, tp=4, sequence_parallel=True, microbatches=3,
+                                pp_schedule="gpipe"), {**CONFIG, "num_hidden_layers": 8}),
+                  Case("fsdp16-tp2-pp2-1f1b-train", train, Parallel("fsdp", gpus=64, pp=2, tp=2, microbatches=4),
+                       deep)]
 
 
 def rows(estimate_, trace) -> list[tuple[str, str, int, int]]:
@@ -133,6 +142,7 @@ def check_pipeline(case: Case, model) -> tuple[bool, list[str]]:
     old_tw, _, _, old_pairs = resolve(model, w, p, Options(analytic_pp=True))
     old_by_rank = {sh.pp_rank: (sh, prof) for sh, prof in old_pairs}   # first, last and rank 1 (the middle)
     lines = [f"{case.name}: " + (f"{p.strategy} {p.dp_size} x " if p.strategy != "pp" else "")
+             + (f"tp {p.tp_size}{' (sp)' if p.sequence_parallel else ''} x " if p.tp_size > 1 else "")
              + f"pp {p.pp_size}, {p.pp_schedule}, {p.microbatches} micro-batches of {w.batch}, seq "
              f"{w.seq}, {w.recipe} ({config['num_hidden_layers']} layers)",
              f"  {'rank':18s} {'stage':10s} {'component':17s} {'estimate':>10s} {'trace':>10s} {'diff':>8s} "

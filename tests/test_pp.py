@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from estimator.estimate import Options, ensure_profile, estimate, profile_where, resolve, traced_class
-from estimator.evaluate import stage_breakdowns
+from estimator.evaluate import stage_breakdowns, world
 from estimator.model import from_hf_config
 from estimator.parallel import pp_rank_shares, pp_stage_layers, pp_untraced
 from estimator.presets import load_config
@@ -106,7 +106,58 @@ def test_fsdp_over_a_stage_shards_it_and_keeps_its_gradients_whole_during_the_sc
     assert parallel_class(p, 1) == {"strategy": "fsdp", "pp": 2, "schedule": "1f1b", "microbatches": 2, "rank": 1}
     _, tp, _ = traced_class(Workload(), p)
     assert tp == Parallel("fsdp", gpus=4, pp=2, microbatches=2)   # fit in 1/n at n = dp = 2 and 4
-    assert pp_untraced(Workload(), Parallel("hsdp", gpus=8, pp=2, microbatches=2)).startswith("pp:")
+    # HSDP is FSDP over its shard group (the replicas hold the same): its pipeline ranks are FSDP x PP's at n = shard
+    hsdp = Parallel("hsdp", gpus=16, pp=2, hsdp_shard=4, microbatches=2)
+    assert pp_untraced(Workload(), hsdp) is None
+    _, tp, notes = traced_class(Workload(), hsdp)
+    assert tp == Parallel("fsdp", gpus=4, pp=2, microbatches=2) and "hsdp: one FSDP shard group traced" in notes
+    assert world(hsdp) == 4
+
+
+# with tp 2 inside each stage: q and o 64x64 / 2, k and v 32x64 / 2, gate/up/down 128x64 / 2, the two norms whole
+LAYER_TP2 = 2_048 + 1_024 + 1_024 + 2_048 + 3 * 4_096 + 128
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_tp_inside_each_stage_holds_its_slice(sp):
+    # PP 2 x TP 2 on torchtitan's (pp, dp, tp) mesh: rank 0 (global rank 0) holds half the vocabulary rows of the
+    # embedding and its layers' TP shards; the last stage's first rank (global rank 2) the same of its layers, the
+    # final norm whole and half the head's rows
+    p = Parallel("pp", gpus=4, pp=2, tp=2, microbatches=2, sequence_parallel=sp)
+    w = Workload(batch=1, seq=8)
+    first, last = run_traced(TINY, w, p, rank=0), run_traced(TINY, w, p, rank=1)
+    assert first.log.stages[0].breakdown["weights"] == (4_096 + 2 * LAYER_TP2) * BF16
+    assert last.log.stages[0].breakdown["weights"] == (2 * LAYER_TP2 + 64 + 4_096) * BF16
+    assert last.per_rank["tp"] == 2 and any("tensor-parallel over tp 2" in n for n in last.notes)
+    assert not torch.distributed.is_initialized()
+    assert parallel_class(p, 1) == {"strategy": "pp", "pp": 2, "schedule": "1f1b", "microbatches": 2, "rank": 1,
+                                    "tp": 2, **({"sp": True} if sp else {})}
+    tw, tp, notes = traced_class(Workload(), p)
+    assert tp == p and any(n.startswith("tp: each stage tensor-parallel over tp 2") for n in notes)
+    _, tp, _ = traced_class(Workload(), Parallel("fsdp", gpus=16, pp=2, tp=2, microbatches=2))
+    assert tp == Parallel("fsdp", gpus=8, pp=2, tp=2, microbatches=2)   # FSDP over dp: fit in 1/n at n = 2 and 4
+
+
+@pytest.mark.parametrize("hsdp, fsdp, rank", [
+    (Parallel("hsdp", gpus=8, hsdp_shard=4), Parallel("fsdp", gpus=4), 0),
+    (Parallel("hsdp", gpus=8, tp=2, hsdp_shard=2), Parallel("fsdp", gpus=4, tp=2), 0),
+    (Parallel("hsdp", gpus=8, pp=2, hsdp_shard=2, microbatches=2), Parallel("fsdp", gpus=4, pp=2, microbatches=2), 1),
+])
+def test_hsdp_holds_what_fsdp_over_its_shard_group_holds(hsdp, fsdp, rank):
+    # HSDP traced as torchtitan builds it (fully_shard on the 2-D (dp_replicate, dp_shard) mesh) equals FSDP2 over
+    # the shard group, stage by stage and category by category: the estimate prices HSDP from that profile
+    w = Workload(batch=2, seq=16)
+    h, f = run_traced(TINY, w, hsdp, rank=rank), run_traced(TINY, w, fsdp, rank=rank)
+    assert [(s.stage, s.breakdown) for s in h.log.stages] == [(s.stage, s.breakdown) for s in f.log.stages]
+    assert any("as HSDP" in n for n in h.notes) or hsdp.pp_size > 1
+    assert not torch.distributed.is_initialized()
+
+
+def test_sequence_parallel_between_stages_needs_tp_to_divide_seq():
+    with pytest.raises(ValueError, match="^seq: sequence parallelism between pipeline stages"):
+        run_traced(TINY, Workload(batch=1, seq=9), Parallel("pp", gpus=4, pp=2, tp=2, microbatches=2,
+                                                             sequence_parallel=True))
+    assert pp_untraced(Workload(checkpointing="op-sac"), Parallel("pp", gpus=4, pp=2, tp=2)).startswith("tp:")
 
 
 def test_gpipe_holds_every_micro_batch_1f1b_at_most_pp():
@@ -178,5 +229,24 @@ def test_every_rank_estimate_equals_its_full_depth_trace(tmp_path, monkeypatch):
 def test_parallel_check_pipeline_cases_are_exact(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("WILLITFIT_CACHE", str(tmp_path))
     assert parallel_check(["--case", "pp2-1f1b-train", "--case", "pp4-gpipe-train", "--case",
-                           "fsdp16-pp2-1f1b-train", "--quiet"]) == 0
-    assert "3 of 3 cases exact" in capsys.readouterr().out
+                           "fsdp16-pp2-1f1b-train", "--case", "pp2-tp4-sp-gpipe-train-mixed", "--case",
+                           "fsdp16-tp2-pp2-1f1b-train", "--quiet"]) == 0
+    assert "5 of 5 cases exact" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_optimizer_step_whose_largest_tick_changes_with_depth_is_exact(tmp_path, monkeypatch):
+    # A large vocabulary over narrow layers, PP 2 x TP 2: the first stage's AdamW step on DTensors holds two
+    # embedding-sized temporaries first and the all-parameter sqrt last. At the 3 and 4 layers a derivation traces,
+    # the pair leads; at the stage's 9 layers the sqrt. Every tick of the step is extended (tracer.ticks, optional
+    # keys), so the full stage's step equals its trace (before: the pair alone, as llama-3.2-1b's first rank under
+    # PP 2 x TP 2 read its optimizer stage 223,936,512 B low at batch 2 x seq 4096)
+    from tracer.derive import derive_profile
+
+    monkeypatch.setenv("WILLITFIT_CACHE", str(tmp_path))
+    config = {**TINY, "vocab_size": 4096, "num_hidden_layers": 18}
+    w, p = Workload(batch=2, seq=64), Parallel("pp", gpus=4, pp=2, tp=2, microbatches=2)
+    prof = derive_profile(config, w, p, pp_rank=0)
+    step = max(sum(m.bytes_at(2, 64).values()) for m in prof.piece_for(2, 64).moments if m.stage == "optimizer")
+    trace = run_traced(config, w, p, rank=0)
+    assert step == next(st.peak_bytes for st in trace.log.stages if st.stage == "optimizer")

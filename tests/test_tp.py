@@ -49,7 +49,7 @@ def test_tp_training_step_runs_under_loss_parallel():
     (Workload(mode="infer"), Parallel("tp", gpus=4, sequence_parallel=True), "sequence_parallel"),
     (Workload(method="lora"), Parallel("tp", gpus=2), "method"),
     (Workload(loss="chunked"), Parallel("tp", gpus=2), "loss"),
-    (Workload(), Parallel("fsdp", gpus=8, tp=2, pp=2), "tp"),
+    (Workload(), Parallel("fsdp", gpus=8, tp=2, ep=2), "tp"),   # FSDP x TP x PP is a pipeline's (tests/test_pp.py)
 ])
 def test_untraced_tp_is_named_in_one_line(w, p, field):
     why = tp_untraced(w, p)
@@ -68,7 +68,8 @@ def test_tp_profile_class_names_the_degree():
     # FSDP x TP: FSDP2 over dp on a (dp, tp) mesh, traced at dp 2 (dp is the profile's n)
     assert traced_class(Workload(), Parallel("fsdp", gpus=64, tp=8))[1] == Parallel("fsdp", gpus=16, tp=8)
     assert parallel_class(Parallel("fsdp", gpus=16, tp=8)) == {"strategy": "fsdp", "tp": 8}
-    assert traced_class(Workload(), Parallel("hsdp", gpus=64, tp=8))[1] == Parallel("fsdp", gpus=2)
+    # HSDP x TP: FSDP x TP over the shard group (the replicas hold the same), evaluated at n = the shard group
+    assert traced_class(Workload(), Parallel("hsdp", gpus=64, tp=8))[1] == Parallel("fsdp", gpus=16, tp=8)
 
 
 def test_estimate_without_a_tp_profile_on_disk_is_the_analytic_split(tmp_path, monkeypatch):
@@ -108,3 +109,4 @@ def test_sequence_parallelism_shards_the_residual_stream_not_the_weights():
     assert fwd["sp"]["weights"] == fwd["tp"]["weights"] == 45_376 * BF16
     assert fwd["sp"]["activations"] < fwd["tp"]["activations"]
     assert parallel_class(Parallel("tp", gpus=2, sequence_parallel=True)) == {"strategy": "tp", "tp": 2, "sp": True}
+

@@ -262,7 +262,7 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
     # a TP profile is of one tp degree (its parallel class names it): traced and fit at that world size only
     world = FSDP_WORLD if fsdp else ((2,) if parallel.strategy == "ddp" else
                                      (parallel.tp_size,) if parallel.strategy == "tp" else
-                                     (parallel.pp_size,) if parallel.strategy == "pp" else (1,))
+                                     (parallel.pp_size * parallel.tp_size,) if parallel.strategy == "pp" else (1,))
     session.check_traceable(w0, _at_world(parallel, world[0]))
     scan = chunked_scan(config)
     if scan and kernels != "cuda":

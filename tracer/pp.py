@@ -34,9 +34,9 @@ import contextlib
 
 import torch
 
-from estimator.parallel import TRACED_SHARDING, pp_microbatches, pp_stage_layers, pp_untraced
+from estimator.parallel import FSDP_FAMILY, pp_microbatches, pp_stage_layers, pp_untraced, shard_group
 from estimator.spec import Parallel, Workload
-from tracer import runner
+from tracer import runner, tp
 from tracer.depth import decoder_layer_list
 
 
@@ -50,12 +50,17 @@ def check(workload: Workload, parallel: Parallel) -> None:
 class StageModule(torch.nn.Module):
     """One pipeline stage of a causal LM, running the model's own forward: the first stage from token ids, the
     others from the previous stage's hidden states (`inputs_embeds`); the last returns the logits, the others the
-    hidden states (the final norm replaced by Identity before the last stage)."""
+    hidden states (the final norm replaced by Identity before the last stage).
 
-    def __init__(self, lm: torch.nn.Module, first: bool, last: bool, out_meta: tuple):
+    Under sequence parallelism (`sp_mesh`, TP's mesh) the hidden states between stages are sequence-sharded: a stage
+    sends its local (b, s / tp, h) slice, as torchtitan's stages do (`use_local_output=True`), and the next one makes
+    it the Shard(1) DTensor its layers take again (no copy either way)."""
+
+    def __init__(self, lm: torch.nn.Module, first: bool, last: bool, out_meta: tuple, sp_mesh=None):
         super().__init__()
         self.lm, self.first, self.last = lm, first, last
         self._out_meta = out_meta     # (shape, dtype) the stage declared to the schedule; checked at every call
+        self._sp_mesh = sp_mesh
 
     @property
     def config(self):
@@ -63,11 +68,17 @@ class StageModule(torch.nn.Module):
         return self.lm.config
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._sp_mesh is not None and not self.first:
+            from torch.distributed.tensor import DTensor, Shard
+
+            x = DTensor.from_local(x, self._sp_mesh, [Shard(1)], run_check=False)
         kw = {"input_ids": x} if self.first else {"inputs_embeds": x}
         if self.last:
             out = self.lm(**kw, use_cache=False).logits
         else:
             out = self.lm.get_decoder()(**kw, use_cache=False).last_hidden_state
+            if self._sp_mesh is not None:
+                out = out.to_local()
         if (tuple(out.shape), out.dtype) != self._out_meta:
             raise ValueError(f"pp: the stage's output is {tuple(out.shape)} {out.dtype}, not the declared "
                              f"{self._out_meta[0]} {self._out_meta[1]}: this model's stages cannot be traced")
@@ -118,40 +129,63 @@ def pp_case(config: dict, workload: Workload, parallel: Parallel, rank: int = 0,
 
     check(workload, parallel)
     pp, m = parallel.pp_size, pp_microbatches(workload, parallel)
-    fsdp = parallel.strategy in TRACED_SHARDING   # FSDP2 over the dp ranks of each stage (torchtitan's 2-D mesh)
-    dp = parallel.dp_size if fsdp else 1
+    fsdp = parallel.strategy in FSDP_FAMILY   # FSDP2 (HSDP: on a 2-D dp mesh) over the dp ranks of each stage
+    dp, tp_n = parallel.dp_size if fsdp else 1, parallel.tp_size
+    sp = parallel.sequence_parallel
     first, last = rank == 0, rank == pp - 1
     hf = runner._hf_config(config)
     n_layers = int(getattr(hf.get_text_config() if hasattr(hf, "get_text_config") else hf, "num_hidden_layers"))
     keep = list(pp_stage_layers(n_layers, pp, rank)) if layers is None else list(layers)
     if dist.is_initialized():
         raise RuntimeError("a process group is already initialised; pipeline tracing needs its own fake one")
-    # torchtitan's mesh puts pp outermost: stage r's dp ranks are r * dp .. r * dp + dp - 1; the first is traced
-    dist.init_process_group("fake", store=FakeStore(), rank=rank * dp, world_size=pp * dp)
+    # torchtitan's mesh puts pp outermost, then dp, then tp: stage r's ranks are r * dp * tp ..; the first is traced
+    dist.init_process_group("fake", store=FakeStore(), rank=rank * dp * tp_n, world_size=pp * dp * tp_n)
     try:
-        group = None
-        if fsdp:
+        group, mesh = None, None
+        if fsdp or tp_n > 1:
             from torch.distributed.device_mesh import init_device_mesh
 
-            mesh = init_device_mesh("cpu", (pp, dp), mesh_dim_names=("pp", "dp"))
+            if parallel.strategy == "hsdp":   # torchtitan's ParallelDims (pp, dp_replicate, dp_shard, tp)
+                shard = shard_group(parallel)
+                mesh = init_device_mesh("cpu", (pp, dp // shard, shard, tp_n),
+                                        mesh_dim_names=("pp", "dp_replicate", "dp_shard", "tp"))
+                dp_mesh = mesh["dp_replicate", "dp_shard"]
+            else:
+                mesh = init_device_mesh("cpu", (pp, dp, tp_n), mesh_dim_names=("pp", "dp", "tp"))
+                dp_mesh = mesh["dp"]
             group = mesh["pp"].get_group()
-        with FakeTensorMode(allow_non_fake_inputs=True):
-            lm = runner.build_model(config, workload, "meta" if fsdp else "cpu", meta_then_empty=not fsdp,
+        on_meta = fsdp or tp_n > 1   # DTensor's and FSDP2's meta-device init: parallelise, then to_empty
+
+        def stage_module():
+            lm = runner.build_model(config, workload, "meta" if on_meta else "cpu", meta_then_empty=not on_meta,
                                     layers=keep)
-            tc = _text_config(lm)
-            vocab, hidden = int(lm.get_input_embeddings().num_embeddings), int(tc.hidden_size)
+            vocab, hidden = int(lm.get_input_embeddings().num_embeddings), int(_text_config(lm).hidden_size)
             _prune(lm, first, last)
-            b, s = workload.batch, workload.seq
-            stream = runner.weight_dtype(workload)  # the residual stream between stages: the weights' dtype
-            logits = runner.DTYPES[workload.precision] if workload.recipe == "amp" else stream
-            out_meta = ((b, s, vocab), logits) if last else ((b, s, hidden), stream)
-            module = StageModule(lm, first, last, out_meta)
-            if fsdp:  # torchtitan: fully_shard every block, then the stage's module, on the dp mesh; to_empty after
-                _shard(module, mesh["dp"])
+            if tp_n > 1:   # torchtitan: TP on each stage's model part first (apply_tp), then FSDP over dp
+                tp.parallelize(lm, mesh["tp"], True, sp)
+            out_meta = ((b, s, vocab), logits) if last else ((b, s // tp_n if sp else s, hidden), stream)
+            module = StageModule(lm, first, last, out_meta, mesh["tp"] if sp else None)
+            if fsdp:  # torchtitan: fully_shard every block, then the stage's module, on the dp mesh
+                _shard(module, dp_mesh)
+            return lm, module, vocab, hidden, out_meta
+
+        b, s = workload.batch, workload.seq
+        stream = runner.weight_dtype(workload)  # the residual stream between stages: the weights' dtype
+        logits = runner.DTYPES[workload.precision] if workload.recipe == "amp" else stream
+        if sp and s % tp_n:
+            raise ValueError(f"seq: sequence parallelism between pipeline stages needs tp ({tp_n}) to divide seq "
+                             f"({s})")
+        # parallelised on the meta device outside fake mode (the device mesh's own bookkeeping runs real ops), as
+        # session._fsdp_model and tp.tp_model do; given fake storage by to_empty inside it
+        built = stage_module() if on_meta else None
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            lm, module, vocab, hidden, out_meta = built or stage_module()
+            if on_meta:
                 module.to_empty(device="cpu")
             ids = torch.randint(0, vocab, (b * m, s))
             labels = ids.clone()  # a data collator's copy (DataCollatorForLanguageModeling)
-            in_arg = ids[:b] if first else torch.empty(b, s, hidden, dtype=stream, requires_grad=True)
+            in_arg = ids[:b] if first else torch.empty(b, s // tp_n if sp else s, hidden, dtype=stream,
+                                                       requires_grad=True)
             out_arg = torch.empty(*out_meta[0], dtype=out_meta[1], requires_grad=not last)
             stage = PipelineStage(module, rank, pp, torch.device("cpu"), input_args=(in_arg,), output_args=(out_arg,),
                                   group=group)
@@ -184,7 +218,9 @@ def pp_case(config: dict, workload: Workload, parallel: Parallel, rank: int = 0,
                 try:
                     args = (inputs["input_ids"],) if first else ()
                     kw = {"target": inputs["labels"], "losses": []} if last else {}
-                    with runner._autocast(workload, lm):
+                    # torchtitan's train_context: loss_parallel around the step under TP (the logits stay sharded)
+                    with runner._autocast(workload, lm), (tp.loss_context(workload) if tp_n > 1
+                                                          else contextlib.nullcontext()):
                         schedule.step(*args, **kw, return_outputs=False)  # torchtitan: return_outputs=False
                 finally:
                     del schedule._maybe_compute_loss, stage.backward_one_chunk
@@ -195,6 +231,7 @@ def pp_case(config: dict, workload: Workload, parallel: Parallel, rank: int = 0,
             yield module, inputs, step
     finally:
         dist.destroy_process_group()
+        tp.forget_meshes()
 
 
 def _shard(module: StageModule, mesh) -> None:

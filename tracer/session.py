@@ -35,14 +35,16 @@ import torch
 
 from estimator.model import check_context, from_hf_config
 from estimator.spec import Parallel, Workload
-from estimator.parallel import TRACED_SHARDING, pp_microbatches
+from estimator.parallel import TRACED_SHARDING, pp_microbatches, shard_group
 from tracer import serialized
 from tracer import kernels as kernels_mod
 from tracer import pp, recipes, runner, tp
 from tracer.counters import StageLog, StorageCounter, memtracker_peak_bytes
 from tracer.depth import decoder_layer_list
 
-FSDP_STRATEGIES = TRACED_SHARDING  # FSDP2 fully_shard runs for each (estimator.parallel)
+# FSDP2 fully_shard runs for each (estimator.parallel); HSDP on a 2-D dp mesh (traced, never derived: its profile
+# is FSDP's over the shard group, estimator.estimate.traced_class)
+FSDP_STRATEGIES = (*TRACED_SHARDING, "hsdp")
 TRACED_STRATEGIES = ("single", "ddp", *FSDP_STRATEGIES, "tp", "pp")
 
 
@@ -70,10 +72,10 @@ def check_traceable(workload: Workload, parallel: Parallel) -> None:
     if parallel.strategy not in TRACED_STRATEGIES:
         raise ValueError(f"strategy: {parallel.strategy!r} is not traced; traced strategies are "
                          f"{', '.join(TRACED_STRATEGIES)}")
-    if parallel.tp_size > 1:
-        tp.check(workload, parallel)
-    elif parallel.pp_size > 1:
+    if parallel.pp_size > 1:   # with TP inside the stages too (tracer.pp)
         pp.check(workload, parallel)
+    elif parallel.tp_size > 1:
+        tp.check(workload, parallel)
     elif parallel.ep_size > 1:
         raise ValueError("ep: expert parallelism is not traced; use ep=1")
     if parallel.offload != "none":
@@ -143,10 +145,14 @@ def _prepared(config: dict, workload: Workload, parallel: Parallel, layers: list
             n = pp_microbatches(workload, parallel)
             case = _Case(model, runner.make_optimizer(model, workload), inputs, workload, step=step,
                          per_rank={"world_size": parallel.gpus, "traced_rank": rank, "pp": parallel.pp_size,
-                                   "pp_schedule": parallel.pp_schedule, "microbatches": n})
+                                   "pp_schedule": parallel.pp_schedule, "microbatches": n,
+                                   **({"tp": parallel.tp_size} if parallel.tp_size > 1 else {})})
             case.notes.append(f"pp rank {rank} of {parallel.pp_size} traced with a fake process group: "
                               f"torch.distributed.pipelining {parallel.pp_schedule}, {n} micro-batches of "
-                              f"{workload.batch}, torchtitan's stage split (send and receive move no data)")
+                              f"{workload.batch}, torchtitan's stage split (send and receive move no data)"
+                              + (f"; each stage tensor-parallel over tp {parallel.tp_size} (apply_tp"
+                                 + (", sequence parallel" if parallel.sequence_parallel else "") + ")"
+                                 if parallel.tp_size > 1 else ""))
             yield case
         return
     if parallel.strategy in FSDP_STRATEGIES:
@@ -158,6 +164,8 @@ def _prepared(config: dict, workload: Workload, parallel: Parallel, layers: list
                          context=lambda: (tp.loss_context(workload) if parallel.tp_size > 1
                                           else contextlib.nullcontext()))
             case.notes.append(f"fsdp2 rank 0 of {parallel.gpus} traced with a fake process group "
+                              + (f"as HSDP ({parallel.dp_size // shard_group(parallel)} replicas of a "
+                                 f"{shard_group(parallel)}-way shard group) " if parallel.strategy == "hsdp" else "")
                               + (f"on a (dp {parallel.dp_size}, tp {parallel.tp_size}) mesh, TP applied first as "
                                  "torchtitan does " if parallel.tp_size > 1 else "") + "(collectives do nothing)")
             yield case
@@ -200,18 +208,29 @@ def _fsdp_model(config: dict, workload: Workload, parallel: Parallel, layers: li
         model = runner.build_model(config, workload, device="meta", layers=layers)
         reshard = parallel.strategy != "fsdp-grad-op"
         mp = {"mp_policy": recipes.mp_policy(workload)} if workload.recipe == "fsdp-mp" else {}
-        if parallel.tp_size > 1:  # torchtitan: TP on the inner mesh dimension first, then fully_shard over dp
+        if parallel.tp_size > 1 or parallel.strategy == "hsdp":
             from torch.distributed.device_mesh import init_device_mesh
 
-            mesh = init_device_mesh("cpu", (parallel.dp_size, parallel.tp_size), mesh_dim_names=("dp", "tp"))
-            tp.parallelize(model, mesh["tp"], workload.mode == "train", parallel.sequence_parallel)
-            mp["mesh"] = mesh["dp"]
+            if parallel.strategy == "hsdp":
+                # torchtitan's ParallelDims (dp_replicate, dp_shard, tp): fully_shard on the 2-D dp mesh shards the
+                # parameters over dp_shard and replicates them over dp_replicate
+                shard = shard_group(parallel)
+                mesh = init_device_mesh("cpu", (parallel.dp_size // shard, shard, parallel.tp_size),
+                                        mesh_dim_names=("dp_replicate", "dp_shard", "tp"))
+                dp_mesh = mesh["dp_replicate", "dp_shard"]
+            else:
+                mesh = init_device_mesh("cpu", (parallel.dp_size, parallel.tp_size), mesh_dim_names=("dp", "tp"))
+                dp_mesh = mesh["dp"]
+            if parallel.tp_size > 1:  # torchtitan: TP on the inner mesh dimension first, then fully_shard over dp
+                tp.parallelize(model, mesh["tp"], workload.mode == "train", parallel.sequence_parallel)
+            mp["mesh"] = dp_mesh
         for layer in _decoder_layers(model):
             fully_shard(layer, reshard_after_forward=reshard, **mp)
         fully_shard(model, reshard_after_forward=reshard, **mp)
         yield model
     finally:
         dist.destroy_process_group()
+        tp.forget_meshes()
 
 
 def _run(case: _Case, steps: int, observe_layers: bool = False,

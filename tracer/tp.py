@@ -121,24 +121,27 @@ def plan(model: torch.nn.Module, train: bool, sequence_parallel: bool = False) -
         out[f"{base_name}.{pattern}"] = STYLES[style]()
     emb, head = model.get_input_embeddings(), model.get_output_embeddings()
     names = {m: n for n, m in model.named_modules()}
-    out[names[emb]] = RowwiseParallel(input_layouts=Replicate())
+    if emb is not None:  # a pipeline stage after the first holds no embedding (tracer.pp)
+        out[names[emb]] = RowwiseParallel(input_layouts=Replicate())
     if head is not None:
         out[names[head]] = (ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=False)
                             if train else ColwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()))
     if sequence_parallel:
-        out.update(sequence_parallel_plan(model, out, names[emb], names[head] if head is not None else None))
+        out.update(sequence_parallel_plan(model, out, names[emb] if emb is not None else None,
+                                          names[head] if head is not None else None))
     return out
 
 
-def sequence_parallel_plan(model: torch.nn.Module, tp_plan: dict, emb: str, head: str | None) -> dict:
+def sequence_parallel_plan(model: torch.nn.Module, tp_plan: dict, emb: str | None, head: str | None) -> dict:
     """torchtitan's sequence parallelism (apply_tp): the residual stream between blocks sharded on the sequence
     (Shard(1)): the embedding's output, every RowwiseParallel output (o_proj, down_proj: a reduce-scatter), the
     norms `SequenceParallel()`, the attention and MLP inputs all-gathered back (`PrepareModuleInput`, Shard(1) ->
     Replicate()), the head's input Shard(1). One change for transformers: the sharded stream stays a DTensor
     (use_local_output=False) where torchtitan takes local tensors, because transformers sizes the positions and the
     causal mask from the embedding output's shape (LlamaModel.forward), which must be the whole sequence's."""
-    out: dict[str, ParallelStyle] = {emb: RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1),
-                                                          use_local_output=False)}
+    out: dict[str, ParallelStyle] = {}
+    if emb is not None:   # a later pipeline stage's input arrives sequence-sharded (tracer.pp.StageModule)
+        out[emb] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False)
     if head is not None:
         out[head] = ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False)
     for name, style in tp_plan.items():
@@ -157,7 +160,7 @@ def parallelize(model: torch.nn.Module, mesh, train: bool, sequence_parallel: bo
     """Apply `plan`, re-tie a tied head to the embedding's shard (both shard the vocabulary rows), then replicate
     every module still holding plain parameters (the norms without sequence parallelism)."""
     emb, head = model.get_input_embeddings(), model.get_output_embeddings()
-    tied = head is not None and head.weight is emb.weight
+    tied = head is not None and emb is not None and head.weight is emb.weight
     parallelize_module(model, mesh, plan(model, train, sequence_parallel))
     if tied:
         head.weight = emb.weight
@@ -185,6 +188,17 @@ def tp_model(config: dict, workload: Workload, parallel: Parallel, layers: list[
         yield model
     finally:
         dist.destroy_process_group()
+        forget_meshes()
+
+
+def forget_meshes() -> None:
+    """Drop DTensor's cached sharding decisions when a fake world ends. They are keyed by DTensorSpecs whose meshes
+    compare by layout, not by process group, so the next world's equal-looking mesh (the tp group of another
+    pipeline rank, [2, 3] after [0, 1]) would get output specs holding the destroyed world's mesh, and its first
+    collective would fail to find that group."""
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
+    _clear_sharding_prop_cache()   # the Python cache and the C++ dispatch's fast-path cache
 
 
 def loss_context(workload: Workload):
@@ -196,4 +210,4 @@ def loss_context(workload: Workload):
     return loss_parallel()
 
 
-__all__ = ["ReplicateParallel", "check", "check_divisible", "loss_context", "parallelize", "plan", "tp_model"]
+__all__ = ["ReplicateParallel", "check", "check_divisible", "forget_meshes", "loss_context", "parallelize", "plan", "tp_model"]

@@ -44,6 +44,8 @@ AXES = (
     ("strategy", "parallel", str, spec.STRATEGIES),
     ("offload", "parallel", str, spec.OFFLOADS),
     ("gpus", "parallel", int, None),
+    ("tp", "parallel", int, None),
+    ("sequence_parallel", "parallel", bool, None),
     ("pp", "parallel", int, None),
     ("pp_schedule", "parallel", str, spec.PP_SCHEDULES),
     ("microbatches", "parallel", int, None),
@@ -60,11 +62,13 @@ HELP = {
     "activation_offload": "torchtune enable_activation_offloading: saved activations of 1024 bytes or more go to "
                           "CPU in forward and come back in backward",
     "float8": "torchao float8 training of the decoder Linears (tensorwise dynamic scaling; needs torchao)",
-    "pp": "pipeline stages composed with an FSDP strategy (--strategy fsdp --gpus dp*pp --pp pp; --strategy pp "
-          "takes every GPU as a stage)",
+    "pp": "pipeline stages composed with an FSDP strategy (--strategy fsdp --gpus dp*tp*pp --pp pp; --strategy pp "
+          "takes every GPU as a stage, or --gpus pp*tp --pp pp --tp tp for TP inside each stage)",
     "pp_schedule": "pipeline schedule with --strategy pp (torch.distributed.pipelining; 1f1b and gpipe are traced "
                    "per rank)",
     "microbatches": "micro-batches per step through a pipeline (0: --grad-accum)",
+    "tp": "tensor-parallel degree composed with FSDP or a pipeline (--strategy tp takes every GPU)",
+    "sequence_parallel": "Megatron/torchtitan sequence parallelism over the tp ranks (training)",
     "compile": "torch.compile'd model: AOTAutograd's min-cut partitioner decides what forward saves (no inductor "
                "fusion; one GPU, full loss, no other knob)",
 }
