@@ -189,6 +189,13 @@ def _verdict(est: Estimate, gpu_bytes: int, interval: tuple[int, int] | None) ->
     return "fits" if hi <= gpu_bytes else ("oom" if lo > gpu_bytes else "tight")
 
 
+def _degrees(p: dict) -> str:
+    """' (tp 2 x pp 2, sequence parallel)': the mesh degrees above 1 beside the strategy's own."""
+    dims = [f"{k} {p[k]}" for k in ("tp", "pp", "ep") if p.get(k, 1) > 1]
+    sp = ", sequence parallel" if p.get("sequence_parallel") else ""
+    return f" ({' x '.join(dims)}{sp})" if dims else (f" ({sp[2:]})" if sp else "")
+
+
 def report(model: Model, est: Estimate, gpu: GPU | None, options: Options,
            cal: CalibrationEntry | None, price_advice: bool = False) -> dict:
     """Everything the CLI shows, as one JSON-ready dict (bytes are ints; GiB/GB only in the text view)."""
@@ -276,7 +283,8 @@ def render_text(r: dict) -> str:
              + (f" + {w['gen_tokens']} generated" if w["gen_tokens"] else "")
              + (f", {w['optimizer']} ({w['optimizer_impl']}), grad_accum {w['grad_accum']}, checkpointing "
                 f"{w['checkpointing']}" if w["mode"] == "train" else "") + f", attention {w['attention']}",
-             f"{p['gpus']} GPU(s), strategy {p['strategy']}; activation model {r['activation_model']}"
+             f"{p['gpus']} GPU(s), strategy {p['strategy']}" + _degrees(p)
+             + f"; activation model {r['activation_model']}"
              + (f" (k={r['activation_k']:.2f})" if r["activation_k"] is not None else ""), ""]
     scale = max(r["total_bytes"], r.get("gpu_bytes", 0))
     lines.append(f"Per GPU at the peak ({r['peak_stage']}" + (f", {r['pipeline_stage']} pipeline stage"

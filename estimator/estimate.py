@@ -23,7 +23,7 @@ from estimator.parallel import (check_model, compile_untraced, pp_microbatches, 
                                 pp_untraced, shares, tp_untraced)
 from estimator.reserved import workload_class
 from estimator.spec import PAGED_OPTIMIZERS, SIZE_FIELDS, Parallel, Workload
-from estimator.evaluate import stage_breakdowns
+from estimator.evaluate import stage_breakdowns, traced_rank
 from estimator.reserved import alloc_mode
 from estimator.reserved import fit_for_class
 from estimator.device import context_bytes
@@ -90,6 +90,7 @@ class Estimate:
     paged_bytes: int = 0        # optimizer states in CUDA unified memory (paged optimizers): not in `total`
     reserved_source: str = ""   # which fitted class priced allocator_cache
     context_source: str = CONTEXT_SOURCE  # where cuda_context_bytes comes from
+    per_rank: bool = False      # priced from one traced rank's profile (TP, pipeline), not split analytically
 
     @property
     def components(self) -> Breakdown:
@@ -442,7 +443,7 @@ def estimate(model: Model, workload: Workload, parallel: Parallel = Parallel(),
                     pipeline_stage=pstage, cuda_context_bytes=options.overhead.cuda_context_bytes,
                     allocator_overhead_bytes=options.overhead.cublas_workspace_bytes, peak_moment=label,
                     notes=notes + ((mode_note,) if mode_note else ()), profile=dict(prof.provenance),
-                    paged_bytes=paged, reserved_source=source,
+                    paged_bytes=paged, reserved_source=source, per_rank=traced_rank(prof.parallel_class),
                     context_source=CONTEXT_SOURCE if options.cuda_context_bytes is None else "given (--cuda-context)")
 
 

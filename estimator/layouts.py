@@ -37,6 +37,13 @@ class Layout:
     peak_stage: str            # the step's stage at the peak (forward, backward, optimizer, ...)
     largest: str               # the Breakdown component with the most bytes at the peak
     largest_bytes: int
+    per_rank: bool = False     # priced from per-rank traced profiles (on disk), not the analytic rule
+
+    @property
+    def priced(self) -> str:
+        """How the worst rank is priced: from its traced profile (plain FSDP is the traced FSDP rank at n = dp; TP and
+        pipeline layouts where their ranks' profiles are on disk), or by the analytic rule over the FSDP rank."""
+        return "traced per rank" if self.per_rank or self.tp == self.pp == 1 else "analytic rule"
 
     @property
     def label(self) -> str:
@@ -81,5 +88,5 @@ def layouts(model: Model, workload: Workload, gpus: int, gpu_bytes: int,
             largest = max((c for c in COMPONENTS if c != "overhead"), key=lambda c: parts[c])
             out.append(Layout(dp, tp, pp, par, est.total_bytes, est.total_bytes <= gpu_bytes,
                               RANKS.get(est.pipeline_stage, est.pipeline_stage), est.peak_stage, largest,
-                              parts[largest]))
+                              parts[largest], est.per_rank))
     return tuple(sorted(out, key=lambda lay: (not lay.fits, lay.device_bytes, lay.tp, lay.pp)))

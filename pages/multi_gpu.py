@@ -113,7 +113,7 @@ def layouts_section(model, w, gpu, f) -> None:
         return
     st.dataframe(pd.DataFrame([{"layout": lay.label, "worst rank (GiB)": lay.device_bytes / GiB,
                                 "worst rank (GB)": lay.device_bytes / GB, "fits": lay.fits,
-                                "why": lay.why(capacity_bytes(gpu))} for lay in rows]),
+                                "priced by": lay.priced, "why": lay.why(capacity_bytes(gpu))} for lay in rows]),
                  hide_index=True, column_config={"worst rank (GiB)": st.column_config.NumberColumn(format="%.2f"),
                                                  "worst rank (GB)": st.column_config.NumberColumn(format="%.2f")})
     chosen = st.selectbox("Draw the worst rank of", [lay.label for lay in rows], key=f"{PAGE}:layout",
@@ -122,8 +122,9 @@ def layouts_section(model, w, gpu, f) -> None:
     est = estimate(model, w, lay.parallel, priced(gpu))
     charts.show(charts.stages_chart(est.stages, capacity_bytes(gpu),
                                     f"{gpu.display_name}: {fmt_bytes(capacity_bytes(gpu), 'GiB')}"))
-    st.caption(f"{lay.label}: {lay.why(capacity_bytes(gpu))}. The layouts are priced analytically over the traced "
-               "FSDP rank (docs/parallel.md).")
+    st.caption(f"{lay.label}: {lay.why(capacity_bytes(gpu))}. Priced by the {lay.priced}: a layout whose ranks' "
+               "profiles are on disk (`python -m bench derive ... --pp P --tp T`) is priced from them exactly, the "
+               "others by the analytic rule over the traced FSDP rank (docs/parallel.md).")
 
 
 def compare(model, w, gpu, f) -> None:

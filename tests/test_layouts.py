@@ -38,6 +38,8 @@ def test_why_names_the_rank_the_component_and_the_lever(llama70b):
     assert "checkpointing" in plain.why(80 * GiB) and "over by" in plain.why(80 * GiB)
     staged = next(r for r in rows if r.pp > 1)
     assert "pipeline stage" in staged.worst_rank
+    # plain FSDP is the traced FSDP rank; no TP or pipeline rank of this model is derived here: the analytic rule
+    assert plain.priced == "traced per rank" and staged.priced == "analytic rule" and not staged.per_rank
 
 
 def test_checkpointing_moves_the_cause_from_activations_to_the_states(llama70b):

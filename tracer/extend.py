@@ -184,6 +184,9 @@ def fit_variant(traces: dict[tuple, Ticks], fsdp: bool, one_batch: bool = False,
 FSDP_PADDING_TOLERANCE = 2e-3
 
 
+STEP_MAX = ("optimizer", 0, None, 0)   # the optimizer step's largest tick (tracer.ticks._candidates)
+
+
 def optional(key: tuple) -> bool:
     """A per-tick key of the optimizer step (tracer.ticks._candidates): kept where every trace of a reduced model and
     every reduced model has it, dropped elsewhere (the step's largest tick has a key of its own)."""
@@ -202,9 +205,10 @@ def verify(fit: Fit, ticks: Ticks, point: tuple[int, int, int, int]) -> int:
     b, s, n, r = point
     got = {(k, g): row for k, g, row in zip(ticks.keys, ticks.gs, ticks.values)}
     worst = 0
+    stepwise = any(optional(k) for k in fit.num)   # every optimizer tick fit: its largest is one of them
     for (k, g), row in got.items():
-        if k not in fit.num and optional(k):
-            continue
+        if (k not in fit.num and optional(k)) or (stepwise and k == STEP_MAX):
+            continue   # which tick is largest can change with the sizes or the LoRA rank; each tick is checked
         if k not in fit.num:
             raise ValueError(f"fit: tick {k} appears at (b, s, n, r) = {point} but not at the fitted sizes")
         mv = [poly.monomial_value(m, (b, s, g, Fraction(1, n), r)) for m in fit.monomials[k]]
@@ -229,9 +233,10 @@ def _remap(key: tuple, pos: int | None) -> tuple:
 def extend(plan: Plan, fits: list[Fit]) -> list[tuple[str, str, tuple, int, np.ndarray]]:
     """Full-depth candidate moments (stage, label, monomials, den, numerators) from the reduced fits."""
     r1, f1 = plan.variants[0], fits[0]
-    if plan.full:
+    if plan.full:   # the optimizer step: its ticks where the fit has them (their largest is one), else the largest
+        stepwise = any(optional(k) for k in f1.keys)
         return [(k[0], _label(k, None if k[2] is None else r1[k[2]], plan.n_layers), f1.monomials[k], f1.den[k],
-                 f1.num[k]) for k in f1.keys]
+                 f1.num[k]) for k in f1.keys if not (stepwise and k == STEP_MAX)]
     counts = {t: sum(1 for x in plan.types if x == t) for t in set(plan.types) if t >= 0}
     a_pos = {}  # variant -> (position of its type's first layer in R1, type)
     for v in range(1, len(plan.variants)):
@@ -253,11 +258,16 @@ def extend(plan: Plan, fits: list[Fit]) -> list[tuple[str, str, tuple, int, np.n
     out = []
     last = len(r1) - 1
     effects = _stage_effects(plan, fits, a_pos)
+    # the optimizer step: every tick where every reduced model has the same ticks (their largest is one of them, and
+    # which one can change with depth), else the largest tick alone
+    stepwise = {k for k in f1.keys if optional(k)}
+    stepwise = stepwise if stepwise and all({k for k in fits[v].num if optional(k)} == stepwise for v in a_pos) \
+        else set()
     for key in f1.keys:
         q = key[2]
         base = f1.num[key]
-        if optional(key) and any(key not in fits[v].num for v in a_pos):
-            continue   # a per-tick optimizer key that another reduced model does not have: the largest tick stands
+        if (optional(key) and key not in stepwise) or (stepwise and key == STEP_MAX):
+            continue
         if q is None or q == 0 or q == last:
             c = base.copy()
             for v in a_pos:
