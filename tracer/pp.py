@@ -19,7 +19,12 @@ them with torch.distributed.pipelining:
   (`scale_grads`, the schedule's default), `return_outputs=False` (torchtitan's trainer);
 - **FSDP2 x PP** (fsdp, zero3, fsdp-grad-op with pp > 1): the (pp, dp) mesh with pp outermost, `fully_shard` per
   decoder layer and then on the stage's module over the dp dimension with `reshard_after_forward=False` (torchtitan's
-  default with PP), the stage's first dp rank traced.
+  default with PP), the stage's first dp rank traced; HSDP on the 2-D (dp_replicate, dp_shard) mesh;
+- **TP inside every stage** (`tp` > 1): torchtitan's (pp, dp, tp) mesh; each stage's model part built on the meta
+  device, pruned, tensor-parallelised (`tracer.tp.parallelize`, torchtitan's apply_tp per model part), then sharded
+  over dp where FSDP is asked, and materialised with `to_empty`; the last stage's loss under `loss_parallel()`. With
+  sequence parallelism a stage sends its local (b, s / tp, h) slice of the hidden states and the next one makes it a
+  Shard(1) DTensor again (`StageModule`), as torchtitan's stages pass local tensors.
 
 What differs from a GPU run, and why it does not change the bytes: the fake process group's send and receive move
 no data (the receive buffers the stage allocates are real, and counted); the schedules' start-up vote (two ranks
