@@ -230,7 +230,6 @@ def _fsdp_model(config: dict, workload: Workload, parallel: Parallel, layers: li
         yield model
     finally:
         dist.destroy_process_group()
-        tp.forget_meshes()
 
 
 def _run(case: _Case, steps: int, observe_layers: bool = False,

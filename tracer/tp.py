@@ -188,14 +188,16 @@ def tp_model(config: dict, workload: Workload, parallel: Parallel, layers: list[
         yield model
     finally:
         dist.destroy_process_group()
-        forget_meshes()
 
 
 def forget_meshes() -> None:
-    """Drop DTensor's cached sharding decisions when a fake world ends. They are keyed by DTensorSpecs whose meshes
-    compare by layout, not by process group, so the next world's equal-looking mesh (the tp group of another
-    pipeline rank, [2, 3] after [0, 1]) would get output specs holding the destroyed world's mesh, and its first
-    collective would fail to find that group."""
+    """Drop DTensor's cached sharding decisions when a pipeline's fake world ends (tracer.pp). They are keyed by
+    DTensorSpecs whose meshes compare by layout, not by process group, so the next world's equal-looking mesh (the tp
+    group of another pipeline rank, [2, 3] after [0, 1]) would get output specs holding the destroyed world's mesh,
+    and its first collective would fail to find that group. Only the pipeline path needs it (every other layout
+    traces rank 0), and only it clears them: a cleared cache makes the next world propagate shardings again on
+    global-shape fake tensors, which StorageCounter leaves out but FSDPMemTracker counts (`--check` runs two FSDP
+    worlds back to back and must see the same)."""
     from torch.distributed.tensor.debug import _clear_sharding_prop_cache
 
     _clear_sharding_prop_cache()   # the Python cache and the C++ dispatch's fast-path cache
