@@ -305,7 +305,8 @@ def _traced_pp_or_analytic(model: Model, w: Workload, tw: Workload, tp: Parallel
             f"pp: no traced profiles of the {tp.pp_size} pipeline ranks on disk; priced by the analytic rule (derive " \
             f"the exact ones: {how})"
         tw = replace(tw, grad_accum=store.canonical_class(w).grad_accum)
-        return None, tw, analytic_class(tp), tuple(n for n in notes if not n.startswith(("pp: every rank", "tp: each stage"))) + (note,)
+        kept = tuple(n for n in notes if not n.startswith(("pp: every rank", "tp: each stage")))
+        return None, tw, analytic_class(tp), kept + (note,)
 
 
 def _traced_tp_or_analytic(model: Model, tw: Workload, tp: Parallel, notes: tuple, options: Options):

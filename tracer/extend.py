@@ -185,12 +185,13 @@ FSDP_PADDING_TOLERANCE = 2e-3
 
 
 STEP_MAX = ("optimizer", 0, None, 0)   # the optimizer step's largest tick (tracer.ticks._candidates)
+OPTIONAL = ("optimizer", -1)           # (stage, segment) of the step's per-tick keys
 
 
 def optional(key: tuple) -> bool:
     """A per-tick key of the optimizer step (tracer.ticks._candidates): kept where every trace of a reduced model and
     every reduced model has it, dropped elsewhere (the step's largest tick has a key of its own)."""
-    return key[:2] == ("optimizer", -1)
+    return key[:2] == OPTIONAL
 
 
 def _without_optional(t: Ticks) -> Ticks:

@@ -13,7 +13,7 @@ from estimator.profile.profile import CATEGORIES
 from estimator.spec import Parallel, Workload
 from tracer import kernels as kernels_mod
 from tracer import kernels_sdpa, losses, session, vision
-from tracer.extend import TRACER_CATEGORIES, Ticks, tick_row
+from tracer.extend import OPTIONAL, STEP_MAX, TRACER_CATEGORIES, Ticks, tick_row
 
 
 
@@ -53,8 +53,7 @@ def prime_names(config: dict, workload: Workload, parallel: Parallel, layers: li
     return None
 
 
-OPTIONAL = ("optimizer", -1)   # (stage, segment) of the optimizer step's per-tick keys (tracer.extend.optional)
-MAX_OPTIMIZER_TICKS = 32
+MAX_OPTIMIZER_TICKS = 32   # an optimizer step with at most this many ticks keys each (tracer.extend.optional)
 
 
 def _stage_of_ticks(tl) -> list[tuple[int, int, str, int]]:
@@ -101,7 +100,7 @@ def _candidates(tl, train: bool, per_window: bool = False) -> Ticks:
         if stage == "optimizer":  # the step's temporaries differ between its ticks by constants: keep the largest
             base = live[act, lo - 1]
             t = max(ticks, key=lambda t: int(live[:, t].sum())) if ticks else hi
-            keys.append(("optimizer", 0, None, 0))
+            keys.append(STEP_MAX)
             gs.append(0)
             rows.append(tick_row(live[:, t], int(live[act, t] - base)))
             # ... and, where the step has few ticks (a foreach optimizer: one per op, whatever the depth), each of them

@@ -212,4 +212,5 @@ def loss_context(workload: Workload):
     return loss_parallel()
 
 
-__all__ = ["ReplicateParallel", "check", "check_divisible", "forget_meshes", "loss_context", "parallelize", "plan", "tp_model"]
+__all__ = ["ReplicateParallel", "check", "check_divisible", "forget_meshes", "loss_context", "parallelize", "plan",
+           "tp_model"]
