@@ -134,20 +134,10 @@ def chunk_slack(cfg: dict, w: Workload) -> int:
     return 0
 
 
-def open_gap(w: Workload) -> bool:
-    """A gap found by this test and not fixed yet (docs/performance.md, "Random knob combinations"): LoRA with
-    activation offloading read the whole sequence's bf16 logits (b x s x V x 2 bytes) high in forward on GPT-2
-    with full checkpointing. Checked here in the safe direction only (never under the trace)."""
-    return w.mode == "train" and w.method == "lora" and w.activation_offload
-
-
 def _assert_equal(cfg: dict, w: Workload, got: dict, traced: dict):
     assert set(got) == set(traced) and all(traced.values()), (got, traced)
     diff = {k: got[k] - traced[k] for k in got}
-    if open_gap(w):
-        event("open gap: LoRA with activation offloading (checked >= the trace only)")
-        assert all(d >= 0 for d in diff.values()), diff
-    elif cfg["model_type"] == "mixtral":
+    if cfg["model_type"] == "mixtral":
         assert all(abs(diff[k]) <= MOE_TOLERANCE * traced[k] for k in got), diff
     elif chunk_slack(cfg, w):
         assert all(abs(d) < chunk_slack(cfg, w) for d in diff.values()), diff
@@ -182,6 +172,11 @@ def _traceable(w: Workload) -> bool:
 # the issue's phi-3-mini case, on the tiny phi-3 with a 1000-token window that seq 2048 crosses (slow: 120 s)
 PHI3 = (tiny_config("phi3", 6, 1000), Workload(method="lora", lora_rank=16, lora_targets=("qkv_proj",),
                                                 batch=4, seq=2048))
+# found by this test (docs/performance.md): LoRA with activation offloading and full checkpointing, deeper than the
+# offload stash's window of layers, the output kept (slow: 150 s)
+OFFLOAD = (tiny_config("gpt2", 12), Workload(method="lora", lora_rank=23, lora_targets=("c_attn", "c_fc", "c_proj"),
+                                             checkpointing="full", activation_offload=True, loop="keep-output",
+                                             batch=8, seq=658))
 # the default tier's one case: many knobs at once, at the test's largest size, on a model deeper than traced
 PINNED = (tiny_config("llama", 7), Workload(checkpointing="selective", loss="chunked", loss_chunks=4,
                                              optimizer_in_backward=True, optimizer_impl="forloop", recipe="amp",
@@ -190,7 +185,7 @@ PINNED = (tiny_config("llama", 7), Workload(checkpointing="selective", loss="chu
 
 def pinned(test):
     test = example(PINNED)(test)
-    return example(PHI3)(test) if SLOW else test
+    return example(OFFLOAD)(example(PHI3)(test)) if SLOW else test
 
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), phases=PHASES)

@@ -109,6 +109,18 @@ def test_plan_two_types_gets_one_extra_layer_each():
     assert plan.variants[1:] == ((0, 1, 1, 3, 29), (0, 1, 3, 3, 29))
 
 
+def test_plan_with_copies_keeps_that_many_of_each_middle_type_and_one_more_in_r2():
+    # activation offloading: R1 holds enough layers before every tick to fill the offload stash (tracer.offload)
+    plan = plan_layers(["A"] * 32, copies=5)
+    assert plan.variants == ((0, 1, 1, 1, 1, 1, 31), (0, 1, 1, 1, 1, 1, 1, 31)) and plan.copies_of(0) == 5
+    sigs = ["dense"] * 3 + ["moe"] * 27          # a type with fewer layers than copies keeps all of them
+    plan = plan_layers(sigs, copies=5)
+    assert plan.copies == (2, 5)
+    assert plan.variants[0] == (0, 1, 1, 3, 3, 3, 3, 3, 29)
+    assert plan.variants[1:] == ((0, 1, 1, 1, 3, 3, 3, 3, 3, 29), (0, 1, 1, 3, 3, 3, 3, 3, 3, 29))
+    assert plan_layers(["A"] * 7, copies=5).full and plan_layers(["A"] * 32).copies_of(0) == 1
+
+
 def test_plan_short_model_is_traced_whole():
     assert plan_layers(["A", "A", "A"]).full and plan_layers(["A", "B", "A", "B"]).full
 

@@ -41,7 +41,7 @@ from estimator.store import parallel_class, workload_class
 from estimator.parallel import TRACED_SHARDING, pp_stage_layers
 from tracer import forked, serialized
 from tracer import kernels as kernels_mod
-from tracer import losses, runner, session, vision
+from tracer import losses, offload, runner, session, vision
 from tracer.depth import layer_infos, text_config
 from tracer.extend import (
     decode_ticks,
@@ -285,7 +285,7 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
     scan_extra = poly.scan_monomials(scan[1]) if scan else ()
     if masked and infer:
         w0 = replace(w0, gen_tokens=0)  # an encoder (text or vision) runs one forward pass: no decoding
-    plan = plan_layers(sigs)
+    plan = plan_layers(sigs, offload.DEPTH_COPIES if workload.activation_offload else 1)
     step = chunk_step(workload, hf_config)
     pieces = pieces_for(hf_config, max_positions(hf_config), infer, step)
     fit_world = world[:2] if fsdp else world

@@ -28,6 +28,10 @@ class Plan:
     variants: tuple[tuple[int, ...], ...]   # variants[0] = R1; then one R2_T per repeated middle type
     extra_type: tuple[int | None, ...]      # per variant: the type whose extra layer it adds (None for R1)
     full: bool                       # R1 is the whole model: nothing to extend
+    copies: tuple[int, ...] = ()     # per middle type: R1's consecutive copies of its first layer (1 if absent)
+
+    def copies_of(self, t: int) -> int:
+        return self.copies[t] if t < len(self.copies) else 1
 
     def position_types(self, v: int) -> list[int]:
         return [self._type_in(v, i, pos) for pos, i in enumerate(self.variants[v])]
@@ -41,8 +45,14 @@ class Plan:
         return self.types[i] if self.types[i] >= 0 else (-1 if i == 0 else -2)
 
 
-def plan_layers(signatures: list[str]) -> Plan:
-    """Reduced-depth variants for a model whose layers have these type signatures (in order)."""
+def plan_layers(signatures: list[str], copies: int = 1) -> Plan:
+    """Reduced-depth variants for a model whose layers have these type signatures (in order).
+
+    `copies`: how many consecutive copies of each middle type's first layer R1 keeps (R2_T one more). One is enough
+    where a tick depends on the layers before it linearly from the first; where it depends on a window of the
+    latest ones (activation offloading keeps its last few offloaded tensors on the GPU, tracer.offload), R1 needs
+    enough layers before every tick to fill that window, or the effect of one more layer is measured while the
+    window is still filling and the extension reads it for every further layer (docs/estimator.md)."""
     n = len(signatures)
     if n == 0:  # no GradientCheckpointingLayer stack (ALBERT shares one layer): the model is traced whole
         return Plan(0, (), (None,), (None,), True)
@@ -56,16 +66,17 @@ def plan_layers(signatures: list[str]) -> Plan:
         else:
             types.append(mid_types.setdefault(sig, len(mid_types)))
     first_of = {t: types.index(t) for t in mid_types.values()}
-    r1 = sorted({0, n - 1, *first_of.values()})
-    if len(r1) == n or n <= 3:
+    per_type = tuple(min(copies, types.count(t)) for t in range(len(mid_types)))
+    r1 = sorted([0, n - 1, *(i for t, i in first_of.items() for _ in range(per_type[t]))])
+    if len(r1) >= n or n <= 3:
         return Plan(n, tuple(types), (tuple(range(n)),), (None,), True)
     variants, extra = [tuple(r1)], [None]
     for t, first in sorted(first_of.items()):
         keep = list(r1)
-        keep.insert(keep.index(first) + 1, first)  # a second copy of the type's layer, right after it
+        keep.insert(keep.index(first) + 1, first)  # one more copy of the type's layer, right after its first
         variants.append(tuple(keep))
         extra.append(t)
-    return Plan(n, tuple(types), tuple(variants), tuple(extra), False)
+    return Plan(n, tuple(types), tuple(variants), tuple(extra), False, per_type)
 
 
 @dataclass
@@ -272,16 +283,18 @@ def extend(plan: Plan, fits: list[Fit]) -> list[tuple[str, str, tuple, int, np.n
         if q is None or q == 0 or q == last:
             c = base.copy()
             for v in a_pos:
-                c = c + (counts[a_pos[v][1]] - 1) * delta(v, key, map_pos(v, q))
+                c = c + (counts[a_pos[v][1]] - plan.copies_of(a_pos[v][1])) * delta(v, key, map_pos(v, q))
             full_index = None if q is None else (0 if q == 0 else plan.n_layers - 1)
             out.append((key[0], _label(key, full_index, plan.n_layers), f1.monomials[key], f1.den[key], c))
             continue
-        # a tick in the first middle layer of its type: at its own full position, with every later layer of its
-        # type after it (measured: R2's A block is that layer with one more of its type after it)
+        # a tick in copy k of its type's first middle layer: the type's (k + 1)-th layer at its full position, with
+        # every later layer of its type after it (measured: R2 at the same position is that copy with one more of
+        # its type after it, the one R2 inserts after the first copy)
         t = plan.types[r1[q]]
         v = next(v for v in a_pos if a_pos[v][1] == t)
-        j = plan.types.index(t)
-        c = base + (counts[t] - 1) * delta(v, key, a_pos[v][0])
+        k = q - a_pos[v][0]
+        j = [i for i in range(1, plan.n_layers - 1) if plan.types[i] == t][k]
+        c = base + (counts[t] - plan.copies_of(t)) * delta(v, key, q)
         c = c + _others(plan, effects, key[0], t, j, reference=r1, ref_pos=q)
         out.append((key[0], _label(key, j, plan.n_layers), f1.monomials[key], f1.den[key], c))
     for v, (pa, t) in a_pos.items():
@@ -337,23 +350,29 @@ def _others(plan, effects, stage, t, j, reference, ref_pos):
 
 
 def _typical_candidates(plan, fv, effects, v, pa, t, counts):
-    """Ticks of a layer of type t that is not the first of its type (R2's B block: the copy after the first), at
-    every full position of that type after its first: the type's first layer and the others before it."""
+    """Ticks of a layer of type t that is not the first of its type, at every full position of that type after its
+    first. R2 holds m + 1 copies of the type's first layer (m = plan.copies_of(t)); the copy at pa + k has k of its type
+    before it and m - k after. A full layer with `before` of its type before it is read from the copy with as many
+    before it, or, past the last copy, from the last one plus the effect of each further layer before."""
     keep = plan.variants[v]
     first = plan.types.index(t)
     mids = range(1, plan.n_layers - 1)
+    m = plan.copies_of(t)
     out = []
-    for key in (k for k in fv.keys if k[2] == pa + 1):
-        path = []
-        for j in (i for i in mids if i > first and plan.types[i] == t):
-            before = sum(1 for i in mids if i < j and plan.types[i] == t)      # includes the first of the type
-            after = counts[t] - before - 1
-            bef, aft = effects[(t, key[0])]
-            c = fv.num[key] + (before - 1) * bef + after * aft                 # R2 has one (A) before, none after
-            c = c + _others(plan, effects, key[0], t, j, reference=keep, ref_pos=pa + 1)
-            path.append((j, c))
-        out += [(key[0], _label(key, j, plan.n_layers), fv.monomials[key], fv.den[key], c)
-                for j, c in _vertices(path)]
+    for k in range(1, m + 1):
+        for key in (x for x in fv.keys if x[2] == pa + k):
+            path = []
+            for j in (i for i in mids if i > first and plan.types[i] == t):
+                before = sum(1 for i in mids if i < j and plan.types[i] == t)      # includes the first of the type
+                if min(before, m) != k:
+                    continue
+                after = counts[t] - before - 1
+                bef, aft = effects[(t, key[0])]
+                c = fv.num[key] + (before - k) * bef + (after - (m - k)) * aft
+                c = c + _others(plan, effects, key[0], t, j, reference=keep, ref_pos=pa + k)
+                path.append((j, c))
+            out += [(key[0], _label(key, j, plan.n_layers), fv.monomials[key], fv.den[key], c)
+                    for j, c in _vertices(path)]
     return out
 
 

@@ -30,6 +30,13 @@ from torch.autograd.graph import saved_tensors_hooks
 
 MIN_OFFLOAD_BYTES = 1024   # OffloadActivations(min_offload_size=1024)
 MAX_FWD_STASH = 5          # OffloadActivations(max_fwd_stash_size=5)
+# Reduced-depth copies of each middle layer type a derivation traces under offloading (tracer.extend.plan_layers):
+# the stash keeps the last MAX_FWD_STASH offloaded tensors on the GPU, so a tick sees up to MAX_FWD_STASH - 1 of the
+# layers before it through the stash (one each where a layer offloads one tensor, as under full checkpointing).
+# With fewer layers before it than that, one more layer adds its tensor to the stash *and* its own bytes, and the
+# extension would read both for every further layer (a 7-layer GPT-2 with LoRA, full checkpointing and a kept
+# output read two hidden-state tensors high at 3 + 4 reduced layers).
+DEPTH_COPIES = MAX_FWD_STASH
 
 
 class _HostCopy:

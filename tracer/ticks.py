@@ -45,8 +45,12 @@ def prime_names(config: dict, workload: Workload, parallel: Parallel, layers: li
                 kernels: str = "cuda") -> set[str] | None:
     """The parameters whose optimizer states a training trace creates before its counted step (session._run's
     `prime`), or None where the trace runs its first step instead (other loops, optimizer in backward, a pipeline
-    rank: its step is a schedule, not the model's forward)."""
-    if parallel.pp_size > 1:
+    rank: its step is a schedule, not the model's forward; activation offloading, whose first step leaves more than
+    optimizer states behind: torchtune's OffloadActivations keeps the last autograd node that brought a tensor back
+    (`curr_autograd_node`) until the next backward, and with LoRA under checkpointing that node still reaches the
+    embedding output, a leaf that requires grad, and its gradient: two (b, s, h) tensors live through the next
+    forward, tracer.offload)."""
+    if parallel.pp_size > 1 or workload.activation_offload:
         return None
     if workload.mode == "train" and workload.loop == "loss-only" and not workload.optimizer_in_backward:
         return session.grad_names(config, workload, parallel, layers, kernels)
