@@ -121,8 +121,8 @@ def main(argv=None) -> int:
     ap.add_argument("--list", action="store_true", help="print the classes, derive nothing")
     ap.add_argument("--lora-only", action="store_true", help="only the default LoRA class (pure bf16, one GPU): "
                     "its rank-free profile, one file for every rank")
-    ap.add_argument("--only", metavar="REGEX", type=_regex, help="only the classes whose label (as --list prints it) matches, "
-                    "e.g. 'lora .*ckpt=full'")
+    ap.add_argument("--only", metavar="REGEX", type=_regex, help="only the classes whose line (label and key, as --list prints "
+                    "it) matches, e.g. 'lora .*ckpt=full' or a key")
     ap.add_argument("--force", action="store_true", help="derive again what is already shipped")
     ap.add_argument("--published", action="store_true", help="the classes of the published tier's runs")
     ap.add_argument("--measured", action="store_true", help="the classes of the measured rows in data/measured/")
@@ -152,7 +152,7 @@ def main(argv=None) -> int:
             seen.add(key)
             label = (f"{name}: {w.mode} {w.method} {w.recipe} {w.attention} ckpt={w.checkpointing} ga={w.grad_accum} "
                      f"{p.strategy}")
-            if args.only and not args.only.search(label):
+            if args.only and not args.only.search(f"{label} {key}"):   # the line --list prints
                 continue
             if args.list:
                 print(label, key)
