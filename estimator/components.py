@@ -200,6 +200,22 @@ def optimizer_state_bytes(shapes, optimizer: str, state_dtype: str) -> int:
     return total
 
 
+TORCH_STEP_COUNTER_BYTES = 4   # torch Adam/AdamW state["step"]: one float32 scalar tensor per parameter
+
+
+def traced_step_counter_bytes(shapes, optimizer: str) -> int:
+    """The per-parameter `step` tensors torch's Adam and AdamW keep beside their states (a float32 scalar each,
+    torch/optim/adam.py `_init_group`), as a trace counts them: on fake CPU tensors it cannot tell that foreach and
+    forloop AdamW keep them on the host ("Deliberately host `step` on CPU"), so it counts them with the states, 4
+    bytes per trainable tensor (about 1 KiB for an 8B model; fused and capturable AdamW do keep them on the GPU).
+    The optimizer swap (estimator.evaluate.Swap) scales the traced states with these counters included, so that an
+    optimizer without them (SGD's momentum buffer: half of AdamW's states) keeps none: scaled with the states, they
+    read 2 bytes per tensor high (found by tests/test_exact_random.py)."""
+    if optimizer not in ("adam", "adamw"):
+        return 0
+    return TORCH_STEP_COUNTER_BYTES * sum(copies for copies, _, _ in shapes)
+
+
 def optimizer_step_temp_bytes(shapes, optimizer: str, impl: str, state_dtype: str,
                               forloop_elems: int | None = None) -> int:
     """Transient bytes the optimizer step allocates on top of weights, grads and states.

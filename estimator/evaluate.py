@@ -78,8 +78,11 @@ class Swap:
             # states scale by the analytic ratio; the step's temporaries trade the traced optimizer's formula
             # for this one's (what the formula does not hold, e.g. mixed's fp32 gradient copies, stays)
             shapes = inv.trainable_shapes(w)
-            new = comp.optimizer_state_bytes(shapes, w.optimizer, rd.state)
-            old = comp.optimizer_state_bytes(shapes, tw.optimizer, trd.state)
+            # the traced category holds the states and torch's step counters (comp.traced_step_counter_bytes)
+            new = comp.optimizer_state_bytes(shapes, w.optimizer, rd.state) + \
+                comp.traced_step_counter_bytes(shapes, w.optimizer)
+            old = comp.optimizer_state_bytes(shapes, tw.optimizer, trd.state) + \
+                comp.traced_step_counter_bytes(shapes, tw.optimizer)
             self.state_ratio = new / old if old else 0.0
             loop = inv.forloop_elems(w) if "forloop" in (w.optimizer_impl, tw.optimizer_impl) else None
             self.step_add = (comp.optimizer_step_temp_bytes(shapes, w.optimizer, w.optimizer_impl, rd.state, loop)

@@ -150,6 +150,20 @@ def test_step_temporaries_foreach_fused_forloop():
     assert comp.optimizer_step_temp_bytes(shapes, "adamw", "foreach", "bf16") == 4_100
 
 
+@pytest.mark.parametrize("optimizer", ["sgd-momentum", "sgd", "lion", "adamw-8bit"])
+def test_an_optimizer_swap_keeps_exactly_the_new_optimizers_states(optimizer):
+    # The traced AdamW's state category holds its moments and torch's float32 `step` per parameter; the swap scales
+    # both, so SGD with momentum (half of AdamW's states) kept 2 bytes per parameter of scaled counters before the
+    # counters were part of the ratio (tests/test_exact_random.py found it: 132 B on a 7-layer Llama)
+    name = "llama-3.2-1b"
+    model = from_hf_config(load_config(name)[1], name)
+    w = Workload(optimizer=optimizer, batch=1, seq=512)
+    shapes = model.inventory.trainable_shapes(w)
+    assert comp.traced_step_counter_bytes(shapes, "adamw") == 4 * sum(c for c, _, _ in shapes) > 0
+    states = estimate(model, w).stage("optimizer").optimizer_states
+    assert states == comp.optimizer_state_bytes(shapes, optimizer, "bf16")
+
+
 def test_unknown_optimizer_names_field():
     with pytest.raises(ValueError, match="^optimizer:"):
         comp.optimizer_state_bytes([(1, 2, 2)], "adagrad", "fp32")
