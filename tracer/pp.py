@@ -39,7 +39,7 @@ import contextlib
 
 import torch
 
-from estimator.parallel import FSDP_FAMILY, pp_microbatches, pp_stage_layers, pp_untraced, shard_group
+from estimator.parallel import FSDP_FAMILY, pp_microbatches, pp_stage_layers, pp_untraced
 from estimator.spec import Parallel, Workload
 from tracer import runner, tp
 from tracer.depth import decoder_layer_list
@@ -147,17 +147,8 @@ def pp_case(config: dict, workload: Workload, parallel: Parallel, rank: int = 0,
     dist.init_process_group("fake", store=FakeStore(), rank=rank * dp * tp_n, world_size=pp * dp * tp_n)
     try:
         group, mesh = None, None
-        if fsdp or tp_n > 1:
-            from torch.distributed.device_mesh import init_device_mesh
-
-            if parallel.strategy == "hsdp":   # torchtitan's ParallelDims (pp, dp_replicate, dp_shard, tp)
-                shard = shard_group(parallel)
-                mesh = init_device_mesh("cpu", (pp, dp // shard, shard, tp_n),
-                                        mesh_dim_names=("pp", "dp_replicate", "dp_shard", "tp"))
-                dp_mesh = mesh["dp_replicate", "dp_shard"]
-            else:
-                mesh = init_device_mesh("cpu", (pp, dp, tp_n), mesh_dim_names=("pp", "dp", "tp"))
-                dp_mesh = mesh["dp"]
+        if fsdp or tp_n > 1:   # torchtitan's ParallelDims (pp, dp_replicate, dp_shard, tp), pp outermost
+            mesh, dp_mesh = tp.world_mesh(parallel, pp, dp)
             group = mesh["pp"].get_group()
         on_meta = fsdp or tp_n > 1   # DTensor's and FSDP2's meta-device init: parallelise, then to_empty
 

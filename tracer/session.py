@@ -209,18 +209,7 @@ def _fsdp_model(config: dict, workload: Workload, parallel: Parallel, layers: li
         reshard = parallel.strategy != "fsdp-grad-op"
         mp = {"mp_policy": recipes.mp_policy(workload)} if workload.recipe == "fsdp-mp" else {}
         if parallel.tp_size > 1 or parallel.strategy == "hsdp":
-            from torch.distributed.device_mesh import init_device_mesh
-
-            if parallel.strategy == "hsdp":
-                # torchtitan's ParallelDims (dp_replicate, dp_shard, tp): fully_shard on the 2-D dp mesh shards the
-                # parameters over dp_shard and replicates them over dp_replicate
-                shard = shard_group(parallel)
-                mesh = init_device_mesh("cpu", (parallel.dp_size // shard, shard, parallel.tp_size),
-                                        mesh_dim_names=("dp_replicate", "dp_shard", "tp"))
-                dp_mesh = mesh["dp_replicate", "dp_shard"]
-            else:
-                mesh = init_device_mesh("cpu", (parallel.dp_size, parallel.tp_size), mesh_dim_names=("dp", "tp"))
-                dp_mesh = mesh["dp"]
+            mesh, dp_mesh = tp.world_mesh(parallel)   # torchtitan's ParallelDims (dp_replicate, dp_shard, tp)
             if parallel.tp_size > 1:  # torchtitan: TP on the inner mesh dimension first, then fully_shard over dp
                 tp.parallelize(model, mesh["tp"], workload.mode == "train", parallel.sequence_parallel)
             mp["mesh"] = dp_mesh

@@ -34,7 +34,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_modul
 from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, RowwiseParallel,
                                                SequenceParallel, parallelize_module)
 
-from estimator.parallel import tp_untraced
+from estimator.parallel import shard_group, tp_untraced
 from estimator.spec import Parallel, Workload
 from tracer import runner
 
@@ -168,6 +168,24 @@ def parallelize(model: torch.nn.Module, mesh, train: bool, sequence_parallel: bo
         if any(not isinstance(p, DTensor) for p in mod.parameters(recurse=False)):
             ReplicateParallel()._apply(mod, mesh)
     check_divisible(model, mesh.size())
+
+
+def world_mesh(parallel: Parallel, pp: int = 1, dp: int | None = None):
+    """(mesh, dp mesh) of torchtitan's ParallelDims over the fake world: (pp,) dp, tp, outermost first; HSDP splits
+    dp into (dp_replicate, dp_shard), and fully_shard on that 2-D dp mesh shards the parameters over dp_shard and
+    replicates them over dp_replicate. The pipeline dimension is left out where pp is 1 (session._fsdp_model); `dp`:
+    the data-parallel size (default the layout's: a pipeline without FSDP has none)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dp, tp_n = parallel.dp_size if dp is None else dp, parallel.tp_size
+    lead, names = ((pp,), ("pp",)) if pp > 1 else ((), ())
+    if parallel.strategy == "hsdp":
+        shard = shard_group(parallel)
+        mesh = init_device_mesh("cpu", (*lead, dp // shard, shard, tp_n),
+                                mesh_dim_names=(*names, "dp_replicate", "dp_shard", "tp"))
+        return mesh, mesh["dp_replicate", "dp_shard"]
+    mesh = init_device_mesh("cpu", (*lead, dp, tp_n), mesh_dim_names=(*names, "dp", "tp"))
+    return mesh, mesh["dp"]
 
 
 @contextlib.contextmanager
