@@ -125,6 +125,55 @@ def test_plan_short_model_is_traced_whole():
     assert plan_layers(["A", "A", "A"]).full and plan_layers(["A", "B", "A", "B"]).full
 
 
+def _window_model_fits(plan, window: int):
+    """Fits of a toy step whose ticks depend on the layers before them through a window, as activation offloading's
+    stash does: a tick in the layer at position p holds a * p bytes of saved activations, a transient T and
+    min(p, window) stashed tensors of w bytes each; the head's tick sees every layer. Constants only (one monomial)."""
+    import numpy as np
+
+    from estimator.profile.profile import CATEGORIES
+    from tracer.extend import Fit
+
+    a, T, w = 1000, 50_000, 300
+    act = CATEGORIES.index("activations")
+
+    def row(x):
+        arr = np.zeros((len(CATEGORIES), 1), dtype=object)
+        arr[act, 0] = x
+        return arr
+
+    def truth(p):
+        return T + a * p + w * min(p, window)
+
+    fits = []
+    for keep in plan.variants:
+        keys = [("forward", 0, None, 0)] + [("forward", 0, p, 0) for p in range(len(keep))] + [("forward", 1, None, 0)]
+        vals = [10] + [truth(p) for p in range(len(keep))] + [a * len(keep) + w * min(len(keep), window)]
+        fits.append(Fit(keys, dict(zip(keys, map(row, vals))), dict.fromkeys(keys, 1),
+                        dict.fromkeys(keys, (poly.STEP_MONOMIALS[0],))))
+    return fits, truth
+
+
+@pytest.mark.parametrize("copies, exact", [(1, False), (5, True)])
+def test_extension_from_copies_past_a_window_is_exact(copies, exact):
+    # tracer.offload.DEPTH_COPIES: from 3 and 4 layers, one more layer adds its stashed tensor too, and the extension
+    # read it for every further layer (a 7-layer GPT-2 with LoRA, full checkpointing and offloading: 2 tensors high)
+    import re
+
+    from tracer.extend import extend
+
+    n = 20
+    plan = plan_layers(["A"] * n, copies=copies)
+    fits, truth = _window_model_fits(plan, window=4)
+    got = {}
+    for stage, label, _, den, num in extend(plan, fits):
+        where = re.search(r"layer (\d+)", label)
+        if where:
+            got[int(where.group(1))] = max(got.get(int(where.group(1)), 0), int(num.sum()) // den)
+    assert got and (all(got[j] == truth(j) for j in got) if exact else any(got[j] > truth(j) for j in got))
+    assert (max(got.values()) == truth(n - 1)) == exact
+
+
 def test_prune_keeps_only_undominated_moments():
     import numpy as np
     m = poly.STEP_MONOMIALS
