@@ -22,7 +22,7 @@ import sys
 import tempfile
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 
 import streamlit as st
@@ -50,8 +50,24 @@ class Job:
     finished: bool = False
     error: str | None = None
     thread: threading.Thread | None = None
+    cancelled: bool = False   # `cancel()`: the derivation's process is killed
+    pid: int | None = None    # the derivation's process (its own process group), while it runs
+
+    def cancel(self) -> None:
+        """Stop the derivation now: its process group is killed (a trace in flight ends with it)."""
+        self.cancelled = True
+        if self.pid is not None:
+            with suppress(ProcessLookupError):
+                os.killpg(self.pid, signal.SIGKILL)
+
+    def started(self, pid: int) -> None:
+        self.pid = pid
+        if self.cancelled:   # cancelled before its process started
+            self.cancel()
 
     def progress(self, done: int, total: int, message: str) -> None:
+        if self.cancelled:
+            raise Cancelled(self.label)
         self.done, self.total, self.message = done, total, message
 
     def time_left_s(self) -> float | None:
@@ -75,13 +91,7 @@ class AdviceJob(Job):
     current: int = 0
     failed: dict = field(default_factory=dict)   # class key -> the one-line reason it cannot be priced
     derived: set = field(default_factory=set)    # class keys whose profile is on disk now
-    cancelled: bool = False
     row_started_s: float = field(default_factory=time.monotonic)
-
-    def progress(self, done: int, total: int, message: str) -> None:
-        if self.cancelled:
-            raise Cancelled(self.label)
-        super().progress(done, total, message)
 
     def time_left_s(self) -> float | None:
         """This row's time left at its pace so far, plus as long again for each row after it."""
@@ -97,8 +107,12 @@ def _run_advice(job: AdviceJob, model) -> None:
         for i, (key, w, par) in enumerate(job.todo):
             job.current, job.done, job.total, job.row_started_s = i, 0, 0, time.monotonic()
             try:
-                derive(model, w, par, job.progress)
-            except ValueError as e:
+                derive(model, w, par, job.progress, job.started)
+            except Exception as e:  # noqa: BLE001 - a killed process ends as an error: cancelled, not failed
+                if job.cancelled:
+                    raise Cancelled(job.label) from e
+                if not isinstance(e, ValueError):
+                    raise
                 job.failed[key] = " ".join(str(e).split())
             else:
                 job.derived.add(key)
@@ -160,7 +174,7 @@ def advice_run(page: str):
     finally:
         for k in [k for k in st.session_state if str(k).startswith(f"{page}:advice:")]:
             if k != st.session_state.get(wanted):
-                st.session_state.pop(k).cancelled = True
+                st.session_state.pop(k).cancel()
 
 
 @st.fragment(run_every=POLL_S)
@@ -176,11 +190,12 @@ def _watch_advice(job: AdviceJob) -> None:
                                     f"{eta}")
 
 
-def derive(model, w: Workload, par: Parallel, progress) -> None:
+def derive(model, w: Workload, par: Parallel, progress, started=None) -> None:
     """What estimator.estimate.ensure_profile(model, w, par, progress) does, in a process of its own: `python -m
     tracer.derive_job` derives the profile into the cache, reporting each trace to `progress` (which raises
-    Cancelled to stop it: the process is killed). A refusal raises ValueError with the derivation's one line; a
-    crash, RuntimeError with the last line it wrote."""
+    Cancelled to stop it: the process is killed; `started(pid)` is told the process's id, whose group a job can kill
+    at once: Job.cancel). A refusal raises ValueError with the derivation's one line; a crash, RuntimeError with the
+    last line it wrote."""
     if estimate_mod.profile_where(model, w, par) is not None:
         return
     tw, tp = estimate_mod.evaluated_class(model, w, par, False)
@@ -193,6 +208,8 @@ def derive(model, w: Workload, par: Parallel, progress) -> None:
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
                                 start_new_session=True)  # its own process group: its forked copies end with it
         try:
+            if started is not None:
+                started(proc.pid)
             proc.stdin.write(job)
             proc.stdin.close()
             for line in proc.stdout:
@@ -203,7 +220,8 @@ def derive(model, w: Workload, par: Parallel, progress) -> None:
                     error = str(msg["error"])
             proc.wait()
         except BaseException:
-            os.killpg(proc.pid, signal.SIGKILL)
+            with suppress(ProcessLookupError):   # a cancelled job's group may be gone already (Job.cancel)
+                os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             raise
         finally:
@@ -219,9 +237,10 @@ def derive(model, w: Workload, par: Parallel, progress) -> None:
 
 def _run(job: Job, model, w: Workload, par: Parallel) -> None:
     try:
-        derive(model, w, par, job.progress)
+        derive(model, w, par, job.progress, job.started)
     except Exception as e:  # noqa: BLE001 - the page shows it in one line; the thread must not die silently
-        job.error = " ".join(str(e).split()) or type(e).__name__
+        if not job.cancelled:   # cancelled: finished without an error (the page's next run starts it again)
+            job.error = " ".join(str(e).split()) or type(e).__name__
     finally:
         job.finished = True
 
@@ -233,6 +252,7 @@ def _job(page: str, model, w: Workload, par: Parallel) -> Job:
     if job is None or (job.finished and job.error is None):
         job = Job(label=f"{model.name}, {w.mode} {w.method} {w.recipe}, {par.strategy}")
         job.thread = threading.Thread(target=_run, args=(job, model, w, par), daemon=True, name=key)
+        job.thread.job = job  # tests/conftest.py cancels a job its test left running
         st.session_state[key] = job
         job.thread.start()
     return job

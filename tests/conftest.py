@@ -60,13 +60,14 @@ def _background_derivations_end_before_the_session():
 @pytest.fixture(autouse=True)
 def _no_background_derivation_outlives_its_test():
     """A page's background derivation (pages/_derive.py) ends with the test that started it, so no other test of
-    this worker shares the process with it. A background pricing of advice rows (":advice:") is cancelled first: it
-    stops at its next trace."""
+    this worker shares the process with it. One the test did not wait for (tests/test_app_pages.py
+    `finish_derivations`) is cancelled first, a profile's (":derive:") as an advice row's (":advice:"): its process
+    is killed (a pasted partial config's 32-layer defaults held a teardown for 60 s while it derived)."""
     yield
     import threading
 
     for thread in threading.enumerate():
-        if ":advice:" in thread.name and getattr(thread, "job", None) is not None:
-            thread.job.cancelled = True
+        if (":advice:" in thread.name or ":derive:" in thread.name) and getattr(thread, "job", None) is not None:
+            thread.job.cancel()
         if ":derive:" in thread.name or ":advice:" in thread.name:
             thread.join(timeout=1800)

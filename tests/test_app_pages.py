@@ -170,9 +170,9 @@ def test_fit_prices_every_advice_row_in_the_background(env, monkeypatch):
     monkeypatch.setenv("WILLITFIT_PRICE_ADVICE", "1")
     real, release, asked = _derive.derive, threading.Event(), []
 
-    def derivation(model, w, par, progress):
+    def derivation(model, w, par, progress, started=None):
         if ":advice:" not in threading.current_thread().name:
-            return real(model, w, par, progress)  # the page's own (shipped) profile
+            return real(model, w, par, progress, started)  # the page's own (shipped) profile
         asked.append((w, par))
         progress(1, 2, "trace 1")
         assert release.wait(TIMEOUT_S)

@@ -70,6 +70,31 @@ def test_a_cancelled_derivation_leaves_no_process_and_no_file(cache):
     assert estimate_mod.profile_where(model, w, par) is None  # killed with its process group at the first trace
 
 
+def test_a_job_cancelled_from_outside_kills_its_process_at_once_and_ends_without_an_error(cache):
+    # Job.cancel (a page whose inputs changed; tests/conftest.py after a test that did not wait): the process group is
+    # killed where it stands, before its first trace reports, and the job ends finished with no error
+    import os
+    import threading
+
+    model, w, par = from_hf_config(BIGCODE, "bigcode-48"), Workload(batch=2, loop="keep-output"), Parallel()
+    job, pids = _derive.Job(label="test"), []
+    told = job.started
+
+    def started(pid):
+        pids.append(pid)
+        job.cancel()          # cancelled as the process starts, before it has imported torch: no trace reports
+        told(pid)             # ... and Job.started kills it then
+
+    job.started = started
+    thread = threading.Thread(target=_derive._run, args=(job, model, w, par))
+    thread.start()
+    thread.join(600)
+    assert not thread.is_alive() and job.finished and job.error is None and job.done == 0
+    assert pids and estimate_mod.profile_where(model, w, par) is None
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pids[0], 0)   # the whole group is gone
+
+
 def test_a_malformed_job_is_one_line(cache):
     r = subprocess.run([sys.executable, "-m", "tracer.derive_job"], input='{"config": {}}', capture_output=True,
                        text=True, cwd=ROOT, timeout=300)
