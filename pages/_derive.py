@@ -9,7 +9,7 @@ in this session's state only: two sessions never share one (both derive, the sto
 whole). 
 "What to change" lists changes whose own profile is not on disk yet; `advice_in_background` derives them one after
 another in one thread of this session (each trace reported), and the page reruns when they are priced. Changing
-the inputs cancels a job whose rows are no longer asked for (at its next trace). WILLITFIT_PRICE_ADVICE=0 turns
+the inputs cancels a job whose rows are no longer asked for (at once: its process is killed, Job.cancel). WILLITFIT_PRICE_ADVICE=0 turns
 this off (a busy shared server): such rows are then listed without a number. Not a page (the underscore).
 """
 from __future__ import annotations
@@ -79,7 +79,7 @@ class Job:
 
 
 class Cancelled(Exception):
-    """Raised from a cancelled job's progress callback: the derivation stops at its next trace."""
+    """Raised from a cancelled job's progress callback: the derivation stops there (Job.cancel kills it at once)."""
 
 
 @dataclass
@@ -166,7 +166,7 @@ def advice_in_background(page: str, model, todo: list) -> tuple[bool, dict[str, 
 @contextmanager
 def advice_run(page: str):
     """Wrap one run of a page: an advice job this run did not ask for (other inputs, or the page stopped before its
-    advice: an error, another profile deriving) is cancelled when the run ends, at its next trace."""
+    advice: an error, another profile deriving) is cancelled when the run ends (its process killed at once)."""
     wanted = f"{page}:advice-wanted"
     st.session_state[wanted] = None
     try:
