@@ -60,9 +60,10 @@ class Job:
             with suppress(ProcessLookupError):
                 os.killpg(self.pid, signal.SIGKILL)
 
-    def started(self, pid: int) -> None:
+    def started(self, pid: int | None) -> None:
+        """`derive` tells the process it started, and None once it has been reaped (its id may be reused then)."""
         self.pid = pid
-        if self.cancelled:   # cancelled before its process started
+        if pid is not None and self.cancelled:   # cancelled before its process started
             self.cancel()
 
     def progress(self, done: int, total: int, message: str) -> None:
@@ -108,18 +109,13 @@ def _run_advice(job: AdviceJob, model) -> None:
             job.current, job.done, job.total, job.row_started_s = i, 0, 0, time.monotonic()
             try:
                 derive(model, w, par, job.progress, job.started)
-            except Exception as e:  # noqa: BLE001 - a killed process ends as an error: cancelled, not failed
-                if job.cancelled:
-                    raise Cancelled(job.label) from e
-                if not isinstance(e, ValueError):
-                    raise
+            except ValueError as e:
                 job.failed[key] = " ".join(str(e).split())
             else:
                 job.derived.add(key)
-    except Cancelled:
-        pass
     except Exception as e:  # noqa: BLE001 - shown in one line; the thread must not die silently
-        job.error = " ".join(str(e).split()) or type(e).__name__
+        if not job.cancelled:   # cancelled (Cancelled, or its killed process's error): no error, as in _run
+            job.error = " ".join(str(e).split()) or type(e).__name__
     finally:
         job.finished = True
 
@@ -194,7 +190,7 @@ def derive(model, w: Workload, par: Parallel, progress, started=None) -> None:
     """What estimator.estimate.ensure_profile(model, w, par, progress) does, in a process of its own: `python -m
     tracer.derive_job` derives the profile into the cache, reporting each trace to `progress` (which raises
     Cancelled to stop it: the process is killed; `started(pid)` is told the process's id, whose group a job can kill
-    at once: Job.cancel). A refusal raises ValueError with the derivation's one line; a crash, RuntimeError with the
+    at once, Job.cancel, and `started(None)` once it is reaped). A refusal raises ValueError with the derivation's one line; a crash, RuntimeError with the
     last line it wrote."""
     if estimate_mod.profile_where(model, w, par) is not None:
         return
@@ -226,6 +222,8 @@ def derive(model, w: Workload, par: Parallel, progress, started=None) -> None:
             raise
         finally:
             proc.stdout.close()
+            if started is not None:
+                started(None)   # reaped: nothing to kill any more
         if error is not None:
             raise ValueError(error)
         if proc.returncode != 0:
