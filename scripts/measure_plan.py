@@ -101,14 +101,17 @@ PLAN: list[tuple[int, str, tuple[str, ...]]] = [
 
 
 def plan_cases(device: str = "cuda", contributor: str | None = None, notes: str | None = None,
-               only: str | None = None) -> list[harness.Case]:
-    """Every case of PLAN, validated as `bench measure` validates its flags, in plan order, repeats dropped."""
+               only: str | None = None, phases: tuple[int, ...] = (1, 2, 3)) -> list[harness.Case]:
+    """Every case of PLAN in `phases` (in that order), validated as `bench measure` validates its flags, repeats
+    dropped."""
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers()
     measure_cmd.register(sub)
     pattern = re.compile(only) if only else None
     cases, seen = [], set()
-    for phase, flags, confs in PLAN:
+    for phase, flags, confs in sorted(PLAN, key=lambda g: phases.index(g[0]) if g[0] in phases else len(phases)):
+        if phase not in phases:
+            continue
         argv = ["measure", *shlex.split(flags), "--out", "-", "--device", device]
         for conf in confs:
             argv += ["--alloc-conf", conf]
@@ -146,12 +149,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--contributor", default=None)
     p.add_argument("--notes", default=None)
     p.add_argument("--timeout", type=float, default=600, help="seconds one case may take (default 600)")
+    p.add_argument("--phases", default="1,2,3", metavar="LIST",
+                   help="the phases to run, in this order (default 1,2,3; a GPU other than the last session's "
+                        "might start with 2,3: cases no GPU has measured)")
     p.add_argument("--dry-run", action="store_true", help="print the cases and a count per model, then exit")
     p.add_argument("--device", choices=harness.DEVICES, default="cuda", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     start = time.time()
     try:
-        cases = plan_cases(args.device, args.contributor, args.notes, args.only)
+        phases = tuple(int(x) if x.strip().isdigit() else 0 for x in args.phases.split(","))
+        if any(x not in (1, 2, 3) for x in phases):
+            raise ValueError(f"--phases: {args.phases!r}; allowed: a comma-separated list of 1, 2, 3")
+        cases = plan_cases(args.device, args.contributor, args.notes, args.only, phases)
     except (ValueError, re.error) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

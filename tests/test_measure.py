@@ -447,3 +447,17 @@ def test_lora_targets_default_to_peft_per_architecture_unless_given(tmp_path, ca
     assert bench_main(["measure", "--model", "phi-4", "--method", "lora", "--lora-targets", "o_proj", "--batch", "1",
                        "--seq", "512", "--out", out, "--dry-run"]) == 0
     assert "lora_targets=o_proj" in capsys.readouterr().out
+
+
+def test_the_plan_runs_the_phases_asked_for_in_that_order(capsys):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import measure_plan
+
+    every = measure_plan.plan_cases()
+    later = measure_plan.plan_cases(phases=(2, 3))
+    assert 0 < len(later) < len(every)
+    assert later[0].alloc_conf == "expandable_segments:True"   # phase 2 first
+    assert {c.model_name for c in later} >= {"qwen3-0.6b", "qwen3-1.7b"}  # phase 3's models
+    assert len(measure_plan.plan_cases(phases=(2, 3, 1))) == len(every)
+    assert measure_plan.main(["--out", "unused.jsonl", "--dry-run", "--phases", "4"]) == 2
+    assert capsys.readouterr().err.strip() == "error: --phases: '4'; allowed: a comma-separated list of 1, 2, 3"
