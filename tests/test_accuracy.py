@@ -275,3 +275,26 @@ def test_measured_section_scores_every_verdict_and_leaves_each_model_out(tmp_pat
     # each model's constant comes from the other model's first-case training row alone
     assert "| a | 858.3 | 1 |" in text and "| b | 762.9 | 1 |" in text   # 900e6 and 800e6 B in MiB
     assert measured_tier.section(_ingest(tmp_path, [make_row()], "traced_only")) == []
+
+
+def test_the_same_case_on_two_gpus_is_compared_to_the_byte(tmp_path):
+    def row(gpu, **kw):
+        base = dict(source="measured", gpu_name=gpu, gpu_total_bytes=80 * 2**30, model_name="m",
+                    nvml_used_bytes=3 * 2**30)
+        return make_row(**{**base, **kw})
+
+    h100, h200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
+    rows = [row(h100), row(h200),                                                   # identical
+            row(h100, batch=2), row(h200, batch=2, peak_reserved_bytes=6_291_456,   # the cache's history
+                                    notes="reused process: case 7 of this worker"),
+            row(h100, batch=4, oom=True, oom_stage="forward", peak_reserved_bytes=None, nvml_used_bytes=None),
+            row(h200, batch=4),                                                     # fits the larger card only
+            row(h100, batch=8)]                                                     # one GPU only: not a pair
+    text = "\n".join(measured_tier.section(_ingest(tmp_path, rows, "two_gpus")))
+    assert ("3 cases were measured on more than one GPU (same model, workload, allocator setting, torch and "
+            "transformers). 2 ran on every GPU: the allocated peak was the same to the byte in 2 and the reserved "
+            "peak in 1; 1 ran out of memory on one GPU and not on the larger one.") in text
+    assert "| 2 | 128 | NVIDIA H100 80GB HBM3 / NVIDIA H200 | 0.1.0 / 0.1.0 | 0 | 2,097,152 | 1, 7 |" in text
+    assert "| 1 | 128 |" not in text    # identical peaks are not listed
+    one = [row(h100), row(h100, batch=2)]
+    assert "### The same case on two GPUs" not in "\n".join(measured_tier.section(_ingest(tmp_path, one, "one")))

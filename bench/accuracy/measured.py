@@ -171,6 +171,53 @@ def _overhead_loo(pairs) -> list[str]:
             "estimate's reserved bytes are the shipped ones; nothing else is refitted):", "", *lines, ""]
 
 
+# What makes two measured rows the same case on different GPUs: every workload column and the software, not the GPU,
+# its driver or the tool's version (0.1.0 to 0.2.0 moved the load stage's start, docs/measuring.md)
+CASE_COLUMNS = ("model_name", "config_hash", "mode", "method", "recipe", "precision", "attention", "batch", "seq",
+                "gen_tokens", "checkpointing", "loop", "grad_accum", "optimizer", "optimizer_impl", "lora_rank",
+                "lora_targets", "kv_dtype", "compile", "activation_offload", "loss", "loss_chunks", "alloc_conf",
+                "strategy", "world_size", "torch_version", "transformers_version")
+
+
+def _key(row: dict) -> tuple:
+    return tuple("" if v is None or v != v else str(v) for v in (row.get(c) for c in CASE_COLUMNS))
+
+
+def _repeats(runs: pd.DataFrame) -> list[str]:
+    """The cases measured on more than one GPU: whether their peaks agree to the byte. The allocator's decisions
+    depend on the requests alone, not on the card, so a difference says something changed between the runs (the
+    tool's load stage, what an earlier case in the same process left in the cache)."""
+    groups: dict[tuple, list[dict]] = {}
+    for row in runs.to_dict("records"):
+        groups.setdefault(_key(row), []).append(row)
+    pairs = [g for g in groups.values() if len({r["gpu_name"] for r in g}) > 1]
+    if not pairs:
+        return []
+    both = [g for g in pairs if not any(r["oom"] for r in g)]
+    alloc = sum(len({r["peak_alloc_bytes"] for r in g}) == 1 for g in both)
+    reserved = sum(len({r["peak_reserved_bytes"] for r in g}) == 1 for g in both)
+    split = [g for g in pairs if len({bool(r["oom"]) for r in g}) > 1]
+    lines = [f"{len(pairs)} cases were measured on more than one GPU (same model, workload, allocator setting, torch "
+             f"and transformers). {len(both)} ran on every GPU: the allocated peak was the same to the byte in "
+             f"{alloc} and the reserved peak in {reserved}; {len(split)} ran out of memory on one GPU and not on "
+             "the larger one. The cases whose peaks differ:", "",
+             "| model | workload | batch | seq | GPUs | tool versions | allocated difference (B) | reserved difference "
+             "(B) | case i of its process |", "|---|---|---:|---:|---|---|---:|---:|---|"]
+    name = lambda r: (f"{r['mode']} {r['method']} {r['recipe']} ckpt={r['checkpointing']}"  # noqa: E731
+                      f"{'' if r['mode'] == 'infer' else ' ' + str(r['optimizer_impl'])}")
+    for g in both:
+        a = [int(r["peak_alloc_bytes"]) for r in g]
+        r_ = [int(r["peak_reserved_bytes"]) for r in g]
+        if len(set(a)) == 1 and len(set(r_)) == 1:
+            continue
+        cases = ", ".join(m.group(1) if (m := re.search(r"case (\d+) of this worker", r.get("notes") or "")) else "1"
+                          for r in g)
+        lines.append(f"| {g[0]['model_name']} | {name(g[0])} | {g[0]['batch']} | {g[0]['seq']} | "
+                     f"{' / '.join(r['gpu_name'] for r in g)} | {' / '.join(str(r['tool_version']) for r in g)} | "
+                     f"{max(a) - min(a):,} | {max(r_) - min(r_):,} | {cases} |")
+    return [*lines, ""]
+
+
 def section(db_path=None, wait_s: float = db.DEFAULT_WAIT_S) -> list[str]:
     """The measured tier's section of docs/accuracy.md; [] when there is no measured row."""
     runs = measured_runs(db_path, wait_s)
@@ -178,5 +225,6 @@ def section(db_path=None, wait_s: float = db.DEFAULT_WAIT_S) -> list[str]:
         return []
     pairs = _estimates(runs)
     return ["## Measured tier: what was measured, the verdict at the OOM cliff, and the one fitted constant", "",
-            *_overview(runs), "### Will it fit? The verdict against the GPU", "", *_verdicts(pairs),
+            *_overview(runs), *(["### The same case on two GPUs", "", *rep] if (rep := _repeats(runs)) else []),
+            "### Will it fit? The verdict against the GPU", "", *_verdicts(pairs),
             "### Device overhead, leave-one-model-out", "", *_overhead_loo(pairs)]
