@@ -142,30 +142,3 @@ def test_building_the_hf_config_leaves_the_callers_config_untouched():
     before = copy.deepcopy(cfg)
     runner._hf_config(cfg)
     assert cfg == before and config_hash(cfg) == config_hash(before)
-
-
-def _shape(model: torch.nn.Module) -> list:
-    return [(n, tuple(p.shape), p.dtype, p.requires_grad, p.device.type) for n, p in model.named_parameters()] + \
-        [(n, tuple(b.shape), b.dtype) for n, b in model.named_buffers()] + \
-        [(n, type(m).__name__) for n, m in model.named_modules()]
-
-
-@pytest.mark.parametrize("workload, layers", [(Workload(), None), (Workload(method="lora", lora_rank=4), [0])])
-def test_a_meta_build_is_a_fresh_copy_of_the_first(workload, layers):
-    """Builds on the meta device come from a per-process store after the first (runner._META_MODELS): each is
-    a model as the first build made it, sharing nothing with it, and changing one changes no later build."""
-    runner._META_MODELS.clear()
-    first = runner.build_model(TINY, workload, meta_then_empty=True, layers=layers)
-    assert len(runner._META_MODELS) == 1
-    first.get_input_embeddings().weight.requires_grad_(False)     # a caller's change to what it was given
-    second = runner.build_model(TINY, workload, meta_then_empty=True, layers=layers)
-    third = runner.build_model(TINY, workload, device="meta", layers=layers)
-    assert len(runner._META_MODELS) == 1                           # one model: all three from the same entry
-    runner._META_MODELS.clear()
-    fresh = runner.build_model(TINY, workload, meta_then_empty=True, layers=layers)
-    assert _shape(second) == _shape(fresh) and second.get_input_embeddings().weight.requires_grad == \
-        (workload.method != "lora")
-    assert {id(p) for p in second.parameters()}.isdisjoint(id(p) for p in first.parameters())
-    assert all(p.device.type == "meta" for p in third.parameters())
-    inner = second.get_base_model() if workload.method == "lora" else second
-    assert inner.lm_head.weight is inner.model.embed_tokens.weight  # ties survive the copy

@@ -19,17 +19,12 @@ What each training recipe keeps in which dtype (what this module implements):
 from __future__ import annotations
 
 import contextlib
-import copy
 import inspect
-import json
 import sys
 import warnings
-from collections import OrderedDict
 from collections.abc import Callable
 
 import torch
-from torch._prims_common import is_non_overlapping_and_dense_or_false
-from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from estimator.spec import Workload
 from tracer import serialized
@@ -38,13 +33,6 @@ from tracer.depth import reduce_depth
 from tracer.meta import DTYPES, hf_config, is_masked_lm, is_vision_model, model_class  # noqa: F401  (DTYPES, is_masked_lm: used by callers of the runner)
 
 LEARNING_RATE = 1e-5  # any value; it does not change memory
-
-# Models built on the meta device, before any storage: a derivation builds the same reduced model (one config,
-# depth, LoRA rank) for each of its 15-35 traces, and transformers' from_config plus PEFT's wrapping cost more than
-# a deep copy of the result (0.16 s against 0.05 s for 4 layers of Llama-3.1-8B with LoRA). build_model hands out
-# copies; the stored model is never given to a caller. Per process (a forked trace inherits the parent's).
-_META_MODELS: OrderedDict[tuple, torch.nn.Module] = OrderedDict()
-META_MODELS_KEPT = 16
 
 
 def weight_dtype(workload: Workload) -> torch.dtype:
@@ -124,34 +112,28 @@ def build_model(config: dict, workload: Workload, device: str = "cpu", *, meta_t
     if workload.method == "qlora":
         raise ValueError("method: qlora needs bitsandbytes 4-bit layers, which the runner does not build; "
                          "use lora (or the analytic estimate)")
+    top = _hf_config(config)
+    cls, hf_config = _model_class(top, workload.mode)
+    masked = cls.__name__ == "AutoModelForMaskedLM"
+    is_vision = vision.is_vision(top)  # inference builds SigLIP's / CLIP's tower from its vision_config alone
     attn = attn_implementation(workload, device)
     if workload.checkpointing == "selective":
         attn = _selective_attention(attn if attn in ("sdpa", "eager") else "sdpa")
     dtype = weight_dtype(workload)
-    on_meta = meta_then_empty or str(device) == "meta"
-    key = (json.dumps(config, sort_keys=True, default=str), workload.mode, workload.method, workload.lora_rank,
-           tuple(workload.lora_targets), attn, str(dtype), None if layers is None else tuple(layers))
-    # on meta, built and copied outside any fake mode the caller is in: plain meta tensors, which belong to no
-    # FakeTensorMode (a stored model of fake ones would carry a finished trace's mode into the next)
-    outside_fake = unset_fake_temporarily() if on_meta else contextlib.nullcontext()
     torch.manual_seed(seed)
     old_dtype = torch.get_default_dtype()
     torch.set_default_dtype(dtype)  # module.to(dtype) fails in swap_tensors under fake mode
     try:
-        with outside_fake, torch.device("meta" if meta_then_empty else device):
-            model = copy.deepcopy(_META_MODELS[key]) if on_meta and key in _META_MODELS else None
-            if model is None:
-                top = _hf_config(config)
-                cls, hf_config = _model_class(top, workload.mode)
-                masked = cls.__name__ == "AutoModelForMaskedLM"
-                is_vision = vision.is_vision(top)  # inference builds SigLIP's/CLIP's tower from its vision_config
-                model = _build(cls, hf_config, dtype, attn, layers, masked, is_vision, workload)
-                if on_meta:
-                    _META_MODELS[key] = copy.deepcopy(model)
-                    while len(_META_MODELS) > META_MODELS_KEPT:
-                        _META_MODELS.popitem(last=False)
-            else:
-                _META_MODELS.move_to_end(key)
+        with torch.device("meta" if meta_then_empty else device):
+            model = _from_config(cls, hf_config, dtype, attn)
+            if layers is not None:
+                reduce_depth(model, layers)
+            model._willitfit_masked_lm = masked
+            model._willitfit_vision = is_vision
+            if is_vision:  # tokens per image beyond the patches, read on the model as built (tracer.vision)
+                model._willitfit_extra_tokens = vision.extra_tokens(model)
+            if workload.method == "lora":
+                model = _add_lora(model, workload, masked or is_vision)
     finally:
         torch.set_default_dtype(old_dtype)
     if meta_then_empty:
@@ -165,22 +147,6 @@ def build_model(config: dict, workload: Workload, device: str = "cpu", *, meta_t
             enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
             enable()
         recipes.prepare(model, workload)  # float8, op-sac (tracer.recipes)
-    return model
-
-
-def _build(cls, hf_config, dtype: torch.dtype, attn: str, layers, masked: bool, is_vision: bool,
-           workload: Workload) -> torch.nn.Module:
-    """The model as from_config builds it (under the caller's device and default dtype), cut to `layers`, with
-    the markers the runner reads and, for LoRA, PEFT's adapters."""
-    model = _from_config(cls, hf_config, dtype, attn)
-    if layers is not None:
-        reduce_depth(model, layers)
-    model._willitfit_masked_lm = masked
-    model._willitfit_vision = is_vision
-    if is_vision:  # tokens per image beyond the patches, read on the model as built (tracer.vision)
-        model._willitfit_extra_tokens = vision.extra_tokens(model)
-    if workload.method == "lora":
-        model = _add_lora(model, workload, masked or is_vision)
     return model
 
 
@@ -205,22 +171,13 @@ def _materialize(model: torch.nn.Module, device: str) -> None:
         for name, p in module._parameters.items():
             if p is not None:
                 if id(p) not in new:
-                    new[id(p)] = torch.nn.Parameter(_empty(p, device), requires_grad=p.requires_grad)
+                    new[id(p)] = torch.nn.Parameter(torch.empty_like(p, device=device), requires_grad=p.requires_grad)
                 module._parameters[name] = new[id(p)]
         for name, b in module._buffers.items():
             if b is not None:
                 if id(b) not in new:
-                    new[id(b)] = _empty(b, device)
+                    new[id(b)] = torch.empty_like(b, device=device)
                 module._buffers[name] = new[id(b)]
-
-
-def _empty(t: torch.Tensor, device: str) -> torch.Tensor:
-    """Uninitialised storage like `t` (its size, strides and dtype) on `device`; `t` may be a plain meta tensor
-    under a fake mode, which empty_like would refuse as a real input. As empty_like's preserve_format: the strides
-    of a dense, non-overlapping tensor, else contiguous."""
-    if is_non_overlapping_and_dense_or_false(t):
-        return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=device)
-    return torch.empty(t.size(), dtype=t.dtype, device=device)
 
 
 def _add_lora(model, workload: Workload, encoder: bool = False):
