@@ -195,3 +195,29 @@ def test_fsdp_mixed_master_copy_is_sharded_and_no_component_is_negative():
         opt = e.stage("optimizer")
         assert opt.master_weights == pytest.approx(4 * trainable / n, rel=1e-3)      # fp32, 1/n
         assert opt.optimizer_states == pytest.approx(8 * trainable / n, rel=0.02)    # two fp32 Adam states, 1/n
+
+
+def test_the_cp_probe_traces_ring_attention_on_fake_tensors():
+    """scripts/cp_probe.py (context parallelism is not priced yet): each CP rank's step runs torch's ring attention
+    on fake tensors, K and V all-gathered once per call, and holds about the step at seq / cp, not at seq."""
+    import sys
+    from pathlib import Path
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import cp_probe
+
+    cfg = cp_probe.config(layers=2, hidden=256)
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        peaks, calls = cp_probe.step(cfg, 2, 256, init_device_mesh("cpu", (2,), mesh_dim_names=("cp",)))
+    finally:
+        dist.destroy_process_group()
+    # two layers, forward and backward: four all-gathers of this rank's K and V (2 x 1 KV head x 128 x 64 each)
+    assert calls == {"K+V all-gather of 32768 elements": 4}
+    local, whole = cp_probe.step(cfg, 2, 128)[0], cp_probe.step(cfg, 2, 256)[0]
+    for stage in ("forward", "backward"):
+        assert local[stage] < peaks[stage] < whole[stage]
