@@ -80,7 +80,8 @@ def _grid() -> tuple[Pair, ...]:
            "lora-qkvo", gpu="rtx-4090"),
         # activation checkpointing
         # (llama-3.2-3b and llama-3.1-70b ship their selective class since 2026-11-26: qwen3-4b and qwen2.5-72b here)
-        _p("qwen3-4b-ckpt-selective", "qwen3-4b", ("--checkpointing", "selective"), "ckpt-selective", gpu="l4"),
+        # qwen3-4b's selective class ships since 2026-11-27: the selective pair moved to a preset that does not
+        _p("pythia-1.4b-ckpt-selective", "pythia-1.4b", ("--checkpointing", "selective"), "ckpt-selective", gpu="l4"),
         _p("qwen3-8b-ckpt-op-sac", "qwen3-8b", ("--checkpointing", "op-sac"), "ckpt-op-sac"),
         _p("starcoder2-ckpt-full", "starcoder2", ("--checkpointing", "full"), "ckpt-full"),
         _p("gemma3-4b-lora-ckpt-full", "gemma-3-4b", _lora(16, QKVO) + ("--checkpointing", "full"), "ckpt-full",
@@ -99,7 +100,8 @@ def _grid() -> tuple[Pair, ...]:
            ("--recipe", "mixed", "--checkpointing", "selective"), "zero", "ckpt-selective"),
         _p("qwen3-14b-zero2-16-lora-r32", "qwen3-14b", _par("zero2", 16) + _lora(32, ALL_LINEAR) +
            ("--checkpointing", "op-sac"), "zero", "lora-rank", "lora-all-linear", "ckpt-op-sac"),
-        _p("qwen72b-tp8-sp-selective", "qwen2.5-72b", _par("tp", 8, "--sequence-parallel") +
+        # qwen2.5-72b's selective class ships since 2026-11-27 (its TP rank is priced from it): moved likewise
+        _p("codellama34b-tp8-sp-selective", "codellama-34b", _par("tp", 8, "--sequence-parallel") +
            ("--checkpointing", "selective"), "tp", "ckpt-selective"),
         _p("llama2-70b-pp4-ga8-ckpt", "llama-2-70b", _par("pp", 4) + ("--grad-accum", "8", "--checkpointing",
                                                                          "selective"), "pp", "ckpt-selective"),
