@@ -109,9 +109,7 @@ def plan_cases(device: str = "cuda", contributor: str | None = None, notes: str 
     measure_cmd.register(sub)
     pattern = re.compile(only) if only else None
     cases, seen = [], set()
-    for phase, flags, confs in sorted(PLAN, key=lambda g: phases.index(g[0]) if g[0] in phases else len(phases)):
-        if phase not in phases:
-            continue
+    for phase, flags, confs in [g for p in dict.fromkeys(phases) for g in PLAN if g[0] == p]:
         argv = ["measure", *shlex.split(flags), "--out", "-", "--device", device]
         for conf in confs:
             argv += ["--alloc-conf", conf]

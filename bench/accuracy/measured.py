@@ -18,6 +18,7 @@ import pandas as pd
 from bench.accuracy import calibrate
 from bench.accuracy.report import driver_reserve, row_estimate
 from bench.store import db
+from bench.store.rows import compute_run_id
 from bench.store.app_data import comparable_allocated_bytes
 from estimator.store import ProfileMissing
 from estimator.units import GiB
@@ -171,16 +172,12 @@ def _overhead_loo(pairs) -> list[str]:
             "estimate's reserved bytes are the shipped ones; nothing else is refitted):", "", *lines, ""]
 
 
-# What makes two measured rows the same case on different GPUs: every workload column and the software, not the GPU,
-# its driver or the tool's version (0.1.0 to 0.2.0 moved the load stage's start, docs/measuring.md)
-CASE_COLUMNS = ("model_name", "config_hash", "mode", "method", "recipe", "precision", "attention", "batch", "seq",
-                "gen_tokens", "checkpointing", "loop", "grad_accum", "optimizer", "optimizer_impl", "lora_rank",
-                "lora_targets", "kv_dtype", "compile", "activation_offload", "loss", "loss_chunks", "alloc_conf",
-                "strategy", "world_size", "torch_version", "transformers_version")
-
-
-def _key(row: dict) -> tuple:
-    return tuple("" if v is None or v != v else str(v) for v in (row.get(c) for c in CASE_COLUMNS))
+def _case_id(row: dict) -> str:
+    """The row's run_id as if no GPU were named (bench.store.rows.compute_run_id: the store's one definition of what
+    was run): equal for the same case measured on two GPUs. The database gives missing values as NaN; the ids were
+    computed on None."""
+    clean = {k: (None if isinstance(v, float) and v != v else v) for k, v in row.items()}
+    return compute_run_id({**clean, "gpu_name": None})
 
 
 def _repeats(runs: pd.DataFrame) -> list[str]:
@@ -189,7 +186,7 @@ def _repeats(runs: pd.DataFrame) -> list[str]:
     tool's load stage, what an earlier case in the same process left in the cache)."""
     groups: dict[tuple, list[dict]] = {}
     for row in runs.to_dict("records"):
-        groups.setdefault(_key(row), []).append(row)
+        groups.setdefault(_case_id(row), []).append(row)
     pairs = [g for g in groups.values() if len({r["gpu_name"] for r in g}) > 1]
     if not pairs:
         return []
