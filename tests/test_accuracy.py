@@ -55,13 +55,16 @@ def synthetic_db(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def traced_db(tmp_path_factory):
-    """Ten real traced runs: tiny Llama (full, LoRA, inference) and tiny GPT-2 / GPT-NeoX (full)."""
+    """Ten real traced runs: tiny Llama (full, LoRA, inference) and tiny GPT-2 / GPT-NeoX (full), and their
+    profiles on disk (what the app, which never derives, reads): a test of the summary then does not depend on
+    another test of this worker having derived them first."""
     d = tmp_path_factory.mktemp("acc_traced")
     out, db_path = str(d / "runs.jsonl"), str(d / "traced.duckdb")
     common = ["--batch", "1,2", "--seq", "32", "--out", out, "--db", db_path]
     assert main(["trace", "--model", f"{TINY}/t-llama.json", "--mode", "train,infer", "--method", "full,lora",
                  *common]) == 0
     assert main(["trace", "--model", f"{TINY}/t-gpt2.json,{TINY}/t-neox.json", *common, "--ingest"]) == 0
+    accuracy.evaluate(accuracy.load_runs(db_path))   # derives each run's profile into the session's cache
     return db_path
 
 
