@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from estimator import components as comp
-from estimator import knobs, vision
+from estimator import cp, knobs, vision
 from estimator.calibration_file import SEED_K
 from estimator.calibration_file import CalibrationEntry, entry_for
 from estimator.breakdown import COMPONENTS
@@ -66,6 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--tp", type=int, default=1, help="tensor-parallel degree (strategy tp uses --gpus if left at 1)")
     a("--pp", type=int, default=1, help="pipeline stages (strategy pp uses --gpus if left at 1)")
     a("--ep", type=int, default=1, help="expert-parallel degree for MoE (strategy ep uses --gpus if left at 1)")
+    a("--cp", type=int, default=1,
+      help="torchtitan's context_parallel_degree: each sequence split over N ranks (ring attention), FSDP2 over "
+           "dp-shard x cp; needs --strategy fsdp, zero3 or fsdp-grad-op (or --dp-shard) and a seq that is a multiple "
+           "of 2 x N; training only")
     a("--sequence-parallel", action="store_true", help="Megatron sequence parallelism (needs tensor parallelism)")
     a("--pp-schedule", choices=PP_SCHEDULES, default="1f1b",
       help="pipeline schedule: 1f1b (the first stage keeps min(pp, micro-batches) of activations) or gpipe (every "
@@ -118,17 +122,18 @@ def parallel_from_args(args) -> Parallel:
         strategy = "single"
     return Parallel(strategy=strategy, gpus=args.gpus, tp=args.tp, pp=args.pp, ep=args.ep,
                     sequence_parallel=args.sequence_parallel, offload=args.offload, pp_schedule=args.pp_schedule,
-                    microbatches=args.microbatches)
+                    microbatches=args.microbatches, cp=args.cp)
 
 
 def _torchtitan_mesh(args) -> Parallel:
-    """--dp-shard / --dp-replicate as torchtitan's ParallelDims reads them: world = replicate x shard x tp x pp;
-    one replica is FSDP, several are HSDP sharded over dp-shard ranks."""
+    """--dp-shard / --dp-replicate as torchtitan's ParallelDims reads them: world = replicate x shard x cp x tp x pp;
+    one replica is FSDP (over shard x cp ranks with context parallelism), several are HSDP sharded over dp-shard
+    ranks."""
     shard, replicate = args.dp_shard or 1, args.dp_replicate or 1
     for name, v in (("dp_shard", shard), ("dp_replicate", replicate)):
         if v < 1:
             raise ValueError(f"{name}: must be a positive integer, got {v}")
-    gpus = shard * replicate * args.tp * args.pp * args.ep
+    gpus = shard * replicate * args.tp * args.pp * args.ep * args.cp
     if args.strategy not in (None, "fsdp", "hsdp") or (args.gpus != 1 and args.gpus != gpus):
         raise ValueError(f"dp_shard: --dp-shard/--dp-replicate set the world size ({gpus}) and the strategy (fsdp or "
                          "hsdp); drop --gpus/--strategy or make them agree")
@@ -136,7 +141,7 @@ def _torchtitan_mesh(args) -> Parallel:
     return Parallel(strategy=strategy, gpus=gpus, tp=args.tp, pp=args.pp, ep=args.ep,
                     sequence_parallel=args.sequence_parallel, offload=args.offload,
                     hsdp_shard=shard if strategy == "hsdp" else 0, pp_schedule=args.pp_schedule,
-                    microbatches=args.microbatches)
+                    microbatches=args.microbatches, cp=args.cp)
 
 
 def _progress(done: int, total: int, message: str) -> None:
@@ -191,7 +196,7 @@ def _verdict(est: Estimate, gpu_bytes: int, interval: tuple[int, int] | None) ->
 
 def _degrees(p: dict) -> str:
     """' (tp 2 x pp 2, sequence parallel)': the mesh degrees above 1 beside the strategy's own."""
-    dims = [f"{k} {p[k]}" for k in ("tp", "pp", "ep") if p.get(k, 1) > 1]
+    dims = [f"{k} {p[k]}" for k in ("tp", "pp", "ep", "cp") if p.get(k, 1) > 1]
     sp = ", sequence parallel" if p.get("sequence_parallel") else ""
     return f" ({' x '.join(dims)}{sp})" if dims else (f" ({sp[2:]})" if sp else "")
 
@@ -287,8 +292,7 @@ def render_text(r: dict) -> str:
              + f"; activation model {r['activation_model']}"
              + (f" (k={r['activation_k']:.2f})" if r["activation_k"] is not None else ""), ""]
     scale = max(r["total_bytes"], r.get("gpu_bytes", 0))
-    lines.append(f"Per GPU at the peak ({r['peak_stage']}" + (f", {r['pipeline_stage']} pipeline stage"
-                                                             if r["pipeline_stage"] != "only" else "") + "):")
+    lines.append(f"Per GPU at the peak ({r['peak_stage']}{cp.where(r['pipeline_stage'])}):")
     lines.append(f"  {'component':<18}{'GiB (2^30)':>12} {'GB (10^9)':>12}")
     for name in COMPONENTS:
         n = r["components"][name]

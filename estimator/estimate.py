@@ -28,7 +28,7 @@ from estimator.reserved import alloc_mode
 from estimator.reserved import fit_for_class
 from estimator.device import context_bytes
 from estimator.gpus import get_gpu
-from estimator import device, evaluate, gpus, parallel, reserved, vision
+from estimator import cp, device, evaluate, gpus, parallel, reserved, vision
 from estimator.profile import poly
 
 UNTRACEABLE_OPTIMIZERS = ("adamw-8bit", "paged-adamw", "paged-adamw-8bit", "adafactor", "lion")
@@ -242,6 +242,9 @@ def traced_class(w: Workload, p: Parallel) -> tuple[Workload, Parallel, tuple[st
                          + (", sequence parallelism" if p.sequence_parallel else "") + ")")
         tp = pp_traced_parallel(p, m)
         tw = replace(tw, grad_accum=1)
+    if p.cp > 1:
+        tp = cp.traced(p)
+        notes.append(cp.note(p))
     if p.offload != "none":
         notes.append(f"offload: {p.offload} moved off the GPU")
     return tw, tp, tuple(notes)
@@ -264,14 +267,18 @@ def resolve(model: Model, w: Workload, p: Parallel, options: Options):
         check_model(model.inventory, p, model.name)  # a TP degree that does not divide the heads, ...
         w, attn_note = _runnable_attention(model, w)
         tw, tp, notes = traced_class(w, p)
-        notes = attn_note + scope_notes(model) + notes
+        notes = attn_note + vision.scope_notes(model) + notes
         prof = None
         if tp.tp_size > 1 and tp.pp_size == 1:
             prof, tp, notes = _traced_tp_or_analytic(model, tw, tp, notes, options)
         per_rank = None
         if tp.pp_size > 1:
             per_rank, tw, tp, notes = _traced_pp_or_analytic(model, w, tw, tp, notes, options)
-        if per_rank is not None:
+        if tp.cp > 1:   # each derived CP rank its own profile, one model share (tracer.cp)
+            per_rank = tuple(store.profile(model.config, tw, tp, name=model.name, derive=options.derive,
+                                           progress=options.progress, pp_rank=r) for r in cp.ranks(tp.cp))
+            prof, pairs = per_rank[0], cp.rank_pairs(shares(model.inventory, p)[0], per_rank, tp.cp)
+        elif per_rank is not None:
             prof = per_rank[0]
             pairs = tuple(zip(pp_rank_shares(model.inventory, p), per_rank))
         else:
@@ -327,24 +334,6 @@ def _traced_tp_or_analytic(model: Model, tw: Workload, tp: Parallel, notes: tupl
         return None, analytic_class(tp), tuple(n for n in notes if not n.startswith("tp: one rank")) + (note,)
 
 
-def scope_notes(model: Model) -> tuple[str, ...]:
-    """What part of a multimodal checkpoint the estimate covers, said out loud: a config whose language model is
-    built alone (Mistral-3, Llama-4's text model) leaves the vision tower's weights and the images out; one built
-    whole (Gemma-3) holds the tower's weights but runs a text-only step (no image tokens)."""
-    inv = model.inventory
-    text_type = inv.extra.get("text_model_type", inv.model_type)
-    if text_type == inv.model_type:
-        return ()
-    if vision.is_vision(model):  # SigLIP, CLIP: the step runs the vision_config's tower (tracer.vision)
-        return (f"scope: {inv.model_type} is priced as its vision tower alone ({inv.built_as} on its "
-                f"{text_type}); the checkpoint's text tower is not built",)
-    if inv.built_as.endswith("ForConditionalGeneration"):
-        return (f"scope: {inv.model_type} is built whole ({inv.built_as}: its vision tower's weights are held) but "
-                "the step is text-only: no images, so no vision-tower activations or image tokens",)
-    return (f"scope: {inv.model_type} is priced as its language model alone ({inv.built_as}, {text_type}); its "
-            "vision tower's weights and the images' activations are not included",)
-
-
 def _runnable_attention(model: Model, w: Workload) -> tuple[Workload, tuple[str, ...]]:
     """SDPA (or FlashAttention-2, traced as SDPA) on a model transformers runs without an SDPA path (Gemma-2's logit
     softcapping, gpt-oss's attention sinks) is priced as eager, what transformers runs by default; a note says so."""
@@ -365,9 +354,9 @@ def ensure_profile(model: Model, workload: Workload, parallel: Parallel = Parall
     `tp_rank=True` derives the traced TP rank's, or every traced pipeline rank's (minutes each:
     `scripts/parallel_check.py`, `python -m bench derive`)."""
     tw, tp = evaluated_class(model, workload, parallel, tp_rank)
-    if tp.pp_size > 1:  # every rank of the pipeline, each its own derivation; the first's provenance
+    if tp.pp_size > 1 or tp.cp > 1:  # every rank of the pipeline (the CP ranks), each its own derivation
         out = None
-        for r in range(tp.pp_size):
+        for r in (range(tp.pp_size) if tp.pp_size > 1 else cp.ranks(tp.cp)):
             found = _where(model, tw, tp, r)
             prof = store.profile(model.config, tw, tp, name=model.name, derive=found is None, progress=progress,
                                  pp_rank=r)
@@ -382,7 +371,8 @@ def profile_where(model: Model, workload: Workload, parallel: Parallel = Paralle
     """Where the profile `estimate(model, workload, parallel)` evaluates is: 'shipped', 'cache', or None when it
     must be derived (or fetched from a bank) first. A file check: no profile is read."""
     tw, tp = evaluated_class(model, workload, parallel, False)
-    return _where(model, tw, tp)
+    found = [_where(model, tw, tp, r) for r in (cp.ranks(tp.cp) if tp.cp > 1 else (0,))]
+    return None if None in found else found[0]
 
 
 def evaluated_class(model: Model, workload: Workload, parallel: Parallel, tp_rank: bool):
@@ -421,6 +411,7 @@ def estimate(model: Model, workload: Workload, parallel: Parallel = Parallel(),
 
     options = device_options(options)
     workload = vision.sized(model, workload)  # a vision encoder's image size -> its tokens per image (seq)
+    cp.check(workload, parallel)               # before any derivation: mode, attention, seq in 2 x cp chunks
     workload, attn_note = _runnable_attention(model, workload)  # the estimate shows what will run
     tw, notes, prof, stage_shares = resolve(model, workload, parallel, options)
     notes = attn_note + notes

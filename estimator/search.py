@@ -51,8 +51,12 @@ def max_batch(model: Model, workload: Workload, parallel: Parallel, gpu_bytes: i
 def max_seq(model: Model, workload: Workload, parallel: Parallel, gpu_bytes: int,
             options: Options = Options(), limit: int = MAX_SEQ) -> int:
     """Longest sequence (prompt, for inference) that fits, up to `limit` (0 if seq 1 does not). Memory only:
-    the model's own context length (Model.max_positions) is a separate limit the caller may pass."""
-    return _largest(lambda s: _fits(model, replace(workload, seq=s), parallel, gpu_bytes, options), limit)
+    the model's own context length (Model.max_positions) is a separate limit the caller may pass. With context
+    parallelism, a multiple of 2 x cp (the load balancer's chunks: estimator.cp.check_seq)."""
+    m = 2 * parallel.cp if parallel.cp > 1 else 1
+    if limit < m:
+        return 0
+    return m * _largest(lambda k: _fits(model, replace(workload, seq=k * m), parallel, gpu_bytes, options), limit // m)
 
 
 def valid_world_sizes(model: Model, strategy: str, max_gpus: int = 1024) -> list[int]:

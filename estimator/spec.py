@@ -32,6 +32,7 @@ OPTIMIZER_IMPLS = ("foreach", "fused", "forloop")
 CHECKPOINTING = ("none", "full", "selective", "op-sac")
 ATTENTION = ("sdpa", "flash", "eager")
 KV_DTYPES = ("auto", "fp32", "bf16", "fp16", "fp8", "int8")
+CP_STRATEGIES = ("fsdp", "zero3", "fsdp-grad-op")   # FSDP2 on torchtitan's dp_shard x cp mesh
 STRATEGIES = ("single", "ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp-grad-op", "hsdp", "tp", "pp", "ep")
 OFFLOADS = ("none", "optimizer", "optimizer+params")
 # Pipeline schedules (torch.distributed.pipelining, torchtitan's pipeline_parallel_schedule): in 1F1B stage i keeps
@@ -237,6 +238,8 @@ class Parallel:
     hsdp_shard: int = 0       # HSDP shard-group size (0 = gpus // 2, i.e. 2 replicas); only for strategy 'hsdp'
     pp_schedule: str = "1f1b"  # pipeline schedule (PP_SCHEDULES); only with pipeline parallelism
     microbatches: int = 0     # micro-batches per step through the pipeline (0: the workload's grad_accum)
+    cp: int = 1               # context-parallel degree (torchtitan's context_parallel_degree): each sequence split
+    #                           over cp ranks, ring attention; FSDP shards over dp_shard x cp (CP_STRATEGIES only)
 
     def __post_init__(self) -> None:
         _check_choice("strategy", self.strategy, STRATEGIES)
@@ -248,10 +251,18 @@ class Parallel:
         _check_int("hsdp_shard", self.hsdp_shard, 0, MAX_GPUS)
         _check_choice("pp_schedule", self.pp_schedule, PP_SCHEDULES)
         _check_int("microbatches", self.microbatches, 0, MAX_BATCH)
+        _check_int("cp", self.cp, 1, MAX_GPUS)
+        if self.cp > 1 and self.strategy not in CP_STRATEGIES:
+            raise ValueError(f"cp: context parallelism is priced under FSDP2 (strategy {', '.join(CP_STRATEGIES)}: "
+                             f"torchtitan shards over dp_shard x cp), not {self.strategy!r}")
+        if self.cp > 1 and (self.tp, self.pp, self.ep) != (1, 1, 1):
+            raise ValueError("cp: context parallelism composed with tp, pp or ep is not priced yet; use cp with FSDP "
+                             "alone (docs/parallel.md, \"Context parallelism\")")
         if self.strategy == "single" and self.gpus != 1:
             raise ValueError(f"strategy: 'single' runs on one GPU, got gpus={self.gpus}; pick ddp, zero1..3, fsdp, tp or pp")
-        if self.tp * self.pp * self.ep > self.gpus or self.gpus % (self.tp * self.pp * self.ep):
-            raise ValueError(f"gpus: tp*pp*ep = {self.tp * self.pp * self.ep} must divide gpus={self.gpus}")
+        mesh = self.tp * self.pp * self.ep * self.cp
+        if mesh > self.gpus or self.gpus % mesh:
+            raise ValueError(f"gpus: tp*pp*ep{'*cp' if self.cp > 1 else ''} = {mesh} must divide gpus={self.gpus}")
         if self.sequence_parallel and self.tp_size == 1:
             raise ValueError("sequence_parallel: needs tensor parallelism (tp > 1 or strategy 'tp')")
         if self.offload != "none" and self.strategy not in ("zero1", "zero2", "zero3", "fsdp", "single"):
@@ -279,8 +290,10 @@ class Parallel:
 
     @property
     def dp_size(self) -> int:
-        """Data-parallel replicas (the ZeRO/FSDP shard group spans these)."""
-        return max(1, self.gpus // (self.tp_size * self.pp_size * (self.ep_size if self.strategy != "ep" else 1)))
+        """Data-parallel replicas: the ranks that take different batches (the ZeRO/FSDP shard group spans these, and
+        with context parallelism the cp ranks that split each of their sequences: estimator.parallel.shard_group)."""
+        return max(1, self.gpus // (self.tp_size * self.pp_size * (self.ep_size if self.strategy != "ep" else 1)
+                                    * self.cp))
 
 
 def check_declared(obj) -> None:

@@ -1,4 +1,5 @@
-"""Vision encoders' sizes in their own terms: an image size in pixels becomes the step's tokens per image.
+"""Vision encoders' sizes in their own terms: an image size in pixels becomes the step's tokens per image (and, for
+a multimodal checkpoint, which part of it an estimate covers: `scope_notes`).
 
     w = sized(model, Workload(image_size=518))     # -> seq = (518 // 14)^2 + 1 = 1370 tokens (DINOv2-g)
 
@@ -75,3 +76,21 @@ def params(model: Model, w: Workload) -> int:
     if v is not None and w.mode == "infer":
         return int(v["base_params"])
     return model.params
+
+
+def scope_notes(model: Model) -> tuple[str, ...]:
+    """What part of a multimodal checkpoint the estimate covers, said out loud: a config whose language model is
+    built alone (Mistral-3, Llama-4's text model) leaves the vision tower's weights and the images out; one built
+    whole (Gemma-3) holds the tower's weights but runs a text-only step (no image tokens)."""
+    inv = model.inventory
+    text_type = inv.extra.get("text_model_type", inv.model_type)
+    if text_type == inv.model_type:
+        return ()
+    if is_vision(model):  # SigLIP, CLIP: the step runs the vision_config's tower (tracer.vision)
+        return (f"scope: {inv.model_type} is priced as its vision tower alone ({inv.built_as} on its "
+                f"{text_type}); the checkpoint's text tower is not built",)
+    if inv.built_as.endswith("ForConditionalGeneration"):
+        return (f"scope: {inv.model_type} is built whole ({inv.built_as}: its vision tower's weights are held) but "
+                "the step is text-only: no images, so no vision-tower activations or image tokens",)
+    return (f"scope: {inv.model_type} is priced as its language model alone ({inv.built_as}, {text_type}); its "
+            "vision tower's weights and the images' activations are not included",)

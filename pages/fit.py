@@ -141,7 +141,8 @@ def verdict(est, gpu) -> None:
     cap = capacity_bytes(gpu)
     spare = cap - est.device_bytes
     where = f"peak in the **{est.peak_stage}** stage" + (
-        f" of the {est.pipeline_stage} pipeline stage" if est.pipeline_stage != "only" else "")
+        (f" of {est.pipeline_stage}" if est.pipeline_stage.startswith("cp ") else
+         f" of the {est.pipeline_stage} pipeline stage") if est.pipeline_stage != "only" else "")
     each = "each" if est.parallel.gpus > 1 else "one"
     v = est.verdict(cap)
     if v == "fits":

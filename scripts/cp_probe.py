@@ -3,8 +3,8 @@
     python scripts/cp_probe.py --cp 4 --batch 2 --seq 4096          # a 4-layer Llama of 1024 hidden, every rank
     python scripts/cp_probe.py --cp 2 --seq 2048 --layers 2
 
-Not part of the estimator (the CLI has no --cp yet: docs/parallel.md, "What is still analytic"): a probe of what a
-per-rank CP derivation would trace. It builds a small Llama (random weights, meta then fake storage), opens a fake
+The probe that came before pricing CP (the estimator prices it since 2026-11-27: `--cp`, tracer.cp, with FSDP2 over
+dp_shard x cp as torchtitan runs it); kept as the smallest view of the mechanism, without FSDP. It builds a small Llama (random weights, meta then fake storage), opens a fake
 process group of `cp` ranks and, for each rank, runs forward and backward inside
 `torch.distributed.tensor.experimental.context_parallel` (torchtitan's CP: input ids, labels and position ids
 sharded along the sequence with the head-tail load balancer; SDPA becomes ring attention, K and V all-gathered once

@@ -19,7 +19,9 @@ and 1 layers) and pp 4 1F1B over 4 micro-batches of an 8-layer model (mixed: fp3
 FSDP2 over each stage's dp ranks: FSDP 16 x PP 2 (1F1B, the 12-layer model) and FSDP 8 x PP 4 (GPipe, mixed, the
 8-layer model), at a dp no fit used; TP inside every stage on torchtitan's (pp, dp, tp) mesh: pp 2 x tp 2 (1F1B, the
 12-layer model), pp 2 x tp 4 with sequence parallelism (GPipe over 3 micro-batches, mixed, the 8-layer model) and
-FSDP 16 x TP 2 x PP 2 (1F1B, the 12-layer model, 64 ranks).
+FSDP 16 x TP 2 x PP 2 (1F1B, the 12-layer model, 64 ranks); context parallelism (tracer.cp, every CP rank
+traced, the derived ones against their estimates): FSDP over dp_shard 8 x cp 2, dp_shard 8 x cp 4 with grouped
+KV heads, and dp_shard 1 x cp 4 with the mixed recipe and full checkpointing.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ import argparse
 import sys
 from dataclasses import dataclass
 
+from estimator import cp
 from estimator.estimate import Options, ensure_profile, estimate, resolve
 from estimator.evaluate import stage_breakdowns
 from estimator.model import from_hf_config
@@ -83,7 +86,14 @@ def cases() -> list[Case]:
                        Parallel("pp", gpus=8, pp=2, tp=4, sequence_parallel=True, microbatches=3,
                                 pp_schedule="gpipe"), {**CONFIG, "num_hidden_layers": 8}),
                   Case("fsdp16-tp2-pp2-1f1b-train", train, Parallel("fsdp", gpus=64, pp=2, tp=2, microbatches=4),
-                       deep)]
+                       deep),
+                  # context parallelism (tracer.cp): FSDP2 over dp_shard x cp, ring attention; the fit traces
+                  # dp_shard 1 and 2 and checks 4, so dp_shard 8 is unused; seq a multiple of 2 x cp
+                  Case("fsdp16-cp2-train", train, Parallel("fsdp", gpus=16, cp=2)),
+                  Case("fsdp32-cp4-train-gqa", Workload(batch=5, seq=296), Parallel("fsdp", gpus=32, cp=4),
+                       {**CONFIG, "num_key_value_heads": 2}),
+                  Case("fsdp4-cp4-train-mixed-ckpt", Workload(batch=5, seq=296, recipe="mixed", checkpointing="full"),
+                       Parallel("fsdp", gpus=4, cp=4))]
 
 
 def rows(estimate_, trace) -> list[tuple[str, str, int, int]]:
@@ -112,6 +122,8 @@ def check(case: Case, progress=None) -> tuple[bool, list[str]]:
     ours = estimate(model, case.workload, case.parallel)
     if case.parallel.pp_size > 1:
         return check_pipeline(case, model)
+    if case.parallel.cp > 1:
+        return check_cp(case, model)
     old = estimate(model, case.workload, case.parallel, options=Options(analytic_tp=True)) \
         if case.parallel.tp_size > 1 else None
     trace = run_traced(config, case.workload, case.parallel, name="parallel-check")
@@ -173,6 +185,39 @@ def check_pipeline(case: Case, model) -> tuple[bool, list[str]]:
                  f"{est.components.tensor_bytes} B; the analytic rule's: {old.pipeline_stage} ({old.peak_stage}) "
                  f"{old.components.tensor_bytes} B")
     lines.append(f"  {'exact' if exact else 'MISMATCH'}; notes: " + "; ".join(n for n in est.notes if "pp" in n))
+    return exact, lines
+
+
+def check_cp(case: Case, model) -> tuple[bool, list[str]]:
+    """`check` for context parallelism: each derived CP rank's estimate (rank 0 and the last, estimator.cp.ranks)
+    against a full-depth trace of that rank, and every rank traced: at every stage the worst of them holds what the
+    worse of the two derived ranks holds (the middle ranks run both branches of the ring, estimator.cp)."""
+    w, p, config = case.workload, case.parallel, case.model_config()
+    tw, _, _, pairs = resolve(model, w, p, Options())
+    lines = [f"{case.name}: {p.strategy} dp_shard {p.dp_size} x cp {p.cp}, batch {w.batch}, seq {w.seq}, {w.recipe}"
+             + (f", checkpointing {w.checkpointing}" if w.checkpointing != "none" else "")
+             + f" ({config['num_hidden_layers']} layers, {config['num_key_value_heads']} KV heads)",
+             f"  {'rank':18s} {'stage':10s} {'component':17s} {'estimate':>10s} {'trace':>10s} {'diff':>8s}"]
+    traces = {r: run_traced(config, w, p, rank=r, name="parallel-check") for r in range(p.cp)}
+    exact = True
+    for rank, (sh, prof) in zip(cp.ranks(p.cp), pairs):
+        ours = [(k, v[1]) for k, v in stage_breakdowns(model, prof, w, p, tw, sh, Options()).items()]
+        for stage, comp, est, tr in stage_rows(ours, traces[rank]):
+            exact &= est == tr
+            lines.append(f"  {sh.stage:18s} {stage:10s} {comp:17s} {est:10d} {tr:10d} {est - tr:+8d}")
+    stage_peaks = {r: {s.stage: s.peak_bytes for s in t.log.stages} for r, t in traces.items()}
+    for stage in stage_peaks[0]:
+        worst = max(stage_peaks[r][stage] for r in traces)
+        derived = max(stage_peaks[r][stage] for r in cp.ranks(p.cp))
+        exact &= worst == derived
+        lines.append(f"  {stage}: worst traced rank {worst} B, worse derived rank {derived} B"
+                     + ("" if worst == derived else "  MISMATCH"))
+    est = estimate(model, w, p)
+    peaks = {r: t.log.peak.peak_bytes for r, t in traces.items()}
+    exact &= est.components.tensor_bytes == max(peaks.values())
+    lines.append(f"  traced peaks by cp rank: {peaks}; the estimate's rank: {est.pipeline_stage} ({est.peak_stage}) "
+                 f"{est.components.tensor_bytes} B")
+    lines.append(f"  {'exact' if exact else 'MISMATCH'}; notes: " + "; ".join(n for n in est.notes if n.startswith("cp")))
     return exact, lines
 
 

@@ -198,8 +198,8 @@ def test_fsdp_mixed_master_copy_is_sharded_and_no_component_is_negative():
 
 
 def test_the_cp_probe_traces_ring_attention_on_fake_tensors():
-    """scripts/cp_probe.py (context parallelism is not priced yet): each CP rank's step runs torch's ring attention
-    on fake tensors, K and V all-gathered once per call, and holds about the step at seq / cp, not at seq."""
+    """scripts/cp_probe.py (the mechanism tracer.cp prices, on a plain model): each CP rank's step runs torch's ring
+    attention on fake tensors, K and V all-gathered once per call, and holds about the step at seq / cp, not at seq."""
     import sys
     from pathlib import Path
 

@@ -75,7 +75,7 @@ def test_each_rank_holds_its_stage():
     assert first.per_rank["traced_rank"] == 0 and last.per_rank["microbatches"] == 2
     assert any("pp rank 1 of 2" in n and "1f1b" in n for n in last.notes)
     assert not torch.distributed.is_initialized()
-    with pytest.raises(ValueError, match="^rank: only a pipeline's ranks differ"):
+    with pytest.raises(ValueError, match="^rank: only a pipeline's or a context-parallel group's ranks differ"):
         run_traced(TINY, Workload(batch=1, seq=8), Parallel(), rank=1)
 
 

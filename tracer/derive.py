@@ -29,6 +29,7 @@ The result is a `Profile` (pure data, JSON) that `estimator.estimate` evaluates 
 """
 from __future__ import annotations
 
+import math
 import platform
 import time
 from collections.abc import Callable
@@ -79,10 +80,11 @@ WINDOW_KEYS = ("sliding_window", "sliding_window_size", "attention_chunk_size", 
 
 
 def pieces_for(hf_config, max_positions: int, infer: bool,
-               step: int = 8) -> list[tuple[int, int | None, tuple[int, ...], int]]:
+               step: int = 8, multiple: int = 1) -> list[tuple[int, int | None, tuple[int, ...], int]]:
     """(s_lo, s_hi, fit seqs, verify seq) per piece of s, split at the config's attention window sizes (and, where
     the step hands CUDA's memory-efficient attention a mask, at s's alignment: `_derive_pieces`); the verify seq a
-    multiple of `step` where one is free (`chunk_step`)."""
+    multiple of `step` where one is free (`chunk_step`); every seq a multiple of `multiple` (context parallelism:
+    2 x cp)."""
     # transformers keeps a sliding window's mask implicit while kv_length < window (masking_utils
     # `_ignore_causal_mask_sdpa`): s = window is already the other side, so the cut is window - 1
     cuts = sorted({v - 1 for v in _window_values(hf_config) if 1 < v < max_positions})
@@ -97,7 +99,7 @@ def pieces_for(hf_config, max_positions: int, infer: bool,
         unit = next((u for u in UNITS if lo + 4 * u <= cap), None)
         if unit is None:
             raise ValueError(f"seq: the model's context ({max_positions} positions) is too short to derive a profile")
-        out.append((lo, hi, *choose_seqs(lo, unit, step=step)))
+        out.append((lo, hi, *choose_seqs(lo, unit, step=step, multiple=multiple)))
     if not out:
         raise ValueError(f"seq: the model's context ({max_positions} positions) is too short to derive a profile")
     return out
@@ -108,7 +110,7 @@ ALIGNS = {None: lambda s: True, "aligned": lambda s: s % poly.MASK_ALIGNMENT == 
 
 
 def choose_seqs(lo: int, unit: int, extra: tuple = (), align: str | None = None,
-                step: int = 8) -> tuple[tuple[int, ...], int]:
+                step: int = 8, multiple: int = 1) -> tuple[tuple[int, ...], int]:
     """(fit seqs, verify seq) of a piece starting above lo, for the monomials in s the fit solves for: 1, s, s^2 and
     `extra` (s*m, l: CUDA's memory-efficient attention; q: a chunked scan; see estimator.profile.poly), on the
     seqs of `align`.
@@ -117,8 +119,11 @@ def choose_seqs(lo: int, unit: int, extra: tuple = (), align: str | None = None,
     lo + 4u], with a remainder mod 32 that no fitted seq has (so a fit that holds on one alignment only is caught),
     a multiple of `step` where one is free (a chunked loss splits s into `step` chunks: `chunk_step`), else of the
     largest power of two below it that is; with a step above 8 the fit seqs are its multiples where they tell the
-    monomials apart."""
-    member = ALIGNS[align]
+    monomials apart. `multiple`: only seqs that are multiples of it (context parallelism's 2 x cp chunks)."""
+    aligned = ALIGNS[align]
+
+    def member(x):
+        return aligned(x) and x % multiple == 0
     funcs = list(dict.fromkeys([(0, 0, 0, 0), (0, 1, 0, 0), (0, 2, 0, 0), *[(0, *m[1:]) for m in extra]]))
 
     def row(s):
@@ -261,7 +266,9 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
     ranked = len(ranks[0]) > 1
     w0 = replace(workload, batch=1, seq=1, gen_tokens=GEN_TOKENS if infer else 0, lora_rank=ranks[0][0])
     # a TP profile is of one tp degree (its parallel class names it): traced and fit at that world size only
-    world = FSDP_WORLD if fsdp else ((2,) if parallel.strategy == "ddp" else
+    # a CP profile is of one cp degree and rank: FSDP over n = dp_shard x cp, fit at dp_shard 1 and 2, verified at 4
+    world = tuple(parallel.cp * k for k in (1, 2, 4)) if fsdp and parallel.cp > 1 else \
+        FSDP_WORLD if fsdp else ((2,) if parallel.strategy == "ddp" else
                                      (parallel.tp_size,) if parallel.strategy == "tp" else
                                      (parallel.pp_size * parallel.tp_size,) if parallel.strategy == "pp" else (1,))
     session.check_traceable(w0, _at_world(parallel, world[0]))
@@ -280,20 +287,22 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
     if parallel.pp_size > 1:  # a pipeline rank: its stage's layers are the model the reduced depths cut
         held = pp_stage_layers(len(sigs), parallel.pp_size, pp_rank)
         sigs, offset = sigs[held.start:held.stop], held.start
-    elif pp_rank:
-        raise ValueError(f"pp_rank: only a pipeline's ranks are traced apart; got rank {pp_rank} without pp")
+    elif pp_rank and not 0 < pp_rank < parallel.cp:
+        raise ValueError(f"pp_rank: only a pipeline's or a context-parallel group's ranks are traced apart; got rank "
+                         f"{pp_rank}")
     scan = chunked_scan(hf_config)
     scan_extra = poly.scan_monomials(scan[1]) if scan else ()
     if masked and infer:
         w0 = replace(w0, gen_tokens=0)  # an encoder (text or vision) runs one forward pass: no decoding
     plan = plan_layers(sigs, offload.DEPTH_COPIES if workload.activation_offload else 1)
-    step = chunk_step(workload, hf_config)
-    pieces = pieces_for(hf_config, max_positions(hf_config), infer, step)
+    multiple = 2 * parallel.cp if parallel.cp > 1 else 1   # CP cuts each sequence into 2 x cp chunks
+    step = math.lcm(chunk_step(workload, hf_config), multiple)
+    pieces = pieces_for(hf_config, max_positions(hf_config), infer, step, multiple)
     fit_world = world[:2] if fsdp else world
     reduced_refused = ""
     try:
         out_pieces, n_jobs, padding = _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp,
-                                                     kernels, progress, scan_extra, step, ranks, (pp_rank, offset))
+                                                     kernels, progress, scan_extra, step, ranks, (pp_rank, offset), multiple)
     except _ReducedDepthFailed as e:
         # The model's code outside its layer stack depends on the layer count (Gemma-3n / Gemma-4 per-layer
         # embeddings: one table num_hidden_layers x width wide, reshaped by the config's count), so a model cut in
@@ -301,7 +310,7 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
         reduced_refused = e.reason
         plan = Plan(plan.n_layers, plan.types, (tuple(range(plan.n_layers)),), (None,), True)
         out_pieces, n_jobs, padding = _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp,
-                                                     kernels, progress, scan_extra, step, ranks, (pp_rank, offset))
+                                                     kernels, progress, scan_extra, step, ranks, (pp_rank, offset), multiple)
     jobs = range(n_jobs)
     if progress:
         progress(len(jobs), len(jobs), "done")
@@ -346,7 +355,7 @@ class _ReducedDepthFailed(Exception):
 
 
 def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, kernels, progress, scan_extra=(),
-                   step=8, ranks=((8,), 8), stage=(0, 0)):
+                   step=8, ranks=((8,), 8), stage=(0, 0), multiple=1):
     """(fitted pieces, traces run, largest FSDP padding): every piece of s and batch region, every variant of
     `plan` traced, fit, verified and extended. Where the step calls CUDA's memory-efficient attention (seen on the
     piece's first trace) the fit gets its monomials in l and m and the seqs that determine them (`choose_seqs`);
@@ -443,13 +452,17 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
     for lo, hi, seqs, vseq in pieces:
         seen = run(probe_of(seqs), 0).efficient
         unit = seqs[0] - lo
+        if multiple > 1 and seen:
+            raise ValueError("attention: under context parallelism this model's ring attention runs CUDA's "
+                             "memory-efficient kernel, whose padding follows each rank's chunk of the sequence; only "
+                             "the flash kernel's ring (bf16 or fp16, head dim up to 256, no mask) is priced")
         lse = (poly.LSE_MONOMIALS if "lse" in seen else ()) + scan_extra
         if "mask" in seen:  # a mask is copied on unaligned s only: two lists of ticks, two pieces
-            classes = [("aligned", lse, *choose_seqs(lo, unit, lse, "aligned", step)),
+            classes = [("aligned", lse, *choose_seqs(lo, unit, lse, "aligned", step, multiple)),
                        ("unaligned", poly.MASK_MONOMIALS + lse, *choose_seqs(lo, unit, poly.MASK_MONOMIALS + lse,
-                                                                             "unaligned", step))]
+                                                                             "unaligned", step, multiple))]
         else:
-            classes = [(None, lse, *(choose_seqs(lo, unit, lse, step=step) if lse else (seqs, vseq)))]
+            classes = [(None, lse, *(choose_seqs(lo, unit, lse, step=step, multiple=multiple) if lse else (seqs, vseq)))]
         n_jobs += sum(jobs(c[2]) for c in classes) - jobs(seqs)
         planned.append((seen, classes))
     prefetch([(v, pt) for _, classes in planned for _, _, fseqs, vs in classes

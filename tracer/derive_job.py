@@ -5,7 +5,8 @@ other thread a derivation's traces can fork (tracer.forked: W cores at once), to
 tracer's memory stay out of the server, and cancelling a derivation is ending its process.
 
 Reads one JSON object on stdin: {"config": {...}, "name": "...", "workload": {...}, "parallel": {...}}, the class
-`estimator.estimate.evaluated_class` names, each as `estimator.spec.spec_dict` writes it. Writes one JSON line on
+`estimator.estimate.evaluated_class` names, each as `estimator.spec.spec_dict` writes it (with context parallelism,
+both derived CP ranks' profiles, one after the other: estimator.cp.ranks). Writes one JSON line on
 stdout per trace ({"done", "total", "message"}), then {"ok": true, "where": ...} when the profile is on disk, or
 {"error": "..."}, the one line a refused derivation raises (ValueError). Anything else is a crash: its traceback on
 stderr, exit status 1.
@@ -15,7 +16,7 @@ from __future__ import annotations
 import json
 import sys
 
-from estimator import knobs, store
+from estimator import cp, knobs, store
 from estimator.spec import Parallel
 
 
@@ -36,8 +37,12 @@ def main() -> int:
     try:
         w = knobs.workload_from_row(job["workload"])
         p = Parallel(**job["parallel"])
-        store.profile(job["config"], w, p, name=str(job["name"]), derive=True,
-                      progress=lambda done, total, message: _say({"done": done, "total": total, "message": message}))
+        ranks = cp.ranks(p.cp) if p.cp > 1 else (0,)   # context parallelism: each derived rank a profile of its own
+        for r in ranks:
+            label = f"cp rank {r}: " if len(ranks) > 1 else ""
+            store.profile(job["config"], w, p, name=str(job["name"]), derive=True, pp_rank=r,
+                          progress=lambda done, total, message, label=label: _say(
+                              {"done": done, "total": total, "message": label + message}))
     except ValueError as e:
         _say({"error": " ".join(str(e).split())})
         return 0

@@ -38,7 +38,7 @@ from estimator.spec import Parallel, Workload
 from estimator.parallel import TRACED_SHARDING, pp_microbatches, shard_group
 from tracer import serialized
 from tracer import kernels as kernels_mod
-from tracer import pp, recipes, runner, tp
+from tracer import cp, pp, recipes, runner, tp
 from tracer.counters import StageLog, StorageCounter, memtracker_peak_bytes
 from tracer.depth import decoder_layer_list
 
@@ -78,6 +78,7 @@ def check_traceable(workload: Workload, parallel: Parallel) -> None:
         tp.check(workload, parallel)
     elif parallel.ep_size > 1:
         raise ValueError("ep: expert parallelism is not traced; use ep=1")
+    cp.check(workload, parallel, sizes=False)
     if parallel.offload != "none":
         raise ValueError("offload: CPU offload is not traced (every fake tensor is already on the CPU)")
     if workload.kv_dtype != "auto":
@@ -136,8 +137,11 @@ def _prepared(config: dict, workload: Workload, parallel: Parallel, layers: list
     collator does (transformers DataCollatorForLanguageModeling: labels = input_ids.clone()). `rank`: the traced
     rank, which only a pipeline tells apart (rank r holds stage r: tracer.pp); every other layout traces rank 0."""
     clone = kernels == "cuda"
-    if rank and parallel.pp_size == 1:
-        raise ValueError(f"rank: only a pipeline's ranks differ; without pp every rank traces as rank 0, got {rank}")
+    if rank and parallel.pp_size == 1 and parallel.cp == 1:
+        raise ValueError(f"rank: only a pipeline's or a context-parallel group's ranks differ; without pp or cp every "
+                         f"rank traces as rank 0, got {rank}")
+    if rank >= parallel.gpus:
+        raise ValueError(f"rank: {rank} is not a rank of {parallel.gpus} GPUs")
     if parallel.pp_size > 1:
         if kernels != "cuda":
             raise ValueError("kernels: a pipeline rank is traced with CUDA's kernels only")
@@ -155,8 +159,22 @@ def _prepared(config: dict, workload: Workload, parallel: Parallel, layers: list
                                  if parallel.tp_size > 1 else ""))
             yield case
         return
+    if parallel.strategy in FSDP_STRATEGIES and parallel.cp > 1:
+        cp.check(workload, parallel, kernels)
+        with _fsdp_model(config, workload, parallel, layers, rank) as (model, cp_mesh), _fake_mode():
+            model.to_empty(device="cpu")  # FSDP2's documented meta-device init; shards become fake
+            inputs = cp.with_positions(runner.make_inputs(config, workload, "cpu", model, clone_labels=clone))
+            case = _Case(model, runner.make_optimizer(model, workload), inputs, workload,
+                         per_rank={"world_size": parallel.gpus, "traced_rank": rank, "cp": parallel.cp},
+                         context=cp.step_context(cp_mesh, inputs))
+            case.notes.append(f"cp rank {rank % parallel.cp} of {parallel.cp} (fake rank {rank} of {parallel.gpus}) "
+                              f"traced with a fake process group: torch's context_parallel (ring attention, "
+                              f"head-tail load balancing) inside FSDP2 over dp_shard {parallel.dp_size} x cp "
+                              f"{parallel.cp}, as torchtitan runs it (collectives do nothing)")
+            yield case
+        return
     if parallel.strategy in FSDP_STRATEGIES:
-        with _fsdp_model(config, workload, parallel, layers) as model, _fake_mode():
+        with _fsdp_model(config, workload, parallel, layers) as (model, _), _fake_mode():
             model.to_empty(device="cpu")  # FSDP2's documented meta-device init; shards become fake
             inputs = runner.make_inputs(config, workload, "cpu", model, clone_labels=clone)
             case = _Case(model, runner.make_optimizer(model, workload), inputs, workload,
@@ -195,20 +213,25 @@ def _prepared(config: dict, workload: Workload, parallel: Parallel, layers: list
 
 
 @contextlib.contextmanager
-def _fsdp_model(config: dict, workload: Workload, parallel: Parallel, layers: list[int] | None = None):
-    """The model on the meta device, fully_shard-ed per decoder layer and at the root, in a fake world."""
+def _fsdp_model(config: dict, workload: Workload, parallel: Parallel, layers: list[int] | None = None,
+                rank: int = 0):
+    """(the model on the meta device, fully_shard-ed per decoder layer and at the root, in a fake world as `rank`;
+    with context parallelism the cp mesh too, else None)."""
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     if dist.is_initialized():
         raise RuntimeError("a process group is already initialised; FSDP tracing needs its own fake one")
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=parallel.gpus)
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=parallel.gpus)
     try:
         model = runner.build_model(config, workload, device="meta", layers=layers)
         reshard = parallel.strategy != "fsdp-grad-op"
         mp = {"mp_policy": recipes.mp_policy(workload)} if workload.recipe == "fsdp-mp" else {}
-        if parallel.tp_size > 1 or parallel.strategy == "hsdp":
+        cp_mesh = None
+        if parallel.cp > 1:   # torchtitan: FSDP2 over dp_shard x cp, the step inside context_parallel on cp
+            mp["mesh"], cp_mesh = cp.world_mesh(parallel)
+        elif parallel.tp_size > 1 or parallel.strategy == "hsdp":
             mesh, dp_mesh = tp.world_mesh(parallel)   # torchtitan's ParallelDims (dp_replicate, dp_shard, tp)
             if parallel.tp_size > 1:  # torchtitan: TP on the inner mesh dimension first, then fully_shard over dp
                 tp.parallelize(model, mesh["tp"], workload.mode == "train", parallel.sequence_parallel)
@@ -216,7 +239,7 @@ def _fsdp_model(config: dict, workload: Workload, parallel: Parallel, layers: li
         for layer in _decoder_layers(model):
             fully_shard(layer, reshard_after_forward=reshard, **mp)
         fully_shard(model, reshard_after_forward=reshard, **mp)
-        yield model
+        yield model, cp_mesh
     finally:
         dist.destroy_process_group()
 

@@ -49,6 +49,7 @@ AXES = (
     ("pp", "parallel", int, None),
     ("pp_schedule", "parallel", str, spec.PP_SCHEDULES),
     ("microbatches", "parallel", int, None),
+    ("cp", "parallel", int, None),
     ("batch", "workload", int, None),
     ("seq", "workload", int, None),
 )
@@ -69,6 +70,8 @@ HELP = {
     "microbatches": "micro-batches per step through a pipeline (0: --grad-accum)",
     "tp": "tensor-parallel degree composed with FSDP or a pipeline (--strategy tp takes every GPU)",
     "sequence_parallel": "Megatron/torchtitan sequence parallelism over the tp ranks (training)",
+    "cp": "context-parallel degree under an FSDP strategy (--strategy fsdp --gpus dp_shard*cp --cp cp; training, seq a "
+          "multiple of 2 x cp): torch's ring attention, two CP ranks traced (estimator.cp)",
     "compile": "torch.compile'd model: AOTAutograd's min-cut partitioner decides what forward saves (no inductor "
                "fusion; one GPU, full loss, no other knob)",
 }

@@ -1,0 +1,83 @@
+"""Context parallelism (torchtitan's `context_parallel_degree`): what a CP rank is priced from.
+
+    Parallel(strategy="fsdp", gpus=8, cp=4)   # 2 data-parallel shards x 4 CP ranks; FSDP2 over all 8
+
+Each sequence of `seq` tokens is cut into 2 x cp chunks and CP rank r keeps chunks r and 2cp - 1 - r (the head-tail
+load balancer); attention becomes ring attention (K and V all-gathered once per call); FSDP2 shards the model states
+over dp_shard x cp (torchtitan/distributed/parallel_dims.py). A CP rank is traced as itself (tracer.cp), its profile
+an FSDP rank's over n = dp_shard x cp, of one cp degree and one rank. The ranks are not all alike: in each ring step
+after the first, rank r attends with the first half of the arriving K and V where the step index is at most r and
+with the second half of its own queries otherwise (torch's `_templated_ring_attention`), so rank 0 only ever takes
+the second branch, the last rank only the first, and a middle rank both. Two ranks are derived, rank 0 and rank
+cp - 1, and the worse decides; a middle rank holds at every stage what the worse of the two holds, or less (traced:
+scripts/parallel_check.py, the cp cases; docs/parallel.md, "Context parallelism").
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from estimator.spec import Parallel, Workload
+
+
+def check(workload: Workload, parallel: Parallel, sizes: bool = True) -> None:
+    """One line naming the field where a context-parallel rank is not priced (`sizes`: the seq too)."""
+    if parallel.cp == 1:
+        return
+    if workload.mode != "train":
+        raise ValueError("cp: context parallelism is priced for training (torchtitan's context_parallel); "
+                         "inference with cp is not priced")
+    if workload.attention == "eager":
+        raise ValueError("attention: context parallelism replaces SDPA with ring attention; eager attention is not "
+                         "context-parallel (use sdpa or flash)")
+    if sizes:
+        check_seq(workload.seq, parallel.cp)
+
+
+def check_seq(seq: int, cp: int) -> None:
+    """The load balancer cuts each sequence into 2 x cp equal chunks: seq must be a multiple of 2 x cp."""
+    if cp > 1 and seq % (2 * cp):
+        lo = seq - seq % (2 * cp)
+        raise ValueError(f"seq: {seq} is not a multiple of 2 x cp = {2 * cp} (context parallelism cuts each sequence "
+                         f"into 2 x cp equal chunks); use {lo} or {lo + 2 * cp}" if lo else
+                         f"seq: {seq} is not a multiple of 2 x cp = {2 * cp} (context parallelism cuts each sequence "
+                         f"into 2 x cp equal chunks); use {2 * cp}")
+
+
+def traced(p: Parallel) -> Parallel:
+    """The traced class of a CP layout: an FSDP rank (FSDP2's 2-rank class, as plain FSDP's) of this cp degree."""
+    strategy = "fsdp-grad-op" if p.strategy == "fsdp-grad-op" else "fsdp"
+    return Parallel(strategy=strategy, gpus=2 * p.cp, cp=p.cp)
+
+
+def ranks(cp: int) -> tuple[int, ...]:
+    """The CP ranks derived apart: rank 0 and the last (a middle rank holds no more than the worse of them)."""
+    return (0, cp - 1)
+
+
+def rank_labels(cp: int) -> tuple[str, ...]:
+    """What each of `ranks` stands for, in words (Estimate.pipeline_stage of a CP layout)."""
+    return "cp rank 0", f"cp rank {cp - 1}"
+
+
+def rank_pairs(share, profiles: tuple, cp: int) -> tuple:
+    """(share, profile) per derived CP rank: the same model share (FSDP shards alike on every rank), each rank's own
+    profile, labelled by the ranks it stands for."""
+    return tuple((replace(share, stage=label), prof) for label, prof in zip(rank_labels(cp), profiles))
+
+
+def where(stage: str) -> str:
+    """', the last pipeline stage' / ', cp rank 3' / '' (one GPU or every rank alike): which rank an estimate is of,
+    for a sentence."""
+    if stage == "only":
+        return ""
+    return f", {stage}" if stage.startswith("cp ") else f", {stage} pipeline stage"
+
+
+def note(p: Parallel) -> str:
+    return (f"cp: context parallelism {p.cp} (torch's context_parallel: ring attention, head-tail load balancing), "
+            f"FSDP2 over dp_shard {p.dp_size} x cp {p.cp}; ranks 0 and {p.cp - 1} traced, the worse decides")
+
+
+def with_cp(tp: Parallel, p: Parallel) -> Parallel:
+    """The traced class `tp` (estimator.estimate.traced_class) with p's context parallelism, if any."""
+    return traced(p) if p.cp > 1 else tp

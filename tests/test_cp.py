@@ -1,0 +1,128 @@
+"""Context parallelism (estimator.cp, tracer.cp): one-line refusals before any trace, and each derived CP rank's
+estimate equal to a full-depth trace of that rank at a size and world its fit did not use (the slow tier runs
+scripts/parallel_check.py's cp cases, which trace every rank)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from estimator import cp
+from estimator.cli import main as cli_main
+from estimator.estimate import Options, estimate, resolve
+from estimator.evaluate import stage_breakdowns
+from estimator.model import from_hf_config
+from estimator.search import max_seq
+from estimator.spec import Parallel, Workload
+from estimator.store import parallel_class
+
+TINY = json.loads((Path(__file__).parent / "data" / "tiny" / "t-llama.json").read_text())
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(strategy="ddp", gpus=4, cp=2), "cp"),
+    (dict(strategy="hsdp", gpus=8, cp=2), "cp"),
+    (dict(strategy="fsdp", gpus=8, tp=2, cp=2), "cp"),
+    (dict(strategy="fsdp", gpus=6, cp=4), "gpus"),
+    (dict(strategy="fsdp", gpus=8, cp=0), "cp"),
+])
+def test_a_layout_cp_cannot_price_is_refused_naming_the_field(kwargs, field):
+    with pytest.raises(ValueError) as e:
+        Parallel(**kwargs)
+    assert str(e.value).startswith(f"{field}:") and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("w, field", [
+    (Workload(batch=2, seq=300), "seq"),                           # not a multiple of 2 x cp = 8
+    (Workload(mode="infer", batch=2, seq=256), "cp"),
+    (Workload(batch=2, seq=256, attention="eager"), "attention"),
+])
+def test_a_workload_cp_cannot_price_is_refused_before_any_trace(w, field, tmp_path, monkeypatch):
+    monkeypatch.setenv("WILLITFIT_CACHE", str(tmp_path))
+    model = from_hf_config(TINY, "t-llama", derive=True)
+    with pytest.raises(ValueError) as e:
+        estimate(model, w, Parallel("fsdp", gpus=8, cp=4))
+    assert str(e.value).startswith(f"{field}:") and "\n" not in str(e.value)
+    assert not [f for f in tmp_path.rglob("*.json") if f.name != "inventory.json"]   # no profile was derived
+
+
+def test_the_fsdp_group_spans_dp_shard_times_cp_and_the_class_names_the_rank():
+    p = Parallel("fsdp", gpus=16, cp=4)
+    assert p.dp_size == 4   # the ranks that take different batches
+    from estimator.parallel import shard_group
+    assert shard_group(p) == 16   # torchtitan's fsdp mesh: dp_shard x cp
+    assert cp.traced(p) == Parallel("fsdp", gpus=8, cp=4)
+    assert parallel_class(cp.traced(p), 3) == {"strategy": "fsdp", "cp": 4, "rank": 3}
+    assert parallel_class(Parallel("fsdp", gpus=2)) == {"strategy": "fsdp"}   # plain FSDP's class is unchanged
+    with pytest.raises(ValueError, match="^pp_rank: 4 is not a rank"):
+        parallel_class(cp.traced(p), 4)
+    assert cp.ranks(4) == (0, 3) and cp.rank_labels(2) == ("cp rank 0", "cp rank 1")
+
+
+@pytest.fixture(scope="module")
+def cp2_model(tmp_path_factory):
+    """t-llama with both CP ranks of cp 2 derived into a cache of its own."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("WILLITFIT_CACHE", str(tmp_path_factory.mktemp("cp-cache")))
+        model = from_hf_config(TINY, "t-llama", derive=True)
+        yield model
+
+
+def test_each_derived_cp_rank_equals_a_full_depth_trace_of_that_rank(cp2_model):
+    from tracer.session import run_traced
+
+    # the fit traced dp_shard 1 and 2 (n = 2, 4), batches 1-4 and seqs up to ~1000; checked at dp_shard 4 (n = 8)
+    # and batch 5 x seq 300, neither of which it used (n = 8 is its verify world, so also a dp_shard of 8: n = 16)
+    w, p = Workload(batch=5, seq=300), Parallel("fsdp", gpus=16, cp=2)
+    tw, _, _, pairs = resolve(cp2_model, w, p, Options())
+    assert [sh.stage for sh, _ in pairs] == ["cp rank 0", "cp rank 1"]
+    peaks = []
+    for rank, (sh, prof) in zip(cp.ranks(2), pairs):
+        assert prof.parallel_class == {"strategy": "fsdp", "cp": 2, "rank": rank}
+        ours = stage_breakdowns(cp2_model, prof, w, p, tw, sh, Options())
+        trace = run_traced(TINY, w, p, rank=rank)
+        for peak in trace.log.stages:
+            assert ours[peak.stage][1].tensor_bytes == sum(peak.breakdown.values()), (rank, peak.stage)
+        peaks.append(trace.log.peak.peak_bytes)
+    est = estimate(cp2_model, w, p)
+    assert est.components.tensor_bytes == max(peaks)   # the worse rank decides
+    assert est.pipeline_stage == ("cp rank 0", "cp rank 1")[peaks.index(max(peaks))]
+    assert any(n.startswith("cp: context parallelism 2") for n in est.notes)
+    # a CP rank holds about the step at seq / cp, far less than one GPU at the whole seq
+    one = estimate(cp2_model, w, Parallel("fsdp", gpus=16))
+    assert est.components.activations < 0.75 * one.components.activations
+
+
+def test_max_seq_under_cp_is_a_multiple_of_two_cp(cp2_model):
+    w, p = Workload(batch=2, seq=256), Parallel("fsdp", gpus=4, cp=2)
+    at = estimate(cp2_model, w, p).total_bytes
+    s = max_seq(cp2_model, w, p, at, limit=1000)
+    assert s % 4 == 0 and s >= 256
+    assert estimate(cp2_model, Workload(batch=2, seq=s), p).total_bytes <= at
+
+
+def test_the_cli_takes_cp_and_says_which_rank(cp2_model, capsys, tmp_path):
+    cfg = tmp_path / "t-llama.json"
+    cfg.write_text(json.dumps(TINY))
+    # the fixture's cache holds both ranks' profiles: --no-derive answers from them
+    assert cli_main(["--model", str(cfg), "--strategy", "fsdp", "--gpus", "4", "--cp", "2", "--batch", "2",
+                     "--seq", "256", "--no-derive"]) == 0
+    out = capsys.readouterr().out
+    assert "4 GPU(s), strategy fsdp (cp 2)" in out
+    assert "Per GPU at the peak (backward, cp rank" in out
+    # torchtitan's flags: world = dp_shard x cp; a seq the load balancer cannot cut is one line, before any trace
+    assert cli_main(["--model", str(cfg), "--dp-shard", "2", "--cp", "2", "--batch", "2", "--seq", "250"]) == 2
+    err = capsys.readouterr().err
+    assert "seq: 250 is not a multiple of 2 x cp = 4" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_parallel_check_cp_cases_are_exact_and_no_rank_holds_more_than_the_derived_ones(tmp_path, monkeypatch,
+                                                                                         capsys):
+    from scripts.parallel_check import main as parallel_check
+
+    monkeypatch.setenv("WILLITFIT_CACHE", str(tmp_path))
+    assert parallel_check(["--case", "fsdp16-cp2-train", "--case", "fsdp32-cp4-train-gqa", "--case",
+                           "fsdp4-cp4-train-mixed-ckpt", "--quiet"]) == 0
+    assert "3 of 3 cases exact" in capsys.readouterr().out
