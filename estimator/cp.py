@@ -19,16 +19,20 @@ from dataclasses import replace
 from estimator.spec import Parallel, Workload
 
 
-def check(workload: Workload, parallel: Parallel, sizes: bool = True) -> None:
-    """One line naming the field where a context-parallel rank is not priced (`sizes`: the seq too)."""
+def check(workload: Workload, parallel: Parallel, sizes: bool = True, causal: bool = True) -> None:
+    """One line naming the field where a context-parallel rank is not priced (`sizes`: the seq too; `causal`: the
+    model is a causal LM, not an encoder)."""
     if parallel.cp == 1:
         return
     if workload.mode != "train":
         raise ValueError("cp: context parallelism is priced for training (torchtitan's context_parallel); "
                          "inference with cp is not priced")
+    if not causal:
+        raise ValueError("cp: torch's ring attention balances causal attention only (its load balancer requires "
+                         "is_causal); this model is an encoder")
     if workload.attention == "eager":
-        raise ValueError("attention: context parallelism replaces SDPA with ring attention; eager attention is not "
-                         "context-parallel (use sdpa or flash)")
+        raise ValueError("attention: the step would run eager attention (asked, or the model has no SDPA path in "
+                         "transformers), and context parallelism replaces SDPA with ring attention")
     if sizes:
         check_seq(workload.seq, parallel.cp)
 

@@ -411,8 +411,8 @@ def estimate(model: Model, workload: Workload, parallel: Parallel = Parallel(),
 
     options = device_options(options)
     workload = vision.sized(model, workload)  # a vision encoder's image size -> its tokens per image (seq)
-    cp.check(workload, parallel)               # before any derivation: mode, attention, seq in 2 x cp chunks
     workload, attn_note = _runnable_attention(model, workload)  # the estimate shows what will run
+    cp.check(workload, parallel, causal=model.causal)  # before any derivation: mode, attention, seq in 2 x cp chunks
     tw, notes, prof, stage_shares = resolve(model, workload, parallel, options)
     notes = attn_note + notes
     fit, mode_note, source = reserved_fit(workload_class(workload, parallel), options.alloc_conf)

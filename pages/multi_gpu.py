@@ -10,7 +10,7 @@ from dataclasses import replace
 import pandas as pd
 import streamlit as st
 
-from estimator import search
+from estimator import cp as estimator_cp, search
 from estimator.device import capacity_bytes
 from estimator.breakdown import COMPONENTS
 from estimator.estimate import Options, estimate
@@ -49,6 +49,10 @@ def fields() -> dict[str, state.Field]:
                               help="Second strategy of the side-by-side comparison.")
     f["layout_n"] = state.Field("layout_n", "int", 8, lo=1, hi=MAX_SEARCH_GPUS, label="GPUs to lay out",
                                 help="World size whose FSDP x TP x PP layouts are ranked (torchtitan's mesh).")
+    f["cp"] = state.Field("cp", "int", 1, lo=1, hi=64, label="Context-parallel degree",
+                          help="torchtitan's context_parallel_degree: each sequence split over this many ranks (ring "
+                               "attention), FSDP over the rest x cp. 1: off. It must divide the GPUs to lay out, and "
+                               "the sequence length must be a multiple of 2 x cp.")
     f["compare_n"] = state.Field("compare_n", "int", 8, lo=1, hi=MAX_SEARCH_GPUS, label="GPUs for the comparison",
                               help="World size at which the two strategies are compared.")
     return f
@@ -103,14 +107,15 @@ def min_gpus_table(model, w, strategies, gpu) -> None:
         "peak per GPU (GiB)": st.column_config.NumberColumn(format="%.2f")})
 
 
-def layouts_section(model, w, gpu, f) -> None:
-    """Every FSDP x TP x PP layout of N GPUs (estimator.layouts), the worst rank of each, one drawn stage by stage."""
+def layouts_section(model, w, gpu, f) -> int:
+    """Every FSDP x TP x PP layout of N GPUs (estimator.layouts), the worst rank of each, one drawn stage by stage.
+    Returns N."""
     st.subheader("Layouts: FSDP x TP x PP on N GPUs")
     n = state.widget(PAGE, f["layout_n"], st)
     rows = layouts(model, w, n, capacity_bytes(gpu), priced(gpu))
     if not rows:
         st.info(f"No FSDP x TP x PP layout of {n} GPUs suits {model.name} (TP must divide its heads, PP its layers).")
-        return
+        return n
     st.dataframe(pd.DataFrame([{"layout": lay.label, "worst rank (GiB)": lay.device_bytes / GiB,
                                 "worst rank (GB)": lay.device_bytes / GB, "fits": lay.fits,
                                 "priced by": lay.priced, "why": lay.why(capacity_bytes(gpu))} for lay in rows]),
@@ -125,6 +130,45 @@ def layouts_section(model, w, gpu, f) -> None:
     st.caption(f"{lay.label}: {lay.why(capacity_bytes(gpu))}. Priced by the {lay.priced}: a layout whose ranks' "
                "profiles are on disk (`python -m bench derive ... --pp P --tp T`) is priced from them exactly, the "
                "others by the analytic rule over the traced FSDP rank (docs/parallel.md).")
+    return n
+
+
+def context_parallel_section(model, w, gpu, f, n: int) -> None:
+    """FSDP x CP on the N GPUs of the layouts (estimator.cp): the worse of the two derived CP ranks beside FSDP alone,
+    its step drawn stage by stage; a CP profile not on disk is derived in the background (both ranks)."""
+    st.subheader(f"Long sequences: FSDP x context parallelism on {n} GPUs")
+    cp = state.widget(PAGE, f["cp"], st)
+    if cp == 1:
+        st.caption("Pick a context-parallel degree above 1 to split each sequence over that many GPUs (torchtitan's "
+                   "ring attention; docs/parallel.md, \"Context parallelism\").")
+        return
+    try:
+        if n % cp:
+            raise ValueError(f"cp: {cp} must divide the {n} GPUs to lay out")
+        par = Parallel(strategy="fsdp", gpus=n, cp=cp)
+        estimator_cp.check(w, par)
+        if derive.profile_or_background(PAGE, model, w, par) is None:
+            return   # both CP ranks derive in the background; the page reruns when they are on disk
+        est = estimate(model, w, par, priced(gpu))
+    except ValueError as e:
+        st.warning(" ".join(str(e).split()))
+        return
+    alone = estimate(model, w, Parallel(strategy="fsdp", gpus=n), priced(gpu)) if n > 1 else None
+    c = st.columns(3)
+    spare = capacity_bytes(gpu) - est.total_bytes
+    c[0].metric(f"Worst CP rank ({est.pipeline_stage})", fmt_bytes(est.total_bytes, "GiB"),
+                delta=f"{fmt_bytes(abs(spare), 'GiB')} {'to spare' if spare >= 0 else 'over'}",
+                delta_color="normal" if spare >= 0 else "inverse", help=fmt_bytes(est.total_bytes, "GB"))
+    c[1].metric("Activations on it", fmt_bytes(est.components.activations, "GiB"),
+                help=fmt_bytes(est.components.activations, "GB"))
+    if alone is not None:
+        c[2].metric(f"FSDP over {n}, no CP", fmt_bytes(alone.total_bytes, "GiB"), help=fmt_bytes(alone.total_bytes, "GB"))
+    charts.show(charts.stages_chart(est.stages, capacity_bytes(gpu),
+                                    f"{gpu.display_name}: {fmt_bytes(capacity_bytes(gpu), 'GiB')}"))
+    st.caption(f"FSDP over dp_shard {par.dp_size} x cp {cp}: each rank holds {w.seq // cp} of every sequence's "
+               f"{w.seq} tokens and 1/{n} of the model states. Ranks 0 and {cp - 1} are traced as themselves (a "
+               "middle rank holds no more than the worse of them) and the worse is shown; exact against full-depth "
+               "traces of every rank (scripts/parallel_check.py).")
 
 
 def compare(model, w, gpu, f) -> None:
@@ -194,10 +238,10 @@ def main() -> None:
             st.caption(f"Black diamonds: {len(traced)} traced FSDP2 run(s), per-rank peak allocated "
                        "(tensors only: no CUDA context or NCCL buffers).")
         min_gpus_table(model, w, strategies, gpu)
-        layouts_section(model, w, gpu, f)
+        context_parallel_section(model, w, gpu, f, layouts_section(model, w, gpu, f))
         compare(model, w, gpu, f)
     finally:
-        state.write_url(PAGE, list(f.values()), {"model", "gpu", "compare_a", "compare_b", "compare_n", "layout_n", *shown})
+        state.write_url(PAGE, list(f.values()), {"model", "gpu", "compare_a", "compare_b", "compare_n", "layout_n", "cp", *shown})
 
 
 state.run_page(main)

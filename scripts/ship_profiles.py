@@ -19,7 +19,8 @@ What is shipped, per preset (each a workload class: batch, seq and world size ar
   eager inference, so every stored traced row has its profile (`python -m bench accuracy`);
 - FSDP (full, pure bf16: the Multi-GPU page's default) for every causal preset; llama-2-7b with `mixed`; a vision
   encoder's (ViT, DINOv2, SigLIP) trains and infers on one GPU here, its other classes derived on first use;
-  llama-3.2-1b with `mixed` under FSDP (tests/test_parallel.py).
+  llama-3.2-1b with `mixed` under FSDP (tests/test_parallel.py), and under FSDP x CP (cp 2; cp 8 with full
+  checkpointing: both derived CP ranks of each).
 Everything else is derived on first use and cached (~/.cache/willitfit).
 """
 from __future__ import annotations
@@ -32,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from estimator import store  # noqa: E402
+from estimator import cp, store  # noqa: E402
 from estimator.estimate import traced_class  # noqa: E402
 from estimator.families import VISION_TYPES  # noqa: E402
 from estimator.presets import load_config, preset_names  # noqa: E402
@@ -69,6 +70,10 @@ def classes(name: str, config: dict, grid: set[str]) -> list[tuple[Workload, Par
         out.append((Workload(recipe="mixed"), Parallel()))
     if name == "llama-3.2-1b":  # mixed under FSDP: tests/test_parallel.py checks its sharded master copy
         out.append((Workload(recipe="mixed"), Parallel(strategy="fsdp", gpus=2)))
+        # context parallelism (both derived ranks): the Multi-GPU page's default workload at cp 2
+        # (tests/test_app_pages.py) and long-context training with full checkpointing at cp 8 (docs/parallel.md)
+        out += [(Workload(), Parallel(strategy="fsdp", gpus=2, cp=2)),
+                (Workload(checkpointing="full"), Parallel(strategy="fsdp", gpus=8, cp=8))]
     return out
 
 
@@ -146,31 +151,32 @@ def main(argv=None) -> int:
             if args.lora_only and (w.method, w.recipe, p.strategy) != ("lora", "pure", "single"):
                 continue
             tw, tp, _ = traced_class(w, p)
-            key = store.profile_key(tw, tp)
-            if key in seen:
-                continue
-            seen.add(key)
-            label = (f"{name}: {w.mode} {w.method} {w.recipe} {w.attention} ckpt={w.checkpointing} ga={w.grad_accum} "
-                     f"{p.strategy}")
-            if args.only and not args.only.search(f"{label} {key}"):   # the line --list prints
-                continue
-            if args.list:
-                print(label, key)
-                continue
-            if args.force:
-                store.forget(config, key, ship=True)
-            elif (store.where(config, key=key) == "shipped" or
-                  (not args.lora_only and store.stored_key(config, tw, tp, ship=True) is not None)):
-                continue  # shipped (a per-rank LoRA file counts, except with --lora-only: its rank-free one is made)
-            start = time.perf_counter()
-            try:  # LoRA: the rank-free profile (every rank), even where a per-rank one is shipped
-                prof = store.stored_profile(config, tw, tp, name=name, ship=True, legacy=False)
-            except ValueError as e:
-                failed += 1
-                print(f"{label}: refused: {' '.join(str(e).split())}", flush=True)
-                continue
-            print(f"{label}: {sum(len(x.moments) for x in prof.pieces)} moments, "
-                  f"{time.perf_counter() - start:.1f} s", flush=True)
+            for rank in (cp.ranks(tp.cp) if tp.cp > 1 else (0,)):   # context parallelism: two ranks' profiles
+                key = store.profile_key(tw, tp, pp_rank=rank)
+                if key in seen:
+                    continue
+                seen.add(key)
+                label = (f"{name}: {w.mode} {w.method} {w.recipe} {w.attention} ckpt={w.checkpointing} "
+                         f"ga={w.grad_accum} {p.strategy}" + (f" cp={tp.cp} rank {rank}" if tp.cp > 1 else ""))
+                if args.only and not args.only.search(f"{label} {key}"):   # the line --list prints
+                    continue
+                if args.list:
+                    print(label, key)
+                    continue
+                if args.force:
+                    store.forget(config, key, ship=True)
+                elif (store.where(config, key=key) == "shipped" or
+                      (not args.lora_only and store.stored_key(config, tw, tp, ship=True, pp_rank=rank) is not None)):
+                    continue  # shipped (a per-rank LoRA file counts, except with --lora-only: its rank-free one is made)
+                start = time.perf_counter()
+                try:  # LoRA: the rank-free profile (every rank), even where a per-rank one is shipped
+                    prof = store.stored_profile(config, tw, tp, name=name, ship=True, legacy=False, pp_rank=rank)
+                except ValueError as e:
+                    failed += 1
+                    print(f"{label}: refused: {' '.join(str(e).split())}", flush=True)
+                    continue
+                print(f"{label}: {sum(len(x.moments) for x in prof.pieces)} moments, "
+                      f"{time.perf_counter() - start:.1f} s", flush=True)
     return 1 if failed else 0
 
 

@@ -527,6 +527,25 @@ def test_multi_gpu_layouts_are_the_library_ranking(env):
     assert table["why"].tolist() == [lay.why(capacity_bytes(gpu)) for lay in expected]
 
 
+def test_multi_gpu_context_parallel_is_the_library_estimate(env):
+    """FSDP x CP on the layouts' GPUs: the worse derived CP rank (shipped profiles of llama-3.2-1b at cp 2), beside FSDP
+    alone; a degree that does not divide the GPUs is one warning line."""
+    at = app("pages/multi_gpu.py", query={"model": "llama-3.2-1b"})
+    assert any(c.value.startswith("Pick a context-parallel degree") for c in at.caption)   # off by default
+    at.number_input(key="multi:cp").set_value(2).run()
+    assert not at.exception, [e.value for e in at.exception]
+    model, w = the_model("llama-3.2-1b"), Workload()
+    est = estimate(model, w, Parallel(strategy="fsdp", gpus=8, cp=2), ON_H100)
+    shown = next(m for m in at.metric if m.label.startswith("Worst CP rank"))
+    assert shown.value == gib(est.total_bytes) and est.pipeline_stage in shown.label
+    alone = next(m for m in at.metric if m.label == "FSDP over 8, no CP")
+    assert alone.value == gib(estimate(model, w, Parallel(strategy="fsdp", gpus=8), ON_H100).total_bytes)
+    assert est.total_bytes < estimate(model, w, Parallel(strategy="fsdp", gpus=8), ON_H100).total_bytes
+    at.number_input(key="multi:cp").set_value(3).run()
+    assert not at.exception
+    assert any(x.value == "cp: 3 must divide the 8 GPUs to lay out" for x in at.warning)
+
+
 def test_multi_gpu_overlays_traced_fsdp_points(env):
     at = app("pages/multi_gpu.py", query={"model": MODEL, "batch": "4", "seq": "1024"})
     assert any("2 traced FSDP2 run(s)" in c.value for c in at.caption)

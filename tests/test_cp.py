@@ -10,7 +10,7 @@ import pytest
 
 from estimator import cp
 from estimator.cli import main as cli_main
-from estimator.estimate import Options, estimate, resolve
+from estimator.estimate import Options, ensure_profile, estimate, resolve
 from estimator.evaluate import stage_breakdowns
 from estimator.model import from_hf_config
 from estimator.search import max_seq
@@ -47,6 +47,19 @@ def test_a_workload_cp_cannot_price_is_refused_before_any_trace(w, field, tmp_pa
     assert not [f for f in tmp_path.rglob("*.json") if f.name != "inventory.json"]   # no profile was derived
 
 
+@pytest.mark.parametrize("tiny, message", [
+    ("t-bert", "cp: torch's ring attention balances causal attention only"),     # an encoder, before any trace
+    ("t-gemma2", "attention: the step would run eager attention"),              # no SDPA path in transformers
+    ("t-falcon", "cp: torch's ring attention cannot run this model's attention"),  # SDPA with a mask: first trace
+])
+def test_a_model_whose_attention_the_ring_cannot_run_is_one_line(tiny, message, tmp_path, monkeypatch):
+    monkeypatch.setenv("WILLITFIT_CACHE", str(tmp_path))
+    config = json.loads((Path(__file__).parent / "data" / "tiny" / f"{tiny}.json").read_text())
+    with pytest.raises(ValueError) as e:
+        estimate(from_hf_config(config, tiny), Workload(batch=2, seq=256), Parallel("fsdp", gpus=4, cp=2))
+    assert str(e.value).startswith(message) and "\n" not in str(e.value)
+
+
 def test_the_fsdp_group_spans_dp_shard_times_cp_and_the_class_names_the_rank():
     p = Parallel("fsdp", gpus=16, cp=4)
     assert p.dp_size == 4   # the ranks that take different batches
@@ -66,6 +79,7 @@ def cp2_model(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("WILLITFIT_CACHE", str(tmp_path_factory.mktemp("cp-cache")))
         model = from_hf_config(TINY, "t-llama", derive=True)
+        ensure_profile(model, Workload(batch=2, seq=256), Parallel("fsdp", gpus=4, cp=2))   # both ranks
         yield model
 
 

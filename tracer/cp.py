@@ -32,10 +32,11 @@ from estimator import cp as estimator_cp
 from estimator.spec import Parallel, Workload
 
 
-def check(workload: Workload, parallel: Parallel, kernels: str = "cuda", sizes: bool = True) -> None:
+def check(workload: Workload, parallel: Parallel, kernels: str = "cuda", sizes: bool = True,
+          causal: bool = True) -> None:
     """One line naming the field where a context-parallel rank cannot be traced as torchtitan runs it (`sizes`:
-    the workload's seq too): estimator.cp.check, and CUDA's kernels."""
-    estimator_cp.check(workload, parallel, sizes)
+    the workload's seq too; `causal`: the model is a causal LM): estimator.cp.check, and CUDA's kernels."""
+    estimator_cp.check(workload, parallel, sizes, causal)
     if parallel.cp > 1 and kernels != "cuda":
         raise ValueError("kernels: a context-parallel rank is traced with CUDA's kernels only (ring attention runs "
                          "the flash or memory-efficient op)")

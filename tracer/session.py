@@ -162,6 +162,7 @@ def _prepared(config: dict, workload: Workload, parallel: Parallel, layers: list
     if parallel.strategy in FSDP_STRATEGIES and parallel.cp > 1:
         cp.check(workload, parallel, kernels)
         with _fsdp_model(config, workload, parallel, layers, rank) as (model, cp_mesh), _fake_mode():
+            cp.check(workload, parallel, kernels, causal=not runner.is_masked_lm(model))
             model.to_empty(device="cpu")  # FSDP2's documented meta-device init; shards become fake
             inputs = cp.with_positions(runner.make_inputs(config, workload, "cpu", model, clone_labels=clone))
             case = _Case(model, runner.make_optimizer(model, workload), inputs, workload,
