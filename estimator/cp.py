@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from estimator.parallel import tp_untraced
 from estimator.spec import Parallel, Workload
 
 
@@ -33,24 +34,38 @@ def check(workload: Workload, parallel: Parallel, sizes: bool = True, causal: bo
     if workload.attention == "eager":
         raise ValueError("attention: the step would run eager attention (asked, or the model has no SDPA path in "
                          "transformers), and context parallelism replaces SDPA with ring attention")
+    if parallel.tp_size > 1:   # FSDP x TP x CP: the TP rank as tracer.tp traces it
+        why = tp_untraced(workload, parallel)
+        if why:
+            raise ValueError(why)
     if sizes:
-        check_seq(workload.seq, parallel.cp)
+        check_seq(workload.seq, parallel)
 
 
-def check_seq(seq: int, cp: int) -> None:
-    """The load balancer cuts each sequence into 2 x cp equal chunks: seq must be a multiple of 2 x cp."""
-    if cp > 1 and seq % (2 * cp):
-        lo = seq - seq % (2 * cp)
-        raise ValueError(f"seq: {seq} is not a multiple of 2 x cp = {2 * cp} (context parallelism cuts each sequence "
-                         f"into 2 x cp equal chunks); use {lo} or {lo + 2 * cp}" if lo else
-                         f"seq: {seq} is not a multiple of 2 x cp = {2 * cp} (context parallelism cuts each sequence "
-                         f"into 2 x cp equal chunks); use {2 * cp}")
+def seq_multiple(p: Parallel) -> int:
+    """What seq must be a multiple of: the load balancer cuts each sequence into 2 x cp equal chunks, and sequence
+    parallelism splits a rank's s / cp tokens evenly over tp (torch would shard them unevenly, the ranks unalike)."""
+    if p.cp == 1:
+        return 1
+    return 2 * p.cp * (p.tp_size if p.sequence_parallel else 1)
+
+
+def check_seq(seq: int, p: Parallel) -> None:
+    """One line where seq is no multiple of `seq_multiple`."""
+    m = seq_multiple(p)
+    if seq % m:
+        what = f"2 x cp = {m}" if m == 2 * p.cp else f"2 x cp x tp = {m} (sequence parallelism)"
+        lo = seq - seq % m
+        raise ValueError(f"seq: {seq} is not a multiple of {what}; context parallelism cuts each sequence into 2 x cp "
+                         f"equal chunks; use " + (f"{lo} or {lo + m}" if lo else f"{m}"))
 
 
 def traced(p: Parallel) -> Parallel:
-    """The traced class of a CP layout: an FSDP rank (FSDP2's 2-rank class, as plain FSDP's) of this cp degree."""
+    """The traced class of a CP layout: an FSDP rank (FSDP2's 2-rank class, as plain FSDP's) of this cp degree, and
+    with TP of its tp degree (and sequence parallelism)."""
     strategy = "fsdp-grad-op" if p.strategy == "fsdp-grad-op" else "fsdp"
-    return Parallel(strategy=strategy, gpus=2 * p.cp, cp=p.cp)
+    return Parallel(strategy=strategy, gpus=2 * p.cp * p.tp_size, tp=p.tp_size, cp=p.cp,
+                    sequence_parallel=p.sequence_parallel)
 
 
 def ranks(cp: int) -> tuple[int, ...]:
@@ -79,7 +94,8 @@ def where(stage: str) -> str:
 
 def note(p: Parallel) -> str:
     return (f"cp: context parallelism {p.cp} (torch's context_parallel: ring attention, head-tail load balancing), "
-            f"FSDP2 over dp_shard {p.dp_size} x cp {p.cp}; ranks 0 and {p.cp - 1} traced, the worse decides")
+            f"FSDP2 over dp_shard {p.dp_size} x cp {p.cp}" + (f", TP {p.tp_size} inside" if p.tp_size > 1 else "")
+            + f"; cp ranks 0 and {p.cp - 1} traced, the worse decides")
 
 
 def with_cp(tp: Parallel, p: Parallel) -> Parallel:

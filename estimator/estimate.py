@@ -269,7 +269,7 @@ def resolve(model: Model, w: Workload, p: Parallel, options: Options):
         tw, tp, notes = traced_class(w, p)
         notes = attn_note + vision.scope_notes(model) + notes
         prof = None
-        if tp.tp_size > 1 and tp.pp_size == 1:
+        if tp.tp_size > 1 and tp.pp_size == 1 and tp.cp == 1:
             prof, tp, notes = _traced_tp_or_analytic(model, tw, tp, notes, options)
         per_rank = None
         if tp.pp_size > 1:

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
 
+from estimator import cp
 from estimator.estimate import Options, estimate
 from estimator.model import Model
 from estimator.store import ProfileMissing
-from estimator.spec import MAX_BATCH, MAX_SEQ, STRATEGIES, Parallel, Workload, spec_dict
+from estimator.spec import CP_STRATEGIES, MAX_BATCH, MAX_SEQ, STRATEGIES, Parallel, Workload, spec_dict
 from estimator.alloc_conf import parse_alloc_conf
 
 # Strategies whose per-GPU memory never grows with the world size once it is >= 2 (the shard fraction 1/n
@@ -53,7 +54,7 @@ def max_seq(model: Model, workload: Workload, parallel: Parallel, gpu_bytes: int
     """Longest sequence (prompt, for inference) that fits, up to `limit` (0 if seq 1 does not). Memory only:
     the model's own context length (Model.max_positions) is a separate limit the caller may pass. With context
     parallelism, a multiple of 2 x cp (the load balancer's chunks: estimator.cp.check_seq)."""
-    m = 2 * parallel.cp if parallel.cp > 1 else 1
+    m = cp.seq_multiple(parallel)
     if limit < m:
         return 0
     return m * _largest(lambda k: _fits(model, replace(workload, seq=k * m), parallel, gpu_bytes, options), limit // m)
@@ -228,6 +229,12 @@ def _parallel_candidates(model: Model, w: Workload, p: Parallel, gpu_bytes: int,
     if w.training and p.offload == "none" and p.strategy in ("single", "zero1", "zero2", "zero3", "fsdp"):
         out.append(("Offload optimizer states to CPU (ZeRO-Offload)", {}, {"offload": "optimizer"},
                     "States and the update live in host RAM; the step is bounded by PCIe and CPU speed."))
+    c = _cp_degree(w, p)
+    if c:
+        out.append((f"Split each sequence over {c} GPUs (context parallelism {c})", {}, {"cp": c},
+                    f"torch's ring attention as torchtitan runs it: each GPU holds {w.seq // c} of every sequence's "
+                    f"{w.seq} tokens and FSDP shards over dp_shard x cp; K and V travel the ring in every layer, and "
+                    f"with the same micro-batch per GPU the global batch is {c}x smaller."))
     strategy = "fsdp" if w.training else "tp"
     try:
         n = min_gpus(model, w, strategy, gpu_bytes, options=options)
@@ -333,6 +340,19 @@ def _combined(model, workload, parallel, gpu_bytes, options, first: list[Advice]
         if not advices:
             return None
     return None
+
+
+def _cp_degree(w: Workload, p: Parallel) -> int:
+    """The context-parallel degree advice proposes for a long-sequence FSDP run (0: none): the largest power of two
+    up to 8 that divides the GPUs (over tp) and whose 2 x cp chunks divide seq, from seq 4096 up (shorter sequences
+    gain little against the ring's communication)."""
+    if not (w.training and p.cp == 1 and p.strategy in CP_STRATEGIES and p.pp_size == p.ep_size == 1
+            and w.seq >= 4096 and p.gpus > p.tp_size):
+        return 0
+    for c in (8, 4, 2):
+        if (p.gpus // p.tp_size) % c == 0 and w.seq % cp.seq_multiple(replace(p, cp=c)) == 0:
+            return c
+    return 0
 
 
 _WORKLOAD_FIELDS = tuple(f.name for f in fields(Workload))

@@ -255,9 +255,9 @@ class Parallel:
         if self.cp > 1 and self.strategy not in CP_STRATEGIES:
             raise ValueError(f"cp: context parallelism is priced under FSDP2 (strategy {', '.join(CP_STRATEGIES)}: "
                              f"torchtitan shards over dp_shard x cp), not {self.strategy!r}")
-        if self.cp > 1 and (self.tp, self.pp, self.ep) != (1, 1, 1):
-            raise ValueError("cp: context parallelism composed with tp, pp or ep is not priced yet; use cp with FSDP "
-                             "alone (docs/parallel.md, \"Context parallelism\")")
+        if self.cp > 1 and (self.pp, self.ep) != (1, 1):
+            raise ValueError("cp: context parallelism composed with pp or ep is not priced yet; use cp with FSDP, or "
+                             "FSDP x TP (docs/parallel.md, \"Context parallelism\")")
         if self.strategy == "single" and self.gpus != 1:
             raise ValueError(f"strategy: 'single' runs on one GPU, got gpus={self.gpus}; pick ddp, zero1..3, fsdp, tp or pp")
         mesh = self.tp * self.pp * self.ep * self.cp

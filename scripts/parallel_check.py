@@ -21,7 +21,8 @@ FSDP2 over each stage's dp ranks: FSDP 16 x PP 2 (1F1B, the 12-layer model) and 
 12-layer model), pp 2 x tp 4 with sequence parallelism (GPipe over 3 micro-batches, mixed, the 8-layer model) and
 FSDP 16 x TP 2 x PP 2 (1F1B, the 12-layer model, 64 ranks); context parallelism (tracer.cp, every CP rank
 traced, the derived ones against their estimates): FSDP over dp_shard 8 x cp 2, dp_shard 8 x cp 4 with grouped
-KV heads, and dp_shard 1 x cp 4 with the mixed recipe and full checkpointing.
+KV heads, dp_shard 1 x cp 4 with the mixed recipe and full checkpointing, and with TP inside on torchtitan's
+(dp_shard, cp, tp) mesh: dp_shard 8 x cp 2 x tp 2, and dp_shard 8 x cp 4 x tp 2 with sequence parallelism (mixed).
 """
 from __future__ import annotations
 
@@ -93,7 +94,11 @@ def cases() -> list[Case]:
                   Case("fsdp32-cp4-train-gqa", Workload(batch=5, seq=296), Parallel("fsdp", gpus=32, cp=4),
                        {**CONFIG, "num_key_value_heads": 2}),
                   Case("fsdp4-cp4-train-mixed-ckpt", Workload(batch=5, seq=296, recipe="mixed", checkpointing="full"),
-                       Parallel("fsdp", gpus=4, cp=4))]
+                       Parallel("fsdp", gpus=4, cp=4)),
+                  # FSDP x CP x TP on torchtitan's (dp_shard, cp, tp) mesh, with and without sequence parallelism
+                  Case("fsdp8-cp2-tp2-train", train, Parallel("fsdp", gpus=32, cp=2, tp=2)),
+                  Case("fsdp8-cp4-tp2-sp-train-mixed", Workload(batch=5, seq=304, recipe="mixed"),   # 2 x cp x tp
+                       Parallel("fsdp", gpus=64, cp=4, tp=2, sequence_parallel=True))]
 
 
 def rows(estimate_, trace) -> list[tuple[str, str, int, int]]:
@@ -194,7 +199,9 @@ def check_cp(case: Case, model) -> tuple[bool, list[str]]:
     worse of the two derived ranks holds (the middle ranks run both branches of the ring, estimator.cp)."""
     w, p, config = case.workload, case.parallel, case.model_config()
     tw, _, _, pairs = resolve(model, w, p, Options())
-    lines = [f"{case.name}: {p.strategy} dp_shard {p.dp_size} x cp {p.cp}, batch {w.batch}, seq {w.seq}, {w.recipe}"
+    lines = [f"{case.name}: {p.strategy} dp_shard {p.dp_size} x cp {p.cp}"
+             + (f" x tp {p.tp_size}{' (sp)' if p.sequence_parallel else ''}" if p.tp_size > 1 else "")
+             + f", batch {w.batch}, seq {w.seq}, {w.recipe}"
              + (f", checkpointing {w.checkpointing}" if w.checkpointing != "none" else "")
              + f" ({config['num_hidden_layers']} layers, {config['num_key_value_heads']} KV heads)",
              f"  {'rank':18s} {'stage':10s} {'component':17s} {'estimate':>10s} {'trace':>10s} {'diff':>8s}"]

@@ -23,7 +23,8 @@ TINY = json.loads((Path(__file__).parent / "data" / "tiny" / "t-llama.json").rea
 @pytest.mark.parametrize("kwargs, field", [
     (dict(strategy="ddp", gpus=4, cp=2), "cp"),
     (dict(strategy="hsdp", gpus=8, cp=2), "cp"),
-    (dict(strategy="fsdp", gpus=8, tp=2, cp=2), "cp"),
+    (dict(strategy="fsdp", gpus=8, pp=2, cp=2), "cp"),
+    (dict(strategy="fsdp", gpus=8, ep=2, cp=2), "cp"),
     (dict(strategy="fsdp", gpus=6, cp=4), "gpus"),
     (dict(strategy="fsdp", gpus=8, cp=0), "cp"),
 ])
@@ -138,5 +139,46 @@ def test_parallel_check_cp_cases_are_exact_and_no_rank_holds_more_than_the_deriv
 
     monkeypatch.setenv("WILLITFIT_CACHE", str(tmp_path))
     assert parallel_check(["--case", "fsdp16-cp2-train", "--case", "fsdp32-cp4-train-gqa", "--case",
-                           "fsdp4-cp4-train-mixed-ckpt", "--quiet"]) == 0
-    assert "3 of 3 cases exact" in capsys.readouterr().out
+                           "fsdp4-cp4-train-mixed-ckpt", "--case", "fsdp8-cp2-tp2-train", "--case",
+                           "fsdp8-cp4-tp2-sp-train-mixed", "--quiet"]) == 0
+    assert "5 of 5 cases exact" in capsys.readouterr().out
+
+
+def test_cp_with_tp_inside_traces_each_cp_rank_in_one_process():
+    """FSDP x CP x TP (+ sequence parallelism) on torchtitan's (dp_shard, cp, tp) mesh: the two CP ranks live on
+    different TP groups ([0, 1] and [2, 3]), so DTensor's cached shardings of the first world must not reach the
+    second (tracer.tp.forget_meshes); a TP rank holds less than the CP rank without TP."""
+    from tracer.session import run_traced
+
+    w = Workload(batch=2, seq=256)
+    sp = Parallel("fsdp", gpus=8, cp=2, tp=2, sequence_parallel=True)
+    first, second = (run_traced(TINY, w, sp, rank=r) for r in (1, 0))
+    assert second.per_rank["traced_rank"] == 0 and first.per_rank["traced_rank"] == 2   # CP rank 1 is world rank 2
+    assert any("TP 2 inside (apply_tp, sequence parallel)" in n for n in first.notes)
+    alone = run_traced(TINY, w, Parallel("fsdp", gpus=4, cp=2), rank=0)
+    assert second.log.peak.peak_bytes < alone.log.peak.peak_bytes
+
+
+def test_advice_splits_a_long_sequence_with_cp_and_prices_it_from_shipped_profiles(monkeypatch, tmp_path):
+    """A long-sequence FSDP run that does not fit: "What would help" proposes context parallelism over the same GPUs,
+    priced from llama-3.2-1b's shipped cp 2 rank profiles (no derivation: Options(derive=False))."""
+    from estimator.presets import load_config
+    from estimator.search import advice
+
+    monkeypatch.setenv("WILLITFIT_CACHE", str(tmp_path))   # nothing cached: shipped profiles only
+    name, config = load_config("llama-3.2-1b")
+    model, w, p = from_hf_config(config, name), Workload(seq=4096), Parallel("fsdp", gpus=2)
+    options = Options(derive=False)
+    now = estimate(model, w, p, options).total_bytes
+    rows = advice(model, w, p, now - 1, options)
+    row = next(a for a in rows if a.change == {"cp": 2})
+    with_cp = estimate(model, w, Parallel("fsdp", gpus=2, cp=2), options)
+    assert row.priced and row.new_total_bytes == with_cp.total_bytes and row.saving_bytes == now - with_cp.total_bytes
+    assert row.title == "Split each sequence over 2 GPUs (context parallelism 2)" and row.fits
+    # short sequences and one GPU get no CP row; nor do inference, ddp, a degree whose chunks do not divide seq
+    for w2, p2 in ((Workload(seq=2048), p), (w, Parallel())):
+        assert not any(a.change.get("cp", 1) > 1 for a in advice(model, w2, p2, now - 1, options))
+    from estimator.search import _cp_degree
+    assert _cp_degree(Workload(mode="infer", seq=4096), p) == 0 and _cp_degree(w, Parallel("ddp", gpus=2)) == 0
+    assert _cp_degree(Workload(seq=4100), Parallel("fsdp", gpus=8)) == 2        # 4100 = 4 x 1025: 2 x cp = 4 only
+    assert _cp_degree(Workload(seq=8192), Parallel("fsdp", gpus=16, tp=2)) == 8

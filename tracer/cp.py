@@ -20,11 +20,14 @@ shards its rotary cache the same way); transformers would otherwise number the l
 wrong values). Ring attention is causal self-attention without a mask: eager attention, a padding mask or inference
 are not context-parallel (`check`).
 
-The traced rank r is cp rank r of the first data-parallel shard (the fake world is laid out (dp_shard, cp), cp
-innermost, as torchtitan's mesh is). FSDP2's shards are the same size on every rank (it pads dim 0 to a multiple of
+The traced rank r is cp rank r of the first data-parallel shard, TP rank 0 (the fake world is laid out (dp_shard,
+cp, tp), tp innermost, as torchtitan's mesh is; with TP, torchtitan's apply_tp on the tp dimension first, as
+tracer.tp does, and the loss inside loss_parallel). FSDP2's shards are the same size on every rank (it pads dim 0 to a multiple of
 the group), so the ranks differ only in what ring attention holds: docs/parallel.md, "Context parallelism".
 """
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
@@ -43,13 +46,20 @@ def check(workload: Workload, parallel: Parallel, kernels: str = "cuda", sizes: 
 
 
 def world_mesh(parallel: Parallel):
-    """(fsdp mesh, cp mesh) of torchtitan's ParallelDims over the fake world: (dp_shard, cp), FSDP2 on their
-    flattened product."""
+    """(fsdp mesh, cp mesh, tp mesh or None) of torchtitan's ParallelDims over the fake world: (dp_shard, cp[, tp]),
+    outermost first, FSDP2 on the flattened (dp_shard, cp)."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    dp_shard = parallel.gpus // parallel.cp
-    mesh = init_device_mesh("cpu", (dp_shard, parallel.cp), mesh_dim_names=("dp_shard", "cp"))
-    return mesh["dp_shard", "cp"]._flatten("dp_shard_cp"), mesh["cp"]
+    tp = parallel.tp_size
+    dp_shard = parallel.gpus // (parallel.cp * tp)
+    dims, names = (dp_shard, parallel.cp, tp), ("dp_shard", "cp", "tp")
+    mesh = init_device_mesh("cpu", dims if tp > 1 else dims[:2], mesh_dim_names=names if tp > 1 else names[:2])
+    return mesh["dp_shard", "cp"]._flatten("dp_shard_cp"), mesh["cp"], (mesh["tp"] if tp > 1 else None)
+
+
+def fake_rank(parallel: Parallel, cp_rank: int) -> int:
+    """The world rank of CP rank `cp_rank` in the first data-parallel shard, TP rank 0 (mesh (dp_shard, cp, tp))."""
+    return cp_rank * parallel.tp_size
 
 
 def with_positions(inputs: dict) -> dict:
@@ -59,11 +69,20 @@ def with_positions(inputs: dict) -> dict:
     return {**inputs, "position_ids": pos}
 
 
-def step_context(cp_mesh, inputs: dict):
-    """A context around the training steps: torch's context_parallel over the sequence buffers of `inputs` (each
-    sharded in place once, at entry, and left sharded: torchtitan's `no_restore_buffers`)."""
+def step_context(cp_mesh, inputs: dict, outer=None):
+    """A context factory around the training steps: torch's context_parallel over the sequence buffers of `inputs`
+    (each sharded in place once, at entry, and left sharded: torchtitan's `no_restore_buffers`), inside `outer()`
+    where given (TP: loss_parallel, as torchtitan's train context nests them)."""
     from torch.distributed.tensor.experimental import context_parallel
 
     buffers = list(dict.fromkeys(inputs[k] for k in ("input_ids", "labels", "position_ids") if k in inputs))
-    return lambda: context_parallel(cp_mesh, buffers=buffers, buffer_seq_dims=[1] * len(buffers),
-                                    no_restore_buffers=set(buffers))
+
+    @contextlib.contextmanager
+    def both():
+        with contextlib.ExitStack() as stack:
+            if outer is not None:
+                stack.enter_context(outer())
+            stack.enter_context(context_parallel(cp_mesh, buffers=buffers, buffer_seq_dims=[1] * len(buffers),
+                                                 no_restore_buffers=set(buffers)))
+            yield
+    return both

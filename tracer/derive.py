@@ -36,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from fractions import Fraction
 
+from estimator import cp as estimator_cp
 from estimator.profile import poly
 from estimator.profile.profile import Piece, Profile
 from estimator.spec import Parallel, Workload
@@ -295,7 +296,7 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
     if masked and infer:
         w0 = replace(w0, gen_tokens=0)  # an encoder (text or vision) runs one forward pass: no decoding
     plan = plan_layers(sigs, offload.DEPTH_COPIES if workload.activation_offload else 1)
-    multiple = 2 * parallel.cp if parallel.cp > 1 else 1   # CP cuts each sequence into 2 x cp chunks
+    multiple = estimator_cp.seq_multiple(parallel)   # CP cuts each sequence into 2 x cp chunks (x tp with SP)
     step = math.lcm(chunk_step(workload, hf_config), multiple)
     pieces = pieces_for(hf_config, max_positions(hf_config), infer, step, multiple)
     fit_world = world[:2] if fsdp else world

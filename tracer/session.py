@@ -161,17 +161,23 @@ def _prepared(config: dict, workload: Workload, parallel: Parallel, layers: list
         return
     if parallel.strategy in FSDP_STRATEGIES and parallel.cp > 1:
         cp.check(workload, parallel, kernels)
-        with _fsdp_model(config, workload, parallel, layers, rank) as (model, cp_mesh), _fake_mode():
+        with _fsdp_model(config, workload, parallel, layers, cp.fake_rank(parallel, rank)) as (model, cp_mesh), \
+                _fake_mode():
             cp.check(workload, parallel, kernels, causal=not runner.is_masked_lm(model))
             model.to_empty(device="cpu")  # FSDP2's documented meta-device init; shards become fake
             inputs = cp.with_positions(runner.make_inputs(config, workload, "cpu", model, clone_labels=clone))
             case = _Case(model, runner.make_optimizer(model, workload), inputs, workload,
-                         per_rank={"world_size": parallel.gpus, "traced_rank": rank, "cp": parallel.cp},
-                         context=cp.step_context(cp_mesh, inputs))
-            case.notes.append(f"cp rank {rank % parallel.cp} of {parallel.cp} (fake rank {rank} of {parallel.gpus}) "
-                              f"traced with a fake process group: torch's context_parallel (ring attention, "
-                              f"head-tail load balancing) inside FSDP2 over dp_shard {parallel.dp_size} x cp "
-                              f"{parallel.cp}, as torchtitan runs it (collectives do nothing)")
+                         per_rank={"world_size": parallel.gpus, "traced_rank": cp.fake_rank(parallel, rank),
+                                   "cp": parallel.cp, "cp_rank": rank, "tp": parallel.tp_size},
+                         context=cp.step_context(cp_mesh, inputs, (lambda: tp.loss_context(workload))
+                                                 if parallel.tp_size > 1 else None))
+            case.notes.append(f"cp rank {rank} of {parallel.cp} (fake rank {cp.fake_rank(parallel, rank)} of "
+                              f"{parallel.gpus}) traced with a fake process group: torch's context_parallel (ring "
+                              f"attention, head-tail load balancing) inside FSDP2 over dp_shard {parallel.dp_size} x "
+                              f"cp {parallel.cp}" + (f", TP {parallel.tp_size} inside (apply_tp"
+                                                     + (", sequence parallel" if parallel.sequence_parallel else "")
+                                                     + ")" if parallel.tp_size > 1 else "")
+                              + ", as torchtitan runs it (collectives do nothing)")
             yield case
         return
     if parallel.strategy in FSDP_STRATEGIES:
@@ -231,7 +237,9 @@ def _fsdp_model(config: dict, workload: Workload, parallel: Parallel, layers: li
         mp = {"mp_policy": recipes.mp_policy(workload)} if workload.recipe == "fsdp-mp" else {}
         cp_mesh = None
         if parallel.cp > 1:   # torchtitan: FSDP2 over dp_shard x cp, the step inside context_parallel on cp
-            mp["mesh"], cp_mesh = cp.world_mesh(parallel)
+            mp["mesh"], cp_mesh, tp_mesh = cp.world_mesh(parallel)
+            if tp_mesh is not None:   # TP on the innermost dimension first, as below
+                tp.parallelize(model, tp_mesh, workload.mode == "train", parallel.sequence_parallel)
         elif parallel.tp_size > 1 or parallel.strategy == "hsdp":
             mesh, dp_mesh = tp.world_mesh(parallel)   # torchtitan's ParallelDims (dp_replicate, dp_shard, tp)
             if parallel.tp_size > 1:  # torchtitan: TP on the inner mesh dimension first, then fully_shard over dp
@@ -243,6 +251,8 @@ def _fsdp_model(config: dict, workload: Workload, parallel: Parallel, layers: li
         yield model, cp_mesh
     finally:
         dist.destroy_process_group()
+        if parallel.cp > 1 and parallel.tp_size > 1:
+            tp.forget_meshes()   # CP ranks live on other TP groups ([2, 3] after [0, 1]): tracer.tp.forget_meshes
 
 
 def _run(case: _Case, steps: int, observe_layers: bool = False,
