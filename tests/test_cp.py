@@ -182,3 +182,22 @@ def test_advice_splits_a_long_sequence_with_cp_and_prices_it_from_shipped_profil
     assert _cp_degree(Workload(mode="infer", seq=4096), p) == 0 and _cp_degree(w, Parallel("ddp", gpus=2)) == 0
     assert _cp_degree(Workload(seq=4100), Parallel("fsdp", gpus=8)) == 2        # 4100 = 4 x 1025: 2 x cp = 4 only
     assert _cp_degree(Workload(seq=8192), Parallel("fsdp", gpus=16, tp=2)) == 8
+
+
+def test_bench_trace_never_stores_or_finds_a_row_for_a_layout_rows_cannot_tell_apart(tmp_path, capsys):
+    """A run row names the strategy and world size only: a CP (or FSDP x TP, SP, pipeline schedule) rank would be
+    stored as plain FSDP, so --out is refused in one line, and the database's plain-FSDP row is never shown for it."""
+    from bench.__main__ import main as bench_main
+    from bench.trace.cases import unstorable
+
+    cfg = tmp_path / "t-llama.json"
+    cfg.write_text(json.dumps(TINY))
+    argv = ["trace", "--model", str(cfg), "--batch", "2", "--seq", "256", "--strategy", "fsdp", "--gpus", "4"]
+    assert bench_main([*argv, "--cp", "2", "--out", str(tmp_path / "rows.jsonl")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].endswith("fsdp on 4 GPUs with cp 2 would be stored as plain fsdp; trace it without --out / "
+                            "--ingest (the table is printed)") and not (tmp_path / "rows.jsonl").exists()
+    assert unstorable(Parallel("fsdp", gpus=4)) is None and unstorable(Parallel("tp", gpus=4)) is None
+    assert unstorable(Parallel("pp", gpus=4)) is None
+    assert "tp 2, sequence parallelism" in unstorable(Parallel("fsdp", gpus=4, tp=2, sequence_parallel=True))
+    assert "pipeline schedule gpipe" in unstorable(Parallel("pp", gpus=2, pp_schedule="gpipe"))

@@ -52,6 +52,23 @@ def _identity_row(config: dict, workload: Workload, parallel: Parallel, kernels:
     return row
 
 
+def unstorable(parallel: Parallel) -> str | None:
+    """Why a run row cannot tell this layout from another, or None: a row names the strategy and the world size, no
+    mesh degrees (bench.store.rows.COLUMNS), so an FSDP x TP / PP / CP rank, sequence parallelism or a pipeline's own
+    schedule would be stored, and found again, as the plain strategy on as many GPUs."""
+    p = parallel
+    mesh = [f"{k} {v}" for k, v, own in (("tp", p.tp_size, "tp"), ("pp", p.pp_size, "pp"), ("ep", p.ep_size, "ep"),
+                                         ("cp", p.cp, None)) if v > 1 and p.strategy != own]
+    mesh += ["sequence parallelism"] if p.sequence_parallel else []
+    mesh += [f"pipeline schedule {p.pp_schedule}, {p.microbatches} micro-batches"] \
+        if p.pp_size > 1 and (p.pp_schedule != "1f1b" or p.microbatches) else []
+    if not mesh:
+        return None
+    return (f"out: a run row names the strategy and world size only, so {p.strategy} on {p.gpus} GPUs with "
+            f"{', '.join(mesh)} would be stored as plain {p.strategy}; trace it without --out / --ingest (the table "
+            "is printed)")
+
+
 def case_run_id(config: dict, workload: Workload, parallel: Parallel, kernels: str = "cuda") -> str:
     """The run_id `trace_case` gives this case on this machine, computed without tracing (for resuming)."""
     return compute_run_id(_identity_row(config, workload, parallel, kernels))
