@@ -381,8 +381,8 @@ def evaluated_class(model: Model, workload: Workload, parallel: Parallel, tp_ran
     (`analytic_class`; a pipeline: the single-GPU profile)."""
     w, _ = _runnable_attention(model, workload)
     tw, tp, _ = traced_class(w, parallel)
-    if tp.tp_size > 1 and tp.pp_size == 1 and not tp_rank and _where(model, tw, tp) is None:
-        tp = analytic_class(tp)
+    if tp.tp_size > 1 and tp.pp_size == 1 and tp.cp == 1 and not tp_rank and _where(model, tw, tp) is None:
+        tp = analytic_class(tp)   # (a CP class has no analytic fallback: its ranks are derived)
     if tp.pp_size > 1 and not tp_rank and any(_where(model, tw, tp, r) is None for r in range(tp.pp_size)):
         tw, tp = replace(tw, grad_accum=store.canonical_class(w).grad_accum), analytic_class(tp)
     return tw, tp

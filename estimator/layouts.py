@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from estimator.breakdown import COMPONENTS
-from estimator.estimate import Options, estimate
+from estimator.estimate import Options, estimate, profile_where
 from estimator.model import Model
 from estimator.parallel import check_model
 from estimator.spec import MAX_GPUS, Parallel, Workload
@@ -38,6 +38,7 @@ class Layout:
     largest: str               # the Breakdown component with the most bytes at the peak
     largest_bytes: int
     per_rank: bool = False     # priced from per-rank traced profiles (on disk), not the analytic rule
+    cp: int = 1                # context-parallel degree (dp is then dp_shard: FSDP shards over dp x cp)
 
     @property
     def priced(self) -> str:
@@ -47,6 +48,8 @@ class Layout:
 
     @property
     def label(self) -> str:
+        if self.cp > 1:
+            return f"FSDP {self.dp} x CP {self.cp} x TP {self.tp}"
         return f"FSDP {self.dp} x TP {self.tp} x PP {self.pp}"
 
     def why(self, gpu_bytes: int) -> str:
@@ -69,24 +72,39 @@ def _divisors(n: int) -> list[int]:
 def layouts(model: Model, workload: Workload, gpus: int, gpu_bytes: int,
             options: Options = Options()) -> tuple[Layout, ...]:
     """Every valid (dp, tp, pp) with dp * tp * pp = gpus, the fitting ones first, then by the worst rank's device
-    bytes. A degree the model cannot take (TP not dividing the heads, PP past the layers) is left out."""
+    bytes. A degree the model cannot take (TP not dividing the heads, PP past the layers) is left out. FSDP x CP (x
+    TP) layouts (dp * cp * tp = gpus) join where both derived CP ranks' profiles are on disk already: ranking never
+    starts a CP derivation (two of a minute or more each; the Multi-GPU page derives one degree on request)."""
     if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= MAX_GPUS:
         raise ValueError(f"gpus: must be a whole number in 1..{MAX_GPUS}, got {gpus!r}")
     out = []
     for tp in _divisors(gpus):
         for pp in _divisors(gpus // tp):
-            dp = gpus // (tp * pp)
             par = Parallel() if gpus == 1 else Parallel(strategy="fsdp", gpus=gpus, tp=tp, pp=pp)
+            lay = _priced(model, workload, par, gpu_bytes, options)
+            out += [lay] if lay is not None else []
+        for cp in _divisors(gpus // tp)[1:] if workload.training else ():
+            par = Parallel(strategy="fsdp", gpus=gpus, tp=tp, cp=cp)
             try:
-                check_model(model.inventory, par, model.name)
-                est = estimate(model, workload, par, options)
-            except ProfileMissing:
-                raise
-            except ValueError:  # a degree this model cannot take: not a layout
+                on_disk = profile_where(model, workload, par) is not None
+            except ValueError:   # a seq the load balancer cannot cut, a model ring attention cannot run
                 continue
-            parts = est.components.as_dict()
-            largest = max((c for c in COMPONENTS if c != "overhead"), key=lambda c: parts[c])
-            out.append(Layout(dp, tp, pp, par, est.total_bytes, est.total_bytes <= gpu_bytes,
-                              RANKS.get(est.pipeline_stage, est.pipeline_stage), est.peak_stage, largest,
-                              parts[largest], est.per_rank))
-    return tuple(sorted(out, key=lambda lay: (not lay.fits, lay.device_bytes, lay.tp, lay.pp)))
+            lay = _priced(model, workload, par, gpu_bytes, options) if on_disk else None
+            out += [lay] if lay is not None else []
+    return tuple(sorted(out, key=lambda lay: (not lay.fits, lay.device_bytes, lay.tp, lay.pp, lay.cp)))
+
+
+def _priced(model: Model, workload: Workload, par: Parallel, gpu_bytes: int, options: Options) -> Layout | None:
+    """The layout `par` priced, or None where the model cannot take it."""
+    try:
+        check_model(model.inventory, par, model.name)
+        est = estimate(model, workload, par, options)
+    except ProfileMissing:
+        raise
+    except ValueError:  # a degree this model cannot take: not a layout
+        return None
+    parts = est.components.as_dict()
+    largest = max((c for c in COMPONENTS if c != "overhead"), key=lambda c: parts[c])
+    return Layout(par.dp_size, par.tp_size, par.pp_size, par, est.total_bytes, est.total_bytes <= gpu_bytes,
+                  RANKS.get(est.pipeline_stage, est.pipeline_stage), est.peak_stage, largest, parts[largest],
+                  est.per_rank or par.cp > 1, par.cp)

@@ -129,7 +129,8 @@ def layouts_section(model, w, gpu, f) -> int:
                                     f"{gpu.display_name}: {fmt_bytes(capacity_bytes(gpu), 'GiB')}"))
     st.caption(f"{lay.label}: {lay.why(capacity_bytes(gpu))}. Priced by the {lay.priced}: a layout whose ranks' "
                "profiles are on disk (`python -m bench derive ... --pp P --tp T`) is priced from them exactly, the "
-               "others by the analytic rule over the traced FSDP rank (docs/parallel.md).")
+               "others by the analytic rule over the traced FSDP rank (docs/parallel.md). FSDP x CP layouts join the "
+               "table once their two CP ranks' profiles are on disk (the next section derives one degree).")
     return n
 
 

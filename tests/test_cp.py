@@ -201,3 +201,19 @@ def test_bench_trace_never_stores_or_finds_a_row_for_a_layout_rows_cannot_tell_a
     assert unstorable(Parallel("pp", gpus=4)) is None
     assert "tp 2, sequence parallelism" in unstorable(Parallel("fsdp", gpus=4, tp=2, sequence_parallel=True))
     assert "pipeline schedule gpipe" in unstorable(Parallel("pp", gpus=2, pp_schedule="gpipe"))
+
+
+def test_layouts_rank_cp_layouts_whose_rank_profiles_are_on_disk(monkeypatch, tmp_path):
+    from estimator.layouts import layouts
+    from estimator.presets import load_config
+
+    monkeypatch.setenv("WILLITFIT_CACHE", str(tmp_path))   # shipped profiles only: llama-3.2-1b's cp 2 ranks
+    name, config = load_config("llama-3.2-1b")
+    model, w, options = from_hf_config(config, name), Workload(), Options(derive=False)
+    rows = {lay.label: lay for lay in layouts(model, w, 8, 80 << 30, options)}
+    lay = rows["FSDP 4 x CP 2 x TP 1"]
+    est = estimate(model, w, Parallel("fsdp", gpus=8, cp=2), options)
+    assert lay.device_bytes == est.total_bytes and lay.priced == "traced per rank" and lay.cp == 2
+    assert lay.worst_rank == est.pipeline_stage and lay.worst_rank.startswith("cp rank")
+    assert "FSDP 2 x CP 4 x TP 1" not in rows   # cp 4 is not on disk: ranking derives nothing
+    assert lay.device_bytes < rows["FSDP 8 x TP 1 x PP 1"].device_bytes
