@@ -31,6 +31,9 @@ def check(workload: Workload, parallel: Parallel, sizes: bool = True, causal: bo
     if not causal:
         raise ValueError("cp: torch's ring attention balances causal attention only (its load balancer requires "
                          "is_causal); this model is an encoder")
+    if workload.activation_offload:
+        raise ValueError("activation_offload: torchtune's offloading hands saved tensors back as plain tensors, which "
+                         "ring attention's backward (on DTensors) refuses; not priced with cp")
     if workload.attention == "eager":
         raise ValueError("attention: the step would run eager attention (asked, or the model has no SDPA path in "
                          "transformers), and context parallelism replaces SDPA with ring attention")

@@ -22,7 +22,8 @@ FSDP2 over each stage's dp ranks: FSDP 16 x PP 2 (1F1B, the 12-layer model) and 
 FSDP 16 x TP 2 x PP 2 (1F1B, the 12-layer model, 64 ranks); context parallelism (tracer.cp, every CP rank
 traced, the derived ones against their estimates): FSDP over dp_shard 8 x cp 2, dp_shard 8 x cp 4 with grouped
 KV heads, dp_shard 1 x cp 4 with the mixed recipe and full checkpointing, and with TP inside on torchtitan's
-(dp_shard, cp, tp) mesh: dp_shard 8 x cp 2 x tp 2, and dp_shard 8 x cp 4 x tp 2 with sequence parallelism (mixed).
+(dp_shard, cp, tp) mesh: dp_shard 8 x cp 2 x tp 2, and dp_shard 8 x cp 4 x tp 2 with sequence parallelism (mixed); and llama-3.2-1b itself,
+dp_shard 1 x cp 8 at seq 32768 with full checkpointing (its profiles ship; 8 traces of 16 layers, minutes).
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ from estimator import cp
 from estimator.estimate import Options, ensure_profile, estimate, resolve
 from estimator.evaluate import stage_breakdowns
 from estimator.model import from_hf_config
+from estimator.presets import load_config
 from estimator.spec import Parallel, Workload
 from tracer.session import run_traced
 
@@ -98,7 +100,10 @@ def cases() -> list[Case]:
                   # FSDP x CP x TP on torchtitan's (dp_shard, cp, tp) mesh, with and without sequence parallelism
                   Case("fsdp8-cp2-tp2-train", train, Parallel("fsdp", gpus=32, cp=2, tp=2)),
                   Case("fsdp8-cp4-tp2-sp-train-mixed", Workload(batch=5, seq=304, recipe="mixed"),   # 2 x cp x tp
-                       Parallel("fsdp", gpus=64, cp=4, tp=2, sequence_parallel=True))]
+                       Parallel("fsdp", gpus=64, cp=4, tp=2, sequence_parallel=True)),
+                  # at scale, a preset (its rank profiles ship): every one of 8 CP ranks traced, 16 layers
+                  Case("llama-3.2-1b-fsdp1-cp8-ckpt", Workload(batch=1, seq=32768, checkpointing="full"),
+                       Parallel("fsdp", gpus=8, cp=8), load_config("llama-3.2-1b")[1])]
 
 
 def rows(estimate_, trace) -> list[tuple[str, str, int, int]]:

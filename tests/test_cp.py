@@ -38,6 +38,7 @@ def test_a_layout_cp_cannot_price_is_refused_naming_the_field(kwargs, field):
     (Workload(batch=2, seq=300), "seq"),                           # not a multiple of 2 x cp = 8
     (Workload(mode="infer", batch=2, seq=256), "cp"),
     (Workload(batch=2, seq=256, attention="eager"), "attention"),
+    (Workload(batch=2, seq=256, activation_offload=True), "activation_offload"),
 ])
 def test_a_workload_cp_cannot_price_is_refused_before_any_trace(w, field, tmp_path, monkeypatch):
     monkeypatch.setenv("WILLITFIT_CACHE", str(tmp_path))
@@ -51,7 +52,7 @@ def test_a_workload_cp_cannot_price_is_refused_before_any_trace(w, field, tmp_pa
 @pytest.mark.parametrize("tiny, message", [
     ("t-bert", "cp: torch's ring attention balances causal attention only"),     # an encoder, before any trace
     ("t-gemma2", "attention: the step would run eager attention"),              # no SDPA path in transformers
-    ("t-falcon", "cp: torch's ring attention cannot run this model's attention"),  # SDPA with a mask: first trace
+    ("t-falcon", "cp: this step does not run under torch's context_parallel"),  # SDPA with a mask: first trace
 ])
 def test_a_model_whose_attention_the_ring_cannot_run_is_one_line(tiny, message, tmp_path, monkeypatch):
     monkeypatch.setenv("WILLITFIT_CACHE", str(tmp_path))

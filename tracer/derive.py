@@ -409,9 +409,8 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
             ticks = trace((v, pt))
         except RuntimeError as e:
             if multiple > 1 and not done:   # context parallelism: the model's attention is not what the ring runs
-                raise ValueError("cp: torch's ring attention cannot run this model's attention (it passes a mask or "
-                                 "a bias to SDPA, which context parallelism does not take): "
-                                 + " ".join(str(e).split())[:160]) from e
+                raise ValueError("cp: this step does not run under torch's context_parallel (ring attention takes "
+                                 "causal SDPA with no mask or bias): " + " ".join(str(e).split())[:160]) from e
             if done or plan.full:
                 raise
             raise _ReducedDepthFailed(" ".join(str(e).split())[:200]) from e
