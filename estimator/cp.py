@@ -65,7 +65,8 @@ def check_seq(seq: int, p: Parallel) -> None:
 
 def traced(p: Parallel) -> Parallel:
     """The traced class of a CP layout: an FSDP rank (FSDP2's 2-rank class, as plain FSDP's) of this cp degree, and
-    with TP of its tp degree (and sequence parallelism)."""
+    with TP of its tp degree (and sequence parallelism). HSDP x CP is priced as FSDP x CP over its shard group x cp
+    (the replicas hold the same, as HSDP alone: tests/test_pp.py)."""
     strategy = "fsdp-grad-op" if p.strategy == "fsdp-grad-op" else "fsdp"
     return Parallel(strategy=strategy, gpus=2 * p.cp * p.tp_size, tp=p.tp_size, cp=p.cp,
                     sequence_parallel=p.sequence_parallel)

@@ -63,8 +63,8 @@ def shard_group(par: Parallel) -> int:
     """Size of the group ZeRO/FSDP shards over: the data-parallel group (HSDP: its shard group, by default half
     of it, i.e. 2 replicas). With context parallelism FSDP shards over dp_shard x cp, as torchtitan's "fsdp" mesh
     does (torchtitan/distributed/parallel_dims.py: fsdp = dp_shard * cp)."""
-    if par.strategy == "hsdp":
-        return par.hsdp_shard or max(1, par.dp_size // 2)
+    if par.strategy == "hsdp":   # torchtitan: replicated over dp_replicate, sharded over dp_shard x cp
+        return (par.hsdp_shard or max(1, par.dp_size // 2)) * par.cp
     return par.dp_size * par.cp
 
 

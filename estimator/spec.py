@@ -32,7 +32,7 @@ OPTIMIZER_IMPLS = ("foreach", "fused", "forloop")
 CHECKPOINTING = ("none", "full", "selective", "op-sac")
 ATTENTION = ("sdpa", "flash", "eager")
 KV_DTYPES = ("auto", "fp32", "bf16", "fp16", "fp8", "int8")
-CP_STRATEGIES = ("fsdp", "zero3", "fsdp-grad-op")   # FSDP2 on torchtitan's dp_shard x cp mesh
+CP_STRATEGIES = ("fsdp", "zero3", "fsdp-grad-op", "hsdp")   # FSDP2 on torchtitan's dp_shard x cp mesh
 STRATEGIES = ("single", "ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp-grad-op", "hsdp", "tp", "pp", "ep")
 OFFLOADS = ("none", "optimizer", "optimizer+params")
 # Pipeline schedules (torch.distributed.pipelining, torchtitan's pipeline_parallel_schedule): in 1F1B stage i keeps

@@ -22,7 +22,7 @@ TINY = json.loads((Path(__file__).parent / "data" / "tiny" / "t-llama.json").rea
 
 @pytest.mark.parametrize("kwargs, field", [
     (dict(strategy="ddp", gpus=4, cp=2), "cp"),
-    (dict(strategy="hsdp", gpus=8, cp=2), "cp"),
+    (dict(strategy="zero2", gpus=8, cp=2), "cp"),
     (dict(strategy="fsdp", gpus=8, pp=2, cp=2), "cp"),
     (dict(strategy="fsdp", gpus=8, ep=2, cp=2), "cp"),
     (dict(strategy="fsdp", gpus=6, cp=4), "gpus"),
@@ -110,6 +110,17 @@ def test_each_derived_cp_rank_equals_a_full_depth_trace_of_that_rank(cp2_model):
     assert est.components.activations < 0.75 * one.components.activations
 
 
+def test_hsdp_with_cp_holds_what_fsdp_over_its_shard_group_times_cp_holds(cp2_model):
+    """torchtitan's HSDP x CP: replicated over dp_replicate, FSDP2 over dp_shard x cp; priced as FSDP x CP over that
+    group (the replicas hold the same, as HSDP alone does: tests/test_pp.py)."""
+    w = Workload(batch=3, seq=512)
+    hsdp = Parallel("hsdp", gpus=16, cp=2, hsdp_shard=2)   # 4 replicas of a 2 x 2 (dp_shard x cp) group
+    from estimator.parallel import shard_group
+    assert shard_group(hsdp) == 4 and hsdp.dp_size == 8
+    a, b = estimate(cp2_model, w, hsdp), estimate(cp2_model, w, Parallel("fsdp", gpus=4, cp=2))
+    assert a.stages == b.stages and a.pipeline_stage == b.pipeline_stage
+
+
 def test_max_seq_under_cp_is_a_multiple_of_two_cp(cp2_model):
     w, p = Workload(batch=2, seq=256), Parallel("fsdp", gpus=4, cp=2)
     at = estimate(cp2_model, w, p).total_bytes
@@ -127,6 +138,10 @@ def test_the_cli_takes_cp_and_says_which_rank(cp2_model, capsys, tmp_path):
     out = capsys.readouterr().out
     assert "4 GPU(s), strategy fsdp (cp 2)" in out
     assert "Per GPU at the peak (backward, cp rank" in out
+    # torchtitan's HSDP x CP: 2 replicas x (dp_shard 1 x cp 2), priced from the same two ranks' profiles
+    assert cli_main(["--model", str(cfg), "--dp-shard", "1", "--dp-replicate", "2", "--cp", "2", "--batch", "2",
+                     "--seq", "256", "--no-derive"]) == 0
+    assert "4 GPU(s), strategy hsdp (cp 2)" in capsys.readouterr().out
     # torchtitan's flags: world = dp_shard x cp; a seq the load balancer cannot cut is one line, before any trace
     assert cli_main(["--model", str(cfg), "--dp-shard", "2", "--cp", "2", "--batch", "2", "--seq", "250"]) == 2
     err = capsys.readouterr().err
