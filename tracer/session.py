@@ -135,7 +135,8 @@ def _prepared(config: dict, workload: Workload, parallel: Parallel, layers: list
     `layers`: keep only these decoder layers (reduced depth; tracer.depth). `kernels` "cpu" passes the
     input ids themselves as labels, as the plain loop does (scripts/plain_loop.py); "cuda" a clone, as a data
     collator does (transformers DataCollatorForLanguageModeling: labels = input_ids.clone()). `rank`: the traced
-    rank, which only a pipeline tells apart (rank r holds stage r: tracer.pp); every other layout traces rank 0."""
+    rank, which only a pipeline (rank r holds stage r: tracer.pp) and a context-parallel group (CP rank r of the first
+    data-parallel shard: tracer.cp) tell apart; every other layout traces rank 0."""
     clone = kernels == "cuda"
     if rank and parallel.pp_size == 1 and parallel.cp == 1:
         raise ValueError(f"rank: only a pipeline's or a context-parallel group's ranks differ; without pp or cp every "
