@@ -85,7 +85,7 @@ def run_derive(args: argparse.Namespace) -> int:
     pushed: dict[str, int] = {}
     for i, (c, tw, tp) in enumerate(todo, 1):
         label = f"[{i}/{len(todo)}] {c.model_name} {tw.mode} {tw.method} {tw.recipe} {tw.attention} " \
-                f"ckpt={tw.checkpointing} {tp.strategy}"
+                f"ckpt={tw.checkpointing} {tp.strategy}" + (f" cp {tp.cp}" if tp.cp > 1 else "")
         start = time.perf_counter()
         try:
             store.inventory(c.config, c.model_name, ship=args.ship, progress=progress, derive=derive)
@@ -112,7 +112,7 @@ def run_derive(args: argparse.Namespace) -> int:
             continue
         moments = sum(len(p.moments) for prof in profs for p in prof.pieces)
         print(f"{label}: {moments} moments in {len(prof.pieces)} pieces"
-              + (f" x {len(profs)} pipeline ranks" if len(profs) > 1 else "") + ", "
+              + (f" x {len(profs)} {'CP' if tp.cp > 1 else 'pipeline'} ranks" if len(profs) > 1 else "") + ", "
               f"{time.perf_counter() - start:.1f} s", flush=True)
     print(f"{len(todo) - failed} profile(s) ready, {failed} {'missing from the bank' if args.pull else 'refused'}, "
           f"{sum(skipped.values())} grid combination(s) skipped")
