@@ -68,8 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--ep", type=int, default=1, help="expert-parallel degree for MoE (strategy ep uses --gpus if left at 1)")
     a("--cp", type=int, default=1,
       help="torchtitan's context_parallel_degree: each sequence split over N ranks (ring attention), FSDP2 over "
-           "dp-shard x cp (TP inside with --tp); needs --strategy fsdp, zero3 or fsdp-grad-op (or --dp-shard) and a "
-           "seq that is a multiple of 2 x N; training only")
+           "dp-shard x cp (TP inside with --tp); needs --strategy fsdp, zero3 or fsdp-grad-op (or --dp-shard, with "
+           "--dp-replicate for HSDP) and a seq that is a multiple of 2 x N; training only")
     a("--sequence-parallel", action="store_true", help="Megatron sequence parallelism (needs tensor parallelism)")
     a("--pp-schedule", choices=PP_SCHEDULES, default="1f1b",
       help="pipeline schedule: 1f1b (the first stage keeps min(pp, micro-batches) of activations) or gpipe (every "

@@ -101,7 +101,3 @@ def note(p: Parallel) -> str:
             f"FSDP2 over dp_shard {p.dp_size} x cp {p.cp}" + (f", TP {p.tp_size} inside" if p.tp_size > 1 else "")
             + f"; cp ranks 0 and {p.cp - 1} traced, the worse decides")
 
-
-def with_cp(tp: Parallel, p: Parallel) -> Parallel:
-    """The traced class `tp` (estimator.estimate.traced_class) with p's context parallelism, if any."""
-    return traced(p) if p.cp > 1 else tp

@@ -276,7 +276,7 @@ def resolve(model: Model, w: Workload, p: Parallel, options: Options):
             per_rank, tw, tp, notes = _traced_pp_or_analytic(model, w, tw, tp, notes, options)
         if tp.cp > 1:   # each derived CP rank its own profile, one model share (tracer.cp)
             per_rank = tuple(store.profile(model.config, tw, tp, name=model.name, derive=options.derive,
-                                           progress=options.progress, pp_rank=r) for r in cp.ranks(tp.cp))
+                                           progress=options.progress, pp_rank=r) for r in store.class_ranks(tp))
             prof, pairs = per_rank[0], cp.rank_pairs(shares(model.inventory, p)[0], per_rank, tp.cp)
         elif per_rank is not None:
             prof = per_rank[0]
@@ -301,7 +301,7 @@ def _traced_pp_or_analytic(model: Model, w: Workload, tw: Workload, tp: Parallel
         if options.analytic_pp:
             raise store.ProfileMissing("analytic asked")
         return tuple(store.profile(model.config, tw, tp, name=model.name, derive=False, pp_rank=r)
-                     for r in range(tp.pp_size)), tw, tp, notes
+                     for r in store.class_ranks(tp)), tw, tp, notes
     except store.ProfileMissing:
         how = (f"`python -m bench derive --model {model.name} --strategy {tp.strategy} --gpus {tp.gpus} "
                + (f"--pp {tp.pp_size} " if tp.strategy != "pp" or tp.tp_size > 1 else "")
@@ -356,7 +356,7 @@ def ensure_profile(model: Model, workload: Workload, parallel: Parallel = Parall
     tw, tp = evaluated_class(model, workload, parallel, tp_rank)
     if tp.pp_size > 1 or tp.cp > 1:  # every rank of the pipeline (the CP ranks), each its own derivation
         out = None
-        for r in (range(tp.pp_size) if tp.pp_size > 1 else cp.ranks(tp.cp)):
+        for r in store.class_ranks(tp):
             found = _where(model, tw, tp, r)
             prof = store.profile(model.config, tw, tp, name=model.name, derive=found is None, progress=progress,
                                  pp_rank=r)
@@ -371,7 +371,7 @@ def profile_where(model: Model, workload: Workload, parallel: Parallel = Paralle
     """Where the profile `estimate(model, workload, parallel)` evaluates is: 'shipped', 'cache', or None when it
     must be derived (or fetched from a bank) first. A file check: no profile is read."""
     tw, tp = evaluated_class(model, workload, parallel, False)
-    found = [_where(model, tw, tp, r) for r in (cp.ranks(tp.cp) if tp.cp > 1 else (0,))]
+    found = [_where(model, tw, tp, r) for r in store.class_ranks(tp)]
     return None if None in found else found[0]
 
 
@@ -383,7 +383,7 @@ def evaluated_class(model: Model, workload: Workload, parallel: Parallel, tp_ran
     tw, tp, _ = traced_class(w, parallel)
     if tp.tp_size > 1 and tp.pp_size == 1 and tp.cp == 1 and not tp_rank and _where(model, tw, tp) is None:
         tp = analytic_class(tp)   # (a CP class has no analytic fallback: its ranks are derived)
-    if tp.pp_size > 1 and not tp_rank and any(_where(model, tw, tp, r) is None for r in range(tp.pp_size)):
+    if tp.pp_size > 1 and not tp_rank and any(_where(model, tw, tp, r) is None for r in store.class_ranks(tp)):
         tw, tp = replace(tw, grad_accum=store.canonical_class(w).grad_accum), analytic_class(tp)
     return tw, tp
 
@@ -435,7 +435,8 @@ def estimate(model: Model, workload: Workload, parallel: Parallel = Parallel(),
                     pipeline_stage=pstage, cuda_context_bytes=options.overhead.cuda_context_bytes,
                     allocator_overhead_bytes=options.overhead.cublas_workspace_bytes, peak_moment=label,
                     notes=notes + ((mode_note,) if mode_note else ()), profile=dict(prof.provenance),
-                    paged_bytes=paged, reserved_source=source, per_rank=traced_rank(prof.parallel_class),
+                    paged_bytes=paged, reserved_source=source,
+                    per_rank=traced_rank(prof.parallel_class) or "cp" in prof.parallel_class,
                     context_source=CONTEXT_SOURCE if options.cuda_context_bytes is None else "given (--cuda-context)")
 
 

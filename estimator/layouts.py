@@ -107,4 +107,4 @@ def _priced(model: Model, workload: Workload, par: Parallel, gpu_bytes: int, opt
     largest = max((c for c in COMPONENTS if c != "overhead"), key=lambda c: parts[c])
     return Layout(par.dp_size, par.tp_size, par.pp_size, par, est.total_bytes, est.total_bytes <= gpu_bytes,
                   RANKS.get(est.pipeline_stage, est.pipeline_stage), est.peak_stage, largest, parts[largest],
-                  est.per_rank or par.cp > 1, par.cp)
+                  est.per_rank, par.cp)

@@ -350,7 +350,11 @@ def _cp_degree(w: Workload, p: Parallel) -> int:
             and w.seq >= 4096 and p.gpus > p.tp_size):
         return 0
     for c in (8, 4, 2):
-        if (p.gpus // p.tp_size) % c == 0 and w.seq % cp.seq_multiple(replace(p, cp=c)) == 0:
+        try:   # an HSDP shard group that no longer divides the data-parallel ranks: not this degree
+            with_cp = replace(p, cp=c)
+        except ValueError:
+            continue
+        if w.seq % cp.seq_multiple(with_cp) == 0:
             return c
     return 0
 

@@ -274,7 +274,7 @@ class Parallel:
             raise ValueError(f"hsdp_shard: {self.hsdp_shard} must divide gpus={self.gpus}")
         if self.strategy == "hsdp" and self.hsdp_shard and self.dp_size % self.hsdp_shard:
             raise ValueError(f"hsdp_shard: {self.hsdp_shard} must divide the data-parallel size "
-                             f"gpus / (tp*pp*ep) = {self.dp_size}")
+                             f"gpus / (tp*pp*ep{'*cp' if self.cp > 1 else ''}) = {self.dp_size}")
 
     @property
     def tp_size(self) -> int:

@@ -24,7 +24,7 @@ from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 
-from estimator import bank, knobs
+from estimator import bank, cp, knobs
 from estimator.inventory import Inventory
 from estimator.parallel import TRACED_SHARDING
 from estimator.presets import DATA_DIR, config_hash
@@ -121,6 +121,14 @@ def parallel_class(p: Parallel, pp_rank: int = 0) -> dict:
     if p.tp_size > 1:
         return {"strategy": p.strategy, "tp": p.tp_size, **({"sp": True} if p.sequence_parallel else {})}
     return {"strategy": p.strategy}
+
+
+def class_ranks(p: Parallel) -> tuple[int, ...]:
+    """The ranks of a traced parallel class that have profiles of their own (`parallel_class`'s rank): every rank
+    of a pipeline, a context-parallel group's two derived ranks (estimator.cp.ranks), else rank 0 alone."""
+    if p.pp_size > 1 and p.strategy in ("pp", *TRACED_SHARDING) and p.ep_size == 1:
+        return tuple(range(p.pp_size))
+    return cp.ranks(p.cp) if p.cp > 1 else (0,)
 
 
 def profile_key(w: Workload, p: Parallel, kernels: str = "cuda", pp_rank: int = 0) -> str:

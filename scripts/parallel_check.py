@@ -23,7 +23,8 @@ FSDP 16 x TP 2 x PP 2 (1F1B, the 12-layer model, 64 ranks); context parallelism 
 traced, the derived ones against their estimates): FSDP over dp_shard 8 x cp 2, dp_shard 8 x cp 4 with grouped
 KV heads, dp_shard 1 x cp 4 with the mixed recipe and full checkpointing, and with TP inside on torchtitan's
 (dp_shard, cp, tp) mesh: dp_shard 8 x cp 2 x tp 2, and dp_shard 8 x cp 4 x tp 2 with sequence parallelism (mixed); and llama-3.2-1b itself,
-dp_shard 1 x cp 8 at seq 32768 with full checkpointing (its profiles ship; 8 traces of 16 layers, minutes).
+dp_shard 1 x cp 8 at seq 32768 with full checkpointing (its profiles ship; 8 traces of 16 layers, minutes); and
+batch 8 x seq 8192 over dp_shard 8 x cp 4 with amp, selective checkpointing and the chunked loss.
 """
 from __future__ import annotations
 
@@ -101,6 +102,10 @@ def cases() -> list[Case]:
                   Case("fsdp8-cp2-tp2-train", train, Parallel("fsdp", gpus=32, cp=2, tp=2)),
                   Case("fsdp8-cp4-tp2-sp-train-mixed", Workload(batch=5, seq=304, recipe="mixed"),   # 2 x cp x tp
                        Parallel("fsdp", gpus=64, cp=4, tp=2, sequence_parallel=True)),
+                  # batch 8 x seq 8192 with knobs no CP case derived before: amp, selective checkpointing, chunked loss
+                  Case("fsdp32-cp4-amp-selective-chunked-b8-s8192",
+                       Workload(batch=8, seq=8192, recipe="amp", checkpointing="selective", loss="chunked"),
+                       Parallel("fsdp", gpus=32, cp=4), {**CONFIG, "max_position_embeddings": 16384}),
                   # at scale, a preset (its rank profiles ship): every one of 8 CP ranks traced, 16 layers
                   Case("llama-3.2-1b-fsdp1-cp8-ckpt", Workload(batch=1, seq=32768, checkpointing="full"),
                        Parallel("fsdp", gpus=8, cp=8), load_config("llama-3.2-1b")[1])]

@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from estimator import cp, store  # noqa: E402
+from estimator import store  # noqa: E402
 from estimator.estimate import traced_class  # noqa: E402
 from estimator.families import VISION_TYPES  # noqa: E402
 from estimator.presets import load_config, preset_names  # noqa: E402
@@ -151,7 +151,7 @@ def main(argv=None) -> int:
             if args.lora_only and (w.method, w.recipe, p.strategy) != ("lora", "pure", "single"):
                 continue
             tw, tp, _ = traced_class(w, p)
-            for rank in (cp.ranks(tp.cp) if tp.cp > 1 else (0,)):   # context parallelism: two ranks' profiles
+            for rank in store.class_ranks(tp):   # context parallelism: two ranks' profiles
                 key = store.profile_key(tw, tp, pp_rank=rank)
                 if key in seen:
                     continue

@@ -73,6 +73,9 @@ def test_the_fsdp_group_spans_dp_shard_times_cp_and_the_class_names_the_rank():
     with pytest.raises(ValueError, match="^pp_rank: 4 is not a rank"):
         parallel_class(cp.traced(p), 4)
     assert cp.ranks(4) == (0, 3) and cp.rank_labels(2) == ("cp rank 0", "cp rank 1")
+    from estimator.store import class_ranks
+    assert class_ranks(cp.traced(p)) == (0, 3) and class_ranks(Parallel("fsdp", gpus=2)) == (0,)
+    assert class_ranks(Parallel("pp", gpus=4)) == (0, 1, 2, 3)
 
 
 @pytest.fixture(scope="module")
@@ -198,6 +201,8 @@ def test_advice_splits_a_long_sequence_with_cp_and_prices_it_from_shipped_profil
     assert _cp_degree(Workload(mode="infer", seq=4096), p) == 0 and _cp_degree(w, Parallel("ddp", gpus=2)) == 0
     assert _cp_degree(Workload(seq=4100), Parallel("fsdp", gpus=8)) == 2        # 4100 = 4 x 1025: 2 x cp = 4 only
     assert _cp_degree(Workload(seq=8192), Parallel("fsdp", gpus=16, tp=2)) == 8
+    # HSDP: a degree whose shard group no longer divides the data-parallel ranks is skipped, not raised
+    assert _cp_degree(Workload(seq=8192), Parallel("hsdp", gpus=8, hsdp_shard=4)) == 2
 
 
 def test_bench_trace_never_stores_or_finds_a_row_for_a_layout_rows_cannot_tell_apart(tmp_path, capsys):

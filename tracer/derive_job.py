@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import sys
 
-from estimator import cp, knobs, store
+from estimator import knobs, store
 from estimator.spec import Parallel
 
 
@@ -37,7 +37,7 @@ def main() -> int:
     try:
         w = knobs.workload_from_row(job["workload"])
         p = Parallel(**job["parallel"])
-        ranks = cp.ranks(p.cp) if p.cp > 1 else (0,)   # context parallelism: each derived rank a profile of its own
+        ranks = store.class_ranks(p)   # a pipeline's or a CP group's ranks: each a profile of its own
         for r in ranks:
             label = f"cp rank {r}: " if len(ranks) > 1 else ""
             store.profile(job["config"], w, p, name=str(job["name"]), derive=True, pp_rank=r,

@@ -23,7 +23,7 @@ import time
 
 from bench.trace import grid
 from estimator.store import profile_keys
-from estimator import bank, cp, store
+from estimator import bank, store
 from estimator.presets import config_hash
 from estimator.estimate import traced_class
 from estimator.presets import preset_names
@@ -91,7 +91,7 @@ def run_derive(args: argparse.Namespace) -> int:
             store.inventory(c.config, c.model_name, ship=args.ship, progress=progress, derive=derive)
             # a pipeline (alone or under FSDP): every rank's profile (tracer.pp), each a derivation of its own;
             # context parallelism: its two derived ranks (estimator.cp.ranks)
-            ranks = cp.ranks(tp.cp) if tp.cp > 1 else range(tp.pp_size)
+            ranks = store.class_ranks(tp)
             if args.force and derive:
                 for r in ranks:
                     for key in store.profile_keys(tw, tp, pp_rank=r):  # LoRA: the rank-free file and a per-rank one
