@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 
 from estimator import components as comp
-from estimator import store
+from estimator import ssd, store
 from estimator.breakdown import Breakdown
 from estimator.model import Model
 from estimator.parallel import (check_model, compile_untraced, pp_microbatches, pp_rank_shares, pp_traced_parallel,
@@ -414,7 +414,8 @@ def estimate(model: Model, workload: Workload, parallel: Parallel = Parallel(),
     workload, attn_note = _runnable_attention(model, workload)  # the estimate shows what will run
     cp.check(workload, parallel, causal=model.causal)  # before any derivation: mode, attention, seq in 2 x cp chunks
     tw, notes, prof, stage_shares = resolve(model, workload, parallel, options)
-    notes = attn_note + notes
+    notes = attn_note + notes + ssd.split_notes(model.config, model.inventory.config_hash, workload.mode,
+                                                workload.batch, workload.seq)
     fit, mode_note, source = reserved_fit(workload_class(workload, parallel), options.alloc_conf)
     workspace = options.overhead.cublas_workspace_bytes
     best = None

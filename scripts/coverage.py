@@ -181,8 +181,7 @@ REFUSAL_KINDS = (  # (what the reason says, how the summary names it); first mat
     ("cannot build", "transformers cannot build it from its config class's defaults (a checkpoint's own config.json may build)"),
     ("runs other operations", "recurrent or chunked code: the ops themselves change with seq"),
     ("changes shape with the sizes", "recurrent or chunked code: the ops themselves change with seq"),
-    ("state-space scan", "chunked state-space scan: training runs mamba_ssm's fused kernel, not emulated (inference "
-                         "is priced: tests/test_ssm.py)"),
+    ("state-space scan", "chunked state-space scan priced on mamba_ssm's kernels only (kernels cuda)"),
     ("DataDependent", "reads tensor values (`.item()`, `nonzero`): fake tensors have none"),
     ("DynamicOutputShape", "reads tensor values (`.item()`, `nonzero`): fake tensors have none"),
     ("not exact", "the fit is not exact at a further size"),

@@ -73,16 +73,81 @@ def test_q_is_s_rounded_up_to_the_chunk():
         poly.scan_monomials(0)
 
 
-def test_training_and_the_torch_reference_are_refused_in_one_line():
+def test_the_torch_reference_is_refused_in_one_line():
     from tracer.derive import chunked_scan, derive_profile
 
     cfg = _config("mamba2")
     assert chunked_scan(cfg) == ("chunk_size", 64) and chunked_scan(_config("bamba")) == ("mamba_chunk_size", 64)
-    with pytest.raises(ValueError, match="^mode: mamba2 runs a chunked state-space scan") as e:
-        derive_profile(cfg, Workload(method="full", recipe="pure", attention="eager"))
-    assert "\n" not in str(e.value)
-    with pytest.raises(ValueError, match="^kernels: mamba2 runs a chunked state-space scan"):
+    with pytest.raises(ValueError, match="^kernels: mamba2 runs a chunked state-space scan") as e:
         derive_profile(cfg, Workload(mode="infer", attention="eager"), kernels="cpu")
+    assert "\n" not in str(e.value)
+
+
+def test_the_fused_training_kernel_saves_what_mamba_ssm_saves():
+    """MambaSplitConv1dScanCombinedFn keeps, between forward and backward, the in_proj output zxbcdt, the scan output
+    out_x (b, s, heads, head_dim), the gated norm's fp32 rstd (groups x b x s) and, under autocast, the bf16 copy of
+    the fp32 out_proj weight it casts; its forward's chunk tensors are freed on return."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from tracer import kernels_ssd_fused as kernels_ssd
+
+    b, s, heads, p, groups, n, chunk, hidden = 2, 100, 8, 16, 2, 16, 64, 64
+    dim, conv_dim = heads * p, heads * p + 2 * groups * n
+    with FakeTensorMode():
+        bf = dict(dtype=torch.bfloat16)
+        zxbcdt = torch.empty(b, s, dim + conv_dim + heads, requires_grad=True, **bf)
+        conv_w, conv_b = torch.empty(conv_dim, 4, **bf), torch.empty(conv_dim, **bf)
+        dt_bias, D, norm_w = torch.empty(heads, **bf), torch.empty(heads, **bf), torch.empty(dim, **bf)
+        A = torch.empty(heads, dtype=torch.float32)
+        for amp, out_w in ((False, torch.empty(hidden, dim, **bf)), (True, torch.empty(hidden, dim))):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+                out = kernels_ssd.mamba_split_conv1d_scan_combined(
+                    zxbcdt, conv_w, conv_b, dt_bias, A, D, chunk, rmsnorm_weight=norm_w, outproj_weight=out_w,
+                    headdim=p, ngroups=groups, norm_before_gate=False)
+                saved = out.grad_fn.saved_tensors
+            held = {tuple(t.shape): t.dtype for t in saved if t is not None}
+            assert held[(b, s, heads, p)] == torch.bfloat16 and held[(groups * b * s,)] == torch.float32
+            assert held[(hidden, dim)] == torch.bfloat16          # the cast copy under autocast, the weight without
+            assert out.shape == (b, s, hidden) and out.dtype == torch.bfloat16
+            # zxbcdt, conv weight and bias, out_x, A, D, dt_bias, norm weight, rstd, out_proj weight (no initial
+            # states, seq_idx or out_proj bias)
+            assert sum(t is not None for t in saved) == 10 and saved[0] is zxbcdt
+
+
+def test_training_equals_the_full_depth_trace():
+    """A training step of a hybrid (Nemotron-H: Mamba-2 mixer, MLP, attention, mixer) on mamba_ssm's fused kernel,
+    its backward included: the estimate equals a full-depth trace at sizes the fit did not use (100: no multiple of
+    the chunk), and says when a GPU would split the backward sums more than the trace did."""
+    from bench.trace.cases import trace_case
+    from estimator.estimate import estimate
+    from estimator.model import from_hf_config
+    from tracer import kernels_ssm
+
+    cfg = _config("nemotron_h")
+    for b, s in ((2, 100), (1, 700)):
+        w = Workload(batch=b, seq=s, mode="train", method="lora", attention="sdpa")
+        est = estimate(from_hf_config(cfg, "tiny"), w)
+        before = kernels_ssm.scan_calls()
+        row = trace_case(cfg, "tiny", w, steps=2)
+        assert kernels_ssm.scan_calls() - before == 2 * 2          # two mixers, two steps: the fused kernel ran
+        got = {n: st.tensor_bytes for n, st in est.stages}
+        assert got == {n: row[f"{n}_peak_alloc_bytes"] for n in got}, (b, s, got)
+        assert "fused mamba_split_conv1d_scan_combined" in est.profile["scan"]
+        # 8 heads in 2 groups, 1 or 2 chunks of 64: ceil(b * chunks * 8 / 132) = 1 < 4, so a GPU splits 4 ways
+        assert [n for n in est.notes if n.startswith("mamba_ssm: ")] == [
+            f"mamba_ssm: at batch {b} x seq {s} a 132-SM GPU splits each Mamba-2 layer's dB, dC and dCB backward "
+            f"sums 4 ways (traced with one): up to {3 * 4 * b * max(s * 2 * 16, -(-s // 64) * 2 * 64 * 64):,} B "
+            "more for an instant (tracer.kernels_ssd)"]
+
+
+def test_splits_follow_mamba_ssm():
+    from estimator import ssd
+
+    # Nemotron-H 8B's mixer: 128 heads in 8 groups, chunk 128, on 132 SMs: one split from b x chunks = 16 on
+    assert [ssd.nsplits(1, s, 128, 8, 128) for s in (2048, 1920, 1024, 128)] == [1, 2, 2, 16]
+    assert ssd.split_notes(_config("nemotron_h"), "t", "infer", 1, 64) == ()
+    assert ssd.scan_params({"model_type": "llama", "hidden_size": 64}) is None
 
 
 def test_inference_caches_conv_and_ssm_states_on_the_cuda_kernels():
@@ -132,3 +197,28 @@ def test_estimate_equals_the_full_depth_trace(name, n_mamba, n_attn, attention):
         per_token = _kv_bytes(cfg, n_attn, B, 1)
         assert kv == 0 if not n_attn else kv % per_token == 0 and kv >= per_token * (s + 1), (s, kv)
         assert dict(est.stages)["prefill"].kv_cache <= _states_bytes(cfg, n_mamba, B) + _kv_bytes(cfg, n_attn, B, s)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, attention, method", [
+    ("mamba2", "eager", "full"),
+    ("bamba", "sdpa", "full"),
+    ("granitemoehybrid", "sdpa", "lora"),
+    ("falcon_h1", "sdpa", "full"),
+    ("zamba2", "sdpa", "lora"),
+])
+def test_training_estimate_equals_the_full_depth_trace(name, attention, method):
+    """The other five families' training steps (full fine-tuning or LoRA, pure bf16; mixed under Granite-4) on the
+    fused kernel: every stage's tensor bytes equal a full-depth trace at sizes the fit did not use."""
+    from bench.trace.cases import trace_case
+    from estimator.estimate import estimate
+    from estimator.model import from_hf_config
+
+    cfg = _config(name)
+    recipe = "mixed" if name == "granitemoehybrid" else "pure"
+    for b, s in ((2, 100), (3, 64), (1, 700)):
+        w = Workload(batch=b, seq=s, mode="train", method=method, recipe=recipe, attention=attention)
+        est = estimate(from_hf_config(cfg, "tiny"), w)
+        row = trace_case(cfg, "tiny", w, steps=2)
+        got = {n: st.tensor_bytes for n, st in est.stages}
+        assert got == {n: row[f"{n}_peak_alloc_bytes"] for n in got}, (b, s, got)

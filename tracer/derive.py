@@ -279,10 +279,6 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
         # Mamba-2 (tests/data/tiny/t-mamba2.json), and it is not what a GPU with mamba_ssm runs
         raise ValueError(f"kernels: {config.get('model_type')} runs a chunked state-space scan ({scan[0]}="
                          f"{scan[1]}); a profile prices it on mamba_ssm's kernels only (kernels cuda)")
-    if scan and not infer:
-        raise ValueError(f"mode: {config.get('model_type')} runs a chunked state-space scan ({scan[0]}={scan[1]}); "
-                         "training it runs mamba_ssm's fused kernel on a GPU, which is not emulated "
-                         "(tracer.kernels_ssm); only inference (mode infer) is priced")
     sigs, hf_config, masked = _signatures(config, w0)
     offset = 0
     if parallel.pp_size > 1:  # a pipeline rank: its stage's layers are the model the reduced depths cut
@@ -324,17 +320,18 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
             "reduced_depths": [list(v) for v in plan.variants if v is not None and not reduced_refused],
             **({"traced_whole": f"the reduced-depth model failed: {reduced_refused}"} if reduced_refused else {}),
             **({"lora_ranks": {"fit": list(ranks[0]), "verified": ranks[1]}} if ranked else {}),
-            **({"scan": _scan_path(scan)} if scan else {}),
+            **({"scan": _scan_path(scan, not infer)} if scan else {}),
             "derived_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
     return Profile(config_hash, str(config.get("model_type")), workload_class(workload, ranked),
                    parallel_class(parallel, pp_rank), plan.n_layers, tuple(out_pieces), prov)
 
 
-def _scan_path(scan: tuple[str, int]) -> str:
+def _scan_path(scan: tuple[str, int], train: bool = False) -> str:
     """Which code the profile's Mamba-2 mixers ran (said with every estimate: docs/activations.md)."""
     return (f"Mamba-2 mixers on mamba_ssm's chunk scan and causal_conv1d (installed beside transformers on the GPU), "
-            f"{scan[0]}={scan[1]}")
+            f"{scan[0]}={scan[1]}" + ("; training on mamba_ssm's fused mamba_split_conv1d_scan_combined with one "
+                                      "split of its dB, dC and dCB sums (tracer.kernels_ssd)" if train else ""))
 
 
 def _at_world(parallel: Parallel, n: int) -> Parallel:
@@ -407,13 +404,15 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
             progress(done, n_jobs, what(pt, v))
         try:
             ticks = trace((v, pt))
-        except RuntimeError as e:
+        except (RuntimeError, KeyError, IndexError, AttributeError, TypeError) as e:
+            # the model's own code failing (Zamba2's shared blocks look their adapters up by the position of the
+            # layer in the stack, which a reduced model renumbers: KeyError)
             if multiple > 1 and not done:   # context parallelism: the model's attention is not what the ring runs
                 raise ValueError("cp: this step does not run under torch's context_parallel (ring attention takes "
                                  "causal SDPA with no mask or bias): " + " ".join(str(e).split())[:160]) from e
             if done or plan.full:
                 raise
-            raise _ReducedDepthFailed(" ".join(str(e).split())[:200]) from e
+            raise _ReducedDepthFailed(" ".join(f"{type(e).__name__}: {e}".split())[:200]) from e
         done += 1
         cache[(v, pt)] = ticks
         return ticks

@@ -22,11 +22,9 @@ the CUDA kernel allocates (sources: state-spaces/mamba commit e9594ce1, Dao-AILa
   states dropped when the name is rebound; `_bmm_chunk_fwd` (ssd_bmm.py): CB fp32 (b, chunks, groups, chunk,
   chunk); `_chunk_scan_fwd` (ssd_chunk_scan.py): out like x (b, s, heads, head_dim), out_x too where z is given.
   ctx saves (out or out_x, x, dt, dA_cumsum, A, B, C, D, z, dt_bias, initial_states, seq_idx).
-- `mamba2_split_conv1d_scan_combined`: the fused training kernel (`MambaSplitConv1dScanCombinedFn`) is not
-  emulated: its backward sizes dB, dC and dCB by `nsplits = cdiv(heads / groups, max(min(ceil(b * chunks * heads /
-  SMs), heads / groups), 1))` (ssd_chunk_state.py `_chunk_state_bwd_db`), a step function of b and s that depends
-  on the GPU's SM count, so a training step of a Mamba-2 mixer is refused (one line) rather than traced on the CPU
-  reference, which keeps other tensors.
+- `mamba2_split_conv1d_scan_combined` -> `MambaSplitConv1dScanCombinedFn`, the fused kernel a training step runs (in
+  projection's output to out projection's output in one autograd node), forward and backward, transcribed
+  allocation by allocation in tracer.kernels_ssd (one split of dB, dC and dCB: see there for when a GPU splits more).
 
 What the CPU reference keeps instead (transformers `mamba2_chunk_scan`): s padded to the chunk (`pad_tensor_by_size`),
 fp32 copies of x, B and C repeated to every head, the (b, heads, chunks, chunk, chunk) decay matrix L, the
@@ -42,6 +40,8 @@ import math
 import sys
 
 import torch
+
+from tracer import kernels_ssd_fused
 
 # transformers modeling modules with Mamba-2 mixers; one that the installed transformers lacks is skipped
 MIXER_MODULES = ("mamba2", "bamba", "nemotron_h", "granitemoehybrid", "zamba2", "falcon_h1")
@@ -123,8 +123,8 @@ class _CausalConv1d(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout):
-        raise RuntimeError("kernels: causal_conv1d's backward is not emulated (a GPU trains Mamba-2 mixers with "
-                           "mamba_ssm's fused kernel, which is refused)")
+        raise RuntimeError("kernels: causal_conv1d's backward is not emulated here (a training step runs mamba_ssm's "
+                           "fused kernel, tracer.kernels_ssd, which this path does not reach)")
 
 
 def causal_conv1d_update(hidden_states, conv_state, weight, bias=None, activation=None, **kwargs):
@@ -177,15 +177,21 @@ class _ChunkScanCombined(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, dfinal):
-        raise RuntimeError("kernels: mamba_chunk_scan_combined's backward is not emulated (a GPU trains Mamba-2 "
-                           "mixers with mamba_ssm's fused kernel, which is refused)")
+        raise RuntimeError("kernels: mamba_chunk_scan_combined's backward is not emulated here (a training step runs "
+                           "mamba_ssm's fused kernel, tracer.kernels_ssd, which this path does not reach)")
 
 
-def mamba2_split_conv1d_scan_combined(*args, **kwargs):
-    """The fused training kernel: refused (see the module docstring)."""
-    raise ValueError("mode: training a Mamba-2 mixer runs mamba_ssm's fused mamba_split_conv1d_scan_combined on a "
-                     "GPU, which is not emulated (its backward splits dB/dC/dCB by ceil(b * chunks * heads / SMs)); "
-                     "only inference (mode infer) is priced for state-space models")
+def mamba2_split_conv1d_scan_combined(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size,
+                                      initial_states=None, dt_limit=(0.0, float("inf")), return_final_states=False,
+                                      activation="silu", rmsnorm_weight=None, rmsnorm_eps=1e-6, outproj_weight=None,
+                                      outproj_bias=None, headdim=None, ngroups=1, norm_before_gate=True,
+                                      seq_idx=None, **kwargs):
+    """mamba_ssm's mamba_split_conv1d_scan_combined (the fused training kernel: tracer.kernels_ssd)."""
+    _CALLS["scan"] += 1
+    return kernels_ssd_fused.mamba_split_conv1d_scan_combined(
+        zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size, initial_states, seq_idx, dt_limit,
+        return_final_states, activation, rmsnorm_weight, rmsnorm_eps, outproj_weight, outproj_bias, headdim,
+        ngroups, norm_before_gate)
 
 
 _EMULATED = {"causal_conv1d_fn": causal_conv1d_fn, "causal_conv1d_update": causal_conv1d_update,
