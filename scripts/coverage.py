@@ -3,6 +3,8 @@
     python scripts/coverage.py                      # all types, resumable (results in build/coverage.jsonl)
     python scripts/coverage.py --types llama,gemma3 # some
     python scripts/coverage.py --report             # only rewrite docs/architectures.md from the results
+    python scripts/coverage.py --from-doc --redo --types mamba2,bamba   # a fresh clone: the shipped table's rows,
+                                                                        # those types run again
 
 For each model type of transformers' MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and MODEL_FOR_MASKED_LM_MAPPING_NAMES, in
 a subprocess of its own (a crash or a hang costs one type, `--timeout` seconds at most):
@@ -277,13 +279,62 @@ def report() -> None:
     print(f"wrote {DOC} ({len(rows)} types, {good} exact and within 1%)")
 
 
+def rows_from_doc(text: str) -> list[dict]:
+    """The rows docs/architectures.md's "Every type" table was written from (what `report` renders of them: the
+    error to 4 decimals), so a clone without build/coverage.jsonl can run some types again and rewrite the doc."""
+    body = text[text.index("## Every type"):]
+    body = body[:body.index("## Vision encoders")] if "## Vision encoders" in body else body
+    out = []
+    for line in body.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 12 or cells[0] in ("model type", "---"):
+            continue
+        mt, kind, status, built, params, exact, layers, prof, check, err, rev, reason = cells
+        row = {"model_type": mt, "kind": kind, "status": status, "params": int(params.replace(",", "") or 0),
+               "params_exact": exact == "yes", "revision": rev}
+        if built:
+            row["built_as"] = built
+        n, _, t = layers.partition(" (")
+        if n and not n.startswith("("):
+            row["layers"], row["layer_types"] = int(n), int(t.rstrip(")"))
+        if prof:
+            head, _, how = prof.partition(" (")
+            traces, derive_s = head.split(", ")
+            row.update(traces=int(traces), derive_s=float(derive_s))
+            if how:
+                row["attention"], row["recipe"] = how.rstrip(")").split(", ")
+            else:
+                row["attention"], row["recipe"] = "sdpa", "pure"
+        b, _, sq = check.partition(",")
+        if b.strip():
+            row["check_batch"], row["check_seq"] = int(b), int(sq)
+        if err:
+            row["worst_error"] = float(err.rstrip("%")) / 100
+        if reason:
+            row["reason"] = reason
+        out.append(row)
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--types", help="comma-separated model types (default: all)")
     ap.add_argument("--timeout", type=int, default=600, help="seconds per type (default 600)")
     ap.add_argument("--report", action="store_true", help="only rewrite docs/architectures.md")
+    ap.add_argument("--from-doc", action="store_true",
+                    help="start build/coverage.jsonl from docs/architectures.md's table (a clone has no results)")
+    ap.add_argument("--redo", action="store_true", help="with --types: run those types again (their rows replaced)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.redo and not args.types:
+        ap.error("--redo: name the types to run again with --types")
+    if args.from_doc:
+        OUT.parent.mkdir(parents=True, exist_ok=True)
+        OUT.write_text("".join(json.dumps(r) + "\n" for r in rows_from_doc(DOC.read_text())))
+    if args.redo and OUT.exists():
+        again = set(args.types.split(","))
+        keep = [x for x in OUT.read_text().splitlines() if json.loads(x)["model_type"] not in again]
+        OUT.write_text("".join(x + "\n" for x in keep))
     if args.child:
         print(json.dumps({**one(args.child), "revision": _revision()}))
         return 0

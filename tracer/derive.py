@@ -190,6 +190,8 @@ def _rank(rows: list[list[Fraction]]) -> int:
 
 
 SCAN_CHUNK_KEYS = ("mamba_chunk_size", "chunk_size")   # Mamba-2 style chunked scans (SSD)
+GDN_KEYS = ("linear_num_value_heads", "linear_key_head_dim")   # Gated DeltaNet layers (Qwen3-Next, Qwen3.5, ...)
+GDN_CHUNK = ("fla chunk_size", 64)     # flash-linear-attention's default chunk: its states are (b, chunks, ...)
 
 
 def chunked_scan(cfg) -> tuple[str, int] | None:
@@ -207,6 +209,8 @@ def chunked_scan(cfg) -> tuple[str, int] | None:
             v = d.get(k)
             if ssm and isinstance(v, int) and not isinstance(v, bool) and v > 1:
                 return k, v
+        if any(k in d for k in GDN_KEYS):   # Gated DeltaNet layers: fla's chunked kernels (tracer.kernels_gdn)
+            return GDN_CHUNK
     return None
 
 
@@ -328,7 +332,10 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
 
 
 def _scan_path(scan: tuple[str, int], train: bool = False) -> str:
-    """Which code the profile's Mamba-2 mixers ran (said with every estimate: docs/activations.md)."""
+    """Which code the profile's chunked layers ran (said with every estimate: docs/activations.md)."""
+    if scan == GDN_CHUNK:
+        return ("Gated DeltaNet layers on flash-linear-attention's chunk_gated_delta_rule (chunk 64) and "
+                "fused_recurrent_gated_delta_rule, with causal_conv1d (installed beside transformers on the GPU)")
     return (f"Mamba-2 mixers on mamba_ssm's chunk scan and causal_conv1d (installed beside transformers on the GPU), "
             f"{scan[0]}={scan[1]}" + ("; training on mamba_ssm's fused mamba_split_conv1d_scan_combined with one "
                                       "split of its dB, dC and dCB sums (tracer.kernels_ssd)" if train else ""))

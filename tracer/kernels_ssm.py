@@ -1,4 +1,9 @@
-"""Mamba-2 mixers as a GPU runs them, on fake CPU tensors (installed by `kernels.emulate("cuda")`).
+"""Mamba-2 mixers (and Gated DeltaNet layers) as a GPU runs them, on fake CPU tensors (installed by
+`kernels.emulate("cuda")`).
+
+Gated DeltaNet layers (Qwen3-Next, Qwen3.5, OLMo-Hybrid, Qwen4-exp) call `causal_conv1d_fn` / `_update` below and
+`torch_chunk_gated_delta_rule` / `torch_recurrent_gated_delta_rule`, replaced by flash-linear-attention's kernels
+(tracer.kernels_gdn); their training step runs causal_conv1d's own backward (`CausalConv1dFn.backward`).
 
 transformers' Mamba-2 mixers (Mamba-2, Bamba, Nemotron-H, Granite-4 granitemoehybrid, Zamba2, Falcon-H1) call five
 module-level functions, each wrapped by `integrations.hub_kernels.use_kernel_func_from_hub_with_fallback`: where
@@ -41,12 +46,14 @@ import sys
 
 import torch
 
-from tracer import kernels_ssd_fused
+from tracer import kernels_gdn, kernels_ssd_fused
 
 # transformers modeling modules with Mamba-2 mixers; one that the installed transformers lacks is skipped
-MIXER_MODULES = ("mamba2", "bamba", "nemotron_h", "granitemoehybrid", "zamba2", "falcon_h1")
+MIXER_MODULES = ("mamba2", "bamba", "nemotron_h", "granitemoehybrid", "zamba2", "falcon_h1",
+                 # Gated DeltaNet layers: flash-linear-attention's kernels (tracer.kernels_gdn) and causal_conv1d's
+                 "qwen3_next", "qwen3_5", "qwen3_5_moe", "olmo_hybrid", "qwen4_exp")
 FUNCTIONS = ("causal_conv1d_fn", "causal_conv1d_update", "mamba2_selective_state_update", "mamba2_chunk_scan",
-             "mamba2_split_conv1d_scan_combined")
+             "mamba2_split_conv1d_scan_combined", "torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule")
 _CALLS = {"scan": 0}
 
 
@@ -117,14 +124,20 @@ class _CausalConv1d(torch.autograd.Function):
     def forward(ctx, x, weight, bias):
         if x.stride(2) != 1 and x.stride(1) != 1:
             x = x.contiguous()
+        bias = bias.contiguous() if bias is not None else None
         out = torch.empty_like(x)                       # cpp_functions.causal_conv1d_fwd_function
         ctx.save_for_backward(x, weight, bias)
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        raise RuntimeError("kernels: causal_conv1d's backward is not emulated here (a training step runs mamba_ssm's "
-                           "fused kernel, tracer.kernels_ssd, which this path does not reach)")
+        # CausalConv1dFn.backward (a Gated DeltaNet layer's training step; Mamba-2 mixers train on the fused kernel)
+        x, weight, bias = ctx.saved_tensors
+        if dout.stride(2) != 1 and dout.stride(1) != 1:
+            dout = dout.contiguous()
+        dx, dweight, dbias, _ = kernels_ssd_fused.causal_conv1d_bwd_function(x, weight, bias, dout, None, None, None,
+                                                                             None, False, True)
+        return dx, dweight, dbias
 
 
 def causal_conv1d_update(hidden_states, conv_state, weight, bias=None, activation=None, **kwargs):
@@ -194,6 +207,8 @@ def mamba2_split_conv1d_scan_combined(zxbcdt, conv1d_weight, conv1d_bias, dt_bia
         ngroups, norm_before_gate)
 
 
-_EMULATED = {"causal_conv1d_fn": causal_conv1d_fn, "causal_conv1d_update": causal_conv1d_update,
+_EMULATED = {"torch_chunk_gated_delta_rule": kernels_gdn.chunk_gated_delta_rule,
+             "torch_recurrent_gated_delta_rule": kernels_gdn.fused_recurrent_gated_delta_rule,
+             "causal_conv1d_fn": causal_conv1d_fn, "causal_conv1d_update": causal_conv1d_update,
              "mamba2_selective_state_update": mamba2_selective_state_update, "mamba2_chunk_scan": mamba2_chunk_scan,
              "mamba2_split_conv1d_scan_combined": mamba2_split_conv1d_scan_combined}
