@@ -46,6 +46,7 @@ from tracer import forked, serialized
 from tracer import kernels as kernels_mod
 from tracer import losses, offload, runner, session, vision
 from tracer.depth import layer_infos, text_config
+from tracer.scans import chunked_scan, scan_path
 from tracer.extend import (
     decode_ticks,
     encode_ticks,
@@ -80,8 +81,8 @@ WINDOW_KEYS = ("sliding_window", "sliding_window_size", "attention_chunk_size", 
 # ------------------------------------------------------------------------------------------------- plan
 
 
-def pieces_for(hf_config, max_positions: int, infer: bool,
-               step: int = 8, multiple: int = 1) -> list[tuple[int, int | None, tuple[int, ...], int]]:
+def pieces_for(hf_config, max_positions: int, infer: bool, step: int = 8, multiple: int = 1,
+               units: tuple[int, ...] = UNITS) -> list[tuple[int, int | None, tuple[int, ...], int]]:
     """(s_lo, s_hi, fit seqs, verify seq) per piece of s, split at the config's attention window sizes (and, where
     the step hands CUDA's memory-efficient attention a mask, at s's alignment: `_derive_pieces`); the verify seq a
     multiple of `step` where one is free (`chunk_step`); every seq a multiple of `multiple` (context parallelism:
@@ -97,7 +98,7 @@ def pieces_for(hf_config, max_positions: int, infer: bool,
     for k, lo in enumerate(bounds):
         hi = bounds[k + 1] if k + 1 < len(bounds) else None
         cap = min(hi if hi is not None else max_positions, max_positions) - gen
-        unit = next((u for u in UNITS if lo + 4 * u <= cap), None)
+        unit = next((u for u in units if lo + 4 * u <= cap), None)
         if unit is None:
             raise ValueError(f"seq: the model's context ({max_positions} positions) is too short to derive a profile")
         out.append((lo, hi, *choose_seqs(lo, unit, step=step, multiple=multiple)))
@@ -189,31 +190,6 @@ def _rank(rows: list[list[Fraction]]) -> int:
     return rank
 
 
-SCAN_CHUNK_KEYS = ("mamba_chunk_size", "chunk_size")   # Mamba-2 style chunked scans (SSD)
-GDN_KEYS = ("linear_num_value_heads", "linear_key_head_dim")   # Gated DeltaNet layers (Qwen3-Next, Qwen3.5, ...)
-GDN_CHUNK = ("fla chunk_size", 64)     # flash-linear-attention's default chunk: its states are (b, chunks, ...)
-
-
-def chunked_scan(cfg) -> tuple[str, int] | None:
-    """(key, chunk) when the model runs a chunked state-space scan: its chunk tensors (mamba_ssm's kernels on a GPU,
-    tracer.kernels_ssm; transformers' torch reference pads s to the chunk) are sized by ceil(s / chunk), so its
-    memory is a polynomial in b, s and q = chunk * ceil(s / chunk) (estimator.profile.poly.scan_monomials). Read
-    from the config (a transformers config or its config.json dict: a chunk key beside state-space keys), not from a
-    list of families."""
-    for c in (cfg, cfg.get("text_config") if isinstance(cfg, dict) else getattr(cfg, "text_config", None)):
-        if c is None:
-            continue
-        d = c if isinstance(c, dict) else vars(c)
-        ssm = any("mamba" in k or "ssm" in k or k in ("state_size", "d_state") for k in d)
-        for k in SCAN_CHUNK_KEYS:
-            v = d.get(k)
-            if ssm and isinstance(v, int) and not isinstance(v, bool) and v > 1:
-                return k, v
-        if any(k in d for k in GDN_KEYS):   # Gated DeltaNet layers: fla's chunked kernels (tracer.kernels_gdn)
-            return GDN_CHUNK
-    return None
-
-
 def _window_values(cfg) -> list[int]:
     vals = []
     for c in (cfg, getattr(cfg, "text_config", None)):
@@ -298,7 +274,9 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
     plan = plan_layers(sigs, offload.DEPTH_COPIES if workload.activation_offload else 1)
     multiple = estimator_cp.seq_multiple(parallel)   # CP cuts each sequence into 2 x cp chunks (x tp with SP)
     step = math.lcm(chunk_step(workload, hf_config), multiple)
-    pieces = pieces_for(hf_config, max_positions(hf_config), infer, step, multiple)
+    # a scan whose chunk is longer than the largest unit (Mamba-1's 2048) is fit on seqs that span chunks
+    units = (scan[1] // 2,) if scan and scan[1] > 2 * UNITS[0] else UNITS
+    pieces = pieces_for(hf_config, max_positions(hf_config), infer, step, multiple, units)
     fit_world = world[:2] if fsdp else world
     reduced_refused = ""
     try:
@@ -324,21 +302,11 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
             "reduced_depths": [list(v) for v in plan.variants if v is not None and not reduced_refused],
             **({"traced_whole": f"the reduced-depth model failed: {reduced_refused}"} if reduced_refused else {}),
             **({"lora_ranks": {"fit": list(ranks[0]), "verified": ranks[1]}} if ranked else {}),
-            **({"scan": _scan_path(scan, not infer)} if scan else {}),
+            **({"scan": scan_path(scan, not infer)} if scan else {}),
             "derived_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
     return Profile(config_hash, str(config.get("model_type")), workload_class(workload, ranked),
                    parallel_class(parallel, pp_rank), plan.n_layers, tuple(out_pieces), prov)
-
-
-def _scan_path(scan: tuple[str, int], train: bool = False) -> str:
-    """Which code the profile's chunked layers ran (said with every estimate: docs/activations.md)."""
-    if scan == GDN_CHUNK:
-        return ("Gated DeltaNet layers on flash-linear-attention's chunk_gated_delta_rule (chunk 64) and "
-                "fused_recurrent_gated_delta_rule, with causal_conv1d (installed beside transformers on the GPU)")
-    return (f"Mamba-2 mixers on mamba_ssm's chunk scan and causal_conv1d (installed beside transformers on the GPU), "
-            f"{scan[0]}={scan[1]}" + ("; training on mamba_ssm's fused mamba_split_conv1d_scan_combined with one "
-                                      "split of its dB, dC and dCB sums (tracer.kernels_ssd)" if train else ""))
 
 
 def _at_world(parallel: Parallel, n: int) -> Parallel:
