@@ -38,7 +38,7 @@ def _check(name: str, w: Workload, sizes) -> list:
         row = trace_case(cfg, "tiny", w, steps=2)
         got = {n: st.tensor_bytes for n, st in est.stages}
         assert got == {n: row[f"{n}_peak_alloc_bytes"] for n in got}, (name, b, s, got)
-        assert est.profile["scan"].startswith("Gated DeltaNet layers on flash-linear-attention's")
+        assert est.profile["scan"].startswith("Gated DeltaNet / KDA layers on flash-linear-attention's")
         out.append((est, kernels_gdn.chunk_calls() - before))
     return out
 

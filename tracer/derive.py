@@ -45,7 +45,7 @@ from estimator.parallel import TRACED_SHARDING, pp_stage_layers
 from tracer import forked, serialized
 from tracer import kernels as kernels_mod
 from tracer import losses, offload, runner, session, vision
-from tracer.depth import layer_infos, text_config
+from tracer.depth import decoder_layer_list, layer_infos, text_config
 from tracer.scans import chunked_scan, scan_path
 from tracer.extend import (
     decode_ticks,
@@ -213,8 +213,9 @@ def max_positions(hf_config) -> int:
     return 1 << 17
 
 
-def _signatures(config: dict, workload: Workload) -> tuple[list[str], object, bool]:
-    """(layer type signatures, transformers config, built as an encoder: a masked LM or a vision encoder)."""
+def _signatures(config: dict, workload: Workload) -> tuple[list[str], object, bool, bool]:
+    """(layer type signatures, transformers config, built as an encoder: a masked LM or a vision encoder, whether
+    two decoder layers hold the same parameter: a block several layers reuse, as Zamba's shared transformer)."""
 
     base = replace(workload, method="full", gen_tokens=0) if workload.method == "lora" else \
         replace(workload, gen_tokens=0)
@@ -223,7 +224,10 @@ def _signatures(config: dict, workload: Workload) -> tuple[list[str], object, bo
         sigs = [li.signature for li in layer_infos(model)]
     except ValueError:  # no decoder layer stack to tell apart: trace the whole model
         sigs = []
-    return sigs, model.config, is_masked_lm(model) or is_vision_model(model)
+    owner: dict = {}
+    shared = bool(sigs) and any(owner.setdefault(id(p), i) != i
+                                for i, layer in enumerate(decoder_layer_list(model)[2]) for p in layer.parameters())
+    return sigs, model.config, is_masked_lm(model) or is_vision_model(model), shared
 
 
 @serialized
@@ -259,7 +263,7 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
         # Mamba-2 (tests/data/tiny/t-mamba2.json), and it is not what a GPU with mamba_ssm runs
         raise ValueError(f"kernels: {config.get('model_type')} runs a chunked state-space scan ({scan[0]}="
                          f"{scan[1]}); a profile prices it on mamba_ssm's kernels only (kernels cuda)")
-    sigs, hf_config, masked = _signatures(config, w0)
+    sigs, hf_config, masked, shared = _signatures(config, w0)
     offset = 0
     if parallel.pp_size > 1:  # a pipeline rank: its stage's layers are the model the reduced depths cut
         held = pp_stage_layers(len(sigs), parallel.pp_size, pp_rank)
@@ -279,6 +283,11 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
     pieces = pieces_for(hf_config, max_positions(hf_config), infer, step, multiple, units)
     fit_world = world[:2] if fsdp else world
     reduced_refused = ""
+    if shared and not plan.full:
+        # a block several layers reuse is counted once whatever the depth: one more layer does not add what the
+        # extension assumes (Zamba: 59% off at full depth), so the model is traced whole
+        reduced_refused = "its decoder layers share parameters (a block several layers reuse), so it is traced whole"
+        plan = Plan(plan.n_layers, plan.types, (tuple(range(plan.n_layers)),), (None,), True)
     try:
         out_pieces, n_jobs, padding = _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp,
                                                      kernels, progress, scan_extra, step, ranks, (pp_rank, offset), multiple)
@@ -286,7 +295,7 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
         # The model's code outside its layer stack depends on the layer count (Gemma-3n / Gemma-4 per-layer
         # embeddings: one table num_hidden_layers x width wide, reshaped by the config's count), so a model cut in
         # place cannot run: it is traced whole, at every size (slower, exact by construction).
-        reduced_refused = e.reason
+        reduced_refused = f"the reduced-depth model failed: {e.reason}"
         plan = Plan(plan.n_layers, plan.types, (tuple(range(plan.n_layers)),), (None,), True)
         out_pieces, n_jobs, padding = _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp,
                                                      kernels, progress, scan_extra, step, ranks, (pp_rank, offset), multiple)
@@ -300,7 +309,7 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
             "python": platform.python_version(), "traces": len(jobs), "fsdp_padding_max_bytes": padding,
             "seconds": round(time.perf_counter() - start, 2),
             "reduced_depths": [list(v) for v in plan.variants if v is not None and not reduced_refused],
-            **({"traced_whole": f"the reduced-depth model failed: {reduced_refused}"} if reduced_refused else {}),
+            **({"traced_whole": reduced_refused} if reduced_refused else {}),
             **({"lora_ranks": {"fit": list(ranks[0]), "verified": ranks[1]}} if ranked else {}),
             **({"scan": scan_path(scan, not infer)} if scan else {}),
             "derived_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

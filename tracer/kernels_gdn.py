@@ -39,11 +39,11 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _next_pow2(n: int) -> int:
+def next_pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
-def _contiguous(*tensors):
+def contiguous_args(*tensors):
     """fla.utils.input_guard: every tensor argument `.contiguous()` (a copy where it is not)."""
     return tuple(t.contiguous() if isinstance(t, torch.Tensor) else t for t in tensors)
 
@@ -122,7 +122,7 @@ def chunk_gated_delta_rule_bwd_dhu(q, k, w, do, dv, g=None, h0=None, dht=None, s
 def chunk_bwd_dqkwg(q, k, v, do, h, dh, w=None, g=None, dv=None, scale=None, chunk_size: int = CHUNK):
     B, T, H, K = k.shape
     HV = v.shape[2]
-    BK = min(max(_next_pow2(K), 16), HOPPER_TILING)
+    BK = min(max(next_pow2(K), 16), HOPPER_TILING)
     NK = _cdiv(K, BK)
     dq = q.new_empty(B, T, HV, K)
     dk = k.new_empty(B, T, HV, K)
@@ -181,7 +181,7 @@ class ChunkGatedDeltaRule(torch.autograd.Function):
     @staticmethod
     @torch.amp.custom_fwd(device_type="cpu")
     def forward(ctx, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, chunk_size):
-        q, k, v, g, beta, initial_state = _contiguous(q, k, v, g, beta, initial_state)
+        q, k, v, g, beta, initial_state = contiguous_args(q, k, v, g, beta, initial_state)
         q_rstd, k_rstd = None, None
         if use_qk_l2norm_in_kernel:
             q, q_rstd = l2norm_fwd(q)
@@ -199,7 +199,7 @@ class ChunkGatedDeltaRule(torch.autograd.Function):
     @staticmethod
     @torch.amp.custom_bwd(device_type="cpu")
     def backward(ctx, do, dht):
-        do, dht = _contiguous(do, dht)
+        do, dht = contiguous_args(do, dht)
         q, q_rstd, k, k_rstd, v, g, beta_raw, beta, A, initial_state = ctx.saved_tensors
         dq, dk, dv, db, dg, dh0 = chunk_gated_delta_rule_bwd(
             q=q, k=k, v=v, g=g, beta=beta, A=A, scale=ctx.scale, initial_state=initial_state, do=do, dht=dht,
@@ -228,7 +228,7 @@ def fused_recurrent_gated_delta_rule(query, key, value, g=None, beta=None, scale
                                      **kwargs):
     """fla.fused_recurrent_gated_delta_rule (decoding, no autograd): inputs made contiguous, o like v, the final
     state (B, HV, K, V) fp32 when asked for (the l2 norm happens inside the kernel)."""
-    q, k, v, g, beta, initial_state = _contiguous(query, key, value, g, beta, initial_state)
+    q, k, v, g, beta, initial_state = contiguous_args(query, key, value, g, beta, initial_state)
     B, T, H, K = k.shape
     HV, V = v.shape[2], v.shape[-1]
     o = torch.empty_like(v)

@@ -4,8 +4,10 @@
 Gated DeltaNet layers (Qwen3-Next, Qwen3.5, OLMo-Hybrid, Qwen4-exp) call `causal_conv1d_fn` / `_update` below and
 `torch_chunk_gated_delta_rule` / `torch_recurrent_gated_delta_rule`, replaced by flash-linear-attention's kernels
 (tracer.kernels_gdn); their training step runs causal_conv1d's own backward (`CausalConv1dFn.backward`). Mamba-1
-mixers (Mamba, Falcon-Mamba, Jamba) call `mamba_inner_fn`, `mamba_selective_scan` and `mamba_selective_state_update`,
-replaced by mamba_ssm's selective scan (tracer.kernels_mamba1).
+mixers (Mamba, Falcon-Mamba, Jamba, Zamba) call `mamba_inner_fn`, `mamba_selective_scan` and `mamba_selective_state_update`,
+replaced by mamba_ssm's selective scan (tracer.kernels_mamba1). Kimi Delta Attention layers (Kimi-Linear,
+Bailing-Hybrid) call `chunk_kimi_delta_attention` / `recurrent_kimi_delta_attention`, replaced by fla's KDA kernels
+(tracer.kernels_kda).
 
 transformers' Mamba-2 mixers (Mamba-2, Bamba, Nemotron-H, Granite-4 granitemoehybrid, Zamba2, Falcon-H1) call five
 module-level functions, each wrapped by `integrations.hub_kernels.use_kernel_func_from_hub_with_fallback`: where
@@ -48,17 +50,20 @@ import sys
 
 import torch
 
-from tracer import kernels_gdn, kernels_mamba1, kernels_ssd_fused
+from tracer import kernels_gdn, kernels_kda, kernels_mamba1, kernels_ssd_fused
 
 # transformers modeling modules with Mamba-2 mixers; one that the installed transformers lacks is skipped
 MIXER_MODULES = ("mamba2", "bamba", "nemotron_h", "granitemoehybrid", "zamba2", "falcon_h1",
                  # Gated DeltaNet layers: flash-linear-attention's kernels (tracer.kernels_gdn) and causal_conv1d's
                  "qwen3_next", "qwen3_5", "qwen3_5_moe", "olmo_hybrid", "qwen4_exp",
                  # Mamba-1 mixers: mamba_ssm's selective scan (tracer.kernels_mamba1)
-                 "mamba", "falcon_mamba", "jamba")
+                 "mamba", "falcon_mamba", "jamba", "zamba",
+                 # Kimi Delta Attention layers: flash-linear-attention's KDA kernels (tracer.kernels_kda)
+                 "kimi_linear", "bailing_hybrid")
 FUNCTIONS = ("causal_conv1d_fn", "causal_conv1d_update", "mamba2_selective_state_update", "mamba2_chunk_scan",
              "mamba2_split_conv1d_scan_combined", "torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule",
-             "mamba_inner_fn", "mamba_selective_scan", "mamba_selective_state_update")
+             "mamba_inner_fn", "mamba_selective_scan", "mamba_selective_state_update",
+             "chunk_kimi_delta_attention", "recurrent_kimi_delta_attention")
 _CALLS = {"scan": 0}
 
 
@@ -212,7 +217,9 @@ def mamba2_split_conv1d_scan_combined(zxbcdt, conv1d_weight, conv1d_bias, dt_bia
         ngroups, norm_before_gate)
 
 
-_EMULATED = {"mamba_inner_fn": kernels_mamba1.mamba_inner_fn, "mamba_selective_scan": kernels_mamba1.selective_scan_fn,
+_EMULATED = {"chunk_kimi_delta_attention": kernels_kda.chunk_kda,
+             "recurrent_kimi_delta_attention": kernels_kda.fused_recurrent_kda,
+             "mamba_inner_fn": kernels_mamba1.mamba_inner_fn, "mamba_selective_scan": kernels_mamba1.selective_scan_fn,
              "mamba_selective_state_update": kernels_mamba1.selective_state_update,
              "torch_chunk_gated_delta_rule": kernels_gdn.chunk_gated_delta_rule,
              "torch_recurrent_gated_delta_rule": kernels_gdn.fused_recurrent_gated_delta_rule,

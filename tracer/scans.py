@@ -6,7 +6,8 @@ from __future__ import annotations
 
 
 SCAN_CHUNK_KEYS = ("mamba_chunk_size", "chunk_size")   # Mamba-2 style chunked scans (SSD)
-GDN_KEYS = ("linear_num_value_heads", "linear_key_head_dim")   # Gated DeltaNet layers (Qwen3-Next, Qwen3.5, ...)
+GDN_KEYS = ("linear_num_value_heads", "linear_key_head_dim",   # Gated DeltaNet layers (Qwen3-Next, Qwen3.5, ...)
+            "linear_num_heads", "linear_head_dim")              # and KDA layers (Kimi-Linear, Bailing-Hybrid)
 GDN_CHUNK = ("fla chunk_size", 64)     # flash-linear-attention's default chunk: its states are (b, chunks, ...)
 MAMBA1_KEYS = ("time_step_rank", "mamba_dt_rank")              # Mamba-1 mixers (Mamba, Falcon-Mamba, Jamba)
 MAMBA1_CHUNK = ("selective_scan chunk", 2048)   # mamba_ssm selective_scan.cpp: states per 2048 tokens
@@ -41,8 +42,8 @@ def scan_path(scan: tuple[str, int], train: bool = False) -> str:
                 "(installed beside transformers on the GPU)" + ("; training on mamba_inner_fn (Mamba, Falcon-Mamba) "
                                                                 "or selective_scan_fn (Jamba)" if train else ""))
     if scan == GDN_CHUNK:
-        return ("Gated DeltaNet layers on flash-linear-attention's chunk_gated_delta_rule (chunk 64) and "
-                "fused_recurrent_gated_delta_rule, with causal_conv1d (installed beside transformers on the GPU)")
+        return ("Gated DeltaNet / KDA layers on flash-linear-attention's chunk_gated_delta_rule or chunk_kda (chunk 64) "
+                "and their fused recurrent kernels, with causal_conv1d (installed beside transformers on the GPU)")
     return (f"Mamba-2 mixers on mamba_ssm's chunk scan and causal_conv1d (installed beside transformers on the GPU), "
             f"{scan[0]}={scan[1]}" + ("; training on mamba_ssm's fused mamba_split_conv1d_scan_combined with one "
                                       "split of its dB, dC and dCB sums (tracer.kernels_ssd)" if train else ""))
