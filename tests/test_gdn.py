@@ -102,3 +102,14 @@ def test_the_chunked_function_saves_what_fla_saves():
 def test_training_knobs_equal_the_full_depth_trace(name, method, recipe, checkpointing):
     _check(name, Workload(mode="train", method=method, recipe=recipe, checkpointing=checkpointing,
                           attention="sdpa"), ((2, 100), (3, 64), (1, 700)))
+
+
+def test_kda_training_and_inference_equal_the_full_depth_trace():
+    """Kimi-Linear (KDA layers: a gate per key channel, MLA attention, MoE) on fla's chunk_kda and
+    fused_recurrent_kda: training and inference equal full-depth traces."""
+    from tracer import kernels_kda
+
+    before = kernels_kda.chunk_calls()
+    _check("kimi_linear", Workload(mode="train", attention="sdpa"), ((2, 100),))
+    _check("kimi_linear", Workload(mode="infer", gen_tokens=3, attention="sdpa"), ((1, 700),))
+    assert kernels_kda.chunk_calls() > before      # the KDA kernel ran (derivations and traces alike)

@@ -83,3 +83,20 @@ def test_training_knobs_equal_the_full_depth_trace(name, method, recipe, attenti
     w = Workload(mode="train", method=method, recipe=recipe, attention=attention)
     _check(name, Workload(**{**w.__dict__, "lora_targets": targets}) if targets else w,
            ((2, 100), (2, 3000), (3, 2049)))
+
+
+def test_layers_that_share_a_block_are_traced_whole():
+    """Zamba reuses one attention block in several layers: a model cut to fewer layers still holds it once, so the
+    reduced-depth extension would count it per layer (59% off on the default config); such a model is traced whole.
+    Layers that share nothing (Jamba) are cut as usual."""
+    from tracer.derive import _signatures
+
+    zamba = json.loads((TINY / "t-zamba.json").read_text())
+    jamba = json.loads((TINY / "t-jamba.json").read_text())
+    assert _signatures(zamba, Workload())[3] and not _signatures(jamba, Workload())[3]
+
+
+@pytest.mark.slow
+def test_zamba_equals_the_full_depth_trace():
+    (est, _), = _check("zamba", Workload(mode="train", attention="eager"), ((2, 100),))
+    assert est.profile["traced_whole"].startswith("its decoder layers share parameters")

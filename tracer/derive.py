@@ -8,7 +8,8 @@ The method, for one config and one workload class:
    (`tracer.depth.layer_infos`). R1 keeps the first layer, the first middle layer of every type and the
    last layer; for every middle type that occurs more than once, R2_T is R1 with one more layer of that type
    right after its first one. A uniform 32-layer Llama is traced with 3 and 4 layers (7 and 8 under activation
-   offloading, whose stash needs R1 to keep five copies of each middle type: tracer.offload.DEPTH_COPIES).
+   offloading, whose stash needs R1 to keep five copies of each middle type: tracer.offload.DEPTH_COPIES). A
+   model whose layers share parameters (a block several layers reuse: Zamba) is traced whole instead.
 2. **Sizes.** Each reduced model is traced at batch 1, 2 x three sequence lengths (and, for FSDP, a second world
    size; TP at its own degree, which its profile's class names; for LoRA, a second rank at the sizes its
    r-linear terms need; for inference, two generated tokens), every tick of the step counted (`tracer.session`),
