@@ -287,10 +287,11 @@ def stored_profile(config: dict, w: Workload, p: Parallel, *, name: str = "model
     try:
         prof = _derivation().derive_profile(config, w, p, progress=progress, config_hash=h,
                                             **({"pp_rank": pp_rank} if pp_rank else {}))
-    except (RuntimeError, NotImplementedError) as e:
+    except (RuntimeError, NotImplementedError, KeyError, IndexError, AttributeError, TypeError) as e:
         # the model's own code failed under this workload on fake tensors (e.g. transformers' grouped_mm experts,
-        # which take bf16 inputs only, under the amp or fp32 recipe): one line, no traceback
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:240]
+        # which take bf16 inputs only, under the amp or fp32 recipe; a KeyError of the whole model): one line
+        first = (str(e).strip().splitlines() or [""])[0][:240]
+        first = first if isinstance(e, (RuntimeError, NotImplementedError)) else f"{type(e).__name__}: {first}"
         raise ValueError(f"trace: {name!r} cannot run this workload class on fake tensors ({first}); no profile can "
                          "be derived for it") from None
     _write((SHIPPED_DIR if ship else cache_dir()) / h[:16] / f"{key}.json", prof.to_json())
