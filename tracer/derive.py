@@ -260,10 +260,11 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
     session.check_traceable(w0, _at_world(parallel, world[0]))
     scan = chunked_scan(config)
     if scan and kernels != "cuda":
-        # transformers' torch reference of the scan: its fit at b = 1 was 2 bytes off at the verify seq on the tiny
-        # Mamba-2 (tests/data/tiny/t-mamba2.json), and it is not what a GPU with mamba_ssm runs
+        # transformers' torch references: Mamba-2's fit at b = 1 was 2 bytes off at the verify seq on the tiny
+        # Mamba-2 (tests/data/tiny/t-mamba2.json); the others loop over chunks or time steps in Python
         raise ValueError(f"kernels: {config.get('model_type')} runs a chunked state-space scan ({scan[0]}="
-                         f"{scan[1]}); a profile prices it on mamba_ssm's kernels only (kernels cuda)")
+                         f"{scan[1]}); a profile prices it on the GPU's kernels only (mamba_ssm, flash-linear-attention "
+                         "and causal_conv1d installed: kernels cuda)")
     sigs, hf_config, masked, shared = _signatures(config, w0)
     offset = 0
     if parallel.pp_size > 1:  # a pipeline rank: its stage's layers are the model the reduced depths cut
