@@ -173,6 +173,8 @@ FFN_FROM_HIDDEN = frozenset({"gpt2", "gpt_bigcode", "falcon", "bloom", "gpt_neo"
 # model types whose mixer width is expand * hidden_size (transformers Mamba2Mixer / MambaMixer: `intermediate_size
 # = int(config.expand * self.hidden_size)`), with no intermediate_size field: `expand` states it
 WIDTH_FROM_EXPAND = frozenset({"mamba", "mamba2", "falcon_mamba"})
+# model types with no attention layer at all (Mamba-1 mixers only): their configs have no attention heads to state
+ATTENTION_FREE = frozenset({"mamba", "falcon_mamba"})
 
 
 # A vision encoder's (families.VISION_TYPES): no vocabulary; its image and patch sizes set its tokens. DINOv2 sizes
@@ -198,7 +200,8 @@ def defaulted_sizes(config: dict) -> list[str]:
     model_type = cfg.get("model_type") or config.get("model_type")
     stated_width = model_type in FFN_FROM_HIDDEN or (model_type in WIDTH_FROM_EXPAND and cfg.get("expand"))
     return [name for name, keys in SIZE_FIELDS.items()
-            if _first(cfg, keys) is None and not (name == "intermediate_size" and stated_width)]
+            if _first(cfg, keys) is None and not (name == "intermediate_size" and stated_width)
+            and not (name == "num_attention_heads" and model_type in ATTENTION_FREE)]
 
 
 def check_sizes(config: dict, allow_defaults: bool = False) -> list[str]:

@@ -228,6 +228,24 @@ def test_fit_background_pricing_fills_the_advice_table(env, monkeypatch):
     assert not [c for c in at.caption if "Not priced yet" in c.value]
 
 
+def test_fit_says_which_gpu_kernels_a_hybrid_model_is_priced_on(env):
+    """A pasted Nemotron-H config (Mamba-2 mixers beside attention), trained: the profile derives in the background and
+    the caption says it assumes mamba_ssm's fused training kernel, and, at a size where a 132-SM GPU splits the
+    backward sums more than the trace did, by how much the estimate can be under."""
+    cfg = json.loads((Path(__file__).parent / "data" / "tiny" / "t-nemotron_h.json").read_text())
+    at = app()
+    at.selectbox(key="fit:source").set_value("paste").run()
+    at.text_area(key="fit:paste").set_value(json.dumps(cfg)).run()
+    at.number_input(key="fit:batch").set_value(2).run()
+    at.number_input(key="fit:seq").set_value(100).run()
+    finish_derivations("fit")
+    at.run()
+    assert not at.exception
+    caption = next(c.value for c in at.caption if "It assumes" in c.value)
+    assert "fused mamba_split_conv1d_scan_combined" in caption
+    assert "Note: mamba_ssm: at batch 2 x seq 100 a 132-SM GPU splits" in caption
+
+
 def test_fit_changing_batch_flips_the_verdict_and_the_url(env):
     at = app()
     # llama-3.1-8b full fine-tuning at batch 1 on an H100: fits, barely (measured there at seq 2048: 77.78 GiB reserved

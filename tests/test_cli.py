@@ -403,6 +403,17 @@ def test_partial_config_is_refused_naming_the_missing_size_fields(tmp_path, caps
     assert "hidden_size" not in err.split("lacks")[1].split("(")[0]
 
 
+def test_an_attention_free_config_needs_no_attention_heads():
+    # Mamba-1's config.json (state-spaces/mamba-*-hf) has no attention heads to state: it is complete without them;
+    # a partial one is still refused for what sizes it
+    from estimator.model import check_sizes
+
+    mamba = {"model_type": "mamba", "hidden_size": 64, "num_hidden_layers": 3, "vocab_size": 512, "expand": 2}
+    assert check_sizes(mamba) == []
+    with pytest.raises(ValueError, match="^model: the config.json lacks num_hidden_layers "):
+        check_sizes({k: v for k, v in mamba.items() if k != "num_hidden_layers"})
+
+
 def test_partial_config_with_allow_defaults_lists_every_default(tmp_path, capsys):
     path = tmp_path / "partial.json"
     path.write_text(json.dumps(PARTIAL_LLAMA))
