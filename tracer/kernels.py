@@ -14,8 +14,9 @@ keep what CUDA keeps, each override following the CUDA source named in its docst
 - autocast: CUDA's op lists on the AutocastCPU dispatch key (`kernels_autocast`);
 - LayerNorm statistics: fp32 mean/rstd, as the CUDA kernel allocates them (`_layer_norm_stats`);
 - transformers' packed-sequence detection, which fake tensors cannot answer (`_unpacked_sequences`);
-- Mamba-2 mixers: mamba_ssm's and causal_conv1d's kernels instead of transformers' torch reference
-  (`kernels_ssm`).
+- hybrid and state-space layers: mamba_ssm's (Mamba-2 and Mamba-1 mixers), flash-linear-attention's (Gated DeltaNet,
+  KDA) and causal_conv1d's kernels instead of transformers' torch references (`kernels_ssm`, which installs
+  `kernels_ssd`, `kernels_gdn`, `kernels_kda` and `kernels_mamba1`).
 
 Every override is a dispatcher registration (torch.library, removed on exit) or a fake-kernel swap, so a traced
 op pays Python only where an override applies. docs/activations.md ("CPU and CUDA kernels") lists what each one
@@ -53,8 +54,8 @@ def note(kind: str) -> str:
                 "(labels are the input ids tensor itself)")
     return ("kernels cuda: CUDA's SDPA backend choice (flash / memory-efficient / math) and its aten ops, 1-byte "
             "native_dropout masks, CUDA's autocast op lists, fp32 LayerNorm statistics, transformers' "
-            "packed-sequence check answered as on real tensors, and Mamba-2 mixers on mamba_ssm's and causal_conv1d's "
-            "kernels (inference only)")
+            "packed-sequence check answered as on real tensors, and hybrid / state-space layers on mamba_ssm's, "
+            "flash-linear-attention's and causal_conv1d's kernels")
 
 
 @contextlib.contextmanager
