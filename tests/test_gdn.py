@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from estimator.spec import Workload
+from tracecheck import check_tiny
 
 TINY = Path(__file__).parent / "data" / "tiny"
 
@@ -24,23 +25,9 @@ def _config(name: str) -> dict:
 
 
 def _check(name: str, w: Workload, sizes) -> list:
-    from bench.trace.cases import trace_case
-    from estimator.estimate import estimate
-    from estimator.model import from_hf_config
     from tracer import kernels_gdn
 
-    cfg = _config(name)
-    out = []
-    for b, s in sizes:
-        w = Workload(**{**w.__dict__, "batch": b, "seq": s})
-        est = estimate(from_hf_config(cfg, "tiny"), w)
-        before = kernels_gdn.chunk_calls()
-        row = trace_case(cfg, "tiny", w, steps=2)
-        got = {n: st.tensor_bytes for n, st in est.stages}
-        assert got == {n: row[f"{n}_peak_alloc_bytes"] for n in got}, (name, b, s, got)
-        assert est.profile["scan"].startswith("Gated DeltaNet / KDA layers on flash-linear-attention's")
-        out.append((est, kernels_gdn.chunk_calls() - before))
-    return out
+    return check_tiny(name, w, sizes, kernels_gdn.chunk_calls, "Gated DeltaNet / KDA layers on flash-linear-attention's")
 
 
 def test_training_equals_the_full_depth_trace():

@@ -16,28 +16,15 @@ from pathlib import Path
 import pytest
 
 from estimator.spec import Workload
+from tracecheck import check_tiny
 
 TINY = Path(__file__).parent / "data" / "tiny"
 
 
 def _check(name: str, w: Workload, sizes) -> list:
-    from bench.trace.cases import trace_case
-    from estimator.estimate import estimate
-    from estimator.model import from_hf_config
     from tracer import kernels_mamba1
 
-    cfg = json.loads((TINY / f"t-{name}.json").read_text())
-    out = []
-    for b, s in sizes:
-        w = Workload(**{**w.__dict__, "batch": b, "seq": s})
-        est = estimate(from_hf_config(cfg, "tiny"), w)
-        before = kernels_mamba1.scan_calls()
-        row = trace_case(cfg, "tiny", w, steps=2)
-        got = {n: st.tensor_bytes for n, st in est.stages}
-        assert got == {n: row[f"{n}_peak_alloc_bytes"] for n in got}, (name, b, s, got)
-        assert est.profile["scan"].startswith("Mamba-1 mixers on mamba_ssm's selective scan")
-        out.append((est, kernels_mamba1.scan_calls() - before))
-    return out
+    return check_tiny(name, w, sizes, kernels_mamba1.scan_calls, "Mamba-1 mixers on mamba_ssm's selective scan")
 
 
 def test_training_on_the_fused_kernel_equals_the_full_depth_trace():

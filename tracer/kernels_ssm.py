@@ -45,12 +45,11 @@ from __future__ import annotations
 import contextlib
 import importlib.abc
 import importlib.machinery
-import math
 import sys
 
 import torch
 
-from tracer import kernels_gdn, kernels_kda, kernels_mamba1, kernels_ssd_fused
+from tracer import kernels_gdn, kernels_kda, kernels_mamba1, kernels_ssd, kernels_ssd_fused
 
 # transformers modeling modules with Mamba-2 mixers; one that the installed transformers lacks is skipped
 MIXER_MODULES = ("mamba2", "bamba", "nemotron_h", "granitemoehybrid", "zamba2", "falcon_h1",
@@ -170,33 +169,15 @@ def mamba2_chunk_scan(hidden_states, dt, A, B, C, chunk_size, D=None, dt_bias=No
 
 
 class _ChunkScanCombined(torch.autograd.Function):
+    """MambaChunkScanCombinedFn (prefill): `_mamba_chunk_scan_combined_fwd` as tracer.kernels_ssd transcribes it."""
+
     @staticmethod
     def forward(ctx, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states):
-        batch, seqlen, nheads, headdim = x.shape
-        ngroups, dstate = B.shape[2], B.shape[3]
-        if B.stride(-1) != 1:
-            B = B.contiguous()
-        if C.stride(-1) != 1:
-            C = C.contiguous()
-        if x.stride(-1) != 1 and x.stride(1) != 1:
-            x = x.contiguous()
-        if z is not None and z.stride(-1) != 1 and z.stride(1) != 1:
-            z = z.contiguous()
-        nchunks = math.ceil(seqlen / chunk_size)
-        f32 = dict(device=x.device, dtype=torch.float32)
-        dt_out = torch.empty(batch, nheads, nchunks, chunk_size, **f32)                # _chunk_cumsum_fwd
-        dA_cumsum = torch.empty(batch, nheads, nchunks, chunk_size, **f32)
-        states = torch.empty(batch, nchunks, nheads, headdim, dstate, **f32)           # _chunk_state_fwd
-        passed = torch.empty(batch, nchunks, nheads, headdim * dstate, device=x.device, dtype=C.dtype)
-        final = torch.empty(batch, nheads, headdim * dstate, **f32)                     # _state_passing_fwd
-        states = passed                                                                  # fp32 states dropped
-        cb = torch.empty(batch, nchunks, ngroups, chunk_size, chunk_size, **f32)       # _bmm_chunk_fwd
-        out = torch.empty(batch, seqlen, nheads, headdim, device=x.device, dtype=x.dtype)  # _chunk_scan_fwd
-        out_x = torch.empty_like(out) if z is not None else None
-        del dt_out, states, cb
+        out, out_x, dt_out, dA_cumsum, states, final_states = kernels_ssd.mamba_chunk_scan_combined_fwd(
+            x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states)
         ctx.save_for_backward(out if z is None else out_x, x, dt, dA_cumsum, A, B, C, D, z, dt_bias, initial_states)
-        ctx.mark_non_differentiable(final)
-        return out, final.view(batch, nheads, headdim, dstate)
+        ctx.mark_non_differentiable(final_states)
+        return out, final_states
 
     @staticmethod
     def backward(ctx, dout, dfinal):
