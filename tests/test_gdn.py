@@ -37,6 +37,15 @@ def test_training_equals_the_full_depth_trace():
     assert [calls for _, calls in runs] == [6, 6]
 
 
+def test_lora_layers_before_the_first_adapter_are_told_apart():
+    """8 layers, three Gated DeltaNet layers before each attention layer; LoRA's default targets (q_proj, v_proj) are
+    in the attention layers alone, so the first three layers save nothing for backward and the later linear layers
+    do. The reduced depths cut the model (so the extension counts layers by type); the linear layers before the
+    first adapter are a type of their own (tracer.derive._frozen_prefix), else the estimate was far low."""
+    (est, _), = _check("qwen3_next_8", Workload(mode="train", method="lora", attention="sdpa"), ((2, 100),))
+    assert len(est.profile["reduced_depths"][0]) < 8
+
+
 def test_inference_caches_conv_and_recurrent_states():
     """Qwen3.5 (dense) prefill on the chunked kernel, decoding on the fused recurrent one: the decode step's cache is
     each linear layer's conv state and fp32 recurrent state (b, value heads, 16, 16) beside the attention layer's keys

@@ -223,3 +223,14 @@ def test_training_estimate_equals_the_full_depth_trace(name, attention, method):
         row = trace_case(cfg, "tiny", w, steps=2)
         got = {n: st.tensor_bytes for n, st in est.stages}
         assert got == {n: row[f"{n}_peak_alloc_bytes"] for n in got}, (b, s, got)
+
+
+def test_the_full_size_check_script_lists_its_cases_and_refuses_an_unknown_one():
+    import subprocess
+    import sys
+
+    script = str(Path(__file__).resolve().parent.parent / "scripts" / "hybrid_check.py")
+    listed = subprocess.run([sys.executable, script, "--list"], capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0 and "mamba2-full-b1-s4000" in listed.stdout.split()
+    wrong = subprocess.run([sys.executable, script, "--case", "nope"], capture_output=True, text=True, timeout=120)
+    assert wrong.returncode == 2 and "--case: 'nope' is not a case" in wrong.stderr

@@ -228,7 +228,27 @@ def _signatures(config: dict, workload: Workload) -> tuple[list[str], object, bo
     owner: dict = {}
     shared = bool(sigs) and any(owner.setdefault(id(p), i) != i
                                 for i, layer in enumerate(decoder_layer_list(model)[2]) for p in layer.parameters())
+    if sigs and workload.method in ("lora", "qlora"):
+        sigs = _frozen_prefix(model, workload.lora_targets, sigs)
     return sigs, model.config, is_masked_lm(model) or is_vision_model(model), shared
+
+
+def _frozen_prefix(model, targets, sigs: list[str]) -> list[str]:
+    """The signatures with the layers before the first one holding a LoRA target told apart: their input needs no
+    gradient, so autograd saves nothing in them, while a layer of the same type after it saves its activations.
+    A hybrid whose attention layers alone hold the default targets (q_proj, v_proj) starts with layers of other types
+    (Qwen3-Next: three Gated DeltaNet layers, Jamba: four Mamba layers); one more such layer measured where it saves
+    nothing, counted for every one of that type, was 35 GiB low on Qwen3-Next at batch 2 x seq 3000."""
+    wanted = set(targets)
+
+    def holds(module) -> bool:   # PEFT matches a target name against the end of a module's name
+        return any(name.split(".")[-1] in wanted for name, _ in module.named_modules())
+
+    layers = decoder_layer_list(model)[2]
+    # an adapted embedding makes every layer's input need a gradient
+    embedded = any("embed" in name and name.split(".")[-1] in wanted for name, _ in model.named_modules())
+    first = 0 if embedded else next((i for i, layer in enumerate(layers) if holds(layer)), 0)
+    return [sig + " (before the first LoRA layer)" if i < first else sig for i, sig in enumerate(sigs)]
 
 
 @serialized
