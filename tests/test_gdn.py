@@ -30,6 +30,7 @@ def _check(name: str, w: Workload, sizes) -> list:
     return check_tiny(name, w, sizes, kernels_gdn.chunk_calls, "Gated DeltaNet / KDA layers on flash-linear-attention's")
 
 
+@pytest.mark.slow   # the default tier has the 8-layer case below, which takes the same path and more
 def test_training_equals_the_full_depth_trace():
     """Qwen3-Next (Gated DeltaNet + MoE), LoRA on its default targets: fla's chunked kernel ran in every linear
     layer (3 of them, two steps), forward and backward; every stage equals a full-depth trace."""
@@ -100,12 +101,16 @@ def test_training_knobs_equal_the_full_depth_trace(name, method, recipe, checkpo
                           attention="sdpa"), ((2, 100), (3, 64), (1, 700)))
 
 
-def test_kda_training_and_inference_equal_the_full_depth_trace():
-    """Kimi-Linear (KDA layers: a gate per key channel, MLA attention, MoE) on fla's chunk_kda and
-    fused_recurrent_kda: training and inference equal full-depth traces."""
+def test_kda_training_equals_the_full_depth_trace():
+    """Kimi-Linear (KDA layers: a gate per key channel, MLA attention, MoE) on fla's chunk_kda, trained."""
     from tracer import kernels_kda
 
     before = kernels_kda.chunk_calls()
     _check("kimi_linear", Workload(mode="train", attention="sdpa"), ((2, 100),))
-    _check("kimi_linear", Workload(mode="infer", gen_tokens=3, attention="sdpa"), ((1, 700),))
     assert kernels_kda.chunk_calls() > before      # the KDA kernel ran (derivations and traces alike)
+
+
+@pytest.mark.slow
+def test_kda_inference_equals_the_full_depth_trace():
+    """Kimi-Linear's prefill on chunk_kda and decoding on fused_recurrent_kda."""
+    _check("kimi_linear", Workload(mode="infer", gen_tokens=3, attention="sdpa"), ((1, 700),))
