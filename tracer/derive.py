@@ -418,7 +418,8 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
                                  "causal SDPA with no mask or bias): " + " ".join(str(e).split())[:160]) from e
             if done or plan.full:
                 raise
-            raise _ReducedDepthFailed(" ".join(f"{type(e).__name__}: {e}".split())[:200]) from e
+            said = str(e) if isinstance(e, RuntimeError) else f"{type(e).__name__}: {e}"   # a bare KeyError says "2"
+            raise _ReducedDepthFailed(" ".join(said.split())[:200]) from e
         done += 1
         cache[(v, pt)] = ticks
         return ticks
