@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import math
 
-SM_COUNT = 132   # H100 SXM and H200, as tracer.kernels_ssd.SM_COUNT
+from estimator.scans import SCAN_CHUNK_KEYS, has_ssm_keys
+
+SM_COUNT = 132   # H100 SXM and H200 (tracer.kernels_ssd sizes the gated norm's partial weight gradient by it too)
 
 _HEADS = ("num_heads", "mamba_n_heads", "mamba_num_heads", "n_mamba_heads")
 _GROUPS = ("n_groups", "mamba_n_groups", "mamba_ngroups")
 _STATE = ("state_size", "mamba_d_state", "ssm_state_size")
-_CHUNK = ("mamba_chunk_size", "chunk_size")
 _PARAMS: dict = {}
 
 
@@ -30,9 +31,9 @@ def _first(cfg: dict, keys) -> int | None:
 def scan_params(config: dict) -> tuple[int, int, int, int] | None:
     """(heads, groups, state, chunk) of a Mamba-2 mixer config (its text config for a multimodal one), or None."""
     for cfg in (config, config.get("text_config")):
-        if not isinstance(cfg, dict) or not any("mamba" in k or "ssm" in k or k in ("state_size", "d_state") for k in cfg):
+        if not isinstance(cfg, dict) or not has_ssm_keys(cfg):
             continue
-        vals = (_first(cfg, _HEADS), _first(cfg, _GROUPS), _first(cfg, _STATE), _first(cfg, _CHUNK))
+        vals = (_first(cfg, _HEADS), _first(cfg, _GROUPS), _first(cfg, _STATE), _first(cfg, SCAN_CHUNK_KEYS))
         if all(vals):
             return vals
     return None

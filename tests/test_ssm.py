@@ -75,7 +75,7 @@ def test_q_is_s_rounded_up_to_the_chunk():
 
 def test_the_torch_reference_is_refused_in_one_line():
     from tracer.derive import derive_profile
-    from tracer.scans import chunked_scan
+    from estimator.scans import chunked_scan
 
     cfg = _config("mamba2")
     assert chunked_scan(cfg) == ("chunk_size", 64) and chunked_scan(_config("bamba")) == ("mamba_chunk_size", 64)

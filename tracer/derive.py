@@ -40,6 +40,7 @@ from fractions import Fraction
 from estimator import cp as estimator_cp
 from estimator.profile import poly
 from estimator.profile.profile import Piece, Profile
+from estimator.scans import chunked_scan, scan_path
 from estimator.spec import Parallel, Workload
 from estimator.store import parallel_class, workload_class
 from estimator.parallel import TRACED_SHARDING, pp_stage_layers
@@ -47,7 +48,6 @@ from tracer import forked, serialized
 from tracer import kernels as kernels_mod
 from tracer import losses, offload, runner, session, vision
 from tracer.depth import decoder_layer_list, layer_infos, text_config
-from tracer.scans import chunked_scan, scan_path
 from tracer.extend import (
     decode_ticks,
     encode_ticks,

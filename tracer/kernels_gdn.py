@@ -67,6 +67,25 @@ def l2norm_bwd(y, rstd, dy, eps: float = 1e-6):
     return dx.view(y_shape_og)
 
 
+def l2norm_qk(q, k, on: bool):
+    """(q, q_rstd, k, k_rstd): fla's `use_qk_l2norm_in_kernel` prologue, q then k (ChunkGatedDeltaRuleFunction and
+    ChunkKDAFunction alike)."""
+    if not on:
+        return q, None, k, None
+    q, q_rstd = l2norm_fwd(q)
+    k, k_rstd = l2norm_fwd(k)
+    return q, q_rstd, k, k_rstd
+
+
+def l2norm_qk_bwd(q, q_rstd, dq, k, k_rstd, dk, on: bool):
+    """(dq, dk) through the l2 norms of `l2norm_qk`, q then k."""
+    if not on:
+        return dq, dk
+    dq = l2norm_bwd(q, q_rstd, dq)
+    dk = l2norm_bwd(k, k_rstd, dk)
+    return dq, dk
+
+
 # ------------------------------------------------------------------------------------ the chunked ops
 
 
@@ -182,10 +201,7 @@ class ChunkGatedDeltaRule(torch.autograd.Function):
     @torch.amp.custom_fwd(device_type="cpu")
     def forward(ctx, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, chunk_size):
         q, k, v, g, beta, initial_state = contiguous_args(q, k, v, g, beta, initial_state)
-        q_rstd, k_rstd = None, None
-        if use_qk_l2norm_in_kernel:
-            q, q_rstd = l2norm_fwd(q)
-            k, k_rstd = l2norm_fwd(k)
+        q, q_rstd, k, k_rstd = l2norm_qk(q, k, use_qk_l2norm_in_kernel)
         beta_raw = beta
         g, o, A, final_state, initial_state = chunk_gated_delta_rule_fwd(
             q=q, k=k, v=v, g=g, beta=beta, scale=scale, initial_state=initial_state,
@@ -204,9 +220,7 @@ class ChunkGatedDeltaRule(torch.autograd.Function):
         dq, dk, dv, db, dg, dh0 = chunk_gated_delta_rule_bwd(
             q=q, k=k, v=v, g=g, beta=beta, A=A, scale=ctx.scale, initial_state=initial_state, do=do, dht=dht,
             chunk_size=ctx.chunk_size)
-        if ctx.use_qk_l2norm_in_kernel:
-            dq = l2norm_bwd(q, q_rstd, dq)
-            dk = l2norm_bwd(k, k_rstd, dk)
+        dq, dk = l2norm_qk_bwd(q, q_rstd, dq, k, k_rstd, dk, ctx.use_qk_l2norm_in_kernel)
         return dq.to(q), dk.to(k), dv.to(v), dg.to(g), db.to(beta_raw), None, dh0, None, None, None
 
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from tracer.kernels_gdn import (CHUNK, F32, chunk_gated_delta_rule_bwd_dhu, contiguous_args, next_pow2,
-                                chunk_gated_delta_rule_fwd_h, chunk_local_cumsum, l2norm_bwd, l2norm_fwd)
+from tracer.kernels_gdn import (CHUNK, F32, chunk_gated_delta_rule_bwd_dhu, chunk_gated_delta_rule_fwd_h,
+                                chunk_local_cumsum, contiguous_args, l2norm_qk, l2norm_qk_bwd, next_pow2)
 
 SUB_CHUNK = 16
 _CALLS = {"chunk": 0}
@@ -115,10 +115,7 @@ class ChunkKDA(torch.autograd.Function):
     @torch.amp.custom_fwd(device_type="cpu")
     def forward(ctx, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, chunk_size):
         q, k, v, g, beta, initial_state = contiguous_args(q, k, v, g, beta, initial_state)
-        q_rstd, k_rstd = None, None
-        if use_qk_l2norm_in_kernel:
-            q, q_rstd = l2norm_fwd(q)
-            k, k_rstd = l2norm_fwd(k)
+        q, q_rstd, k, k_rstd = l2norm_qk(q, k, use_qk_l2norm_in_kernel)
         beta_raw = beta
         g_input = g
         o, final_state, g_cumsum, Aqk, Akk, initial_state = chunk_kda_fwd(
@@ -138,9 +135,7 @@ class ChunkKDA(torch.autograd.Function):
         dq, dk, dv, db, dg, dh0 = chunk_kda_bwd(q=q, k=k, v=v, beta=beta, Aqk=Aqk, Akk=Akk, scale=ctx.scale,
                                                 initial_state=initial_state, do=do, dht=dht, g=g_cumsum,
                                                 chunk_size=ctx.chunk_size)
-        if ctx.use_qk_l2norm_in_kernel:
-            dq = l2norm_bwd(q, q_rstd, dq)
-            dk = l2norm_bwd(k, k_rstd, dk)
+        dq, dk = l2norm_qk_bwd(q, q_rstd, dq, k, k_rstd, dk, ctx.use_qk_l2norm_in_kernel)
         return dq.to(q), dk.to(k), dv.to(v), dg.to(g_input), db.to(beta_raw), None, dh0, None, None, None
 
 

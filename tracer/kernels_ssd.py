@@ -19,7 +19,7 @@ Two inputs of those wrappers are not the model's:
   Below that the GPU holds (nsplits - 1) more fp32 copies of dB and dC (b, s, groups, state) and dCB (b, chunks,
   groups, chunk, chunk) for the moment of each sum: the estimate is under by at most that (docs/activations.md).
 - **SMs** in `_layer_norm_bwd`'s partial weight gradient, (ceil(SMs * ceil(4 / warps) / groups), d) fp32:
-  `SM_COUNT` = 132 (H100 SXM, H200); a transient of d x 4 x ceil(SMs / groups) bytes (0.5 MiB at d = 8192, 8 groups).
+  `estimator.ssd.SM_COUNT` = 132 (H100 SXM, H200); a transient of d x 4 x ceil(SMs / groups) bytes (0.5 MiB at d = 8192, 8 groups).
 Deterministic mode (MAMBA_DETERMINISTIC=1 or torch.use_deterministic_algorithms) is off: its tile workspaces are
 not emulated.
 """
@@ -28,8 +28,6 @@ from __future__ import annotations
 import math
 
 import torch
-
-SM_COUNT = 132
 NSPLITS = 1
 F32 = torch.float32
 _CHUNK_STATE_BWD_DB_MIN_BLOCK_N = 16       # not used for sizes without deterministic mode (tile workspaces)

@@ -8,7 +8,8 @@ import math
 
 import torch
 
-from tracer.kernels_ssd import (F32, SM_COUNT, mamba_chunk_scan_combined_bwd, mamba_chunk_scan_combined_fwd,
+from estimator.ssd import SM_COUNT
+from tracer.kernels_ssd import (F32, mamba_chunk_scan_combined_bwd, mamba_chunk_scan_combined_fwd,
                                 ensure_stride)
 
 

@@ -1,6 +1,7 @@
 """Which chunked sequence kernels a config's layers run, read from the config (no torch): the chunk that sizes their
 states, so a profile is fit in q = chunk * ceil(s / chunk) (estimator.profile.poly.scan_monomials), and the words an
-estimate says about the code it assumes (docs/activations.md).
+estimate says about the code it assumes (docs/activations.md). The tracer's derivation reads it; estimator.ssd reads
+its keys too.
 """
 from __future__ import annotations
 
@@ -13,6 +14,11 @@ MAMBA1_KEYS = ("time_step_rank", "mamba_dt_rank")              # Mamba-1 mixers 
 MAMBA1_CHUNK = ("selective_scan chunk", 2048)   # mamba_ssm selective_scan.cpp: states per 2048 tokens
 
 
+def has_ssm_keys(d: dict) -> bool:
+    """Whether a config's keys are a state-space mixer's (a `mamba`/`ssm` key, or a state size)."""
+    return any("mamba" in k or "ssm" in k or k in ("state_size", "d_state") for k in d)
+
+
 def chunked_scan(cfg) -> tuple[str, int] | None:
     """(key, chunk) when the model runs a chunked state-space scan: its chunk tensors (mamba_ssm's kernels on a GPU,
     tracer.kernels_ssm; transformers' torch reference pads s to the chunk) are sized by ceil(s / chunk), so its
@@ -23,7 +29,7 @@ def chunked_scan(cfg) -> tuple[str, int] | None:
         if c is None:
             continue
         d = c if isinstance(c, dict) else vars(c)
-        ssm = any("mamba" in k or "ssm" in k or k in ("state_size", "d_state") for k in d)
+        ssm = has_ssm_keys(d)
         for k in SCAN_CHUNK_KEYS:
             v = d.get(k)
             if ssm and isinstance(v, int) and not isinstance(v, bool) and v > 1:
