@@ -22,7 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-# (name, model type, method, LoRA targets or None, batch, seq): seqs off the chunk multiples, past chunk boundaries
+# (name, model type, method, LoRA targets or None, batch, seq[, checkpointing]): seqs off the chunk multiples, past
+# chunk boundaries
 CASES = (
     ("mamba2-full-b1-s4000", "mamba2", "full", None, 1, 4000),
     ("mamba2-lora-b4-s8192", "mamba2", "lora", ("in_proj",), 4, 8192),
@@ -37,6 +38,7 @@ CASES = (
     ("kimi_linear-lora-b1-s3000", "kimi_linear", "lora", None, 1, 3000),
     ("jamba-lora-b1-s5000", "jamba", "lora", None, 1, 5000),
     ("falcon_mamba-full-b2-s3000", "falcon_mamba", "full", None, 2, 3000),
+    ("qwen3_next-lora-ckpt-b8-s8192", "qwen3_next", "lora", None, 8, 8192, "full"),
 )
 
 
@@ -48,11 +50,11 @@ def run_case(case) -> tuple[bool, str]:
     from estimator.model import from_hf_config
     from estimator.spec import Workload
 
-    name, model_type, method, targets, b, s = case
+    name, model_type, method, targets, b, s, *ckpt = case
     cfg = {**AutoConfig.for_model(model_type).to_diff_dict(), "model_type": model_type}
     cfg.pop("transformers_version", None)
     attention = "eager" if model_type in ("mamba2", "falcon_mamba") else "sdpa"
-    w = Workload(batch=b, seq=s, mode="train", method=method, attention=attention,
+    w = Workload(batch=b, seq=s, mode="train", method=method, attention=attention, checkpointing=(ckpt or ["none"])[0],
                  **({"lora_targets": targets} if targets else {}))
     t = time.perf_counter()
     est = estimate(from_hf_config(cfg, model_type), w)
