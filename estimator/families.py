@@ -18,9 +18,33 @@ FAMILIES = {
     "bert": "bert",
 }
 # The vision encoders willitfit models (tracer.vision: pixel values in, sized by image_size): a model type whose
-# image-classification model runs one transformer encoder over patch tokens. SigLIP and CLIP configs hold the tower
-# in their vision_config.
-VISION_TYPES = ("vit", "dinov2", "dinov2_with_registers", "siglip", "clip")
+# image-classification model runs one transformer encoder over patch tokens (plus CLS, distillation or register
+# tokens its embeddings add). SigLIP's, CLIP's and MetaCLIP-2's configs hold the tower in their vision_config.
+# DeiT's distillation token, BEiT's and Data2Vec-Vision's relative position bias, I-JEPA's and ViT-MSN's plain ViT
+# encoders are all read from the model; each is checked against full-depth traces (tests/test_vision.py).
+VISION_TYPES = ("vit", "dinov2", "dinov2_with_registers", "siglip", "clip", "metaclip_2", "deit", "beit",
+                "data2vec-vision", "ijepa", "vit_msn")
+# Options of those encoders whose memory is not priced: {config key: why}. BEiT's and Data2Vec-Vision's relative
+# position bias builds its (tokens + 1)^2 int64 index on the host with an lru_cache per grid (BeitRelativePositionBias.
+# generate_relative_position_index: created on the CPU, held across steps, copied to the GPU by each layer's
+# indexing), which a trace on fake CPU tensors cannot tell from device memory; such a config is refused in one line.
+VISION_UNPRICED = {
+    "use_relative_position_bias": "its relative position bias index is built and cached on the host per image grid",
+    "use_shared_relative_position_bias": "its shared relative position bias index is built and cached on the host "
+                                         "per image grid",
+}
+
+
+def unpriced_vision_option(model_type: str, get) -> str | None:
+    """One line for a vision config that sets an option of VISION_UNPRICED (`get(key)` reads the config: a dict's
+    .get or getattr on transformers' config), else None."""
+    if model_type not in VISION_TYPES:
+        return None
+    for key, why in VISION_UNPRICED.items():
+        if get(key) is True:
+            return (f"{key}: {model_type} with {key} true is not priced ({why}, which a trace cannot tell from GPU "
+                    "memory); set it false to price the encoder without it")
+    return None
 
 
 def family_of(model_type: str) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from estimator.families import VISION_TYPES, family_of
+from estimator.families import VISION_TYPES, family_of, unpriced_vision_option
 from estimator.inventory import Inventory
 from estimator.presets import config_hash
 from estimator import store
@@ -140,6 +140,9 @@ def _check_config(config: dict) -> None:
     if config.get("is_encoder_decoder") is True:  # said before its sizes: its fields are encoder_layers, d_model ...
         raise ValueError(f"model_type: {config['model_type']!r} is an encoder-decoder model (is_encoder_decoder: "
                          "true); willitfit models decoder (causal LM) and encoder (masked LM) models")
+    unpriced = unpriced_vision_option(config["model_type"], config.get)
+    if unpriced:
+        raise ValueError(unpriced)
     cfg = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     for key in SIZE_FIELDS:
         v = cfg.get(key)

@@ -1,4 +1,5 @@
-"""Coverage: every model type transformers knows as a causal or masked LM, built from its config class's defaults.
+"""Coverage: every model type transformers knows as a causal or masked LM or an image classifier, built from its
+config class's defaults.
 
     python scripts/coverage.py                      # all types, resumable (results in build/coverage.jsonl)
     python scripts/coverage.py --types llama,gemma3 # some
@@ -6,14 +7,15 @@
     python scripts/coverage.py --from-doc --redo --types mamba2,bamba   # a fresh clone: the shipped table's rows,
                                                                         # those types run again
 
-For each model type of transformers' MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and MODEL_FOR_MASKED_LM_MAPPING_NAMES, in
-a subprocess of its own (a crash or a hang costs one type, `--timeout` seconds at most):
+For each model type of transformers' MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES and
+MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES (kind "image": those with no text model), in a subprocess of its own (a crash or a hang costs one type, `--timeout` seconds at most):
 1. the inventory (estimator.inventory, read from a meta-device build), its parameter count checked against an
    independent `sum(p.numel())` of `AutoModelFor{CausalLM,MaskedLM}.from_config(AutoConfig.for_model(type))`;
 2. the profile for training (full fine-tuning, pure bf16, SDPA, or eager where transformers refuses SDPA),
    derived at reduced depth (tracer.derive), with the time it took, or the reason it was refused;
 3. the estimate against a full-depth trace (tracer.session.run_traced) at a size the fit did not use
-   (batch 3, a sequence between the fitted ones): every stage's peak, the largest relative error.
+   (batch 3, a sequence between the fitted ones; for an image model the tokens of an image one patch wider than the
+   config's): every stage's peak, the largest relative error.
 docs/architectures.md gets one row per type (status, parameters, error, times, reason).
 """
 from __future__ import annotations
@@ -37,8 +39,12 @@ def all_types() -> list[tuple[str, str]]:
     from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
                                                         MODEL_FOR_MASKED_LM_MAPPING_NAMES)
 
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES
+
     types = [(t, "causal") for t in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES]
     types += [(t, "masked") for t in MODEL_FOR_MASKED_LM_MAPPING_NAMES if t not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES]
+    text = {t for t, _ in types}
+    types += [(t, "image") for t in MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES if t not in text]
     return sorted(types)
 
 
@@ -50,6 +56,10 @@ def independent_params(model_type: str) -> int:
                                                         MODEL_FOR_MASKED_LM_MAPPING_NAMES)
 
     cfg = AutoConfig.for_model(model_type)
+    image = _image_class(model_type)
+    if image is not None:   # the image-classification model a training step builds (the first class transformers
+        with torch.device("meta"):                           # maps the type to: DeiT's without a teacher)
+            return sum(p.numel() for p in image._from_config(cfg).parameters())
     if model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not getattr(cfg, "is_decoder", False):
         cls = AutoModelForMaskedLM
     elif model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
@@ -61,10 +71,25 @@ def independent_params(model_type: str) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def _image_class(model_type: str):
+    """transformers' image-classification class of a type with no text model, else None."""
+    import transformers
+    from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+                                                        MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES,
+                                                        MODEL_FOR_MASKED_LM_MAPPING_NAMES)
+
+    names = MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES.get(model_type)
+    if names is None or model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or model_type in \
+            MODEL_FOR_MASKED_LM_MAPPING_NAMES:
+        return None
+    return getattr(transformers, names[0] if isinstance(names, tuple) else names)
+
+
 def one(model_type: str) -> dict:
     """Everything for one type (runs in the child process)."""
     from dataclasses import replace
 
+    from estimator import vision
     from estimator.model import from_hf_config
     from tracer.derive import derive_profile, pieces_for, max_positions
     from estimator.spec import Parallel, Workload
@@ -111,8 +136,12 @@ def one(model_type: str) -> dict:
         return {**row, "status": "refused", "stage": "profile", "reason": _line(reason)}
     # a size the fit did not use: batch 3, a sequence halfway between the first two fitted ones
     from tracer.meta import hf_config
-    lo, hi, seqs, _ = pieces_for(hf_config(config), max_positions(hf_config(config)), False)[0]
-    b, s = 3, (seqs[0] + seqs[1]) // 2
+    if vision.is_vision(model):   # an image one patch wider than the config's: a token count no fit traces
+        geo = vision.geometry(model)
+        b, s = 3, vision.tokens(model, int(geo["image_size"]) + int(geo["patch_size"]))
+    else:
+        lo, hi, seqs, _ = pieces_for(hf_config(config), max_positions(hf_config(config)), False)[0]
+        b, s = 3, (seqs[0] + seqs[1]) // 2
     w = replace(w, batch=b, seq=s)
     t = time.perf_counter()
     try:
@@ -187,6 +216,9 @@ REFUSAL_KINDS = (  # (what the reason says, how the summary names it); first mat
     ("DataDependent", "reads tensor values (`.item()`, `nonzero`): fake tensors have none"),
     ("DynamicOutputShape", "reads tensor values (`.item()`, `nonzero`): fake tensors have none"),
     ("not exact", "the fit is not exact at a further size"),
+    ("image model willitfit does not model", "image model without patch tokens (conv nets, hierarchical vision "
+                                             "transformers): not modelled yet"),
+    ("host per image grid", "an option whose memory lives on the host (relative position bias index): refused"),
 )
 
 
@@ -237,7 +269,13 @@ def report() -> None:
         by[r["status"]] = by.get(r["status"], 0) + 1
     exact_params = sum(1 for r in rows if r.get("params_exact"))
     good = sum(1 for r in rows if r["status"] in ("exact", "within 1%") and r.get("params_exact"))
-    lines = ["# Architectures: every causal- and masked-LM model type of transformers", "",
+    kinds = {}
+    for r in rows:
+        k = kinds.setdefault(r.get("kind", ""), [0, 0])
+        k[0] += 1
+        k[1] += r["status"] in ("exact", "within 1%") and bool(r.get("params_exact"))
+    per_kind = "; ".join(f"{name or '?'}: {good_k} of {n}" for name, (n, good_k) in sorted(kinds.items()))
+    lines = ["# Architectures: every causal-LM, masked-LM and image-classification model type of transformers", "",
              "Generated by `python scripts/coverage.py` (then `--report`), transformers and torch as in",
              "requirements.txt. Each type is built from its config class's defaults (`AutoConfig.for_model(type)`);",
              "its inventory is read on the meta device and its parameter count compared with an independent",
@@ -248,7 +286,8 @@ def report() -> None:
              "CUDA-like by hand; profile and trace of a row always come from the same tracer.", "",
              f"**{len(rows)} model types**: " + ", ".join(f"{n} {k}" for k, n in sorted(by.items())) +
              f". Parameters exact: {exact_params}. Exact parameters and the estimate within 1% of the full-depth trace:"
-             f" **{good}**.", "",
+             f" **{good}**. By kind (an image type is counted once, under causal or masked where it has a text "
+             f"model): {per_kind}.", "",
              "| model type | kind | status | built as | parameters | params exact | layers (types) | profile: traces, s |"
              " check (b, s) | worst stage error | revision | reason |",
              "|---|---|---|---|---:|---|---|---|---|---:|---|---|"]

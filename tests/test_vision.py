@@ -110,7 +110,8 @@ def test_unmodelled_image_model_is_refused_in_one_line_without_torch(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == ("model_type: 'convnext' is an image model willitfit does not model yet; the vision "
-                                  "encoders it models are vit, dinov2, dinov2_with_registers, siglip, clip "
+                                  "encoders it models are vit, dinov2, dinov2_with_registers, siglip, clip, metaclip_2, "
+                                  "deit, beit, data2vec-vision, ijepa, vit_msn "
                                   "(docs/architectures.md)")
 
 
@@ -233,6 +234,56 @@ def test_siglip_and_clip_towers_equal_full_depth_traces(config, workload):
     # own 64 pixels are 256 tokens, a size the fit traces: there it traces a 8 x 32 rectangle, which interpolates
     # as every other fitted size does (tracer.vision.interpolating); the estimate at the real, square 64 pixels,
     # which adds the embeddings as they are, equals its trace
+    _check_estimate_equals_trace(config, workload)
+
+
+# ViT-like encoders read the same way: DeiT (CLS + distillation token; its image-classification mapping names two
+# classes, told apart by config.architectures, which a config built from defaults lacks), BEiT and Data2Vec-Vision
+# (relative position bias, layer scale, mean pooling; Data2Vec-Vision reads its drop-path rates with .item() in its
+# constructor, which the tracer runs outside fake mode), I-JEPA and ViT-MSN (plain ViT encoders), MetaCLIP-2 (CLIP's
+# tower in its vision_config, whose base class AutoModel does not list).
+VIT_LIKE = {"hidden_size": 64, "num_hidden_layers": 5, "num_attention_heads": 4, "intermediate_size": 128,
+            "image_size": 32, "patch_size": 4, "num_channels": 3}
+METACLIP2 = {"model_type": "metaclip_2", "vision_config": dict(VIT_LIKE, num_hidden_layers=3),
+             "text_config": CLIP["text_config"]}
+
+
+def test_deit_builds_its_trainable_class_and_counts_its_distillation_token():
+    from estimator.model import from_hf_config
+
+    cfg = dict(VIT_LIKE, model_type="deit", num_hidden_layers=3)
+    m = from_hf_config(cfg, "t-deit")
+    assert m.inventory.built_as == "DeiTForImageClassification"      # takes labels; the WithTeacher class does not
+    assert vision.geometry(m)["extra_tokens"] == 2                     # CLS + distillation
+    assert vision.sized(m, Workload(image_size=40)).seq == 10 * 10 + 2
+    named = from_hf_config(dict(cfg, architectures=["DeiTForImageClassificationWithTeacher"]), "t-deit")
+    assert named.inventory.built_as == "DeiTForImageClassification"   # a distilled checkpoint fine-tunes the same
+    _check_estimate_equals_trace(cfg, Workload(batch=2, image_size=40))
+
+
+def test_a_relative_position_bias_is_refused_in_one_line(tmp_path):
+    # BEiT's relative position bias index lives on the host, cached per grid: not priced, said before any tracing
+    cfg = tmp_path / "beit.json"
+    cfg.write_text(json.dumps(dict(VIT_LIKE, model_type="beit", use_relative_position_bias=True)))
+    out = _cli("--model", str(cfg))
+    assert out.returncode == 2 and out.stderr.strip() == (
+        "python -m estimator: error: use_relative_position_bias: beit with use_relative_position_bias true is not "
+        "priced (its relative position bias index is built and cached on the host per image grid, which a trace "
+        "cannot tell from GPU memory); set it false to price the encoder without it")
+
+
+@pytest.mark.slow  # 5-layer profiles derived at reduced depth, then extended: about a minute each
+@pytest.mark.parametrize("config, workload", [
+    (dict(VIT_LIKE, model_type="deit"), Workload(batch=2, image_size=40)),
+    (dict(VIT_LIKE, model_type="deit"), Workload(mode="infer", batch=3, image_size=36)),
+    (dict(VIT_LIKE, model_type="beit"), Workload(batch=2, image_size=40)),
+    (dict(VIT_LIKE, model_type="data2vec-vision"), Workload(batch=2, image_size=40)),
+    (dict(VIT_LIKE, model_type="ijepa"), Workload(batch=2, image_size=40)),
+    (dict(VIT_LIKE, model_type="vit_msn"), Workload(batch=2, image_size=40, method="lora")),
+    (METACLIP2, Workload(batch=2, image_size=40)), (METACLIP2, Workload(mode="infer", batch=2, image_size=40)),
+], ids=["deit-train", "deit-infer", "beit-train", "data2vec-vision", "ijepa", "vit_msn-lora",
+        "metaclip_2-train", "metaclip_2-infer"])
+def test_vit_like_encoders_equal_full_depth_traces(config, workload):
     _check_estimate_equals_trace(config, workload)
 
 

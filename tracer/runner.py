@@ -25,6 +25,7 @@ import warnings
 from collections.abc import Callable
 
 import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from estimator.spec import Workload
 from tracer import serialized
@@ -125,7 +126,10 @@ def build_model(config: dict, workload: Workload, device: str = "cpu", *, meta_t
     torch.set_default_dtype(dtype)  # module.to(dtype) fails in swap_tensors under fake mode
     try:
         with torch.device("meta" if meta_then_empty else device):
-            model = _from_config(cls, hf_config, dtype, attn)
+            # built on meta outside any fake mode: a constructor's own CPU arithmetic (Data2Vec-Vision reads its
+            # drop-path rates with .item()) runs for real; _materialize gives the tensors fake storage after
+            with (unset_fake_temporarily() if meta_then_empty else contextlib.nullcontext()):
+                model = _from_config(cls, hf_config, dtype, attn)
             if layers is not None:
                 reduce_depth(model, layers)
             model._willitfit_masked_lm = masked

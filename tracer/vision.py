@@ -32,7 +32,7 @@ import torch
 # The vision encoders modelled (estimator.families.VISION_TYPES); other image-classification types (ConvNeXt, Swin,
 # BEiT, ...) are refused in one line. The classification head's width is the config's num_labels (transformers'
 # default 2; a config with id2label sets its own).
-from estimator.families import VISION_TYPES
+from estimator.families import VISION_TYPES, unpriced_vision_option
 
 
 def is_vision(cfg) -> bool:
@@ -56,13 +56,61 @@ def vision_config(cfg):
 
 
 def vision_class(cfg, mode: str):
-    """(transformers class, config to build it from) for a training step ("train": the image-classification model)
-    or inference (the base vision model)."""
+    """(class with `from_config`, config to build it from) for a training step ("train": the image-classification
+    model) or inference (the base vision model)."""
     from transformers import AutoModel, AutoModelForImageClassification
+    from transformers.models.auto.modeling_auto import (MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES,
+                                                        MODEL_MAPPING_NAMES)
 
+    unpriced = unpriced_vision_option(cfg.model_type, lambda key: getattr(cfg, key, None))
+    if unpriced:
+        raise ValueError(unpriced)
     if mode == "train":
+        names = MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES.get(cfg.model_type)
+        if isinstance(names, tuple):  # DeiT, LeViT: with and without a distillation teacher, told apart by
+            return _Concrete(_trainable(cfg, names)), cfg    # config.architectures (None: transformers fails)
         return AutoModelForImageClassification, cfg
-    return AutoModel, vision_config(cfg)
+    vc = vision_config(cfg)
+    if vc is not cfg and vc.model_type not in MODEL_MAPPING_NAMES:
+        # a tower AutoModel does not list (MetaCLIP-2's): the class its config names, in the same module
+        return _Concrete(_sibling_class(vc, "Config", "Model")), vc
+    return AutoModel, vc
+
+
+class _Concrete:
+    """A transformers model class behind the Auto interface the builders call (`from_config`, `__name__`)."""
+
+    def __init__(self, cls):
+        self.cls, self.__name__ = cls, cls.__name__
+
+    def from_config(self, config, **kwargs):
+        return self.cls._from_config(config, **kwargs)
+
+
+def _trainable(cfg, names: tuple):
+    """The class of `names` a fine-tuning run builds: the one config.architectures names if its forward takes labels
+    (DeiT's and LeViT's WithTeacher classes are for inference only and take none), else the first."""
+    import transformers
+
+    stated = [n for n in (getattr(cfg, "architectures", None) or ()) if n in names]
+    for name in stated + list(names):
+        cls = getattr(transformers, name)
+        if "labels" in inspect.signature(cls.forward).parameters:
+            return cls
+    raise ValueError(f"model_type: {cfg.model_type!r} has no image-classification class that takes labels")
+
+
+def _sibling_class(cfg, suffix: str, replacement: str):
+    """The model class in the config class's own transformers module whose name is the config class's with
+    `suffix` replaced (MetaClip2VisionConfig -> MetaClip2VisionModel)."""
+    import importlib
+
+    name = type(cfg).__name__.removesuffix(suffix) + replacement
+    module = importlib.import_module(type(cfg).__module__.replace(".configuration_", ".modeling_"))
+    cls = getattr(module, name, None)
+    if cls is None:
+        raise ValueError(f"model_type: {cfg.model_type!r} has no {name} in transformers to build its vision tower from")
+    return cls
 
 
 def geometry(cfg) -> tuple[int, int, int]:
