@@ -206,7 +206,9 @@ def report(model: Model, est: Estimate, gpu: GPU | None, options: Options,
     """Everything the CLI shows, as one JSON-ready dict (bytes are ints; GiB/GB only in the text view)."""
     out = {
         "model": model.name, "model_type": model.model_type, "family": model.family,
-        "params": est.params, "active_params": model.active_params, "trainable_params": est.trainable_params,
+        **({"image_seq": vision.size_words(model, est.workload.seq)} if vision.is_vision(model) else {}),
+        "params": est.params, "active_params": est.params if vision.is_vision(model) else model.active_params,
+        "trainable_params": est.trainable_params,
         "workload": spec_dict(est.workload), "parallel": spec_dict(est.parallel),
         "activation_model": "detailed" if options.activation_k is None else "k",
         "activation_k": options.activation_k,
@@ -283,7 +285,7 @@ def render_text(r: dict) -> str:
              + f", {r['trainable_params']:,} trainable",
              f"{w['mode']} {w['method']}, " + (f"recipe {w['recipe']} " if w["mode"] == "train" else "")
              + f"{w['precision']}, weights {w['weight_format']}, "
-             + (f"batch {w['batch']} x {w['image_size']}x{w['image_size']} px images ({w['seq']} tokens each)"
+             + (f"batch {w['batch']} x {w['image_size']}x{w['image_size']} px images ({r.get('image_seq', '')})"
                 if w.get("image_size") else f"batch {w['batch']} x seq {w['seq']}")
              + (f" + {w['gen_tokens']} generated" if w["gen_tokens"] else "")
              + (f", {w['optimizer']} ({w['optimizer_impl']}), grad_accum {w['grad_accum']}, checkpointing "
@@ -311,8 +313,7 @@ def render_text(r: dict) -> str:
     if prof:
         lines.append(f"  profile: derived from transformers {prof.get('transformers')} / torch {prof.get('torch')}"
                      f" ({prof.get('kernels')} kernels), {prof.get('traces')} traces of "
-                     f"{'/'.join(str(len(d)) for d in prof.get('reduced_depths', []))} layers in "
-                     f"{prof.get('seconds')} s")
+                     f"{vision.traced_depths(prof)} in {prof.get('seconds')} s")
         if prof.get("scan"):
             lines.append(f"  assumes: {prof['scan']}")
     for note in r.get("notes", []):

@@ -340,6 +340,9 @@ def _runnable_attention(model: Model, w: Workload) -> tuple[Workload, tuple[str,
     if w.attention == "eager" or model.inventory.supports_sdpa:
         return w, ()
     built = model.inventory.built_as
+    if vision.is_spatial(model):   # a conv net or a windowed encoder: its own code, whatever attention is asked
+        return replace(w, attention="eager"), (f"attention: {built} runs its own code (no SDPA path in "
+                                               "transformers); priced as it runs",)
     note = (f"attention: {built} has no SDPA path in transformers; priced as eager (its default), which keeps "
             "the seq x seq scores" + (" (FlashAttention-2 keeps none: an upper bound)" if w.attention == "flash"
                                       else ""))

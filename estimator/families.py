@@ -24,6 +24,30 @@ FAMILIES = {
 # encoders are all read from the model; each is checked against full-depth traces (tests/test_vision.py).
 VISION_TYPES = ("vit", "dinov2", "dinov2_with_registers", "siglip", "clip", "metaclip_2", "deit", "beit",
                 "data2vec-vision", "ijepa", "vit_msn")
+# Vision models without patch tokens (tracer.vision "spatial"): conv nets and hierarchical encoders whose feature
+# maps shrink stage by stage. Their size is counted in grid units of their total stride (32 pixels for all of these):
+# on images of h x w units every tensor holds a whole multiple of h * w positions, so memory is a polynomial in
+# h * w. Left out, because their derivations found terms in h + w that no such polynomial has (the verification's
+# refusal, docs/architectures.md): models that pad copies of their feature maps (BiT's and MobileNet's TF "same"
+# padding, FocalNet's and CvT's patch padding, MobileViT's unfolding), and Swin, 448 bytes off at a 32 x 32 grid
+# of its 224-pixel window units (not found yet).
+SPATIAL_VISION_TYPES = ("resnet", "convnext", "convnextv2", "regnet", "poolformer", "pvt_v2", "segformer",
+                        "swiftformer")
+VISION_TYPES += SPATIAL_VISION_TYPES
+_HW = ("its derivation's check found memory that is no polynomial in the image's h x w grid units (a copy of a "
+       "feature map padded or unfolded: terms in h + w)")
+# Image-classification types tried and refused, with why (one line each; the others are "not modelled yet").
+VISION_REFUSED = {
+    "bit": _HW + ": BiT pads with TensorFlow's 'same' rule",
+    "mobilenet_v1": _HW + ": MobileNet pads with TensorFlow's 'same' rule",
+    "mobilenet_v2": _HW + ": MobileNet pads with TensorFlow's 'same' rule",
+    "mobilevit": _HW + ": MobileViT unfolds its feature maps into patches",
+    "mobilevitv2": _HW + ": MobileViT unfolds its feature maps into patches",
+    "focalnet": _HW, "cvt": _HW,
+    "swin": "its windowed attention's derivation misses a full trace by 448 bytes at a 32 x 32 grid of its 224-pixel "
+            "window units (not found yet)",
+    "pvt": "its code fails on images other than its config's size (a position-embedding reshape)",
+}
 # Options of those encoders whose memory is not priced: {config key: why}. BEiT's and Data2Vec-Vision's relative
 # position bias builds its (tokens + 1)^2 int64 index on the host with an lru_cache per grid (BeitRelativePositionBias.
 # generate_relative_position_index: created on the CPU, held across steps, copied to the GPU by each layer's

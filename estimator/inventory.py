@@ -104,8 +104,10 @@ class Inventory:
         out = tuple((n, fi, fo) for name, fi, fo, _, role, in_layer, n in self.linears
                     if name in wanted and role == "linear" and in_layer)
         if not out:
+            names = self.lora_target_names()
             raise ValueError(f"lora_targets: {', '.join(targets)} match no Linear module of {self.model_type}; "
-                             f"available: {', '.join(self.lora_target_names())}")
+                             + (f"available: {', '.join(names)}" if names else "it has no Linear module in its "
+                                "layers to adapt (a conv net: use --method full)"))
         return out
 
     def lora_params(self, rank: int, targets: tuple[str, ...]) -> int:

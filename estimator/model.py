@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from estimator.families import VISION_TYPES, family_of, unpriced_vision_option
+from estimator.families import SPATIAL_VISION_TYPES, VISION_TYPES, family_of, unpriced_vision_option
 from estimator.inventory import Inventory
 from estimator.presets import config_hash
 from estimator import store
@@ -153,11 +153,15 @@ def _check_config(config: dict) -> None:
     heads = _first(cfg, ("num_attention_heads", "n_head", "num_heads"))
     kv = _first(cfg, ("num_key_value_heads", "num_kv_heads"))
     for key, v in (("hidden_size", hidden), ("num_attention_heads", heads), ("num_key_value_heads", kv)):
+        if isinstance(v, list):   # one per stage (PVT-v2, Swin) or per layer
+            if v and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in v):
+                continue
+            raise ValueError(f"{key}: must be a positive integer or a list of them, got {v!r}")
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             raise ValueError(f"{key}: must be a positive integer, got {v!r}")
     # hidden_size % heads is no check of ours: models take head_dim = hidden_size // heads (glm4_moe's defaults,
     # 4096 over 96 heads, build and run); what the code would fail on is refused where it fails (tracer.meta)
-    if heads and kv and heads % kv:
+    if isinstance(heads, int) and isinstance(kv, int) and heads and kv and heads % kv:
         raise ValueError(f"num_key_value_heads: {kv} does not divide num_attention_heads {heads}")
 
 
@@ -192,10 +196,20 @@ VISION_SIZE_FIELDS = {
 }
 
 
+# A spatial vision model's (families.SPATIAL_VISION_TYPES: conv nets, hierarchical encoders): blocks per stage and
+# widths per stage; its image size defaults to 224 pixels where its config has none (tracer.vision.DEFAULT_IMAGE_SIZE)
+SPATIAL_SIZE_FIELDS = {
+    "depths": ("depths",),
+    "hidden_sizes": ("hidden_sizes", "embed_dims"),
+}
+
+
 def defaulted_sizes(config: dict) -> list[str]:
     """The size fields (SIZE_FIELDS) a config.json leaves to transformers' defaults, in SIZE_FIELDS order.
     A composite config (text_config) is checked in its text part; a vision encoder's (SigLIP's and CLIP's
     vision_config) by VISION_SIZE_FIELDS."""
+    if config.get("model_type") in SPATIAL_VISION_TYPES:
+        return [name for name, keys in SPATIAL_SIZE_FIELDS.items() if _first(config, keys) is None]
     if config.get("model_type") in VISION_TYPES:
         cfg = config.get("vision_config") if isinstance(config.get("vision_config"), dict) else config
         return [name for name, keys in VISION_SIZE_FIELDS.items() if _first(cfg, keys) is None]

@@ -30,6 +30,30 @@ def is_vision(model: Model) -> bool:
     return geometry(model) is not None
 
 
+def is_spatial(model: Model) -> bool:
+    """A vision model without patch tokens (a conv net, a hierarchical encoder): sized in grid units, not patches."""
+    v = geometry(model)
+    return v is not None and v.get("grid") == "spatial"
+
+
+def unit_name(model: Model) -> str:
+    """What a vision model's unit is called in messages: its patch size, or a spatial model's grid unit."""
+    return "grid unit (its total stride)" if is_spatial(model) else "patch size"
+
+
+def size_words(model: Model, seq: int) -> str:
+    """What a vision step's seq counts, in words: "197 tokens each", or a spatial model's "64 grid units of 32 px"."""
+    if is_spatial(model):
+        return f"{seq:,} grid units of {geometry(model)['patch_size']} px"
+    return f"{seq:,} tokens each"
+
+
+def traced_depths(prov: dict) -> str:
+    """The depths a profile was traced at, for a provenance line: "3/4 layers", or "the whole model"."""
+    depths = "/".join(str(len(d)) for d in prov.get("reduced_depths", []) if d)
+    return f"{depths} layers" if depths else "the whole model"
+
+
 def tokens(model: Model, image_size: int) -> int:
     """Tokens per image of a square `image_size`-pixel image: (image_size // patch)^2 patches plus the extra tokens;
     ValueError naming image_size where it is no multiple of the patch size."""
@@ -37,9 +61,11 @@ def tokens(model: Model, image_size: int) -> int:
     patch = int(v["patch_size"])
     if image_size < patch or image_size % patch:
         lo, hi = max(patch, image_size - image_size % patch), image_size - image_size % patch + patch
-        raise ValueError(f"image_size: {image_size} is not a multiple of {model.name}'s patch size {patch} (pixels past "
-                         f"the last whole patch are held but read by no patch, which is not priced exactly); use "
-                         f"{lo} or {hi}")
+        why = ("its feature maps would be padded or cut at some stage, which is not priced exactly" if
+               is_spatial(model) else "pixels past the last whole patch are held but read by no patch, which is not "
+               "priced exactly")
+        raise ValueError(f"image_size: {image_size} is not a multiple of {model.name}'s {unit_name(model)} {patch} "
+                         f"({why}); use {lo} or {hi}")
     return (image_size // patch) ** 2 + int(v["extra_tokens"])
 
 

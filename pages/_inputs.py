@@ -7,6 +7,7 @@ Not a page (the underscore; app.py routes with st.navigation, which ignores file
 from __future__ import annotations
 import streamlit as st
 from estimator import knobs, spec
+from estimator.vision import traced_depths
 from estimator.gpus import gpu_names, load_gpus
 from estimator.model import Model
 from estimator.presets import preset_names
@@ -148,7 +149,7 @@ def provenance_caption(prov: dict) -> str:
     """One sentence saying where the numbers come from."""
     how = {"shipped": "shipped with willitfit", "cache": "derived earlier on this machine",
            "derived now": "derived just now"}.get(prov.get("where"), "")
-    depths = "/".join(str(len(d)) for d in prov.get("reduced_depths", []))
+    depths = traced_depths(prov)
     return (f"Memory profile {how}: traced from transformers {prov.get('transformers')} (torch {prov.get('torch')}, "
-            f"{prov.get('kernels')} kernels), {prov.get('traces')} traces of {depths} layers in {prov.get('seconds')} s, "
+            f"{prov.get('kernels')} kernels), {prov.get('traces')} traces of {depths} in {prov.get('seconds')} s, "
             "extended to the full depth." + (f" It assumes {prov['scan']}." if prov.get("scan") else ""))

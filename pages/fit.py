@@ -22,7 +22,7 @@ from estimator.model import check_context, check_sizes, defaults_note
 from estimator.presets import MAX_CONFIG_BYTES, load_config, parse_config_text
 from estimator.spec import Parallel
 from estimator.units import GB, GiB, fmt_bytes
-from estimator.vision import is_vision, sized
+from estimator.vision import is_vision, size_words, sized
 from pages import _charts as charts
 from pages import _derive as derive
 from pages import _state as state, _data as reads, _inputs as ui
@@ -383,7 +383,7 @@ def body(f: dict[str, state.Field], shown: set[str]) -> None:
     est = estimate(model, w, par, options)
     st.caption(f"**{name}** ({model.model_type}, built as {model.inventory.built_as}): {est.params:,} parameters, "
                f"{est.trainable_params:,} trainable. {w.mode} · batch {w.batch} · "
-               + (f"{w.image_size} x {w.image_size} px images ({w.seq:,} tokens each) · " if is_vision(model) else
+               + (f"{w.image_size} x {w.image_size} px images ({size_words(model, w.seq)}) · " if is_vision(model) else
                   f"seq {w.seq:,} · ") + f"{par.strategy} on {par.gpus} GPU(s).")
     st.caption(ui.provenance_caption(prov) + (" " + " ".join(f"Note: {n}." for n in est.notes) if est.notes else ""))
     verdict(est, gpu)

@@ -238,8 +238,8 @@ A vision encoder's step takes pixel values (batch, 3, H, W), not token ids (`tra
 image-classification model (AutoModelForImageClassification, labels of shape (batch,), cross entropy), inference the
 base vision model. Its size is the image (`--image-size`, pixels, square, a multiple of the patch size; default the
 config's `image_size`), and its profile is a polynomial in tokens per image: (image_size // patch_size)^2 patches plus
-the CLS and register tokens its embeddings add, read from the model (`estimator.vision.sized`). Position embeddings
-are interpolated where the grid is not the config's, as the model code does when told to
+the CLS, distillation and register tokens its embeddings add, read from the model (`estimator.vision.sized`). Position
+embeddings are interpolated where the grid is not the config's, as the model code does when told to
 (`interpolate_pos_encoding`) or always (DINOv2); the fit interpolates at every size it traces (a token count of the
 config's own grid is traced as a rectangle of the same patches), and at the config's own size, where the model adds
 its embeddings as they are, the estimate is checked against that real trace (equal at every stage: the skipped
@@ -252,12 +252,46 @@ interpolation's temporaries come and go before the first layer).
 | dinov2_with_registers | Dinov2WithRegistersForImageClassification | Dinov2WithRegistersModel | p + 1 + registers | train at 36 px (4 registers) |
 | siglip | SiglipForImageClassification (vision tower only) | SiglipVisionModel (vision_config) | p | train and inference at 40 px |
 | clip | CLIPForImageClassification (vision tower only) | CLIPVisionModel (vision_config) | p + 1 | train and inference at 40 px |
+| metaclip_2 | MetaClip2ForImageClassification (vision tower only) | MetaClip2VisionModel (vision_config; AutoModel does not list it, so it is built from its own module) | p + 1 | train and inference at 40 px |
+| deit | DeiTForImageClassification (the class that takes labels; the WithTeacher one a distilled checkpoint names is inference-only) | DeiTModel | p + 2 (CLS, distillation) | train at 40 px (default tier); 5 layers, train at 40 px, inference at 36 px |
+| beit | BeitForImageClassification | BeitModel | p + 1 | 5 layers, train at 40 px; `use_relative_position_bias` / `use_shared_relative_position_bias` true is refused in one line (the bias index is built and cached on the host per grid, which a fake-tensor trace cannot tell from GPU memory) |
+| data2vec-vision | Data2VecVisionForImageClassification | Data2VecVisionModel | p + 1 | 5 layers, train at 40 px (its constructor reads drop-path rates with `.item()`: the tracer builds on meta outside fake mode); relative position bias refused as BEiT's |
+| ijepa | IJepaForImageClassification | IJepaModel | p | 5 layers, train at 40 px |
+| vit_msn | ViTMSNForImageClassification | ViTMSNModel | p + 1 | 5 layers, LoRA at 40 px |
 
 Presets: `vit-huge-patch14`, `dinov2-giant`, `siglip-so400m-patch14-224` (docs/presets.md). Not priced exactly: an
 image size that is no multiple of the patch size (refused in one line: the pixels past the last whole patch are held in
 the input but read by no patch), loss variants other than the full cross entropy, activation offloading and
-torch.compile for vision steps (refused in one line). Other image models that transformers has (ConvNeXt, Swin, DeiT,
-BEiT, SigLIP-2 and the rest of its image-classification types) are refused in one line, before torch is imported.
+torch.compile for vision steps (refused in one line).
+
+### Conv nets and hierarchical encoders (spatial models)
+
+A model without patch tokens keeps feature maps that shrink stage by stage. Its size is counted in **grid units**:
+its total stride in pixels (32 for all of these; `tracer.vision.grid_unit` reads it from the base model's output
+sides on 512- and 1024-pixel images on the meta device), so a 224-pixel image is 7 x 7 = 49 units. On images of
+h x w units every feature map holds a whole multiple of h x w positions, so the step's memory is a polynomial in the
+units, fit like a sequence length; image sizes that are no multiple of the unit are refused in one line (a stage
+would pad or cut its maps). These models have no decoder layer stack, so they are traced whole (exact by
+construction at every fitted size); the derivation's check at a further size, a thin 8 x 127-unit rectangle, is what
+catches a model whose memory has terms in h + w (a padded or unfolded copy of a feature map), and those are refused
+with their reason (`estimator.families.VISION_REFUSED`). A config without `image_size` (ResNet, RegNet) defaults to
+224 pixels. LoRA has no Linear to adapt in a conv net (refused in one line); activation checkpointing is refused
+where transformers does not support it for the class.
+
+| model type | checked (tests/test_vision.py: estimate == full-depth trace, to the byte) |
+|---|---|
+| resnet | tiny ResNet, train at 256 px and inference at the default 224 px (default tier) |
+| convnext, convnextv2 | train at 96 and 160 px, inference at 64 px |
+| regnet | train at 192 px |
+| poolformer | train at 128 px |
+| pvt_v2 | train at 160 px (spatial-reduction attention) |
+| segformer | inference at 96 px |
+| swiftformer | train at 96 px |
+
+Refused after trying (one line each, with the reason): bit, mobilenet_v1, mobilenet_v2 (TensorFlow "same" padding),
+mobilevit, mobilevitv2 (unfolding), focalnet, cvt (terms in h + w found by the check), swin (448 bytes off at a 32 x
+32 grid of its 224-pixel window units, not found yet), pvt (its code fails on images other than its config's size).
+The other image-classification types are refused as not modelled yet.
 """
 
 

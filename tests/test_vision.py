@@ -102,17 +102,24 @@ def test_a_text_model_refuses_an_image_size():
 
 
 def test_unmodelled_image_model_is_refused_in_one_line_without_torch(tmp_path):
-    # ConvNeXt has an image-classification model but no patch-token encoder willitfit models: refused from
-    # transformers' source read as text, before torch is imported
+    # EfficientNet has an image-classification model willitfit does not model, and MobileNet-v2 one whose derivation
+    # was refused (families.VISION_REFUSED): both refused from transformers' source read as text, before torch is
+    # imported, the second with its reason
+    from estimator.families import VISION_TYPES
+
     code = ("import sys\nfrom tracer.model_types import check_model_type\n"
-            "try:\n    check_model_type({'model_type': 'convnext'})\nexcept ValueError as e:\n    print(e)\n"
+            "for t in ('efficientnet', 'mobilenet_v2'):\n"
+            "    try:\n        check_model_type({'model_type': t})\n    except ValueError as e:\n        print(e)\n"
             "assert 'torch' not in sys.modules\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == ("model_type: 'convnext' is an image model willitfit does not model yet; the vision "
-                                  "encoders it models are vit, dinov2, dinov2_with_registers, siglip, clip, metaclip_2, "
-                                  "deit, beit, data2vec-vision, ijepa, vit_msn "
-                                  "(docs/architectures.md)")
+    assert out.stdout.strip().splitlines() == [
+        "model_type: 'efficientnet' is an image model willitfit does not model yet; the vision encoders it models are "
+        f"{', '.join(VISION_TYPES)} (docs/architectures.md)",
+        "model_type: 'mobilenet_v2' is not priced: its derivation's check found memory that is no polynomial in the "
+        "image's h x w grid units (a copy of a feature map padded or unfolded: terms in h + w): MobileNet pads with "
+        "TensorFlow's 'same' rule"]
+    assert "convnext" in VISION_TYPES and "swin" not in VISION_TYPES
 
 
 def test_batch_one_keeps_a_patch_gradient_through_the_optimizer_step():
@@ -154,11 +161,11 @@ def test_cli_has_an_image_size_flag_and_refuses_seq_for_a_vision_model():
 
 
 def test_cli_refuses_an_unmodelled_image_model(tmp_path):
-    cfg = tmp_path / "convnext.json"
-    cfg.write_text(json.dumps({"model_type": "convnext", "hidden_sizes": [8, 16], "depths": [1, 1]}))
+    cfg = tmp_path / "swin.json"
+    cfg.write_text(json.dumps({"model_type": "swin", "embed_dim": 8, "depths": [1, 1], "num_heads": [1, 1]}))
     out = _cli("--model", str(cfg))
     assert out.returncode == 2 and out.stderr.strip().startswith(
-        "python -m estimator: error: model_type: 'convnext' is an image model willitfit does not model yet")
+        "python -m estimator: error: model_type: 'swin' is not priced: its windowed attention's derivation misses")
 
 
 # ---------------------------------------------------------------- estimate == full-depth trace
@@ -174,7 +181,8 @@ def _check_estimate_equals_trace(config: dict, workload: Workload) -> None:
     model = from_hf_config(config, "tiny")
     est = estimate(model, workload)
     tower = config.get("vision_config")   # SigLIP, CLIP: the one note says the text tower is not built
-    assert est.notes == ((f"scope: {config['model_type']} is priced as its vision tower alone ({model.inventory.built_as}"
+    spatial = tuple(n for n in est.notes if n.startswith("attention: ") and n.endswith("priced as it runs"))
+    assert est.notes == spatial + ((f"scope: {config['model_type']} is priced as its vision tower alone ({model.inventory.built_as}"
                           f" on its {config['model_type']}_vision_model); the checkpoint's text tower is not built",)
                          if tower else ()), est.notes
     assert est.workload.seq == vision.tokens(model, workload.image_size or vision.geometry(model)["image_size"])
@@ -284,6 +292,64 @@ def test_a_relative_position_bias_is_refused_in_one_line(tmp_path):
 ], ids=["deit-train", "deit-infer", "beit-train", "data2vec-vision", "ijepa", "vit_msn-lora",
         "metaclip_2-train", "metaclip_2-infer"])
 def test_vit_like_encoders_equal_full_depth_traces(config, workload):
+    _check_estimate_equals_trace(config, workload)
+
+
+# Spatial models (conv nets, hierarchical encoders: families.SPATIAL_VISION_TYPES): no patch tokens; their size is
+# counted in grid units of their total stride (32 pixels), read from the model (tracer.vision.grid_unit), and every
+# feature map holds a multiple of the h x w units of the image. Traced whole (they have no decoder layer stack).
+def _tiny(model_type: str, **extra) -> dict:
+    return {"model_type": model_type, "hidden_sizes": [8, 16, 24, 32], "depths": [1, 2, 1, 1], "num_channels": 3,
+            **extra}
+
+
+def test_a_resnet_is_sized_in_grid_units_of_its_total_stride():
+    m = _model("resnet")
+    assert m.params == sum(_independent_params(_config("resnet")).values())
+    assert vision.geometry(m)["patch_size"] == 32 and vision.geometry(m)["extra_tokens"] == 0
+    assert vision.geometry(m)["image_size"] == 224          # ResNet's config has none: the checkpoints' 224 pixels
+    assert vision.sized(m, Workload()).seq == 7 * 7
+    assert vision.size_words(m, 49) == "49 grid units of 32 px"
+    with pytest.raises(ValueError, match=r"^image_size: 250 is not a multiple of t-resnet's grid unit \(its total "
+                                         r"stride\) 32 \(its feature maps would be padded .*; use 224 or 256$"):
+        vision.sized(m, Workload(image_size=250))
+
+
+def _independent_params(config: dict) -> dict:
+    import torch
+    from transformers import AutoConfig, AutoModelForImageClassification
+
+    cfg = AutoConfig.for_model(config["model_type"], **{k: v for k, v in config.items() if k != "model_type"})
+    with torch.device("meta"):
+        model = AutoModelForImageClassification.from_config(cfg)
+    return {"all": sum(p.numel() for p in model.parameters())}
+
+
+def test_resnet_training_estimate_equals_a_full_depth_trace():
+    # 256 pixels: 8 x 8 units of 32 pixels, a size the fit (256 units and up) never traced; and the default 224
+    _check_estimate_equals_trace(_config("resnet"), Workload(batch=4, image_size=256))
+    _check_estimate_equals_trace(_config("resnet"), Workload(mode="infer", batch=2))
+
+
+def test_a_conv_net_refuses_lora_in_one_line():
+    out = _cli("--model", str(TINY / "t-resnet.json"), "--method", "lora")
+    assert out.returncode == 2 and out.stderr.strip() == (
+        "python -m estimator: error: lora_targets: q_proj, v_proj match no Linear module of resnet; it has no Linear "
+        "module in its layers to adapt (a conv net: use --method full)")
+
+
+@pytest.mark.slow  # each traced whole at 11 sizes: 10-40 s
+@pytest.mark.parametrize("config, workload", [
+    (_config("convnext"), Workload(batch=2, image_size=96)), (_config("convnext"), Workload(mode="infer", batch=3)),
+    (_tiny("convnextv2"), Workload(batch=3, image_size=160)),
+    (_tiny("regnet", embedding_size=8, groups_width=8), Workload(batch=2, image_size=192)),
+    (_tiny("poolformer"), Workload(batch=2, image_size=128)),
+    (_tiny("pvt_v2", num_attention_heads=[1, 1, 2, 2], sr_ratios=[8, 4, 2, 1]), Workload(batch=2, image_size=160)),
+    (_tiny("segformer", num_attention_heads=[1, 1, 2, 2]), Workload(mode="infer", batch=2, image_size=96)),
+    (_tiny("swiftformer", embed_dims=[8, 16, 24, 32]), Workload(batch=2, image_size=96)),
+], ids=["convnext-train", "convnext-infer", "convnextv2", "regnet", "poolformer", "pvt_v2", "segformer",
+        "swiftformer"])
+def test_spatial_models_equal_full_depth_traces(config, workload):
     _check_estimate_equals_trace(config, workload)
 
 

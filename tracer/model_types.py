@@ -17,7 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 
 
-from estimator.families import VISION_TYPES
+from estimator.families import VISION_REFUSED, VISION_TYPES
 
 MAPPING = "CONFIG_MAPPING_NAMES"
 SOURCES = ("auto_mappings.py", "configuration_auto.py")   # where transformers 5 builds the mapping, in order
@@ -92,6 +92,8 @@ def check_model_type(config: dict) -> None:
         raise ValueError("model_type: missing; a config.json names its model_type")
     known = known_model_types()
     if mt in unmodelled_image_types():
+        if mt in VISION_REFUSED:
+            raise ValueError(f"model_type: {mt!r} is not priced: {VISION_REFUSED[mt]}")
         raise ValueError(f"model_type: {mt!r} is an image model willitfit does not model yet; the vision encoders it "
                          f"models are {', '.join(VISION_TYPES)} (docs/architectures.md)")
     if known is None or mt in known:

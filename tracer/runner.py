@@ -135,6 +135,8 @@ def build_model(config: dict, workload: Workload, device: str = "cpu", *, meta_t
             model._willitfit_masked_lm = masked
             model._willitfit_vision = is_vision
             if is_vision:  # tokens per image beyond the patches, read on the model as built (tracer.vision)
+                if vision.is_spatial(model.config):    # its grid unit: the total stride (x a window), read once
+                    model._willitfit_unit = vision.grid_unit(model)
                 model._willitfit_extra_tokens = vision.extra_tokens(model)
             if workload.method == "lora":
                 model = _add_lora(model, workload, masked or is_vision)

@@ -32,7 +32,9 @@ import torch
 # The vision encoders modelled (estimator.families.VISION_TYPES); other image-classification types (ConvNeXt, Swin,
 # BEiT, ...) are refused in one line. The classification head's width is the config's num_labels (transformers'
 # default 2; a config with id2label sets its own).
-from estimator.families import VISION_TYPES, unpriced_vision_option
+from estimator.families import SPATIAL_VISION_TYPES, VISION_REFUSED, VISION_TYPES, unpriced_vision_option
+
+DEFAULT_IMAGE_SIZE = 224   # a spatial model's image size where its config states none (ResNet, RegNet, BiT)
 
 
 def is_vision(cfg) -> bool:
@@ -44,6 +46,8 @@ def refuse_unmodelled_vision(model_type: str) -> None:
     """One line for an image model willitfit does not model (before any slow work)."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES
 
+    if model_type in VISION_REFUSED:
+        raise ValueError(f"model_type: {model_type!r} is not priced: {VISION_REFUSED[model_type]}")
     if model_type in MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES and model_type not in VISION_TYPES:
         raise ValueError(f"model_type: {model_type!r} is an image model willitfit does not model yet; the vision "
                          f"encoders it models are {', '.join(VISION_TYPES)} (docs/architectures.md)")
@@ -113,19 +117,54 @@ def _sibling_class(cfg, suffix: str, replacement: str):
     return cls
 
 
-def geometry(cfg) -> tuple[int, int, int]:
-    """(image_size, patch_size, num_channels) of the config: square images and patches (the models modelled here
-    take ints; a (h, w) pair is refused in one line)."""
-    vc = vision_config(cfg)
+def geometry(model) -> tuple[int, int, int]:
+    """(image_size, unit, num_channels) of a built model: square images; the unit is the patch a token covers, or a
+    spatial model's grid unit (`grid_unit`, computed once by `tracer.runner.build_model` and kept on the model as
+    `_willitfit_unit`). A spatial model whose config states no image size (ResNet, RegNet, BiT) gets the 224 pixels
+    its checkpoints are trained and evaluated at (DEFAULT_IMAGE_SIZE)."""
+    vc = vision_config(model.config)
+    spatial = is_spatial(model.config)
     out = []
     for key in ("image_size", "patch_size", "num_channels"):
+        if key == "patch_size" and spatial:
+            out.append(getattr(model, "_willitfit_unit", None) or grid_unit(model))
+            continue
         v = getattr(vc, key, None)
+        if v is None and key == "image_size" and spatial:
+            v = DEFAULT_IMAGE_SIZE
         if isinstance(v, (list, tuple)) and len(v) == 2 and v[0] == v[1]:
             v = v[0]
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{key}: must be a positive integer (square images and patches), got {v!r}")
         out.append(v)
     return tuple(out)
+
+
+def is_spatial(cfg) -> bool:
+    """A vision model without patch tokens (families.SPATIAL_VISION_TYPES): conv nets and hierarchical encoders."""
+    return getattr(cfg, "model_type", None) in SPATIAL_VISION_TYPES
+
+
+@torch.no_grad()
+def grid_unit(model) -> int:
+    """A spatial model's grid unit in pixels: its total stride (the base model's output side on two square images
+    on the meta device, 512 and 1024 pixels: 1024 - 512 pixels over the difference of the sides), times its
+    attention window where its config has one (Swin's every stage must be a whole number of windows, or it pads). On
+    images of h x w units every feature map holds a whole multiple of h * w positions."""
+    base = getattr(model, "base_model", model)
+    p = next(base.parameters())
+    channels = int(getattr(vision_config(model.config), "num_channels", 3) or 3)
+    sides = []
+    for size in (512, 1024):
+        out = base(torch.empty(1, channels, size, size, device="meta", dtype=p.dtype))
+        h = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+        sides.append(h.shape[-2] if h.dim() == 4 else math.isqrt(h.shape[1]))
+    if sides[1] <= sides[0] or 512 % (sides[1] - sides[0]):
+        raise ValueError(f"model_type: {model.config.model_type!r}: willitfit cannot read a whole total stride from "
+                         f"its output sides {sides} at 512 and 1024 pixels")
+    stride = 512 // (sides[1] - sides[0])
+    window = getattr(model.config, "window_size", None)
+    return stride * (window if isinstance(window, int) and not isinstance(window, bool) and window > 1 else 1)
 
 
 def grid(patches: int) -> tuple[int, int]:
@@ -180,8 +219,10 @@ def _embeddings(model):
 def extra_tokens(model) -> int:
     """Tokens the embeddings add to the patches (CLS, registers): their output length on an image of the config's
     own size, less its patches (run by `tracer.runner.build_model` on the meta model, where it costs nothing, and
-    kept on the model as `_willitfit_extra_tokens`)."""
-    image, patch, channels = geometry(model.config)
+    kept on the model as `_willitfit_extra_tokens`); 0 for a spatial model (its size is counted in grid units)."""
+    if is_spatial(model.config):
+        return 0
+    image, patch, channels = geometry(model)
     emb = _embeddings(model)
     p = next(emb.parameters())
     pixels = torch.empty(1, channels, image, image, device=p.device, dtype=p.dtype)
@@ -193,6 +234,8 @@ def extra_tokens(model) -> int:
 def _takes_interpolate(model) -> bool:
     """The embeddings interpolate only when told to (ViT, SigLIP, CLIP; DINOv2 always does): the flag is passed to the
     model's forward, which hands it down (CLIPForImageClassification through its **kwargs)."""
+    if is_spatial(model.config) and not any(type(m).__name__.endswith("Embeddings") for m in model.modules()):
+        return False
     return "interpolate_pos_encoding" in inspect.signature(_embeddings(model).forward).parameters
 
 
@@ -201,7 +244,7 @@ def pixel_inputs(model, workload, device: str) -> dict:
     labels (b,) int64 for training; `interpolate_pos_encoding` where the forward takes it and the grid is not the
     config's."""
     inner = getattr(model, "module", model)
-    image, patch, channels = geometry(inner.config)
+    image, patch, channels = geometry(inner)
     h, w = grid(workload.seq - inner._willitfit_extra_tokens)
     if _INTERPOLATING.get() and (h, w) == (image // patch,) * 2 and h > 1:
         h, w = _rectangle(h * w)
@@ -220,10 +263,10 @@ def pixel_inputs(model, workload, device: str) -> dict:
 
 def info(model) -> dict:
     """The vision part of an inventory: what the estimator needs to turn an image size into tokens."""
-    image, patch, channels = geometry(model.config)
+    image, patch, channels = geometry(model)
     # an embeddings' mask_token (DINOv2 always has one) is read only with bool_masked_pos, which an
     # image-classification step never passes: it gets no gradient, so no optimizer state (states are created lazily)
     unreached = [list(p.shape) for n, p in model.named_parameters() if n.split(".")[-1] == "mask_token"]
     return {"image_size": image, "patch_size": patch, "num_channels": channels,
             "extra_tokens": extra_tokens(model), "num_labels": int(getattr(model.config, "num_labels", 0) or 0),
-            "unreached": unreached}
+            "unreached": unreached, **({"grid": "spatial"} if is_spatial(model.config) else {})}
