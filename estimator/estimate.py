@@ -418,7 +418,7 @@ def estimate(model: Model, workload: Workload, parallel: Parallel = Parallel(),
     cp.check(workload, parallel, causal=model.causal)  # before any derivation: mode, attention, seq in 2 x cp chunks
     tw, notes, prof, stage_shares = resolve(model, workload, parallel, options)
     notes = attn_note + notes + ssd.split_notes(model.config, model.inventory.config_hash, workload.mode,
-                                                workload.batch, workload.seq)
+                                                workload.batch, workload.seq) + vision.size_notes(model, workload)
     fit, mode_note, source = reserved_fit(workload_class(workload, parallel), options.alloc_conf)
     workspace = options.overhead.cublas_workspace_bytes
     best = None

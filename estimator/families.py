@@ -25,27 +25,26 @@ FAMILIES = {
 VISION_TYPES = ("vit", "dinov2", "dinov2_with_registers", "siglip", "clip", "metaclip_2", "deit", "beit",
                 "data2vec-vision", "ijepa", "vit_msn")
 # Vision models without patch tokens (tracer.vision "spatial"): conv nets and hierarchical encoders whose feature
-# maps shrink stage by stage. Their size is counted in grid units of their total stride (32 pixels for all of these):
-# on images of h x w units every tensor holds a whole multiple of h * w positions, so memory is a polynomial in
-# h * w. Left out, because their derivations found terms in h + w that no such polynomial has (the verification's
-# refusal, docs/architectures.md): models that pad copies of their feature maps (BiT's and MobileNet's TF "same"
-# padding, FocalNet's and CvT's patch padding, MobileViT's unfolding), and Swin, 448 bytes off at a 32 x 32 grid
-# of its 224-pixel window units (not found yet).
+# maps shrink stage by stage. Their size is counted in grid units of their total stride (32 pixels for all of these),
+# times their attention window where they have one (Swin: every stage a whole number of windows): on images of h x w
+# units every tensor holds a whole multiple of h * w positions, so memory is a polynomial in the area h * w.
 SPATIAL_VISION_TYPES = ("resnet", "convnext", "convnextv2", "regnet", "poolformer", "pvt_v2", "segformer",
-                        "swiftformer")
+                        "swiftformer", "bit", "mobilenet_v1", "mobilenet_v2", "efficientnet", "focalnet", "swin",
+                        "swinv2", "donut-swin")
+# Of those, the ones sized by their units per side n (square images only). BiT, MobileNet and EfficientNet pad copies
+# of their feature maps (TensorFlow's "same" padding), FocalNet its patch embeddings' input, and Swin's windowed
+# attention holds a term of the same kind: (n u + p)^2 elements, no polynomial in the area n^2 but one in n (their
+# derivations in area units were refused by the check at a thin rectangle). None attends over the whole map, which
+# would make memory quartic in n.
+SIDE_GRID_TYPES = ("bit", "mobilenet_v1", "mobilenet_v2", "efficientnet", "focalnet", "swin", "swinv2", "donut-swin")
 VISION_TYPES += SPATIAL_VISION_TYPES
 _HW = ("its derivation's check found memory that is no polynomial in the image's h x w grid units (a copy of a "
        "feature map padded or unfolded: terms in h + w)")
 # Image-classification types tried and refused, with why (one line each; the others are "not modelled yet").
 VISION_REFUSED = {
-    "bit": _HW + ": BiT pads with TensorFlow's 'same' rule",
-    "mobilenet_v1": _HW + ": MobileNet pads with TensorFlow's 'same' rule",
-    "mobilenet_v2": _HW + ": MobileNet pads with TensorFlow's 'same' rule",
     "mobilevit": _HW + ": MobileViT unfolds its feature maps into patches",
     "mobilevitv2": _HW + ": MobileViT unfolds its feature maps into patches",
-    "focalnet": _HW, "cvt": _HW,
-    "swin": "its windowed attention's derivation misses a full trace by 448 bytes at a 32 x 32 grid of its 224-pixel "
-            "window units (not found yet)",
+    "cvt": _HW,
     "pvt": "its code fails on images other than its config's size (a position-embedding reshape)",
 }
 # Options of those encoders whose memory is not priced: {config key: why}. BEiT's and Data2Vec-Vision's relative

@@ -33,7 +33,13 @@ def is_vision(model: Model) -> bool:
 def is_spatial(model: Model) -> bool:
     """A vision model without patch tokens (a conv net, a hierarchical encoder): sized in grid units, not patches."""
     v = geometry(model)
-    return v is not None and v.get("grid") == "spatial"
+    return v is not None and v.get("grid") in ("spatial", "side")
+
+
+def by_side(model: Model) -> bool:
+    """A spatial model sized by its grid units per side (square images; families.SIDE_GRID_TYPES)."""
+    v = geometry(model)
+    return v is not None and v.get("grid") == "side"
 
 
 def unit_name(model: Model) -> str:
@@ -43,6 +49,8 @@ def unit_name(model: Model) -> str:
 
 def size_words(model: Model, seq: int) -> str:
     """What a vision step's seq counts, in words: "197 tokens each", or a spatial model's "64 grid units of 32 px"."""
+    if by_side(model):
+        return f"{seq:,} x {seq:,} grid units of {geometry(model)['patch_size']} px"
     if is_spatial(model):
         return f"{seq:,} grid units of {geometry(model)['patch_size']} px"
     return f"{seq:,} tokens each"
@@ -66,6 +74,8 @@ def tokens(model: Model, image_size: int) -> int:
                "priced exactly")
         raise ValueError(f"image_size: {image_size} is not a multiple of {model.name}'s {unit_name(model)} {patch} "
                          f"({why}); use {lo} or {hi}")
+    if by_side(model):   # units per side of a square image: the profile's variable
+        return image_size // patch
     return (image_size // patch) ** 2 + int(v["extra_tokens"])
 
 
@@ -84,6 +94,8 @@ def sized(model: Model, w: Workload) -> Workload:
             raise ValueError(f"image_size: applies to vision encoders; {model.name} ({model.model_type}) is a text "
                              "model, sized by seq")
         return w
+    if w.image_size == 0 and w.seq != SEQ_UNSET and by_side(model):
+        return replace(w, image_size=w.seq * int(v["patch_size"]))
     if w.image_size == 0 and w.seq != SEQ_UNSET:
         patches = w.seq - int(v["extra_tokens"])
         if patches < 1:
@@ -102,6 +114,19 @@ def params(model: Model, w: Workload) -> int:
     if v is not None and w.mode == "infer":
         return int(v["base_params"])
     return model.params
+
+
+def size_notes(model: Model, w: Workload) -> tuple[str, ...]:
+    """What an estimate at this image size does not trace: a windowed model (Swin) on a one-unit image, whose last
+    stage is then a single window, where Swin runs no shifted windows (SwinLayer.set_shift_and_window_size) while its
+    profile is fit on larger images, which do: priced as the shifted step, an upper bound by that stage's rolled
+    copies and attention mask (0.06% of the forward peak, backward exact, on the default Swin at 224 px, batch 2)."""
+    window = (geometry(model) or {}).get("window")
+    if not by_side(model) or not window or w.seq != 1:
+        return ()
+    return (f"image_size: at {w.image_size} px {model.name}'s last stage is a single {window} x {window} window, where "
+            "Swin shifts no windows; priced as the shifted step (an upper bound by that stage's rolled copies and "
+            "attention mask)",)
 
 
 def scope_notes(model: Model) -> tuple[str, ...]:

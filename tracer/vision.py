@@ -32,7 +32,8 @@ import torch
 # The vision encoders modelled (estimator.families.VISION_TYPES); other image-classification types (ConvNeXt, Swin,
 # BEiT, ...) are refused in one line. The classification head's width is the config's num_labels (transformers'
 # default 2; a config with id2label sets its own).
-from estimator.families import SPATIAL_VISION_TYPES, VISION_REFUSED, VISION_TYPES, unpriced_vision_option
+from estimator.families import (SIDE_GRID_TYPES, SPATIAL_VISION_TYPES, VISION_REFUSED, VISION_TYPES,
+                                unpriced_vision_option)
 
 DEFAULT_IMAGE_SIZE = 224   # a spatial model's image size where its config states none (ResNet, RegNet, BiT)
 
@@ -245,7 +246,10 @@ def pixel_inputs(model, workload, device: str) -> dict:
     config's."""
     inner = getattr(model, "module", model)
     image, patch, channels = geometry(inner)
-    h, w = grid(workload.seq - inner._willitfit_extra_tokens)
+    if inner.config.model_type in SIDE_GRID_TYPES:   # seq is the units per side of a square image
+        h = w = workload.seq
+    else:
+        h, w = grid(workload.seq - inner._willitfit_extra_tokens)
     if _INTERPOLATING.get() and (h, w) == (image // patch,) * 2 and h > 1:
         h, w = _rectangle(h * w)
     dtype = next(inner.parameters()).dtype
@@ -267,6 +271,9 @@ def info(model) -> dict:
     # an embeddings' mask_token (DINOv2 always has one) is read only with bool_masked_pos, which an
     # image-classification step never passes: it gets no gradient, so no optimizer state (states are created lazily)
     unreached = [list(p.shape) for n, p in model.named_parameters() if n.split(".")[-1] == "mask_token"]
+    window = getattr(model.config, "window_size", None)   # Swin's: part of its grid unit (grid_unit)
     return {"image_size": image, "patch_size": patch, "num_channels": channels,
             "extra_tokens": extra_tokens(model), "num_labels": int(getattr(model.config, "num_labels", 0) or 0),
-            "unreached": unreached, **({"grid": "spatial"} if is_spatial(model.config) else {})}
+            "unreached": unreached, **({"grid": "side" if model.config.model_type in SIDE_GRID_TYPES else "spatial"}
+                                       if is_spatial(model.config) else {}),
+            **({"window": window} if is_spatial(model.config) and isinstance(window, int) and window > 1 else {})}
