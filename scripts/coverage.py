@@ -14,8 +14,8 @@ MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES (kind "image": those with no text m
 2. the profile for training (full fine-tuning, pure bf16, SDPA, or eager where transformers refuses SDPA),
    derived at reduced depth (tracer.derive), with the time it took, or the reason it was refused;
 3. the estimate against a full-depth trace (tracer.session.run_traced) at a size the fit did not use
-   (batch 3, a sequence between the fitted ones; for an image model the tokens of an image one patch wider than the
-   config's): every stage's peak, the largest relative error.
+   (batch 3, a sequence between the fitted ones; for an image model the tokens of an image one patch (grid unit)
+   wider than the config's, rounded down to a whole unit first): every stage's peak, the largest relative error.
 docs/architectures.md gets one row per type (status, parameters, error, times, reason).
 """
 from __future__ import annotations
@@ -138,7 +138,8 @@ def one(model_type: str) -> dict:
     from tracer.meta import hf_config
     if vision.is_vision(model):   # an image one patch wider than the config's: a token count no fit traces
         geo = vision.geometry(model)
-        b, s = 3, vision.tokens(model, int(geo["image_size"]) + int(geo["patch_size"]))
+        unit = int(geo["patch_size"])
+        b, s = 3, vision.tokens(model, (int(geo["image_size"]) // unit + 1) * unit)
     else:
         lo, hi, seqs, _ = pieces_for(hf_config(config), max_positions(hf_config(config)), False)[0]
         b, s = 3, (seqs[0] + seqs[1]) // 2
