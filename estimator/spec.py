@@ -133,10 +133,12 @@ class Workload:
     seq: int = knob(2048, "Sequence length (tokens)", "training sequence length, or the prompt length for "
                     "inference (a vision encoder's is its tokens per image, from --image-size)", lo=1, hi=MAX_SEQ,
                     applies="text", row_required=True)
-    image_size: int = knob(0, "Image size (pixels, square)", "vision encoders (ViT, DINOv2, SigLIP, CLIP): the side "
-                           "of the square input image in pixels, a multiple of the patch size; the step runs "
-                           "(image_size // patch_size)^2 patches plus the CLS/register tokens; 0: the config's "
-                           "image_size", lo=0, hi=MAX_IMAGE_SIZE, applies="vision")
+    image_size: int = knob(0, "Image size (pixels, square)", "vision models (ViT, DINOv2, SigLIP, CLIP, DeiT, BEiT, "
+                           "ConvNeXt, ResNet, Swin...): the side of the square input image in pixels, a multiple of "
+                           "the patch size (a conv net's or Swin's grid unit: its total stride, x its window); the "
+                           "step runs (image_size // patch_size)^2 patches plus the CLS/register tokens; 0: the "
+                           "config's image_size (224 where a conv net's config has none)", lo=0, hi=MAX_IMAGE_SIZE,
+                           applies="vision")
     gen_tokens: int = knob(0, "Generated tokens", "tokens generated after the prompt (inference); the KV cache "
                            "grows to prompt + generated", lo=0, hi=MAX_SEQ, applies="infer")
     grad_accum: int = knob(1, "Gradient accumulation steps", "micro-batches accumulated per optimizer step "

@@ -348,6 +348,10 @@ def body(f: dict[str, state.Field], shown: set[str]) -> None:
     f["lora_targets"] = replace(f["lora_targets"], choices=tuple(ui.lora_target_options(model)))
     values, w_shown = ui.workload_inputs(PAGE, f, st.sidebar, vision=is_vision(model))
     shown |= set(w_shown)
+    if values.get("method") in ("lora", "qlora") and not ui.lora_target_options(model):
+        st.error(f"lora_targets: {name} has no Linear module in its layers to adapt (a conv net). Choose full "
+                 "fine-tuning in the sidebar.")
+        return
     w = ui.workload_from_dict(values, vision=is_vision(model))
     try:
         w = sized(model, w)  # a vision encoder: its image size -> tokens per image (seq)

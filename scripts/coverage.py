@@ -217,8 +217,11 @@ REFUSAL_KINDS = (  # (what the reason says, how the summary names it); first mat
     ("DataDependent", "reads tensor values (`.item()`, `nonzero`): fake tensors have none"),
     ("DynamicOutputShape", "reads tensor values (`.item()`, `nonzero`): fake tensors have none"),
     ("not exact", "the fit is not exact at a further size"),
-    ("image model willitfit does not model", "image model without patch tokens (conv nets, hierarchical vision "
-                                             "transformers): not modelled yet"),
+    ("is not priced: its derivation's check", "image model whose memory has terms in the image's height + width "
+                                              "that a polynomial in its grid units does not have (padded or unfolded "
+                                              "copies of feature maps)"),
+    ("image model willitfit does not model", "image model not modelled yet (not tried, or it needs what the tracer "
+                                             "lacks: natten's kernels, NaFlex inputs, a VLM classifier)"),
     ("host per image grid", "an option whose memory lives on the host (relative position bias index): refused"),
 )
 
@@ -269,30 +272,38 @@ torch.compile for vision steps (refused in one line).
 
 A model without patch tokens keeps feature maps that shrink stage by stage. Its size is counted in **grid units**:
 its total stride in pixels (32 for all of these; `tracer.vision.grid_unit` reads it from the base model's output
-sides on 512- and 1024-pixel images on the meta device), so a 224-pixel image is 7 x 7 = 49 units. On images of
-h x w units every feature map holds a whole multiple of h x w positions, so the step's memory is a polynomial in the
-units, fit like a sequence length; image sizes that are no multiple of the unit are refused in one line (a stage
-would pad or cut its maps). These models have no decoder layer stack, so they are traced whole (exact by
-construction at every fitted size); the derivation's check at a further size, a thin 8 x 127-unit rectangle, is what
-catches a model whose memory has terms in h + w (a padded or unfolded copy of a feature map), and those are refused
-with their reason (`estimator.families.VISION_REFUSED`). A config without `image_size` (ResNet, RegNet) defaults to
-224 pixels. LoRA has no Linear to adapt in a conv net (refused in one line); activation checkpointing is refused
-where transformers does not support it for the class.
+sides on 512- and 1024-pixel images on the meta device), times its attention window for Swin (every stage a whole
+number of windows: 224 pixels at window 7). On images of h x w units every feature map holds a whole multiple of
+h x w positions, so the step's memory is a polynomial in the area h x w (`grid: spatial`), fit like a sequence
+length. Models that pad copies of their feature maps (TensorFlow's "same" padding in BiT, MobileNet and
+EfficientNet, FocalNet's patch padding) and Swin's windowed attention hold (n u + p)^2 elements: no polynomial in the
+area, but one in the units per side n, so they are fit in n (`grid: side`, square images only). Which is which the
+derivation's own check decided: fit in area units, those failed at a thin 8 x 127-unit rectangle. Image sizes that
+are no multiple of the unit are refused in one line (a stage would pad or cut its maps). These models have no decoder
+layer stack, so they are traced whole. A config without `image_size` (ResNet, RegNet, BiT) defaults to 224 pixels.
+LoRA has no Linear to adapt in a conv net (refused in one line); activation checkpointing is refused where
+transformers does not support it for the class. Swin on a one-unit image runs no shifted windows in its last stage
+(a single window), which the fit on larger images does: priced as the shifted step, an upper bound said in a note
+(0.06% of the forward on Swin-T at batch 2, 224 pixels; backward, the peak, exact).
 
-| model type | checked (tests/test_vision.py: estimate == full-depth trace, to the byte) |
-|---|---|
-| resnet | tiny ResNet, train at 256 px and inference at the default 224 px (default tier) |
-| convnext, convnextv2 | train at 96 and 160 px, inference at 64 px |
-| regnet | train at 192 px |
-| poolformer | train at 128 px |
-| pvt_v2 | train at 160 px (spatial-reduction attention) |
-| segformer | inference at 96 px |
-| swiftformer | train at 96 px |
+| model type | grid | checked (tests/test_vision.py: estimate == full-depth trace, to the byte) |
+|---|---|---|
+| resnet | area | tiny ResNet, train at 256 px and inference at the default 224 px (default tier) |
+| convnext, convnextv2 | area | train at 96 and 160 px, inference at 64 px |
+| regnet | area | train at 192 px |
+| poolformer | area | train at 128 px |
+| pvt_v2 | area | train at 160 px (spatial-reduction attention) |
+| segformer | area | inference at 96 px |
+| swiftformer | area | train at 96 px |
+| bit | side | train at 160 px (default tier) |
+| mobilenet_v1, mobilenet_v2 | side | train at 96 px, inference at 128 px |
+| efficientnet | side | B0, train at 160 px (its B7 default, 600 px, is no multiple of 32: use 576 or 608) |
+| focalnet | side | train at 96 px |
+| swin, swinv2, donut-swin | side (224-px units) | Swin at 448 px exact and at 224 px an upper bound within 0.2%; SwinV2 train at 672 px, Donut-Swin inference at 448 px |
 
-Refused after trying (one line each, with the reason): bit, mobilenet_v1, mobilenet_v2 (TensorFlow "same" padding),
-mobilevit, mobilevitv2 (unfolding), focalnet, cvt (terms in h + w found by the check), swin (448 bytes off at a 32 x
-32 grid of its 224-pixel window units, not found yet), pvt (its code fails on images other than its config's size).
-The other image-classification types are refused as not modelled yet.
+Refused after trying (one line each, with the reason): mobilevit, mobilevitv2 (unfolding), cvt (terms in h + w found
+by the check), pvt (its code fails on images other than its config's size). The other image-classification types are
+refused as not modelled yet.
 """
 
 
@@ -315,7 +326,9 @@ def report() -> None:
              "requirements.txt. Each type is built from its config class's defaults (`AutoConfig.for_model(type)`);",
              "its inventory is read on the meta device and its parameter count compared with an independent",
              "`sum(p.numel())`; its training profile (full fine-tuning, pure bf16, SDPA or eager; fp32 where the code has no bf16 path) is derived at reduced",
-             "depth; the estimate is compared with a full-depth trace at a batch and sequence the fit did not use.",
+             "depth; the estimate is compared with a full-depth trace at a batch and sequence the fit did not use",
+             "(an image model: at an image one patch or grid unit wider than its config's, batch 3; \"Vision encoders\""
+             " below).",
              "The revision column is the commit whose tracer produced the row; rows marked `pre-kernels` were traced",
              "before the CUDA-kernel emulation (tracer/kernels.py) landed, with the CPU's SDPA made",
              "CUDA-like by hand; profile and trace of a row always come from the same tracer.", "",

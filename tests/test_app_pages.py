@@ -292,6 +292,32 @@ def test_fit_vision_encoder_asks_for_the_image_size_and_shows_the_library_answer
     assert any("image_size: 230 is not a multiple" in e.value for e in at.error) and not at.exception
 
 
+@pytest.mark.slow  # a derivation in the page's background thread: half a minute
+def test_fit_prices_a_pasted_conv_net_in_grid_units(env):
+    """A pasted ResNet config (no patch tokens): the page asks for the image size, derives the profile (traced whole)
+    in the background, says what the size counts, and refuses LoRA (no Linear to adapt) in one line, no traceback."""
+    cfg = json.loads((Path(__file__).parent / "data" / "tiny" / "t-resnet.json").read_text())
+    at = app()
+    at.selectbox(key="fit:source").set_value("paste").run()
+    at.text_area(key="fit:paste").set_value(json.dumps(cfg)).run()
+    assert not [n for n in at.number_input if n.key == "fit:seq"]
+    at.number_input(key="fit:image_size").set_value(256).run()
+    at.number_input(key="fit:batch").set_value(4).run()
+    finish_derivations("fit")
+    at.run()
+    assert not at.exception
+    captions = " ".join(c.value for c in at.caption)
+    assert "256 x 256 px images (64 grid units of 32 px)" in captions and "traces of the whole model" in captions
+    from estimator.model import from_hf_config
+
+    est = estimate(from_hf_config(cfg, "pasted"), Workload(batch=4, image_size=256), Parallel(), ON_H100)
+    assert metric(at, "Peak per GPU") == gib(est.total_bytes)
+    at.selectbox(key="fit:method").set_value("lora").run()
+    assert [e.value for e in at.error] == ["lora_targets: pasted config has no Linear module in its layers to adapt "
+                                           "(a conv net). Choose full fine-tuning in the sidebar."]
+    assert not at.exception
+
+
 def test_fit_lora_and_multi_gpu_inputs(env):
     at = app()
     at.selectbox(key="fit:model").set_value(MODEL).run()

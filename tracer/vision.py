@@ -250,8 +250,8 @@ def pixel_inputs(model, workload, device: str) -> dict:
         h = w = workload.seq
     else:
         h, w = grid(workload.seq - inner._willitfit_extra_tokens)
-    if _INTERPOLATING.get() and (h, w) == (image // patch,) * 2 and h > 1:
-        h, w = _rectangle(h * w)
+        if _INTERPOLATING.get() and (h, w) == (image // patch,) * 2 and h > 1:
+            h, w = _rectangle(h * w)
     dtype = next(inner.parameters()).dtype
     out = {"pixel_values": torch.randn(workload.batch, channels, h * patch, w * patch, device=device,
                                        dtype=dtype)}  # (B, C, H, W)
