@@ -200,7 +200,13 @@ VISION_SIZE_FIELDS = {
 # widths per stage; its image size defaults to 224 pixels where its config has none (tracer.vision.DEFAULT_IMAGE_SIZE)
 SPATIAL_SIZE_FIELDS = {
     "depths": ("depths",),
-    "hidden_sizes": ("hidden_sizes", "embed_dims"),
+    "hidden_sizes": ("hidden_sizes", "embed_dims", "embed_dim"),
+}
+# the conv nets sized by multipliers of a fixed block list instead (their config.json has no depths)
+SCALED_SIZE_FIELDS = {
+    "efficientnet": {"width_coefficient": ("width_coefficient",), "depth_coefficient": ("depth_coefficient",)},
+    "mobilenet_v1": {"depth_multiplier": ("depth_multiplier",)},
+    "mobilenet_v2": {"depth_multiplier": ("depth_multiplier",)},
 }
 
 
@@ -209,7 +215,8 @@ def defaulted_sizes(config: dict) -> list[str]:
     A composite config (text_config) is checked in its text part; a vision encoder's (SigLIP's and CLIP's
     vision_config) by VISION_SIZE_FIELDS."""
     if config.get("model_type") in SPATIAL_VISION_TYPES:
-        return [name for name, keys in SPATIAL_SIZE_FIELDS.items() if _first(config, keys) is None]
+        fields = SCALED_SIZE_FIELDS.get(config["model_type"], SPATIAL_SIZE_FIELDS)
+        return [name for name, keys in fields.items() if _first(config, keys) is None]
     if config.get("model_type") in VISION_TYPES:
         cfg = config.get("vision_config") if isinstance(config.get("vision_config"), dict) else config
         return [name for name, keys in VISION_SIZE_FIELDS.items() if _first(cfg, keys) is None]

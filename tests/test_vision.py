@@ -330,9 +330,20 @@ def _independent_params(config: dict) -> dict:
 
 
 def test_resnet_training_estimate_equals_a_full_depth_trace():
-    # 256 pixels: 8 x 8 units of 32 pixels, a size the fit (256 units and up) never traced; and the default 224
+    # 256 pixels: 8 x 8 units of 32 pixels, a size the fit (256 units and up) never traced (inference at the default
+    # 224 pixels: the slow tier's spatial cases)
     _check_estimate_equals_trace(_config("resnet"), Workload(batch=4, image_size=256))
-    _check_estimate_equals_trace(_config("resnet"), Workload(mode="infer", batch=2))
+
+
+def test_a_conv_nets_config_states_its_sizes_in_its_own_fields():
+    # what a checkpoint's config.json sizes a conv net by: stages (depths, widths), or multipliers of a fixed list
+    from estimator.model import defaulted_sizes
+
+    assert defaulted_sizes(_config("resnet")) == []
+    assert defaulted_sizes({"model_type": "swin", "embed_dim": 96, "depths": [2, 2, 6, 2]}) == []
+    assert defaulted_sizes({"model_type": "efficientnet", "width_coefficient": 2.0, "depth_coefficient": 3.1}) == []
+    assert defaulted_sizes({"model_type": "mobilenet_v2"}) == ["depth_multiplier"]
+    assert defaulted_sizes({"model_type": "convnext", "depths": [3, 3, 9, 3]}) == ["hidden_sizes"]
 
 
 def test_a_conv_net_refuses_lora_in_one_line():
@@ -344,6 +355,7 @@ def test_a_conv_net_refuses_lora_in_one_line():
 
 @pytest.mark.slow  # each traced whole at 11 sizes: 10-40 s
 @pytest.mark.parametrize("config, workload", [
+    (_config("resnet"), Workload(mode="infer", batch=2)),
     (_config("convnext"), Workload(batch=2, image_size=96)), (_config("convnext"), Workload(mode="infer", batch=3)),
     (_tiny("convnextv2"), Workload(batch=3, image_size=160)),
     (_tiny("regnet", embedding_size=8, groups_width=8), Workload(batch=2, image_size=192)),
@@ -351,7 +363,7 @@ def test_a_conv_net_refuses_lora_in_one_line():
     (_tiny("pvt_v2", num_attention_heads=[1, 1, 2, 2], sr_ratios=[8, 4, 2, 1]), Workload(batch=2, image_size=160)),
     (_tiny("segformer", num_attention_heads=[1, 1, 2, 2]), Workload(mode="infer", batch=2, image_size=96)),
     (_tiny("swiftformer", embed_dims=[8, 16, 24, 32]), Workload(batch=2, image_size=96)),
-], ids=["convnext-train", "convnext-infer", "convnextv2", "regnet", "poolformer", "pvt_v2", "segformer",
+], ids=["resnet-infer-224", "convnext-train", "convnext-infer", "convnextv2", "regnet", "poolformer", "pvt_v2", "segformer",
         "swiftformer"])
 def test_spatial_models_equal_full_depth_traces(config, workload):
     _check_estimate_equals_trace(config, workload)
