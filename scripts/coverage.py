@@ -280,7 +280,7 @@ EfficientNet, FocalNet's patch padding) and Swin's windowed attention hold (n u 
 area, but one in the units per side n, so they are fit in n (`grid: side`, square images only). Which is which the
 derivation's own check decided: fit in area units, those failed at a thin 8 x 127-unit rectangle. Image sizes that
 are no multiple of the unit are refused in one line (a stage would pad or cut its maps). These models have no decoder
-layer stack, so they are traced whole. A config without `image_size` (ResNet, RegNet, BiT) defaults to 224 pixels.
+layer stack of one width, so they are traced whole (Swin's stages too). A config without `image_size` (ResNet, RegNet, BiT) defaults to 224 pixels.
 LoRA has no Linear to adapt in a conv net (refused in one line); activation checkpointing is refused where
 transformers does not support it for the class. Swin on a one-unit image runs no shifted windows in its last stage
 (a single window), which the fit on larger images does: priced as the shifted step, an upper bound said in a note
@@ -303,7 +303,32 @@ transformers does not support it for the class. Swin on a one-unit image runs no
 
 Refused after trying (one line each, with the reason): mobilevit, mobilevitv2 (unfolding), cvt (terms in h + w found
 by the check), pvt (its code fails on images other than its config's size). The other image-classification types are
-refused as not modelled yet.
+refused as not modelled yet. Swin with full activation checkpointing is refused by its derivation's check (52,591 B
+off in 2.98 TB at 1016 units per side; not found yet).
+
+### At full size
+
+`python scripts/vision_check.py` (2026-11-27, 2 cores): transformers' default configs at real batch and image sizes,
+each estimate (its profile derived from an empty cache, at other sizes) against a whole-model trace of that workload,
+two steps, every stage's tensor bytes:
+
+| case | model (default config) | seq (units or tokens) | peak tensor bytes | largest stage difference | derivation |
+|---|---|---:|---:|---:|---|
+| resnet-full-b128-224 | ResNet-50 | 49 | 5,793,120,192 | 0 B | 11 traces, 39.3 s |
+| convnext-full-b64-384 | ConvNeXt-T | 144 | 10,522,701,612 | 0 B | 11 traces, 29.7 s |
+| regnet-infer-b256-224 | RegNet | 49 | 1,965,998,824 | 0 B | 11 traces, 27.5 s |
+| efficientnet-full-b16-608 | EfficientNet-B7 | 19 per side | 32,230,646,536 | 0 B | 11 traces, 149.6 s |
+| mobilenet_v2-full-b256-224 | MobileNet-v2 1.0 | 7 per side | 10,375,328,044 | 0 B | 11 traces, 24.8 s |
+| pvt_v2-full-b64-224 | PVT-v2-B0 | 49 | 1,586,782,036 | 0 B | 11 traces, 15.6 s |
+| swin-full-b32-448 | Swin-T | 2 per side | 7,245,933,380 | 0 B | 31 traces, 51.7 s |
+| segformer-ckpt-b64-448 (full checkpointing) | SegFormer-B0 encoder | 196 | 1,464,987,444 | 0 B | 11 traces, 17.2 s |
+| focalnet-infer-b64-448 | FocalNet-T | 14 per side | 1,982,074,632 | 0 B | 11 traces, 8.2 s |
+| vit-lora-b64-384 | ViT-B/16, LoRA | 577 | 10,271,157,224 | 0 B | 34 traces, 6.8 s |
+| deit-full-b64-224 | DeiT-B | 198 | 4,382,983,768 | 0 B | 22 traces, 5.2 s |
+| beit-full-b32-224 | BEiT-B | 197 | 2,673,085,120 | 0 B | 22 traces, 5.2 s |
+
+(Run while another test run shared the cores, so the seconds are long; the segformer row replaced a Swin
+full-checkpointing case, refused as above, and ran alone after the others.)
 """
 
 

@@ -221,8 +221,8 @@ def _signatures(config: dict, workload: Workload) -> tuple[list[str], object, bo
     base = replace(workload, method="full", gen_tokens=0) if workload.method == "lora" else \
         replace(workload, gen_tokens=0)
     model = runner.build_model(config, base, device="meta")
-    try:
-        sigs = [li.signature for li in layer_infos(model)]
+    try:   # a spatial vision model's blocks are in stages of different widths: traced whole (tracer.vision)
+        sigs = [] if vision.is_spatial(model.config) else [li.signature for li in layer_infos(model)]
     except ValueError:  # no decoder layer stack to tell apart: trace the whole model
         sigs = []
     owner: dict = {}
