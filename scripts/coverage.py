@@ -1,5 +1,5 @@
-"""Coverage: every model type transformers knows as a causal or masked LM or an image classifier, built from its
-config class's defaults.
+"""Coverage: every model type of transformers' causal-LM, masked-LM, image-classification, seq2seq, speech seq2seq and
+image-text-to-text auto classes, built from its config class's defaults.
 
     python scripts/coverage.py                      # all types, resumable (results in build/coverage.jsonl)
     python scripts/coverage.py --types llama,gemma3 # some
@@ -8,7 +8,8 @@ config class's defaults.
                                                                         # those types run again
 
 For each model type of transformers' MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES and
-MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES (kind "image": those with no text model), in a subprocess of its own (a crash or a hang costs one type, `--timeout` seconds at most):
+MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES (kind "image": those with no text model), in a subprocess of its own (a
+crash or a hang costs one type, `--timeout` seconds at most):
 1. the inventory (estimator.inventory, read from a meta-device build), its parameter count checked against an
    independent `sum(p.numel())` of `AutoModelFor{CausalLM,MaskedLM}.from_config(AutoConfig.for_model(type))`;
 2. the profile for training (full fine-tuning, pure bf16, SDPA, or eager where transformers refuses SDPA),
@@ -16,6 +17,9 @@ MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES (kind "image": those with no text m
 3. the estimate against a full-depth trace (tracer.session.run_traced) at a size the fit did not use
    (batch 3, a sequence between the fitted ones; for an image model the tokens of an image one patch (grid unit)
    wider than the config's, rounded down to a whole unit first): every stage's peak, the largest relative error.
+The types only the seq2seq, speech seq2seq or image-text-to-text classes list (kinds "seq2seq", "speech",
+"image-text") get their inventory only: willitfit prices none of them whole yet (an encoder-decoder is refused in one
+line; a vision- or audio-language model is priced as its language model alone: status "text only", not counted).
 docs/architectures.md gets one row per type (status, parameters, error, times, reason).
 """
 from __future__ import annotations
@@ -39,13 +43,25 @@ def all_types() -> list[tuple[str, str]]:
     from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
                                                         MODEL_FOR_MASKED_LM_MAPPING_NAMES)
 
+    from transformers.models.auto import modeling_auto
     from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES
 
     types = [(t, "causal") for t in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES]
     types += [(t, "masked") for t in MODEL_FOR_MASKED_LM_MAPPING_NAMES if t not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES]
     text = {t for t, _ in types}
     types += [(t, "image") for t in MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES if t not in text]
+    for kind, mapping in WHOLE_MODEL_KINDS.items():   # each type once, under the first kind that lists it
+        seen = {t for t, _ in types}
+        types += [(t, kind) for t in getattr(modeling_auto, mapping) if t not in seen]
     return sorted(types)
+
+
+# Auto classes whose models willitfit does not price whole yet (issue "The models people bring in 2026"): a type
+# of these that transformers builds is priced as its language model alone (status "text only", not counted as
+# priced), or refused in one line (encoder-decoder models)
+WHOLE_MODEL_KINDS = {"seq2seq": "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
+                     "speech": "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES",
+                     "image-text": "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES"}
 
 
 def independent_params(model_type: str) -> int:
@@ -83,6 +99,25 @@ def _image_class(model_type: str):
             MODEL_FOR_MASKED_LM_MAPPING_NAMES:
         return None
     return getattr(transformers, names[0] if isinstance(names, tuple) else names)
+
+
+def text_only(model_type: str, kind: str) -> dict:
+    """A type of a kind willitfit does not price whole (WHOLE_MODEL_KINDS): its inventory, and what an estimate of it
+    would cover (runs in the child process; nothing is derived)."""
+    from estimator.model import from_hf_config
+
+    row: dict = {"model_type": model_type}
+    t = time.perf_counter()
+    try:
+        model = from_hf_config({"model_type": model_type}, model_type)
+    except Exception as e:  # noqa: BLE001 - recorded as the type's reason
+        return {**row, "status": "refused", "stage": "inventory", "reason": _line(e)}
+    inv = model.inventory
+    return {**row, "status": "text only", "stage": "scope", "inventory_s": round(time.perf_counter() - t, 2),
+            "params": model.params, "layers": model.layers, "layer_types": len(set(inv.layer_types)),
+            "built_as": inv.built_as,
+            "reason": f"a {kind} model priced as its language model alone ({inv.built_as}, text-only steps: a scope "
+                      "note says so); the rest of the model and its inputs are not priced"}
 
 
 def one(model_type: str) -> dict:
@@ -193,7 +228,8 @@ def run(types, timeout: int) -> None:
     for i, (mt, kind) in enumerate(todo, 1):
         start = time.perf_counter()
         try:
-            proc = subprocess.run([sys.executable, __file__, "--child", mt], capture_output=True, text=True,
+            proc = subprocess.run([sys.executable, __file__, "--child", mt, "--child-kind", kind],
+                                  capture_output=True, text=True,
                                   timeout=timeout, cwd=ROOT)
             lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
             row = json.loads(lines[-1]) if lines else {"model_type": mt, "status": "error", "reason":
@@ -217,6 +253,8 @@ REFUSAL_KINDS = (  # (what the reason says, how the summary names it); first mat
     ("DataDependent", "reads tensor values (`.item()`, `nonzero`): fake tensors have none"),
     ("DynamicOutputShape", "reads tensor values (`.item()`, `nonzero`): fake tensors have none"),
     ("not exact", "the fit is not exact at a further size"),
+    ("priced as its language model alone", "vision-language, audio-language or encoder-decoder model priced as "
+                                           "its language model alone (text-only steps): the whole model not yet"),
     ("is not priced: its derivation's check", "image model whose memory has terms in the image's height + width "
                                               "that a polynomial in its grid units does not have (padded or unfolded "
                                               "copies of feature maps)"),
@@ -346,7 +384,8 @@ def report() -> None:
         k[0] += 1
         k[1] += r["status"] in ("exact", "within 1%") and bool(r.get("params_exact"))
     per_kind = "; ".join(f"{name or '?'}: {good_k} of {n}" for name, (n, good_k) in sorted(kinds.items()))
-    lines = ["# Architectures: every causal-LM, masked-LM and image-classification model type of transformers", "",
+    lines = ["# Architectures: every model type of transformers' causal-LM, masked-LM, image-classification, seq2seq, "
+             "speech seq2seq and image-text-to-text auto classes", "",
              "Generated by `python scripts/coverage.py` (then `--report`), transformers and torch as in",
              "requirements.txt. Each type is built from its config class's defaults (`AutoConfig.for_model(type)`);",
              "its inventory is read on the meta device and its parameter count compared with an independent",
@@ -437,6 +476,7 @@ def main(argv=None) -> int:
                     help="start build/coverage.jsonl from docs/architectures.md's table (a clone has no results)")
     ap.add_argument("--redo", action="store_true", help="with --types: run those types again (their rows replaced)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--child-kind", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.redo and not args.types:
         ap.error("--redo: name the types to run again with --types")
@@ -448,7 +488,8 @@ def main(argv=None) -> int:
         keep = [x for x in OUT.read_text().splitlines() if json.loads(x)["model_type"] not in again]
         OUT.write_text("".join(x + "\n" for x in keep))
     if args.child:
-        print(json.dumps({**one(args.child), "revision": _revision()}))
+        row = text_only(args.child, args.child_kind) if args.child_kind in WHOLE_MODEL_KINDS else one(args.child)
+        print(json.dumps({**row, "revision": _revision()}))
         return 0
     if not args.report:
         types = all_types()
