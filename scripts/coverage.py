@@ -116,8 +116,11 @@ def text_only(model_type: str, kind: str) -> dict:
     return {**row, "status": "text only", "stage": "scope", "inventory_s": round(time.perf_counter() - t, 2),
             "params": model.params, "layers": model.layers, "layer_types": len(set(inv.layer_types)),
             "built_as": inv.built_as,
-            "reason": f"a {kind} model priced as its language model alone ({inv.built_as}, text-only steps: a scope "
-                      "note says so); the rest of the model and its inputs are not priced"}
+            "reason": f"{KIND_WORDS[kind]} model priced as its language model alone ({inv.built_as}, text-only "
+                      "steps: a scope note says so); the rest of the model and its inputs are not priced"}
+
+
+KIND_WORDS = {"seq2seq": "a seq2seq", "speech": "a speech seq2seq", "image-text": "an image-text-to-text"}
 
 
 def one(model_type: str) -> dict:
@@ -253,6 +256,8 @@ REFUSAL_KINDS = (  # (what the reason says, how the summary names it); first mat
     ("DataDependent", "reads tensor values (`.item()`, `nonzero`): fake tensors have none"),
     ("DynamicOutputShape", "reads tensor values (`.item()`, `nonzero`): fake tensors have none"),
     ("not exact", "the fit is not exact at a further size"),
+    ("has no causal-LM or masked-LM model", "multimodal model whose language model has no causal-LM class of its "
+                                            "own in transformers: refused (nothing priced)"),
     ("priced as its language model alone", "vision-language, audio-language or encoder-decoder model priced as "
                                            "its language model alone (text-only steps): the whole model not yet"),
     ("is not priced: its derivation's check", "image model whose memory has terms in the image's height + width "
@@ -398,8 +403,8 @@ def report() -> None:
              "CUDA-like by hand; profile and trace of a row always come from the same tracer.", "",
              f"**{len(rows)} model types**: " + ", ".join(f"{n} {k}" for k, n in sorted(by.items())) +
              f". Parameters exact: {exact_params}. Exact parameters and the estimate within 1% of the full-depth trace:"
-             f" **{good}**. By kind (an image type is counted once, under causal or masked where it has a text "
-             f"model): {per_kind}.", "",
+             f" **{good}**. By kind (each type counted once, under the first of causal, masked, image, "
+             f"seq2seq, speech, image-text that lists it): {per_kind}.", "",
              "| model type | kind | status | built as | parameters | params exact | layers (types) | profile: traces, s |"
              " check (b, s) | worst stage error | revision | reason |",
              "|---|---|---|---|---:|---|---|---|---|---:|---|---|"]
