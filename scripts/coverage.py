@@ -277,102 +277,10 @@ def refusal_kind(reason: str) -> str:
     return "the model's own code fails on its defaults (its error in the table)"
 
 
-# Vision encoders are not in the causal/masked-LM sweep above: they are checked by tests/test_vision.py on tiny configs
-# (estimate == a full-depth trace, to the byte, at image sizes the fit did not use). This section is kept in the report.
-VISION_SECTION = """## Vision encoders
-
-A vision encoder's step takes pixel values (batch, 3, H, W), not token ids (`tracer.vision`): training builds the
-image-classification model (AutoModelForImageClassification, labels of shape (batch,), cross entropy), inference the
-base vision model. Its size is the image (`--image-size`, pixels, square, a multiple of the patch size; default the
-config's `image_size`), and its profile is a polynomial in tokens per image: (image_size // patch_size)^2 patches plus
-the CLS, distillation and register tokens its embeddings add, read from the model (`estimator.vision.sized`). Position
-embeddings are interpolated where the grid is not the config's, as the model code does when told to
-(`interpolate_pos_encoding`) or always (DINOv2); the fit interpolates at every size it traces (a token count of the
-config's own grid is traced as a rectangle of the same patches), and at the config's own size, where the model adds
-its embeddings as they are, the estimate is checked against that real trace (equal at every stage: the skipped
-interpolation's temporaries come and go before the first layer).
-
-| model type | training builds | inference builds | tokens per image | checked (tests/test_vision.py: estimate == full-depth trace, to the byte) |
-|---|---|---|---|---|
-| vit | ViTForImageClassification | ViTModel (with pooler) | p + 1 | train bf16 at 40 px (default tier); 5 layers at 48 px, the config's 32 px, fp32 (memory-efficient attention), LoRA |
-| dinov2 | Dinov2ForImageClassification | Dinov2Model | p + 1 | inference at 36 px (default tier); 5 layers, train, at 36 px and the config's 28 px |
-| dinov2_with_registers | Dinov2WithRegistersForImageClassification | Dinov2WithRegistersModel | p + 1 + registers | train at 36 px (4 registers) |
-| siglip | SiglipForImageClassification (vision tower only) | SiglipVisionModel (vision_config) | p | train and inference at 40 px |
-| clip | CLIPForImageClassification (vision tower only) | CLIPVisionModel (vision_config) | p + 1 | train and inference at 40 px |
-| metaclip_2 | MetaClip2ForImageClassification (vision tower only) | MetaClip2VisionModel (vision_config; AutoModel does not list it, so it is built from its own module) | p + 1 | train and inference at 40 px |
-| deit | DeiTForImageClassification (the class that takes labels; the WithTeacher one a distilled checkpoint names is inference-only) | DeiTModel | p + 2 (CLS, distillation) | train at 40 px (default tier); 5 layers, train at 40 px, inference at 36 px |
-| beit | BeitForImageClassification | BeitModel | p + 1 | 5 layers, train at 40 px; `use_relative_position_bias` / `use_shared_relative_position_bias` true is refused in one line (the bias index is built and cached on the host per grid, which a fake-tensor trace cannot tell from GPU memory) |
-| data2vec-vision | Data2VecVisionForImageClassification | Data2VecVisionModel | p + 1 | 5 layers, train at 40 px (its constructor reads drop-path rates with `.item()`: the tracer builds on meta outside fake mode); relative position bias refused as BEiT's |
-| ijepa | IJepaForImageClassification | IJepaModel | p | 5 layers, train at 40 px |
-| vit_msn | ViTMSNForImageClassification | ViTMSNModel | p + 1 | 5 layers, LoRA at 40 px |
-
-Presets: `vit-huge-patch14`, `dinov2-giant`, `siglip-so400m-patch14-224` (docs/presets.md). Not priced exactly: an
-image size that is no multiple of the patch size (refused in one line: the pixels past the last whole patch are held in
-the input but read by no patch), loss variants other than the full cross entropy, activation offloading and
-torch.compile for vision steps (refused in one line).
-
-### Conv nets and hierarchical encoders (spatial models)
-
-A model without patch tokens keeps feature maps that shrink stage by stage. Its size is counted in **grid units**:
-its total stride in pixels (32 for all of these; `tracer.vision.grid_unit` reads it from the base model's output
-sides on 512- and 1024-pixel images on the meta device), times its attention window for Swin (every stage a whole
-number of windows: 224 pixels at window 7). On images of h x w units every feature map holds a whole multiple of
-h x w positions, so the step's memory is a polynomial in the area h x w (`grid: spatial`), fit like a sequence
-length. Models that pad copies of their feature maps (TensorFlow's "same" padding in BiT, MobileNet and
-EfficientNet, FocalNet's patch padding) and Swin's windowed attention hold (n u + p)^2 elements: no polynomial in the
-area, but one in the units per side n, so they are fit in n (`grid: side`, square images only). Which is which the
-derivation's own check decided: fit in area units, those failed at a thin 8 x 127-unit rectangle. Image sizes that
-are no multiple of the unit are refused in one line (a stage would pad or cut its maps). These models have no decoder
-layer stack of one width, so they are traced whole (Swin's stages too). A config without `image_size` (ResNet, RegNet, BiT) defaults to 224 pixels.
-LoRA has no Linear to adapt in a conv net (refused in one line); activation checkpointing is refused where
-transformers does not support it for the class. Swin on a one-unit image runs no shifted windows in its last stage
-(a single window), which the fit on larger images does: priced as the shifted step, an upper bound said in a note
-(0.06% of the forward on Swin-T at batch 2, 224 pixels; backward, the peak, exact).
-
-| model type | grid | checked (tests/test_vision.py: estimate == full-depth trace, to the byte) |
-|---|---|---|
-| resnet | area | tiny ResNet, train at 256 px and inference at the default 224 px (default tier) |
-| convnext, convnextv2 | area | train at 96 and 160 px, inference at 64 px |
-| regnet | area | train at 192 px |
-| poolformer | area | train at 128 px |
-| pvt_v2 | area | train at 160 px (spatial-reduction attention) |
-| segformer | area | inference at 96 px |
-| swiftformer | area | train at 96 px |
-| bit | side | train at 160 px (default tier) |
-| mobilenet_v1, mobilenet_v2 | side | train at 96 px, inference at 128 px |
-| efficientnet | side | B0, train at 160 px (its B7 default, 600 px, is no multiple of 32: use 576 or 608) |
-| focalnet | side | train at 96 px |
-| swin, swinv2, donut-swin | side (224-px units) | Swin at 448 px exact and at 224 px an upper bound within 0.2%; SwinV2 train at 672 px, Donut-Swin inference at 448 px |
-
-Refused after trying (one line each, with the reason): mobilevit, mobilevitv2 (unfolding), cvt (terms in h + w found
-by the check), pvt (its code fails on images other than its config's size). The other image-classification types are
-refused as not modelled yet. Swin with full activation checkpointing is refused by its derivation's check (52,591 B
-off in 2.98 TB at 1016 units per side; not found yet).
-
-### At full size
-
-`python scripts/vision_check.py` (2026-11-27, 2 cores): transformers' default configs at real batch and image sizes,
-each estimate (its profile derived from an empty cache, at other sizes) against a whole-model trace of that workload,
-two steps, every stage's tensor bytes:
-
-| case | model (default config) | seq (units or tokens) | peak tensor bytes | largest stage difference | derivation |
-|---|---|---:|---:|---:|---|
-| resnet-full-b128-224 | ResNet-50 | 49 | 5,793,120,192 | 0 B | 11 traces, 39.3 s |
-| convnext-full-b64-384 | ConvNeXt-T | 144 | 10,522,701,612 | 0 B | 11 traces, 29.7 s |
-| regnet-infer-b256-224 | RegNet | 49 | 1,965,998,824 | 0 B | 11 traces, 27.5 s |
-| efficientnet-full-b16-608 | EfficientNet-B7 | 19 per side | 32,230,646,536 | 0 B | 11 traces, 149.6 s |
-| mobilenet_v2-full-b256-224 | MobileNet-v2 1.0 | 7 per side | 10,375,328,044 | 0 B | 11 traces, 24.8 s |
-| pvt_v2-full-b64-224 | PVT-v2-B0 | 49 | 1,586,782,036 | 0 B | 11 traces, 15.6 s |
-| swin-full-b32-448 | Swin-T | 2 per side | 7,245,933,380 | 0 B | 31 traces, 51.7 s |
-| segformer-ckpt-b64-448 (full checkpointing) | SegFormer-B0 encoder | 196 | 1,464,987,444 | 0 B | 11 traces, 17.2 s |
-| focalnet-infer-b64-448 | FocalNet-T | 14 per side | 1,982,074,632 | 0 B | 11 traces, 8.2 s |
-| vit-lora-b64-384 | ViT-B/16, LoRA | 577 | 10,271,157,224 | 0 B | 34 traces, 6.8 s |
-| deit-full-b64-224 | DeiT-B | 198 | 4,382,983,768 | 0 B | 22 traces, 5.2 s |
-| beit-full-b32-224 | BEiT-B | 197 | 2,673,085,120 | 0 B | 22 traces, 5.2 s |
-
-(Run while another test run shared the cores, so the seconds are long; the segformer row replaced a Swin
-full-checkpointing case, refused as above, and ran alone after the others.)
-"""
+# Vision models are also checked by tests/test_vision.py (tiny configs, to the byte, at image sizes no fit used) and
+# scripts/vision_check.py (default configs at full size); their section of the doc is kept as written
+# (scripts/coverage_vision.md) below the generated tables.
+VISION_SECTION = (ROOT / "scripts" / "coverage_vision.md").read_text()
 
 
 def report() -> None:
