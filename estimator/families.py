@@ -46,6 +46,10 @@ VISION_REFUSED = {
     "mobilevitv2": _HW + ": MobileViT unfolds its feature maps into patches",
     "cvt": _HW,
     "pvt": "its code fails on images other than its config's size (a position-embedding reshape)",
+    "levit": "its code runs only at its config's image size (attention biases sized for that grid), so no profile "
+             "in the image size can be fit",
+    "hiera": "its code runs only at its config's image size (position embeddings sized for that grid), so no "
+             "profile in the image size can be fit",
 }
 # Options of those encoders whose memory is not priced: {config key: why}. BEiT's and Data2Vec-Vision's relative
 # position bias builds its (tokens + 1)^2 int64 index on the host with an lru_cache per grid (BeitRelativePositionBias.

@@ -263,6 +263,8 @@ REFUSAL_KINDS = (  # (what the reason says, how the summary names it); first mat
     ("is not priced: its derivation's check", "image model whose memory has terms in the image's height + width "
                                               "that a polynomial in its grid units does not have (padded or unfolded "
                                               "copies of feature maps)"),
+    ("runs only at its config's image size", "image model whose code runs at its config's image size only (no "
+                                             "profile in the image size)"),
     ("image model willitfit does not model", "image model not modelled yet (not tried, or it needs what the tracer "
                                              "lacks: natten's kernels, NaFlex inputs, a VLM classifier)"),
     ("host per image grid", "an option whose memory lives on the host (relative position bias index): refused"),
