@@ -102,19 +102,19 @@ def test_a_text_model_refuses_an_image_size():
 
 
 def test_unmodelled_image_model_is_refused_in_one_line_without_torch(tmp_path):
-    # Hiera has an image-classification model willitfit does not model, and MobileViT one whose derivation was
+    # DiNAT has an image-classification model willitfit does not model, and MobileViT one whose derivation was
     # refused (families.VISION_REFUSED): both refused from transformers' source read as text, before torch is
     # imported, the second with its reason
     from estimator.families import VISION_TYPES
 
     code = ("import sys\nfrom tracer.model_types import check_model_type\n"
-            "for t in ('hiera', 'mobilevit'):\n"
+            "for t in ('dinat', 'mobilevit'):\n"
             "    try:\n        check_model_type({'model_type': t})\n    except ValueError as e:\n        print(e)\n"
             "assert 'torch' not in sys.modules\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines() == [
-        "model_type: 'hiera' is an image model willitfit does not model yet; the vision encoders it models are "
+        "model_type: 'dinat' is an image model willitfit does not model yet; the vision encoders it models are "
         f"{', '.join(VISION_TYPES)} (docs/architectures.md)",
         "model_type: 'mobilevit' is not priced: its derivation's check found memory that is no polynomial in the "
         "image's h x w grid units (a copy of a feature map padded or unfolded: terms in h + w): MobileViT unfolds its "
