@@ -12,15 +12,15 @@ derivation's traces and seconds, the estimate's notes) and exits 1 if any differ
 """
 from __future__ import annotations
 
-import argparse
-import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import fullsize_check  # noqa: E402  (scripts/, beside this file)
 
 # (name, model type, method, LoRA targets or None, batch, seq[, checkpointing]): seqs off the chunk multiples, past
 # chunk boundaries
@@ -71,29 +71,7 @@ def run_case(case) -> tuple[bool, str]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--case", action="append", help="a case name (repeatable; default: every case)")
-    ap.add_argument("--list", action="store_true", help="list the cases and exit")
-    args = ap.parse_args(argv)
-    if args.list:
-        for c in CASES:
-            print(c[0])
-        return 0
-    names = {c[0] for c in CASES}
-    bad = [n for n in args.case or [] if n not in names]
-    if bad:
-        ap.error(f"--case: {bad[0]!r} is not a case; choose from {', '.join(sorted(names))}")
-    cases = [c for c in CASES if not args.case or c[0] in args.case]
-    os.environ["WILLITFIT_CACHE"] = tempfile.mkdtemp(prefix="willitfit-hybrid-")
-    ok = True
-    for case in cases:
-        try:
-            good, line = run_case(case)
-        except ValueError as e:
-            good, line = False, f"{case[0]:34s} REFUSED  {e}"
-        ok &= good
-        print(line, flush=True)
-    return 0 if ok else 1
+    return fullsize_check.main(__doc__, CASES, run_case, "willitfit-hybrid-", 34, argv)
 
 
 if __name__ == "__main__":

@@ -15,16 +15,16 @@ encoders", holds the table of its last run).
 """
 from __future__ import annotations
 
-import argparse
-import os
 import sys
-import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import fullsize_check  # noqa: E402  (scripts/, beside this file)
 
 # (name, model type, mode, method, batch, image size in pixels[, checkpointing])
 CASES = (
@@ -69,29 +69,7 @@ def run_case(case) -> tuple[bool, str]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--case", action="append", help="a case name (repeatable; default: every case)")
-    ap.add_argument("--list", action="store_true", help="list the cases and exit")
-    args = ap.parse_args(argv)
-    if args.list:
-        for c in CASES:
-            print(c[0])
-        return 0
-    names = {c[0] for c in CASES}
-    bad = [n for n in args.case or [] if n not in names]
-    if bad:
-        ap.error(f"--case: {bad[0]!r} is not a case; choose from {', '.join(sorted(names))}")
-    cases = [c for c in CASES if not args.case or c[0] in args.case]
-    os.environ["WILLITFIT_CACHE"] = tempfile.mkdtemp(prefix="willitfit-vision-")
-    ok = True
-    for case in cases:
-        try:
-            good, line = run_case(case)
-        except ValueError as e:
-            good, line = False, f"{case[0]:30s} REFUSED  {e}"
-        ok &= good
-        print(line, flush=True)
-    return 0 if ok else 1
+    return fullsize_check.main(__doc__, CASES, run_case, "willitfit-vision-", 30, argv)
 
 
 if __name__ == "__main__":
