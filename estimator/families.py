@@ -30,7 +30,7 @@ VISION_TYPES = ("vit", "dinov2", "dinov2_with_registers", "siglip", "clip", "met
 # units every tensor holds a whole multiple of h * w positions, so memory is a polynomial in the area h * w.
 SPATIAL_VISION_TYPES = ("resnet", "convnext", "convnextv2", "regnet", "poolformer", "pvt_v2", "segformer",
                         "swiftformer", "bit", "mobilenet_v1", "mobilenet_v2", "efficientnet", "focalnet", "swin",
-                        "swinv2", "donut-swin")
+                        "swinv2", "donut-swin", "textnet")
 # Of those, the ones sized by their units per side n (square images only). BiT, MobileNet and EfficientNet pad copies
 # of their feature maps (TensorFlow's "same" padding), FocalNet its patch embeddings' input, and Swin's windowed
 # attention holds a term of the same kind: (n u + p)^2 elements, no polynomial in the area n^2 but one in n (their

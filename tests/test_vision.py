@@ -363,8 +363,10 @@ def test_a_conv_net_refuses_lora_in_one_line():
     (_tiny("pvt_v2", num_attention_heads=[1, 1, 2, 2], sr_ratios=[8, 4, 2, 1]), Workload(batch=2, image_size=160)),
     (_tiny("segformer", num_attention_heads=[1, 1, 2, 2]), Workload(mode="infer", batch=2, image_size=96)),
     (_tiny("swiftformer", embed_dims=[8, 16, 24, 32]), Workload(batch=2, image_size=96)),
+    ({"model_type": "textnet", "stem_out_channels": 8, "hidden_sizes": [8, 8, 16, 16, 32], "depths": [3, 4, 4, 4]},
+     Workload(batch=2, image_size=672)),   # its config's 640 px plus one unit; channels from stem_num_channels
 ], ids=["resnet-infer-224", "convnext-train", "convnext-infer", "convnextv2", "regnet", "poolformer", "pvt_v2", "segformer",
-        "swiftformer"])
+        "swiftformer", "textnet"])
 def test_spatial_models_equal_full_depth_traces(config, workload):
     _check_estimate_equals_trace(config, workload)
 

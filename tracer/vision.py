@@ -133,6 +133,8 @@ def geometry(model) -> tuple[int, int, int]:
         v = getattr(vc, key, None)
         if v is None and key == "image_size" and spatial:
             v = DEFAULT_IMAGE_SIZE
+        if v is None and key == "num_channels" and spatial:   # TextNet names its input channels for its stem
+            v = getattr(vc, "stem_num_channels", None)
         if isinstance(v, (list, tuple)) and len(v) == 2 and v[0] == v[1]:
             v = v[0]
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
