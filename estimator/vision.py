@@ -44,7 +44,10 @@ def by_side(model: Model) -> bool:
 
 def unit_name(model: Model) -> str:
     """What a vision model's unit is called in messages: its patch size, or a spatial model's grid unit."""
-    return "grid unit (its total stride)" if is_spatial(model) else "patch size"
+    if not is_spatial(model):
+        return "patch size"
+    return "grid unit (its total stride x its window)" if geometry(model).get("window") else \
+        "grid unit (its total stride)"
 
 
 def size_words(model: Model, seq: int) -> str:
@@ -121,8 +124,10 @@ def size_notes(model: Model, w: Workload) -> tuple[str, ...]:
     stage is then a single window, where Swin runs no shifted windows (SwinLayer.set_shift_and_window_size) while its
     profile is fit on larger images, which do: priced as the shifted step, an upper bound by that stage's rolled
     copies and attention mask (0.06% of the forward peak, backward exact, on the default Swin at 224 px, batch 2)."""
+    if w.seq != 1:   # every estimate passes here: the common case returns before reading the inventory
+        return ()
     window = (geometry(model) or {}).get("window")
-    if not by_side(model) or not window or w.seq != 1:
+    if not by_side(model) or not window:
         return ()
     return (f"image_size: at {w.image_size} px {model.name}'s last stage is a single {window} x {window} window, where "
             "Swin shifts no windows; priced as the shifted step (an upper bound by that stage's rolled copies and "

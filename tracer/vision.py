@@ -133,14 +133,20 @@ def geometry(model) -> tuple[int, int, int]:
         v = getattr(vc, key, None)
         if v is None and key == "image_size" and spatial:
             v = DEFAULT_IMAGE_SIZE
-        if v is None and key == "num_channels" and spatial:   # TextNet names its input channels for its stem
-            v = getattr(vc, "stem_num_channels", None)
+        if key == "num_channels" and spatial:
+            v = _channels(vc)
         if isinstance(v, (list, tuple)) and len(v) == 2 and v[0] == v[1]:
             v = v[0]
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{key}: must be a positive integer (square images and patches), got {v!r}")
         out.append(v)
     return tuple(out)
+
+
+def _channels(vc) -> int | None:
+    """A spatial model's input channels: num_channels, or TextNet's stem_num_channels."""
+    v = getattr(vc, "num_channels", None)
+    return v if v is not None else getattr(vc, "stem_num_channels", None)
 
 
 def is_spatial(cfg) -> bool:
@@ -155,11 +161,11 @@ def grid_unit(model) -> int:
     attention window where its config has one (Swin's every stage must be a whole number of windows, or it pads). On
     images of h x w units every feature map holds a whole multiple of h * w positions."""
     base = getattr(model, "base_model", model)
-    p = next(base.parameters())
-    channels = int(getattr(vision_config(model.config), "num_channels", 3) or 3)
+    p = next(base.parameters())   # on meta where tracer.runner.build_model calls it: the forward costs nothing
+    channels = int(_channels(vision_config(model.config)) or 3)
     sides = []
     for size in (512, 1024):
-        out = base(torch.empty(1, channels, size, size, device="meta", dtype=p.dtype))
+        out = base(torch.empty(1, channels, size, size, device=p.device, dtype=p.dtype))
         h = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
         sides.append(h.shape[-2] if h.dim() == 4 else math.isqrt(h.shape[1]))
     if sides[1] <= sides[0] or 512 % (sides[1] - sides[0]):
