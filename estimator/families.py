@@ -51,6 +51,13 @@ VISION_REFUSED = {
     "hiera": "its code runs only at its config's image size (position embeddings sized for that grid), so no "
              "profile in the image size can be fit",
 }
+# Vision-language models priced whole with their images (tracer.vlm): the image-text-to-text model (vision tower,
+# projector, language model) runs `images` images per sample at its config's image size, each one a fixed number of
+# image tokens inside the sequence (read from the model's own get_image_features on the meta device), so memory stays a
+# polynomial in (batch, seq) per image count. Pixel values in one (images, 3, H, W) tensor, image tokens placed in
+# input_ids where the model scatters its features (masked_scatter on the image token id). Others of the kind keep a
+# text-only step (a scope note says so) or are refused.
+VLM_TYPES = ("llava", "vipllava", "paligemma", "internvl", "gemma3")
 # Options of those encoders whose memory is not priced: {config key: why}. BEiT's and Data2Vec-Vision's relative
 # position bias builds its (tokens + 1)^2 int64 index on the host with an lru_cache per grid (BeitRelativePositionBias.
 # generate_relative_position_index: created on the CPU, held across steps, copied to the GPU by each layer's

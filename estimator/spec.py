@@ -57,6 +57,7 @@ MAX_SEQ = 1 << 24
 MAX_GPUS = 1 << 16
 MAX_LORA_RANK = 1 << 16
 MAX_IMAGE_SIZE = 1 << 16
+MAX_IMAGES = 1 << 10
 # The workload's sizes: what a profile is evaluated at (a polynomial in batch, seq and gen_tokens; a vision
 # encoder's image_size resolves to its seq, estimator.vision); every other field is the profile's class.
 SIZE_FIELDS = ("batch", "seq", "gen_tokens", "image_size")
@@ -139,6 +140,10 @@ class Workload:
                            "step runs (image_size // patch_size)^2 patches plus the CLS/register tokens; 0: the "
                            "config's image_size (224 where a conv net's config has none)", lo=0, hi=MAX_IMAGE_SIZE,
                            applies="vision")
+    images: int = knob(0, "Images per sample", "vision-language models (LLaVA, PaliGemma, InternVL, Gemma-3): "
+                       "images per sample at the config's image size, each one its image tokens inside --seq (the "
+                       "vision tower, the projector and the language model run whole); 0: a text-only step",
+                       lo=0, hi=MAX_IMAGES, applies="vlm")
     gen_tokens: int = knob(0, "Generated tokens", "tokens generated after the prompt (inference); the KV cache "
                            "grows to prompt + generated", lo=0, hi=MAX_SEQ, applies="infer")
     grad_accum: int = knob(1, "Gradient accumulation steps", "micro-batches accumulated per optimizer step "

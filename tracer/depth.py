@@ -24,6 +24,7 @@ import torch
 from tracer.vision import is_vision, vision_config
 
 LAYER_INDEX_ATTRS = ("layer_idx", "layer_id", "layer_number")
+VISION_PATH_WORDS = ("vision", "visual")   # a module path inside a multimodal model's vision tower
 
 
 def _gc_layer_class():
@@ -39,10 +40,12 @@ def decoder_layer_list(model: torch.nn.Module) -> tuple[torch.nn.Module, str, to
     cls = _gc_layer_class()
     want = getattr(text_config(model.config), "num_hidden_layers", None)
     best = None
-    for parent in model.modules():
+    for path, parent in model.named_modules():
         for name, child in parent.named_children():
             if isinstance(child, torch.nn.ModuleList) and len(child) and all(isinstance(m, cls) for m in child):
-                rank = (len(child) == want, len(child))  # the text stack first, then the longest
+                # the text stack first (a vision tower's blocks can number as many as a reduced text stack keeps)
+                tower = any(w in f"{path}.{name}".lower() for w in VISION_PATH_WORDS)
+                rank = (len(child) == want, not tower, len(child))  # then the longest
                 if best is None or rank > best[3]:
                     best = (parent, name, child, rank)
     if best is None:

@@ -25,7 +25,7 @@ import torch
 
 from tracer import serialized
 import tracer  # noqa: F401  (quiets torchao's import-time logging before transformers loads it)
-from tracer import vision
+from tracer import vision, vlm
 from tracer.depth import decoder_layer_list, layer_infos, text_config
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -95,6 +95,10 @@ def model_class(cfg, mode: str = "train"):
     mt = cfg.model_type
     if vision.is_vision(cfg):
         return vision.vision_class(cfg, mode)
+    if vlm.is_vlm(cfg):   # the whole image-text-to-text model: a step with images runs its vision tower (tracer.vlm)
+        from transformers import AutoModelForImageTextToText
+
+        return AutoModelForImageTextToText, cfg
     if mt in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not getattr(cfg, "is_decoder", False):
         return AutoModelForMaskedLM, cfg  # encoders (BERT, RoBERTa...) are also listed as causal LMs with is_decoder
     if mt in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
@@ -196,6 +200,8 @@ def read_inventory(config: dict) -> dict:
             from None
     finally:
         torch.set_default_dtype(old)
+    if vlm.is_vlm(cfg):
+        model._willitfit_image_tokens = vlm.image_tokens(model)
     tcfg = text_config(model.config)
     n_experts = _first_int(tcfg, EXPERT_COUNT_KEYS)
     roles = _roles(model, n_experts)
@@ -252,7 +258,7 @@ def read_inventory(config: dict) -> dict:
     return {
         "model_type": str(config["model_type"]), "built_as": type(model).__name__,
         "text_model_type": str(tcfg.model_type),
-        "causal": cls.__name__ == "AutoModelForCausalLM",
+        "causal": cls.__name__ in ("AutoModelForCausalLM", "AutoModelForImageTextToText"),
         "params": int(sum(p.numel() for p in model.parameters())),
         "params_by_role": {k: int(v) for k, v in sorted(totals.items())},
         "param_groups": [[role, list(shape), in_layer, n] for (role, shape, in_layer), n in sorted(groups.items())],
@@ -276,4 +282,5 @@ def read_inventory(config: dict) -> dict:
         # transformers' own flag: Gemma-2 (logit softcapping) and gpt-oss (attention sinks) have no SDPA path
         "sdpa": bool(getattr(type(model), "_supports_sdpa", True)),
         **({"vision": seen} if seen is not None else {}),
+        **({"vlm": vlm.info(model)} if vlm.is_vlm(cfg) else {}),
     }

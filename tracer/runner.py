@@ -27,9 +27,10 @@ from collections.abc import Callable
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+from estimator.families import VLM_TYPES
 from estimator.spec import Workload
 from tracer import serialized
-from tracer import recipes, vision
+from tracer import recipes, vision, vlm
 from tracer.depth import reduce_depth
 from tracer.meta import DTYPES, hf_config, is_masked_lm, is_vision_model, model_class  # noqa: F401  (DTYPES, is_masked_lm: used by callers of the runner)
 
@@ -134,6 +135,8 @@ def build_model(config: dict, workload: Workload, device: str = "cpu", *, meta_t
                 reduce_depth(model, layers)
             model._willitfit_masked_lm = masked
             model._willitfit_vision = is_vision
+            if vlm.is_vlm(top):  # the tokens one image becomes, read on the model as built (tracer.vlm)
+                model._willitfit_image_tokens = vlm.image_tokens(model)
             if is_vision:  # tokens per image beyond the patches, read on the model as built (tracer.vision)
                 if vision.is_spatial(model.config):    # its grid unit: the total stride (x a window), read once
                     model._willitfit_unit = vision.grid_unit(model)
@@ -290,6 +293,15 @@ def make_inputs(config: dict, workload: Workload, device: str, model=None, clone
     inner = getattr(model, "module", model)  # DDP wraps the model
     if inner is not None and is_vision_model(inner):
         return vision.pixel_inputs(inner, workload, device)
+    if workload.images:
+        tokens = getattr(inner, "_willitfit_image_tokens", None)
+        if tokens is None:
+            tokens = getattr(getattr(inner, "base_model", None), "model", None)   # PEFT wraps the model
+            tokens = getattr(tokens, "_willitfit_image_tokens", None)
+        if tokens is None:
+            raise ValueError(f"images: {config.get('model_type')!r} takes no images in willitfit; the vision-language "
+                             "models priced with images are " + ", ".join(VLM_TYPES))
+        return vlm.vlm_inputs(inner, workload, device, tokens, clone_labels=clone_labels)
     emb = inner.get_input_embeddings() if inner is not None else None
     vocab = int(emb.num_embeddings if emb is not None else (config.get("vocab_size") or 0))
     if vocab < 1:

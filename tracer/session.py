@@ -38,7 +38,7 @@ from estimator.spec import Parallel, Workload
 from estimator.parallel import TRACED_SHARDING, pp_microbatches, shard_group
 from tracer import serialized
 from tracer import kernels as kernels_mod
-from tracer import cp, pp, recipes, runner, tp
+from tracer import cp, pp, recipes, runner, tp, vlm
 from tracer.counters import StageLog, StorageCounter, memtracker_peak_bytes
 from tracer.depth import decoder_layer_list
 
@@ -282,7 +282,7 @@ def _run(case: _Case, steps: int, observe_layers: bool = False,
         counter.mark_stage(stage)
 
     on_stage("load")
-    with counter, case.context():
+    with counter, case.context(), vlm.host_checks_skipped():
         if primed is not None:
             _prime_optimizer(case, primed)
             on_stage("optimizer")
@@ -311,16 +311,18 @@ def grad_names(config: dict, workload: Workload, parallel: Parallel, layers: lis
     import json
 
     # not the LoRA rank: which parameters get gradients does not depend on it (a derivation traces three ranks)
-    key = (json.dumps(config, sort_keys=True, default=str), workload.method, workload.lora_targets, workload.loss, workload.compile, workload.recipe, workload.checkpointing,
+    key = (json.dumps(config, sort_keys=True, default=str), workload.method, workload.lora_targets, workload.loss,
+           workload.compile, workload.recipe, workload.checkpointing, workload.images,
            parallel.strategy, parallel.tp_size, tuple(layers) if layers is not None else None, kernels)
     if key not in _GRAD_NAMES:
         if len(_GRAD_NAMES) > 256:
             _GRAD_NAMES.clear()
         from dataclasses import replace
 
-        small = replace(workload, batch=1, seq=min(workload.seq, 64), gen_tokens=0)
+        # images: the sequence must hold their tokens (tracer.vlm)
+        small = replace(workload, batch=1, seq=workload.seq if workload.images else min(workload.seq, 64), gen_tokens=0)
         with kernels_mod.emulate(kernels), _prepared(config, small, parallel, layers, kernels=kernels) as case:
-            with case.context():
+            with case.context(), vlm.host_checks_skipped():
                 _GRAD_NAMES[key] = runner.params_with_grads(case.model, case.workload, case.inputs)
     return _GRAD_NAMES[key]
 

@@ -100,13 +100,13 @@ def run_trace(args: argparse.Namespace) -> int:
             skipped[f"not traced: {e}"] += 1
     if skipped:
         print(grid.summarize_skipped(skipped), file=sys.stderr)
-    mesh = next((why for c in runnable if (why := trace.unstorable(c.parallel))), None)
+    mesh = next((why for c in runnable if (why := trace.unstorable(c.parallel, c.workload))), None)
     if mesh and (args.out or args.ingest):
         return _error(mesh)
     done = set() if args.force else done_run_ids(args.out, args.db)
     ids = {id(c): trace.case_run_id(c.config, c.workload, c.parallel, args.kernels) for c in runnable}
     # a layout rows cannot tell apart is never "already traced": the stored row would be another layout's
-    todo = [c for c in runnable if ids[id(c)] not in done or trace.unstorable(c.parallel)]
+    todo = [c for c in runnable if ids[id(c)] not in done or trace.unstorable(c.parallel, c.workload)]
     if len(todo) < len(runnable):
         print(f"resuming: {len(runnable) - len(todo)} case(s) already traced, skipped (--force traces them again)",
               file=sys.stderr)

@@ -1,0 +1,122 @@
+"""Vision-language models whole: the image-text-to-text model, its images and their tokens (estimator.families.VLM_TYPES).
+
+    tokens = image_tokens(model)                  # image tokens one image becomes (read on the model as built)
+    inputs = vlm_inputs(model, workload, "cpu")   # input_ids (b, s) with images x tokens image ids, pixel_values
+
+A step of `workload.images` images per sample at the config's image size: pixel values of shape (b x images, C, H, W)
+in the weights' dtype (as transformers' processors hand them over and its docs cast them), and input_ids whose first
+positions after one text token are the image token id, images x tokens of them per sample (LLaVA's, PaliGemma's,
+InternVL's and Gemma-3's forwards scatter the projected image features there: `masked_scatter` on
+`input_ids == image_token_id`). The rest of the sequence is text. The vision tower's and projector's activations are
+the same for every sequence length, so memory stays a polynomial in (batch, seq) for a fixed image count, and the
+derivation needs nothing beyond its (b, s) fit: `images` is part of the profile's class.
+
+Fake tensors hold no values: the placeholder check transformers runs (`torch_compilable_check(n_image_tokens * hidden
+== image_features.numel())`, which reads the result on the host with `.item()`) cannot be evaluated on them.
+`host_checks_skipped` runs the check's own reduction (its one-byte result is allocated as on a GPU) and skips the host
+read; on real tensors it changes nothing. The inputs built here put exactly the right number of image tokens in each
+sample, so the check would hold on a GPU.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from estimator.families import VLM_TYPES
+
+IMAGE_TOKEN_KEYS = ("image_token_id", "image_token_index")
+
+
+def is_vlm(cfg) -> bool:
+    """A config of a vision-language model priced whole with its images (by its model_type)."""
+    return getattr(cfg, "model_type", None) in VLM_TYPES
+
+
+def image_token_id(cfg) -> int:
+    for key in IMAGE_TOKEN_KEYS:
+        value = getattr(cfg, key, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    raise ValueError(f"model_type: {cfg.model_type!r} states no image token id ({' or '.join(IMAGE_TOKEN_KEYS)})")
+
+
+def image_geometry(cfg) -> tuple[int, int]:
+    """(image side in pixels, channels) of the config's vision tower: square images of its image_size."""
+    vc = getattr(cfg, "vision_config", None)
+    size = getattr(vc, "image_size", None)
+    if isinstance(size, (list, tuple)):
+        if len(set(size)) != 1:
+            raise ValueError(f"model_type: {cfg.model_type!r} has a non-square image size {list(size)}; willitfit "
+                             "prices square images")
+        size = size[0]
+    if not isinstance(size, int) or size < 1:
+        raise ValueError(f"model_type: {cfg.model_type!r} states no image size in its vision_config")
+    return size, int(getattr(vc, "num_channels", 3) or 3)
+
+
+def _pixels(model, n: int, device) -> torch.Tensor:
+    size, channels = image_geometry(model.config)
+    dtype = next(model.parameters()).dtype
+    return torch.empty(n, channels, size, size, dtype=dtype, device=device)
+
+
+def image_tokens(model) -> int:
+    """The tokens one image becomes in the sequence: the model's own get_image_features on one image of the config's
+    size, run on the meta device (its elements over the text model's hidden size)."""
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        features = model.get_image_features(pixel_values=_pixels(model, 1, device))
+    features = getattr(features, "pooler_output", features)
+    parts = [features] if torch.is_tensor(features) else list(features)
+    hidden = model.get_input_embeddings().embedding_dim
+    total = sum(int(t.numel()) for t in parts)
+    if total % hidden:
+        raise ValueError(f"model_type: {model.config.model_type!r}'s image features ({total} elements) are no whole "
+                         f"number of tokens of width {hidden}")
+    return total // hidden
+
+
+def vlm_inputs(model, workload, device: str, per_image: int, clone_labels: bool = True) -> dict:
+    """input_ids (b, s) with `images` x `per_image` image token ids after one text token, pixel values for b x images
+    images, and labels (a copy of the ids, or the ids themselves) for training."""
+    n = workload.images
+    tokens = per_image * n
+    if workload.seq <= tokens:
+        raise ValueError(f"seq: {workload.seq} tokens cannot hold {n} image(s) of {per_image} tokens each; use a seq "
+                         f"over {tokens}")
+    tok = image_token_id(model.config)
+    vocab = model.get_input_embeddings().num_embeddings
+    input_ids = torch.randint(0, max(1, min(tok, vocab)), (workload.batch, workload.seq), device=device)
+    input_ids[:, 1:1 + tokens] = tok
+    out = {"input_ids": input_ids, "pixel_values": _pixels(model, workload.batch * n, device)}
+    if workload.mode == "train":
+        out["labels"] = input_ids.clone() if clone_labels else input_ids
+    return out
+
+
+@contextlib.contextmanager
+def host_checks_skipped():
+    """Run transformers' tensor checks on fake tensors without their host read (see the module docstring)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    original = torch._check_tensor_all_with
+
+    def check(error_type, cond, message=None):
+        if isinstance(cond, FakeTensor):
+            cond._is_all_true()   # what the check allocates on the device; the values it would read do not exist
+            return
+        original(error_type, cond, message)
+
+    torch._check_tensor_all_with = check
+    try:
+        yield
+    finally:
+        torch._check_tensor_all_with = original
+
+
+def info(model) -> dict:
+    """What the inventory keeps of a vision-language model (estimator.inventory: `vlm`)."""
+    size, channels = image_geometry(model.config)
+    return {"image_size": size, "num_channels": channels, "image_tokens": int(model._willitfit_image_tokens),
+            "image_token_id": image_token_id(model.config)}
