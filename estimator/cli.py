@@ -207,6 +207,7 @@ def report(model: Model, est: Estimate, gpu: GPU | None, options: Options,
     out = {
         "model": model.name, "model_type": model.model_type, "family": model.family,
         **({"image_seq": vision.size_words(model, est.workload.seq)} if vision.is_vision(model) else {}),
+        **({"images": vision.image_words(model, est.workload)} if est.workload.images else {}),
         "params": est.params, "active_params": est.params if vision.is_vision(model) else model.active_params,
         "trainable_params": est.trainable_params,
         "workload": spec_dict(est.workload), "parallel": spec_dict(est.parallel),
@@ -287,6 +288,7 @@ def render_text(r: dict) -> str:
              + f"{w['precision']}, weights {w['weight_format']}, "
              + (f"batch {w['batch']} x {w['image_size']}x{w['image_size']} px images ({r.get('image_seq', '')})"
                 if w.get("image_size") else f"batch {w['batch']} x seq {w['seq']}")
+             + (f" with {r['images']}" if r.get("images") else "")
              + (f" + {w['gen_tokens']} generated" if w["gen_tokens"] else "")
              + (f", {w['optimizer']} ({w['optimizer_impl']}), grad_accum {w['grad_accum']}, checkpointing "
                 f"{w['checkpointing']}" if w["mode"] == "train" else "") + f", attention {w['attention']}",
@@ -405,6 +407,7 @@ def run(args) -> dict | str:
     if vision.is_vision(model) and args.seq != SEQ_DEFAULT:
         raise ValueError(f"seq: {name} is a vision encoder, sized by --image-size (pixels), not --seq")
     w = vision.sized(model, w)  # a vision encoder's image size -> tokens per image (seq); a text model as it is
+    vision.check_images(model, w)  # a vision-language model's images fit in seq (before any derivation)
     gpu = get_gpu(args.gpu) if args.gpu else None
     options, cal = _options(args, model, w)
     beyond = check_context(model, w.seq, w.gen_tokens, args.allow_beyond_context)

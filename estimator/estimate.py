@@ -267,7 +267,7 @@ def resolve(model: Model, w: Workload, p: Parallel, options: Options):
         check_model(model.inventory, p, model.name)  # a TP degree that does not divide the heads, ...
         w, attn_note = _runnable_attention(model, w)
         tw, tp, notes = traced_class(w, p)
-        notes = attn_note + vision.scope_notes(model) + notes
+        notes = attn_note + vision.scope_notes(model, w) + notes
         prof = None
         if tp.tp_size > 1 and tp.pp_size == 1 and tp.cp == 1:
             prof, tp, notes = _traced_tp_or_analytic(model, tw, tp, notes, options)
@@ -414,6 +414,7 @@ def estimate(model: Model, workload: Workload, parallel: Parallel = Parallel(),
 
     options = device_options(options)
     workload = vision.sized(model, workload)  # a vision encoder's image size -> its tokens per image (seq)
+    vision.check_images(model, workload)      # a VLM's images: their tokens fit in seq
     workload, attn_note = _runnable_attention(model, workload)  # the estimate shows what will run
     cp.check(workload, parallel, causal=model.causal)  # before any derivation: mode, attention, seq in 2 x cp chunks
     tw, notes, prof, stage_shares = resolve(model, workload, parallel, options)

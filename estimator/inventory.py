@@ -101,8 +101,9 @@ class Inventory:
         skipped as long as one matches (PEFT's defaults q_proj,v_proj adapt only q_proj in DeepSeek-V2-Lite);
         raises when none does (PEFT: "Target modules ... not found in the base model")."""
         wanted = {t.split(".")[-1] for t in targets}
+        anywhere = "vlm" in self.extra   # a vision-language model: PEFT adapts its vision tower's Linears of the name too
         out = tuple((n, fi, fo) for name, fi, fo, _, role, in_layer, n in self.linears
-                    if name in wanted and role == "linear" and in_layer)
+                    if name in wanted and role == "linear" and (in_layer or anywhere))
         if not out:
             names = self.lora_target_names()
             raise ValueError(f"lora_targets: {', '.join(targets)} match no Linear module of {self.model_type}; "

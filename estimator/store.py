@@ -25,6 +25,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from estimator import bank, cp, knobs
+from estimator.families import VLM_TYPES
 from estimator.inventory import Inventory
 from estimator.parallel import TRACED_SHARDING
 from estimator.presets import DATA_DIR, config_hash
@@ -212,7 +213,9 @@ def inventory(config: dict, name: str, *, derive: bool = True, progress=None, sh
         text = _read(d / "inventory.json")
         if text is not None:
             data = json.loads(text)
-            if any(k not in data for k in INVENTORY_KEYS) and d.parent != SHIPPED_DIR:
+            stale = any(k not in data for k in INVENTORY_KEYS) or (config.get("model_type") in VLM_TYPES
+                                                                   and "vlm" not in data)
+            if stale and d.parent != SHIPPED_DIR:
                 continue  # a cached file from an older willitfit (fewer fields): read again below
             inv = Inventory.from_dict(data, name, h)
             _MEMO[memo] = inv

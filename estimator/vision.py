@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from estimator.families import VLM_TYPES
 from estimator.model import Model
 from estimator.spec import Workload
 
@@ -110,6 +111,38 @@ def sized(model: Model, w: Workload) -> Workload:
     return replace(w, image_size=size, seq=tokens(model, size))
 
 
+def images_of(model: Model) -> dict | None:
+    """A vision-language model's images (image_size, num_channels, image_tokens per image, image_token_id), or None:
+    the inventory's `vlm` part (tracer.vlm.info)."""
+    v = model.inventory.extra.get("vlm")
+    return v if isinstance(v, dict) else None
+
+
+def image_words(model: Model, w: Workload) -> str:
+    """"1 image of 336x336 px (576 tokens) per sample", or "" for a step without images."""
+    v = images_of(model)
+    if not w.images or v is None:
+        return ""
+    n = w.images
+    return (f"{n} image{'s' if n > 1 else ''} of {v['image_size']}x{v['image_size']} px "
+            f"({n * v['image_tokens']:,} image tokens) per sample")
+
+
+def check_images(model: Model, w: Workload) -> None:
+    """One line before any slow work: images for a model that takes none here, or a seq too short for their
+    tokens."""
+    if not w.images:
+        return
+    v = images_of(model)
+    if v is None:
+        raise ValueError(f"images: {model.name} ({model.model_type}) is not priced with images; the vision-language "
+                         f"models that are: {', '.join(VLM_TYPES)} (0 prices a text-only step)")
+    tokens = w.images * int(v["image_tokens"])
+    if w.seq <= tokens:
+        raise ValueError(f"seq: {w.seq:,} tokens cannot hold {w.images} image(s) of {v['image_tokens']:,} tokens "
+                         f"each ({v['image_size']}x{v['image_size']} px); use a seq over {tokens:,}")
+
+
 def params(model: Model, w: Workload) -> int:
     """Parameters of the model the step builds: the image-classification model for training, the base vision model
     (no classifier; ViT's pooler) for inference."""
@@ -134,10 +167,11 @@ def size_notes(model: Model, w: Workload) -> tuple[str, ...]:
             "attention mask)",)
 
 
-def scope_notes(model: Model) -> tuple[str, ...]:
+def scope_notes(model: Model, w: Workload = Workload()) -> tuple[str, ...]:
     """What part of a multimodal checkpoint the estimate covers, said out loud: a config whose language model is
     built alone (Mistral-3, Llama-4's text model) leaves the vision tower's weights and the images out; one built
-    whole (Gemma-3) holds the tower's weights but runs a text-only step (no image tokens)."""
+    whole holds the tower's weights; a vision-language model priced with images (families.VLM_TYPES) says so when
+    the step has none."""
     inv = model.inventory
     text_type = inv.extra.get("text_model_type", inv.model_type)
     if text_type == inv.model_type:
@@ -145,6 +179,10 @@ def scope_notes(model: Model) -> tuple[str, ...]:
     if is_vision(model):  # SigLIP, CLIP: the step runs the vision_config's tower (tracer.vision)
         return (f"scope: {inv.model_type} is priced as its vision tower alone ({inv.built_as} on its "
                 f"{text_type}); the checkpoint's text tower is not built",)
+    if images_of(model) is not None:   # priced with its images when asked (--images)
+        return () if w.images else (
+            f"scope: {inv.model_type} is built whole ({inv.built_as}) and the step is text-only; --images N prices N "
+            "images per sample (vision tower, projector and image tokens)",)
     if inv.built_as.endswith("ForConditionalGeneration"):
         return (f"scope: {inv.model_type} is built whole ({inv.built_as}: its vision tower's weights are held) but "
                 "the step is text-only: no images, so no vision-tower activations or image tokens",)

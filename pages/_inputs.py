@@ -76,26 +76,40 @@ def lora_target_options(model: Model) -> list[str]:
     return model.inventory.lora_target_names()
 
 
-def shown_workload_fields(mode: str, method: str, advanced: bool = False, vision: bool = False) -> list[str]:
+def shown_workload_fields(mode: str, method: str, advanced: bool = False, vision: bool = False,
+                          vlm: bool = False) -> list[str]:
     """Which workload inputs apply (from each field's declaration): inference has no optimizer or LoRA, training
-    no generated tokens, a vision encoder an image size instead of a sequence length (`vision`). advanced=True adds
-    the recipe knobs the sidebar folds under "More settings"."""
-    return [d.name for d in knobs.declared() if knobs.applies(d, mode, method, vision)
+    no generated tokens, a vision encoder an image size instead of a sequence length (`vision`), a vision-language
+    model its images per sample (`vlm`). advanced=True adds the recipe knobs the sidebar folds under "More
+    settings"."""
+    return [d.name for d in knobs.declared() if knobs.applies(d, mode, method, vision, vlm)
             and (advanced or not d.knob.advanced)]
 
 
-def workload_from_dict(values: dict, vision: bool = False) -> spec.Workload:
+def workload_from_dict(values: dict, vision: bool = False, vlm: bool = False) -> spec.Workload:
     """A Workload from input values; inputs that do not apply to the mode/method (and the model: `vision`) keep the
     spec defaults.
 
     Raises ValueError (naming the field) for a contradictory combination, which the page shows.
     """
     shown = shown_workload_fields(values.get("mode", _W.mode), values.get("method", _W.method), advanced=True,
-                                  vision=vision)
+                                  vision=vision, vlm=vlm)
     kwargs = {k: values[k] for k in shown if k in values}
     if "lora_targets" in kwargs:
         kwargs["lora_targets"] = tuple(kwargs["lora_targets"])
     return spec.Workload(**kwargs)
+
+
+def default_images(page: str, vlm: bool) -> None:
+    """The first vision-language model of a session starts with one image per sample (its images are what sets it
+    apart; 0 prices a text-only step), unless the link or the user set the number."""
+    flag = f"{page}:images_defaulted"
+    if not vlm or st.session_state.get(flag):
+        return
+    st.session_state[flag] = True
+    key = state_key(page, "images")
+    if not st.session_state.get(key) and "images" not in st.query_params:
+        st.session_state[key] = 1
 
 
 def prepare_lora_targets(page: str, options: list[str]) -> None:
@@ -108,13 +122,14 @@ def prepare_lora_targets(page: str, options: list[str]) -> None:
         st.session_state[key] = chosen
 
 
-def workload_inputs(page: str, fields: dict[str, Field], container, vision: bool = False) -> tuple[dict, list[str]]:
-    """Draw the workload widgets that apply (a vision encoder's image size instead of a sequence length: `vision`),
-    the advanced ones folded; returns (values, names shown)."""
+def workload_inputs(page: str, fields: dict[str, Field], container, vision: bool = False,
+                    vlm: bool = False) -> tuple[dict, list[str]]:
+    """Draw the workload widgets that apply (a vision encoder's image size instead of a sequence length: `vision`; a
+    vision-language model's images per sample: `vlm`), the advanced ones folded; returns (values, names shown)."""
     mode = widget(page, fields["mode"], container)
     method = widget(page, fields["method"], container) if mode == "train" else _W.method
-    shown = shown_workload_fields(mode, method, advanced=True, vision=vision)
-    core = set(shown_workload_fields(mode, method, vision=vision))
+    shown = shown_workload_fields(mode, method, advanced=True, vision=vision, vlm=vlm)
+    core = set(shown_workload_fields(mode, method, vision=vision, vlm=vlm))
     values = {"mode": mode, "method": method}
     more = container.expander("More settings (loop, loss, recipe knobs)")
     for name in shown:

@@ -22,7 +22,7 @@ from estimator.model import check_context, check_sizes, defaults_note
 from estimator.presets import MAX_CONFIG_BYTES, load_config, parse_config_text
 from estimator.spec import Parallel
 from estimator.units import GB, GiB, fmt_bytes
-from estimator.vision import is_vision, size_words, sized
+from estimator.vision import check_images, image_words, images_of, is_vision, size_words, sized
 from pages import _charts as charts
 from pages import _derive as derive
 from pages import _state as state, _data as reads, _inputs as ui
@@ -346,17 +346,24 @@ def body(f: dict[str, state.Field], shown: set[str]) -> None:
         return
     ui.prepare_lora_targets(PAGE, ui.lora_target_options(model))
     f["lora_targets"] = replace(f["lora_targets"], choices=tuple(ui.lora_target_options(model)))
-    values, w_shown = ui.workload_inputs(PAGE, f, st.sidebar, vision=is_vision(model))
+    ui.default_images(PAGE, images_of(model) is not None)
+    values, w_shown = ui.workload_inputs(PAGE, f, st.sidebar, vision=is_vision(model),
+                                         vlm=images_of(model) is not None)
     shown |= set(w_shown)
     if values.get("method") in ("lora", "qlora") and not ui.lora_target_options(model):
         st.error(f"lora_targets: {name} has no Linear module in its layers to adapt (a conv net). Choose full "
                  "fine-tuning in the sidebar.")
         return
-    w = ui.workload_from_dict(values, vision=is_vision(model))
+    w = ui.workload_from_dict(values, vision=is_vision(model), vlm=images_of(model) is not None)
     try:
         w = sized(model, w)  # a vision encoder: its image size -> tokens per image (seq)
     except ValueError as e:
         st.error(f"{e}. Change the image size in the sidebar.")
+        return
+    try:
+        check_images(model, w)  # a vision-language model's image tokens must fit in the sequence
+    except ValueError as e:
+        st.error(f"{e}. Change the sequence length or the images per sample in the sidebar.")
         return
     par = Parallel(strategy=strategy, gpus=1 if strategy == "single" else gpus)
     gpu = get_gpu(gpu_name)
@@ -388,7 +395,8 @@ def body(f: dict[str, state.Field], shown: set[str]) -> None:
     st.caption(f"**{name}** ({model.model_type}, built as {model.inventory.built_as}): {est.params:,} parameters, "
                f"{est.trainable_params:,} trainable. {w.mode} · batch {w.batch} · "
                + (f"{w.image_size} x {w.image_size} px images ({size_words(model, w.seq)}) · " if is_vision(model) else
-                  f"seq {w.seq:,} · ") + f"{par.strategy} on {par.gpus} GPU(s).")
+                  f"seq {w.seq:,} · ") + (f"{image_words(model, w)} · " if w.images else "")
+               + f"{par.strategy} on {par.gpus} GPU(s).")
     st.caption(ui.provenance_caption(prov) + (" " + " ".join(f"Note: {n}." for n in est.notes) if est.notes else ""))
     verdict(est, gpu)
     state.or_error(lambda: closest_published(config, preset, w, par), None)

@@ -19,7 +19,7 @@ from estimator.layouts import layouts
 from estimator.presets import load_config
 from estimator.spec import STRATEGIES, Parallel
 from estimator.units import GB, GiB, fmt_bytes
-from estimator.vision import is_vision
+from estimator.vision import images_of, is_vision
 from estimator.parallel import TRACED_SHARDING  # what `python -m bench trace` runs with FSDP2
 from pages import _charts as charts
 from pages import _derive as derive
@@ -219,9 +219,11 @@ def main() -> None:
     model = ui.load_model(config, name)
     ui.prepare_lora_targets(PAGE, ui.lora_target_options(model))
     f["lora_targets"] = replace(f["lora_targets"], choices=tuple(ui.lora_target_options(model)))
-    values, shown = ui.workload_inputs(PAGE, f, st.sidebar, vision=is_vision(model))
+    ui.default_images(PAGE, images_of(model) is not None)
+    values, shown = ui.workload_inputs(PAGE, f, st.sidebar, vision=is_vision(model),
+                                         vlm=images_of(model) is not None)
     try:
-        w = ui.workload_from_dict(values, vision=is_vision(model))
+        w = ui.workload_from_dict(values, vision=is_vision(model), vlm=images_of(model) is not None)
         if not strategies or not counts:
             st.info("Pick at least one strategy and one GPU count in the sidebar.")
             return

@@ -18,8 +18,10 @@ crash or a hang costs one type, `--timeout` seconds at most):
    (batch 3, a sequence between the fitted ones; for an image model the tokens of an image one patch (grid unit)
    wider than the config's, rounded down to a whole unit first): every stage's peak, the largest relative error.
 The types only the seq2seq, speech seq2seq or image-text-to-text classes list (kinds "seq2seq", "speech",
-"image-text") get their inventory only: willitfit prices none of them whole yet (an encoder-decoder is refused in one
-line; a vision- or audio-language model is priced as its language model alone: status "text only", not counted).
+"image-text") get their inventory only (an encoder-decoder is refused in one line; a vision- or audio-language model
+is priced as its language model alone: status "text only", not counted), except the vision-language models priced
+whole with their images (estimator.families.VLM_TYPES): those run the three steps above with one image per sample,
+checked at the image's tokens plus a text length the fit did not use.
 docs/architectures.md gets one row per type (status, parameters, error, times, reason).
 """
 from __future__ import annotations
@@ -33,6 +35,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from estimator.families import VLM_TYPES  # noqa: E402  (no torch: the table of types priced with their images)
 
 OUT = ROOT / "build" / "coverage.jsonl"
 DOC = ROOT / "docs" / "architectures.md"
@@ -72,6 +76,11 @@ def independent_params(model_type: str) -> int:
                                                         MODEL_FOR_MASKED_LM_MAPPING_NAMES)
 
     cfg = AutoConfig.for_model(model_type)
+    if model_type in VLM_TYPES:   # priced whole with its images: the image-text-to-text model
+        from transformers import AutoModelForImageTextToText
+
+        with torch.device("meta"):
+            return sum(p.numel() for p in AutoModelForImageTextToText.from_config(cfg).parameters())
     image = _image_class(model_type)
     if image is not None:   # the image-classification model a training step builds (the first class transformers
         with torch.device("meta"):                           # maps the type to: DeiT's without a teacher)
@@ -156,7 +165,8 @@ def one(model_type: str) -> dict:
     for attention, recipe in ((first, "pure"), (other, "pure"), (first, "fp32"), (other, "fp32")):
         if recipe == "fp32" and not any(_dtype_error(e) for e in (first_err, err) if e is not None):
             break
-        w = Workload(attention=attention, recipe=recipe, precision="fp32" if recipe == "fp32" else "bf16")
+        w = Workload(attention=attention, recipe=recipe, precision="fp32" if recipe == "fp32" else "bf16",
+                     images=1 if model_type in VLM_TYPES else 0)   # a vision-language model with one image
         t = time.perf_counter()
         try:
             prof = derive_profile(config, w, Parallel())
@@ -181,6 +191,8 @@ def one(model_type: str) -> dict:
     else:
         lo, hi, seqs, _ = pieces_for(hf_config(config), max_positions(hf_config(config)), False)[0]
         b, s = 3, (seqs[0] + seqs[1]) // 2
+        if w.images:   # the image's tokens and that much text
+            s += w.images * int(vision.images_of(model)["image_tokens"])
     w = replace(w, batch=b, seq=s)
     t = time.perf_counter()
     try:
@@ -283,6 +295,7 @@ def refusal_kind(reason: str) -> str:
 # scripts/vision_check.py (default configs at full size); their section of the doc is kept as written
 # (scripts/coverage_vision.md) below the generated tables.
 VISION_SECTION = (ROOT / "scripts" / "coverage_vision.md").read_text()
+VLM_SECTION = (ROOT / "scripts" / "coverage_vlm.md").read_text()   # likewise: tests/test_vlm.py, scripts/vlm_check.py
 
 
 def report() -> None:
@@ -341,7 +354,7 @@ def report() -> None:
                      f"{r.get('layers', '')} ({r.get('layer_types', '')}) | {prof} | "
                      f"{r.get('check_batch', '')}, {r.get('check_seq', '')} | {err} | {r.get('revision', 'pre-kernels')} | "
                      f"{r.get('reason', '').replace('|', '/')} |")
-    DOC.write_text("\n".join(lines) + "\n\n" + VISION_SECTION)
+    DOC.write_text("\n".join(lines) + "\n\n" + VISION_SECTION + "\n" + VLM_SECTION)
     print(f"wrote {DOC} ({len(rows)} types, {good} exact and within 1%)")
 
 
@@ -403,7 +416,8 @@ def main(argv=None) -> int:
         keep = [x for x in OUT.read_text().splitlines() if json.loads(x)["model_type"] not in again]
         OUT.write_text("".join(x + "\n" for x in keep))
     if args.child:
-        row = text_only(args.child, args.child_kind) if args.child_kind in WHOLE_MODEL_KINDS else one(args.child)
+        row = text_only(args.child, args.child_kind) if args.child_kind in WHOLE_MODEL_KINDS and \
+            args.child not in VLM_TYPES else one(args.child)
         print(json.dumps({**row, "revision": _revision()}))
         return 0
     if not args.report:

@@ -12,7 +12,8 @@ What is shipped, per preset (each a workload class: batch, seq and world size ar
 - training, pure bf16: full fine-tuning, LoRA on PEFT's default targets (rank-free where derived since the rank
   became a variable: one profile for every rank; older ones per rank 8), full fine-tuning with full activation
   checkpointing, LoRA with full activation checkpointing, both with gradient accumulation (grad_accum 2 is the
-  class of every grad_accum >= 2) and both with selective checkpointing: what advice proposes first; inference.
+  class of every grad_accum >= 2) and both with selective checkpointing: what advice proposes first; inference;
+  for a vision-language model (families.VLM_TYPES) also full, LoRA and inference with one image per sample.
   The last four were added on 2026-11-26 and are not yet derived for every preset (a full run derives the rest;
   README "The estimator CLI" says which ship);
 - the presets of the shipped traced grid (bench/commands/build_db.py: dense up to 13B, plus its MoE): amp full and LoRA, and
@@ -35,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from estimator import store  # noqa: E402
 from estimator.estimate import traced_class  # noqa: E402
-from estimator.families import VISION_TYPES  # noqa: E402
+from estimator.families import VISION_TYPES, VLM_TYPES  # noqa: E402
 from estimator.presets import load_config, preset_names  # noqa: E402
 from estimator.spec import Parallel, Workload  # noqa: E402
 from tracer.lora import default_lora_targets  # noqa: E402
@@ -56,6 +57,9 @@ def classes(name: str, config: dict, grid: set[str]) -> list[tuple[Workload, Par
            (Workload(attention=attn, checkpointing="selective"), Parallel()),
            (Workload(attention=attn, checkpointing="selective", **lora), Parallel()),
            (Workload(mode="infer", attention=attn), Parallel())]
+    if mt in VLM_TYPES:  # a vision-language model with one image per sample (the app's default for one)
+        out += [(Workload(attention=attn, images=1), Parallel()), (Workload(attention=attn, images=1, **lora), Parallel()),
+                (Workload(mode="infer", attention=attn, images=1), Parallel())]
     if name in grid:
         moe = "experts" in str(config) or "num_local_experts" in config or "num_experts" in config
         if not moe:  # transformers' grouped_mm experts cannot run fp32 on fake tensors
@@ -157,7 +161,8 @@ def main(argv=None) -> int:
                     continue
                 seen.add(key)
                 label = (f"{name}: {w.mode} {w.method} {w.recipe} {w.attention} ckpt={w.checkpointing} "
-                         f"ga={w.grad_accum} {p.strategy}" + (f" cp={tp.cp} rank {rank}" if tp.cp > 1 else ""))
+                         f"ga={w.grad_accum} {p.strategy}" + (f" cp={tp.cp} rank {rank}" if tp.cp > 1 else "")
+                         + (f" images={w.images}" if w.images else ""))
                 if args.only and not args.only.search(f"{label} {key}"):   # the line --list prints
                     continue
                 if args.list:

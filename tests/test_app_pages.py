@@ -292,6 +292,20 @@ def test_fit_vision_encoder_asks_for_the_image_size_and_shows_the_library_answer
     assert any("image_size: 230 is not a multiple" in e.value for e in at.error) and not at.exception
 
 
+def test_fit_vision_language_model_starts_with_one_image_and_prices_it_whole(env):
+    at = app(query={"model": "llava-1.5-7b"})
+    assert at.number_input(key="fit:images").value == 1              # its first VLM: one image per sample
+    model, gpu = the_model("llava-1.5-7b"), get_gpu(H100)
+    est = estimate(model, Workload(images=1), Parallel(), ON_H100)    # the shipped profile, 7.06B whole
+    assert metric(at, "Peak per GPU") == gib(est.total_bytes)
+    assert any("1 image of 336x336 px (576 image tokens) per sample" in c.value for c in at.caption)
+    at.number_input(key="fit:seq").set_value(500).run()              # too short for 576 image tokens: one line
+    assert any(e.value.startswith("seq: 500 tokens cannot hold 1 image(s) of 576 tokens each") for e in at.error)
+    assert not at.exception
+    at.number_input(key="fit:images").set_value(0).run()             # text only: the scope note says how to price
+    assert not at.error and any("--images N prices N images" in c.value for c in at.caption)
+
+
 @pytest.mark.slow  # a derivation in the page's background thread: half a minute
 def test_fit_prices_a_pasted_conv_net_in_grid_units(env):
     """A pasted ResNet config (no patch tokens): the page asks for the image size, derives the profile (traced whole)

@@ -3,7 +3,8 @@ was checked against its public copies (docs/presets.md).
 
 The counts below were read from meta-device builds with transformers 5.23 (no memory, no weights, no network, no
 remote code): `AutoConfig.for_model(model_type, **rest)`, then `AutoModelForCausalLM.from_config` on that config, or
-on its `text_config` for the multimodal checkpoints shipped nested (gemma3, llama4, mistral3), and `AutoModel` for
+on its `text_config` for the multimodal checkpoints shipped nested (gemma3, llama4, mistral3), the whole
+image-text-to-text model for LLaVA, and `AutoModel` for
 BERT (BertModel with its pooler, as published) and the vision encoders (ViTModel, Dinov2Model, SigLIP's
 SiglipVisionModel from its vision_config: the published counts). Tied embeddings count once. An edited preset changes its count and
 fails here; a new preset must add its count (and its row in docs/presets.md). The 52 builds take about 4 s on 2
@@ -51,6 +52,7 @@ EXPECTED_PARAMS = {
     "llama-3.2-1b": 1_235_814_400,
     "llama-3.2-3b": 3_212_749_824,
     "llama-4-scout": 107_769_861_120,  # text model
+    "llava-1.5-7b": 7_063_427_072,   # whole (AutoModelForImageTextToText): Vicuna-7B + CLIP ViT-L/14-336 + projector
     "mistral-7b": 7_241_732_096,
     "mistral-small-3.1-24b": 23_572_403_200,  # text model
     "mixtral-8x7b": 46_702_792_704,
@@ -127,10 +129,12 @@ def test_meta_build_has_the_expected_parameter_count(name):
     hf_cfg = transformers.AutoConfig.for_model(cfg["model_type"], **rest)
     if "vision_config" in cfg and cfg["model_type"] in VISION_TYPES:
         hf_cfg = hf_cfg.vision_config
+    elif cfg["model_type"] == "llava":   # priced whole with its images (families.VLM_TYPES): counted whole
+        pass
     elif "text_config" in cfg:
         hf_cfg = hf_cfg.get_text_config()
     auto = transformers.AutoModel if cfg["model_type"] in ("bert", *VISION_TYPES) else \
-        transformers.AutoModelForCausalLM
+        transformers.AutoModelForImageTextToText if cfg["model_type"] == "llava" else transformers.AutoModelForCausalLM
     with torch.device("meta"):
         model = auto.from_config(hf_cfg, trust_remote_code=False)
     assert sum(p.numel() for p in model.parameters()) == EXPECTED_PARAMS[name]

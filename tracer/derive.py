@@ -46,7 +46,7 @@ from estimator.store import parallel_class, workload_class
 from estimator.parallel import TRACED_SHARDING, pp_stage_layers
 from tracer import forked, serialized
 from tracer import kernels as kernels_mod
-from tracer import losses, offload, runner, session, vision
+from tracer import losses, offload, runner, session, vision, vlm
 from tracer.depth import decoder_layer_list, layer_infos, text_config
 from tracer.extend import (
     decode_ticks,
@@ -446,7 +446,7 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
 
         if sequential is None:
             # what every copy would compute first, computed once here and inherited (session.grad_names memo)
-            with kernels_mod.emulate(kernels), losses.bounding_chunks(), vision.interpolating():
+            with kernels_mod.emulate(kernels), losses.bounding_chunks(), vision.interpolating(), vlm.fitting():
                 for job in {job[0]: job for job in todo}.values():
                     prime_names(*args(job))
         forked.run_all(todo, trace, encode_ticks, decode_ticks, finished, start)

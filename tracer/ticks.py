@@ -12,7 +12,7 @@ import numpy as np
 from estimator.profile.profile import CATEGORIES
 from estimator.spec import Parallel, Workload
 from tracer import kernels as kernels_mod
-from tracer import kernels_sdpa, losses, session, vision
+from tracer import kernels_sdpa, losses, session, vision, vlm
 from tracer.extend import OPTIONAL, STEP_MAX, TRACER_CATEGORIES, Ticks, tick_row
 
 
@@ -29,7 +29,7 @@ def trace_ticks(config: dict, workload: Workload, parallel: Parallel, layers: li
     try:
         # Liger's power-of-two chunk rule is not polynomial in the sizes: the profile uses a bounding fixed count
         # a vision encoder interpolates its position embeddings at every fitted size (tracer.vision.interpolating)
-        with kernels_mod.emulate(kernels), losses.bounding_chunks(), vision.interpolating():
+        with kernels_mod.emulate(kernels), losses.bounding_chunks(), vision.interpolating(), vlm.fitting():
             prime = prime_names(config, workload, parallel, layers, kernels)
             with session._prepared(config, workload, parallel, layers, kernels=kernels, rank=pp_rank) as case:
                 counter = session._run(case, steps, observe_layers=layers is not None, prime=prime)

@@ -7,7 +7,8 @@ A step of `workload.images` images per sample at the config's image size: pixel 
 in the weights' dtype (as transformers' processors hand them over and its docs cast them), and input_ids whose first
 positions after one text token are the image token id, images x tokens of them per sample (LLaVA's, PaliGemma's,
 InternVL's and Gemma-3's forwards scatter the projected image features there: `masked_scatter` on
-`input_ids == image_token_id`). The rest of the sequence is text. The vision tower's and projector's activations are
+`input_ids == image_token_id`). The rest of the sequence is text. Gemma-3 and PaliGemma also get the token_type_ids
+their processors return (`TOKEN_TYPES`), which change their attention masks. The vision tower's and projector's activations are
 the same for every sequence length, so memory stays a polynomial in (batch, seq) for a fixed image count, and the
 derivation needs nothing beyond its (b, s) fit: `images` is part of the profile's class.
 
@@ -20,12 +21,19 @@ sample, so the check would hold on a GPU.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 
 import torch
 
 from estimator.families import VLM_TYPES
 
 IMAGE_TOKEN_KEYS = ("image_token_id", "image_token_index")
+# Models whose processor returns token_type_ids, which their forward turns into a bidirectional block in the attention
+# mask (a materialised mask where SDPA would otherwise run causal without one): Gemma-3's processor marks the image
+# tokens 1 (Gemma3Processor, `mm_token_type_ids`; modeling_gemma3 `get_block_sequence_ids_for_mask`), PaliGemma's
+# marks the suffix 1 after an image-and-prompt prefix that attends both ways (PaliGemmaProcessor; modeling_paligemma
+# builds `block_sequence_ids` from token_type_ids == 0).
+TOKEN_TYPES = {"gemma3": "image", "paligemma": "suffix"}
 
 
 def is_vlm(cfg) -> bool:
@@ -82,7 +90,7 @@ def vlm_inputs(model, workload, device: str, per_image: int, clone_labels: bool 
     images, and labels (a copy of the ids, or the ids themselves) for training."""
     n = workload.images
     tokens = per_image * n
-    if workload.seq <= tokens:
+    if workload.seq <= tokens and not _FITTING.get():
         raise ValueError(f"seq: {workload.seq} tokens cannot hold {n} image(s) of {per_image} tokens each; use a seq "
                          f"over {tokens}")
     tok = image_token_id(model.config)
@@ -90,9 +98,34 @@ def vlm_inputs(model, workload, device: str, per_image: int, clone_labels: bool 
     input_ids = torch.randint(0, max(1, min(tok, vocab)), (workload.batch, workload.seq), device=device)
     input_ids[:, 1:1 + tokens] = tok
     out = {"input_ids": input_ids, "pixel_values": _pixels(model, workload.batch * n, device)}
+    marks = TOKEN_TYPES.get(model.config.model_type)
+    if marks is not None:   # what the model's processor hands over beside the ids: it changes the attention mask
+        types = torch.zeros_like(input_ids)
+        if marks == "image":
+            types[:, 1:1 + tokens] = 1
+        else:   # the suffix: the second half of the text, after the image and the prompt
+            types[:, (1 + tokens + workload.seq) // 2:] = 1
+        out["token_type_ids"] = types
     if workload.mode == "train":
         out["labels"] = input_ids.clone() if clone_labels else input_ids
     return out
+
+
+_FITTING = contextvars.ContextVar("willitfit_vlm_fitting", default=False)
+
+
+@contextlib.contextmanager
+def fitting():
+    """Inside (tracer.derive's traces): a sequence shorter than the images' tokens is traced too. On fake tensors the
+    step's shapes do not depend on which positions hold image tokens (the features are scattered with
+    `masked_scatter`, whose output is the embeddings' shape), so the fit's small sizes follow the same polynomial as
+    the sizes a GPU can run; the estimate refuses a seq that cannot hold the images (estimator.vision.check_images),
+    and the profile is checked against full-depth traces at sizes that can (tests/test_vlm.py, scripts/vlm_check.py)."""
+    token = _FITTING.set(True)
+    try:
+        yield
+    finally:
+        _FITTING.reset(token)
 
 
 @contextlib.contextmanager

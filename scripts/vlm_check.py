@@ -1,0 +1,82 @@
+"""Vision-language models at full size with their images: the estimate against a full-depth trace, at real batch
+sizes and sequence lengths.
+
+    python scripts/vlm_check.py                          # every case below
+    python scripts/vlm_check.py --case llava-lora-b4-2048
+    python scripts/vlm_check.py --list
+
+Each case is a preset (data/models/) or a model type's default config (`AutoConfig.for_model(type)`: PaliGemma-3B's
+SigLIP + Gemma-2B, InternVL's, VipLLaVA's), run with `images` images per sample at the config's image size. The
+profile is derived from an empty cache (a temporary WILLITFIT_CACHE; the fit traces reduced depths at other sizes)
+and the whole model is traced at the case's size on fake tensors with the CUDA kernels emulated
+(`bench.trace.cases.trace_case`, two steps). Every stage's tensor bytes must be equal; the script prints a row per
+case and exits 1 if any differs. Prints; writes nothing else (docs/architectures.md, "Vision-language models", holds
+the table of its last run).
+"""
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import fullsize_check  # noqa: E402  (scripts/, beside this file)
+
+# (name, preset or model type, mode, method, batch, seq, images[, checkpointing[, generated tokens]])
+CASES = (
+    ("llava-lora-b4-2048", "llava-1.5-7b", "train", "lora", 4, 2048, 1),
+    ("llava-full-ckpt-b2-1024", "llava-1.5-7b", "train", "full", 2, 1024, 1, "full"),
+    ("llava-infer-b8-1024-gen64", "llava-1.5-7b", "infer", "full", 8, 1024, 1, "none", 64),
+    ("paligemma-full-b8-512", "paligemma", "train", "full", 8, 512, 1),
+    ("internvl-lora-b4-1024-2img", "internvl", "train", "lora", 4, 1024, 2),
+    ("vipllava-infer-b4-1536-2img", "vipllava", "infer", "full", 4, 1536, 2),
+)
+
+
+def _config(ref: str) -> dict:
+    from estimator.presets import load_config, preset_names
+
+    if ref in preset_names():
+        return load_config(ref)[1]
+    from transformers import AutoConfig
+
+    cfg = {**AutoConfig.for_model(ref).to_diff_dict(), "model_type": ref}
+    cfg.pop("transformers_version", None)
+    return cfg
+
+
+def run_case(case) -> tuple[bool, str]:
+    from bench.trace.cases import trace_case
+    from estimator.estimate import estimate
+    from estimator.model import from_hf_config
+    from estimator.spec import Workload
+
+    name, ref, mode, method, b, s, images, *rest = case
+    ckpt = rest[0] if rest else "none"
+    gen = rest[1] if len(rest) > 1 else 0
+    cfg = _config(ref)
+    w = Workload(batch=b, seq=s, images=images, mode=mode, method=method, checkpointing=ckpt, gen_tokens=gen)
+    t = time.perf_counter()
+    model = from_hf_config(cfg, ref)
+    est = estimate(model, w)
+    derive_s = time.perf_counter() - t
+    row = trace_case(cfg, ref, replace(est.workload), steps=2)
+    got = {n: st.tensor_bytes for n, st in est.stages}
+    want = {n: row[f"{n}_peak_alloc_bytes"] for n in got}
+    peak = max(want.values())
+    diff = max(abs(got[n] - want[n]) for n in got)
+    line = (f"{name:30s} {'equal' if diff == 0 else 'DIFFERS'}  {model.params:>14,} params  peak {peak:>16,} B  "
+            f"largest stage difference {diff:,} B  ({est.profile.get('traces')} traces, {derive_s:.1f} s)")
+    return diff == 0, line
+
+
+def main(argv=None) -> int:
+    return fullsize_check.main(__doc__, CASES, run_case, "willitfit-vlm-", 30, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

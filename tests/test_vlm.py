@@ -1,0 +1,174 @@
+"""Vision-language models priced whole with their images (tracer/vlm.py, `--images N`).
+
+A tiny LLaVA (tests/data/tiny/t-llava.json: a 5-layer Llama of hidden 128, a 3-layer CLIP vision tower of hidden 64 on
+32-pixel images in 8-pixel patches, 16 image tokens per image) has its parameters counted by hand; its estimate with
+images, at sizes its profile was never fit at, equals a full-depth trace stage by stage, to the byte; images for a
+model that takes none and a sequence too short for the images' tokens are refused in one line.
+
+    python -m pytest tests/test_vlm.py -q                 # WILLITFIT_SLOW=1 adds LoRA, inference, checkpointing
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from estimator.spec import Workload
+
+TINY = Path(__file__).parent / "data" / "tiny"
+ROOT = Path(__file__).resolve().parents[1]
+SLOW = pytest.mark.skipif(not os.environ.get("WILLITFIT_SLOW"), reason="slow tier: WILLITFIT_SLOW=1")
+
+
+def _config(name: str = "llava") -> dict:
+    return json.loads((TINY / f"t-{name}.json").read_text())
+
+
+def _model():
+    from estimator.model import from_hf_config
+
+    return from_hf_config(_config(), "t-llava")
+
+
+def test_tiny_llava_is_counted_whole_by_hand():
+    # Llama text model, vocab 512, hidden 128, 5 layers, 4 heads / 2 KV heads of 32, MLP 352, untied head:
+    #   embeddings 512*128 = 65536; head 65536; per layer q 16384, k 8192, v 8192, o 16384, gate/up/down 3 * 45056,
+    #   two RMSNorms 256 -> 184576, x 5 = 922880; final norm 128                                    -> 1,054,080
+    # CLIP vision tower, hidden 64, 3 layers, MLP 128, 32-px images in 8-px patches (16 patches + CLS):
+    #   patch conv 3*8*8*64 = 12288 (no bias); CLS 64; positions 17*64 = 1088; pre- and post-LayerNorm 2 * 128;
+    #   per layer q, k, v, o 4 * (64*64 + 64) = 16640, fc1 8320, fc2 8256, two LayerNorms 256 -> 33472, x 3 = 100416
+    #                                                                                                -> 114,112
+    # projector 64 -> 128 -> 128: (64*128 + 128) + (128*128 + 128)                                   -> 24,832
+    m = _model()
+    assert m.params == 1_054_080 + 114_112 + 24_832
+    assert m.inventory.built_as == "LlavaForConditionalGeneration" and m.layers == 5
+    # LLaVA's default feature strategy drops the CLS token: 16 image tokens per image
+    assert m.inventory.extra["vlm"] == {"image_size": 32, "num_channels": 3, "image_tokens": 16,
+                                        "image_token_id": 511}
+
+
+def test_lora_counts_the_vision_towers_adapters_as_peft_does():
+    # PEFT matches q_proj / v_proj anywhere: the 5 text layers (q 128->128, v 128->64) and the 3 CLIP layers (64->64)
+    m = _model()
+    w = Workload(method="lora", lora_rank=8, images=1, seq=40)
+    assert m.inventory.trainable_params(w) == 8 * (5 * ((128 + 128) + (128 + 64)) + 3 * 2 * (64 + 64))
+
+
+def test_images_are_part_of_the_profile_class_and_zero_keeps_every_old_key():
+    from estimator import store
+    from estimator.spec import Parallel
+
+    text, one, two = (store.workload_class(Workload(images=n)) for n in (0, 1, 2))
+    assert "images" not in text and one["images"] == 1 and two["images"] == 2
+    keys = {store.profile_key(Workload(images=n), Parallel()) for n in (0, 1, 2)}
+    assert len(keys) == 3
+
+
+def test_a_run_row_with_images_is_not_stored():
+    from bench.trace.cases import unstorable
+    from estimator.spec import Parallel
+
+    assert unstorable(Parallel(), Workload(images=1)).startswith("out: a run row has no images column")
+    assert unstorable(Parallel(), Workload()) is None
+
+
+def test_bad_images_are_refused_in_one_line():
+    from estimator.estimate import estimate
+    from estimator.model import from_hf_config
+    from estimator.spec import Parallel
+
+    m = _model()
+    with pytest.raises(ValueError, match=r"^seq: 40 tokens cannot hold 3 image\(s\) of 16 tokens each \(32x32 px\); "
+                                         r"use a seq over 48$"):
+        estimate(m, Workload(images=3, seq=40))
+    text = from_hf_config(json.loads((TINY / "t-llama.json").read_text()), "t-llama")
+    with pytest.raises(ValueError, match=r"^images: t-llama \(llama\) is not priced with images; the vision-language"):
+        estimate(text, Workload(images=1), Parallel())
+    with pytest.raises(ValueError, match="images: 2000 is out of range"):
+        Workload(images=2000)
+
+
+def _check(workload: Workload, sizes, name: str = "llava") -> None:
+    from bench.trace.cases import trace_case
+    from estimator.estimate import estimate
+    from estimator.model import from_hf_config
+
+    cfg = _config(name)
+    m = from_hf_config(cfg, f"t-{name}")
+    for b, s in sizes:
+        w = replace(workload, batch=b, seq=s)
+        est = estimate(m, w)
+        row = trace_case(cfg, f"t-{name}", w, steps=2)
+        got = {n: st.tensor_bytes for n, st in est.stages}
+        assert got == {n: row[f"{n}_peak_alloc_bytes"] for n in got}, (w, got)
+
+
+def test_training_with_an_image_equals_a_full_depth_trace():
+    # fit at seqs the derivation chooses (3 and 4 of the 5 layers), checked at sizes it never traced
+    _check(Workload(images=1), ((3, 100), (1, 17)))
+
+
+def test_a_text_only_step_of_a_vlm_says_how_to_price_its_images():
+    from estimator.vision import image_words, scope_notes
+
+    m = _model()
+    assert scope_notes(m, Workload(images=1)) == ()
+    assert scope_notes(m, Workload()) == ("scope: llava is built whole (LlavaForConditionalGeneration) and the step is "
+                                          "text-only; --images N prices N images per sample (vision tower, projector "
+                                          "and image tokens)",)
+    assert image_words(m, Workload(images=2, seq=100)) == "2 images of 32x32 px (32 image tokens) per sample"
+
+
+@SLOW
+def test_the_step_with_images_holds_more_than_the_text_only_one():
+    from estimator.estimate import estimate
+
+    m = _model()
+    text, images = (estimate(m, Workload(images=n, batch=2, seq=100)) for n in (0, 1))
+    def peak(e):
+        return max(st.tensor_bytes for _, st in e.stages)
+
+    assert peak(images) > peak(text)
+    assert not any(n.startswith("scope:") for n in images.notes)
+    assert any("--images N prices N images" in n for n in text.notes)
+
+
+@SLOW
+@pytest.mark.parametrize("workload, sizes", [
+    (Workload(images=2, method="lora", lora_targets=("q_proj", "v_proj")), ((2, 333), (5, 70))),
+    (Workload(images=1, mode="infer", gen_tokens=5), ((1, 77), (3, 300))),
+    (Workload(images=1, checkpointing="full"), ((4, 500),)),
+    (Workload(images=3, recipe="amp", loss="chunked", loss_chunks=4), ((2, 256),)),
+])
+def test_more_workloads_with_images_equal_full_depth_traces(workload, sizes):
+    _check(workload, sizes)
+
+
+@SLOW
+@pytest.mark.parametrize("workload, sizes", [
+    (Workload(images=1), ((3, 100), (2, 700))),                       # both sides of its 512-token window
+    (Workload(images=2, mode="infer", gen_tokens=4), ((2, 150),)),
+])
+def test_gemma3_with_images_and_token_types_equals_full_depth_traces(workload, sizes):
+    # t-gemma3vl.json: a 6-layer Gemma-3 text model (sliding window 512) and a 2-layer SigLIP tower, 16 image tokens
+    # (8 x 8 patches pooled to 4 x 4); its token_type_ids make the image tokens attend both ways (tracer.vlm)
+    _check(workload, sizes, "gemma3vl")
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "estimator", *args], capture_output=True, text=True, cwd=ROOT,
+                          timeout=600)
+
+
+def test_cli_names_the_images_and_refuses_a_short_seq(tmp_path):
+    cfg = str(TINY / "t-llava.json")
+    out = _cli("--model", cfg, "--images", "4", "--seq", "60", "--no-derive")
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines()[-1] == ("python -m estimator: error: seq: 60 tokens cannot hold 4 image(s) "
+                                                   "of 16 tokens each (32x32 px); use a seq over 64")
+    assert "--images N" in _cli("--help").stdout
