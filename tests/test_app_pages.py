@@ -295,7 +295,7 @@ def test_fit_vision_encoder_asks_for_the_image_size_and_shows_the_library_answer
 def test_fit_vision_language_model_starts_with_one_image_and_prices_it_whole(env):
     at = app(query={"model": "llava-1.5-7b"})
     assert at.number_input(key="fit:images").value == 1              # its first VLM: one image per sample
-    model, gpu = the_model("llava-1.5-7b"), get_gpu(H100)
+    model = the_model("llava-1.5-7b")
     est = estimate(model, Workload(images=1), Parallel(), ON_H100)    # the shipped profile, 7.06B whole
     assert metric(at, "Peak per GPU") == gib(est.total_bytes)
     assert any("1 image of 336x336 px (576 image tokens) per sample" in c.value for c in at.caption)
