@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
 
-from estimator import cp
+from estimator import cp, vision
 from estimator.estimate import Options, estimate
 from estimator.model import Model
 from estimator.store import ProfileMissing
@@ -53,11 +53,15 @@ def max_seq(model: Model, workload: Workload, parallel: Parallel, gpu_bytes: int
             options: Options = Options(), limit: int = MAX_SEQ) -> int:
     """Longest sequence (prompt, for inference) that fits, up to `limit` (0 if seq 1 does not). Memory only:
     the model's own context length (Model.max_positions) is a separate limit the caller may pass. With context
-    parallelism, a multiple of 2 x cp (the load balancer's chunks: estimator.cp.check_seq)."""
+    parallelism, a multiple of 2 x cp (the load balancer's chunks: estimator.cp.check_seq). A vision-language model's
+    images take a fixed share of every sequence: the search starts past their tokens (0 if the shortest fails)."""
     m = cp.seq_multiple(parallel)
-    if limit < m:
+    first = vision.image_tokens(model, workload) // m + 1   # a VLM's seq holds its images' tokens and some text
+    if limit < first * m:
         return 0
-    return m * _largest(lambda k: _fits(model, replace(workload, seq=k * m), parallel, gpu_bytes, options), limit // m)
+    k = _largest(lambda j: _fits(model, replace(workload, seq=(first + j - 1) * m), parallel, gpu_bytes, options),
+                 limit // m - first + 1)
+    return (first + k - 1) * m if k else 0
 
 
 def valid_world_sizes(model: Model, strategy: str, max_gpus: int = 1024) -> list[int]:
@@ -160,9 +164,10 @@ def _candidates(model: Model, w: Workload, p: Parallel, gpu_bytes: int, options:
     if w.seq > 1:  # never past the model's context (Model.max_positions, less the generated tokens)
         limit = max(1, min(w.seq - 1, model.max_positions - w.gen_tokens))
         s = max_seq(model, w, p, gpu_bytes, options, limit=limit) or min(w.seq // 2, limit) or 1
-        out.append((f"Cut the sequence length to {s}", {"seq": s}, {},
-                    "The first lever: activations and KV cache grow with seq (eager attention as seq^2). "
-                    "Longer documents must then be truncated or chunked."))
+        if s > vision.image_tokens(model, w):   # a VLM: no shorter seq than its images' tokens and one text token
+            out.append((f"Cut the sequence length to {s}", {"seq": s}, {},
+                        "The first lever: activations and KV cache grow with seq (eager attention as seq^2). "
+                        "Longer documents must then be truncated or chunked."))
     if w.training and w.batch > 1:
         b = max(1, max_batch(model, w, p, gpu_bytes, options))
         b = max(d for d in range(1, min(b, w.batch - 1) + 1) if w.batch % d == 0)  # keep the effective batch

@@ -128,6 +128,12 @@ def image_words(model: Model, w: Workload) -> str:
             f"({n * v['image_tokens']:,} image tokens) per sample")
 
 
+def image_tokens(model: Model, w: Workload) -> int:
+    """The tokens a step's images take of each sample's seq (0 without images): the shortest seq is one more."""
+    v = images_of(model)
+    return w.images * int(v["image_tokens"]) if w.images and v is not None else 0
+
+
 def check_images(model: Model, w: Workload) -> None:
     """One line before any slow work: images for a model that takes none here, or a seq too short for their
     tokens."""

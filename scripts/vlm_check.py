@@ -34,6 +34,7 @@ CASES = (
     ("paligemma-full-b8-512", "paligemma", "train", "full", 8, 512, 1),
     ("internvl-lora-b4-1024-2img", "internvl", "train", "lora", 4, 1024, 2),
     ("vipllava-infer-b4-1536-2img", "vipllava", "infer", "full", 4, 1536, 2),
+    ("gemma3-4b-lora-b2-2048", "gemma-3-4b", "train", "lora", 2, 2048, 1),
 )
 
 

@@ -113,6 +113,23 @@ def test_training_with_an_image_equals_a_full_depth_trace():
     _check(Workload(images=1), ((3, 100), (1, 17)))
 
 
+def test_the_longest_sequence_search_starts_past_the_images():
+    from estimator import search
+    from estimator.estimate import estimate
+    from estimator.spec import Parallel
+
+    m, w = _model(), Workload(images=2, batch=2)           # 2 x 16 image tokens: the shortest seq is 33
+
+    def total(s):
+        return estimate(m, replace(w, seq=s)).total_bytes
+
+    found = search.max_seq(m, w, Parallel(), total(200), limit=1000)
+    assert 200 <= found <= 1000 and total(found) <= total(200) < total(found + 1)
+    assert search.max_seq(m, w, Parallel(), total(33) - 1, limit=1000) == 0
+    assert search.max_seq(m, w, Parallel(), total(33), limit=1000) >= 33
+    assert search.max_seq(m, w, Parallel(), 1 << 50, limit=32) == 0   # no room for text after the images
+
+
 def test_a_text_only_step_of_a_vlm_says_how_to_price_its_images():
     from estimator.vision import image_words, scope_notes
 
