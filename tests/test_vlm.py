@@ -118,16 +118,16 @@ def test_the_longest_sequence_search_starts_past_the_images():
     from estimator.estimate import estimate
     from estimator.spec import Parallel
 
-    m, w = _model(), Workload(images=2, batch=2)           # 2 x 16 image tokens: the shortest seq is 33
+    m, w = _model(), Workload(images=1, batch=2)           # 16 image tokens: the shortest seq is 17
 
     def total(s):
         return estimate(m, replace(w, seq=s)).total_bytes
 
     found = search.max_seq(m, w, Parallel(), total(200), limit=1000)
     assert 200 <= found <= 1000 and total(found) <= total(200) < total(found + 1)
-    assert search.max_seq(m, w, Parallel(), total(33) - 1, limit=1000) == 0
-    assert search.max_seq(m, w, Parallel(), total(33), limit=1000) >= 33
-    assert search.max_seq(m, w, Parallel(), 1 << 50, limit=32) == 0   # no room for text after the images
+    assert search.max_seq(m, w, Parallel(), total(17) - 1, limit=1000) == 0
+    assert search.max_seq(m, w, Parallel(), total(17), limit=1000) >= 17
+    assert search.max_seq(m, w, Parallel(), 1 << 50, limit=16) == 0   # no room for text after the image
 
 
 def test_a_text_only_step_of_a_vlm_says_how_to_price_its_images():
