@@ -140,6 +140,10 @@ def check_images(model: Model, w: Workload) -> None:
     if not w.images:
         return
     v = images_of(model)
+    refused = model.inventory.extra.get("vlm_refused")
+    if v is None and refused:
+        raise ValueError(f"images: {model.name}'s vision tower fails on its own config's image size ({refused}); "
+                         "only a text-only step (0 images) is priced")
     if v is None:
         raise ValueError(f"images: {model.name} ({model.model_type}) is not priced with images; the vision-language "
                          f"models that are: {', '.join(VLM_TYPES)} (0 prices a text-only step)")

@@ -166,7 +166,7 @@ def one(model_type: str) -> dict:
         if recipe == "fp32" and not any(_dtype_error(e) for e in (first_err, err) if e is not None):
             break
         w = Workload(attention=attention, recipe=recipe, precision="fp32" if recipe == "fp32" else "bf16",
-                     images=1 if model_type in VLM_TYPES else 0)   # a vision-language model with one image
+                     images=1 if vision.images_of(model) is not None else 0)   # a vision-language model: one image
         t = time.perf_counter()
         try:
             prof = derive_profile(config, w, Parallel())

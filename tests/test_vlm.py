@@ -93,17 +93,31 @@ def test_bad_images_are_refused_in_one_line():
         Workload(images=2000)
 
 
-def _check(workload: Workload, sizes, name: str = "llava") -> None:
-    from bench.trace.cases import trace_case
+def test_a_vlm_whose_image_path_fails_on_its_config_is_priced_text_only():
+    # Gemma-3 pools its patches to mm_tokens_per_image: 8 x 8 patches to 10 x 10 tokens makes a pooling stride of 0
+    # (transformers' own default Gemma3Config does the same at 224 px): refused with images, priced without them
     from estimator.estimate import estimate
     from estimator.model import from_hf_config
 
-    cfg = _config(name)
+    m = from_hf_config({**_config("gemma3vl"), "mm_tokens_per_image": 100}, "t-gemma3-bad")
+    assert "vlm" not in m.inventory.extra and m.inventory.extra["vlm_refused"] == "stride should not be zero"
+    with pytest.raises(ValueError, match=r"^images: t-gemma3-bad's vision tower fails on its own config's image size "
+                                         r"\(stride should not be zero\); only a text-only step"):
+        estimate(m, Workload(images=1, seq=100))
+
+
+def _check(workload: Workload, sizes, name: str = "llava", parallel=None) -> None:
+    from bench.trace.cases import trace_case
+    from estimator.estimate import estimate
+    from estimator.model import from_hf_config
+    from estimator.spec import Parallel
+
+    cfg, parallel = _config(name), parallel or Parallel()
     m = from_hf_config(cfg, f"t-{name}")
     for b, s in sizes:
         w = replace(workload, batch=b, seq=s)
-        est = estimate(m, w)
-        row = trace_case(cfg, f"t-{name}", w, steps=2)
+        est = estimate(m, w, parallel)
+        row = trace_case(cfg, f"t-{name}", w, parallel, steps=2)
         got = {n: st.tensor_bytes for n, st in est.stages}
         assert got == {n: row[f"{n}_peak_alloc_bytes"] for n in got}, (w, got)
 
@@ -164,6 +178,15 @@ def test_the_step_with_images_holds_more_than_the_text_only_one():
 ])
 def test_more_workloads_with_images_equal_full_depth_traces(workload, sizes):
     _check(workload, sizes)
+
+
+@SLOW
+def test_fsdp_with_images_equals_a_traced_rank():
+    # FSDP2 wraps the language model's layers and the root (vision tower and projector included): rank 0 of 4, at a
+    # world the fit did not use (it fits n = 2 and 4 at one size each, checks 8)
+    from estimator.spec import Parallel
+
+    _check(Workload(images=1), ((2, 90),), parallel=Parallel(strategy="fsdp", gpus=4))
 
 
 @SLOW

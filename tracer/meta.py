@@ -200,8 +200,12 @@ def read_inventory(config: dict) -> dict:
             from None
     finally:
         torch.set_default_dtype(old)
+    images_refused = None
     if vlm.is_vlm(cfg):
-        model._willitfit_image_tokens = vlm.image_tokens(model)
+        try:
+            model._willitfit_image_tokens = vlm.image_tokens(model)
+        except (RuntimeError, ValueError, TypeError, IndexError) as e:  # its own image path fails on this config
+            images_refused = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
     tcfg = text_config(model.config)
     n_experts = _first_int(tcfg, EXPERT_COUNT_KEYS)
     roles = _roles(model, n_experts)
@@ -282,5 +286,6 @@ def read_inventory(config: dict) -> dict:
         # transformers' own flag: Gemma-2 (logit softcapping) and gpt-oss (attention sinks) have no SDPA path
         "sdpa": bool(getattr(type(model), "_supports_sdpa", True)),
         **({"vision": seen} if seen is not None else {}),
-        **({"vlm": vlm.info(model)} if vlm.is_vlm(cfg) else {}),
+        **({"vlm": vlm.info(model)} if vlm.is_vlm(cfg) and images_refused is None else {}),
+        **({"vlm_refused": images_refused} if images_refused is not None else {}),
     }

@@ -135,7 +135,7 @@ def build_model(config: dict, workload: Workload, device: str = "cpu", *, meta_t
                 reduce_depth(model, layers)
             model._willitfit_masked_lm = masked
             model._willitfit_vision = is_vision
-            if vlm.is_vlm(top):  # the tokens one image becomes, read on the model as built (tracer.vlm)
+            if vlm.is_vlm(top) and workload.images:  # the tokens one image becomes, read on the model as built
                 model._willitfit_image_tokens = vlm.image_tokens(model)
             if is_vision:  # tokens per image beyond the patches, read on the model as built (tracer.vision)
                 if vision.is_spatial(model.config):    # its grid unit: the total stride (x a window), read once
