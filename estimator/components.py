@@ -83,14 +83,20 @@ def float_dtype(workload: Workload) -> str:
     return fmt if fmt in FLOAT_FORMATS else workload.precision
 
 
+BNB_FORMATS = ("nf4", "fp4", "int8")   # bitsandbytes (transformers' BitsAndBytesConfig)
+
+
 def base_weight_bytes(inv: Inventory, w: Workload) -> int:
     """Bytes of the model's own parameters as stored (adapters excluded), every format.
 
     bitsandbytes (`replace_with_bnb_linear`) and AutoGPTQ/AutoAWQ convert the nn.Linear modules of the decoder
     layers; embeddings, the lm_head, norms, biases, routers and transformers 5's fused experts (3-D parameters, not
     nn.Linear) stay in the float dtype. QLoRA with `quantize_scope='adapted'` (torchtune's lora_*_qlora builders)
-    converts only the Linears that carry adapters. GGUF (llama.cpp `llama_model_quantize`) quantizes every matrix,
-    the embedding and output ones as Q6_K (Q8_0 files: Q8_0), and keeps 1-D tensors in fp32."""
+    converts only the Linears that carry adapters. A vision-language model (its inventory's `vlm`) loaded by
+    transformers with a BitsAndBytesConfig has every nn.Linear converted but the output embedding and the last module
+    (transformers.quantizers.base `get_keys_to_not_convert`): its vision tower's and projector's too (GPTQ and AWQ
+    quantize the language model's blocks only). GGUF (llama.cpp `llama_model_quantize`) quantizes every matrix, the
+    embedding and output ones as Q6_K (Q8_0 files: Q8_0), and keeps 1-D tensors in fp32."""
     fmt = weight_format(w)
     fb = dtype_bytes(float_dtype(w))
     if fmt in FLOAT_FORMATS:
@@ -102,9 +108,10 @@ def base_weight_bytes(inv: Inventory, w: Workload) -> int:
         head_fmt = fmt if fmt == "gguf-q8_0" else "gguf-q6_k"
         return (quantized_matrix_bytes(1, big - emb, fmt) + quantized_matrix_bytes(1, emb, head_fmt) + small * 4)
     scope = set(w.lora_targets) if (w.method == "qlora" and w.quantize_scope == "adapted") else None
+    anywhere = "vlm" in inv.extra and fmt in BNB_FORMATS   # a VLM loaded with a BitsAndBytesConfig: all its Linears
     total, quantized = 0, 0
     for name, fi, fo, _bias, role, in_layer, n in inv.linears:
-        if role == "linear" and in_layer and (scope is None or name in scope):
+        if role == "linear" and (in_layer or anywhere) and (scope is None or name in scope):
             total += n * quantized_matrix_bytes(fo, fi, fmt, w.double_quant)
             quantized += n * fi * fo
     return total + (inv.params - quantized) * fb
@@ -115,10 +122,11 @@ def dequant_temp_bytes(inv: Inventory, w: Workload) -> int:
     `MatMul4Bit` -> `dequantize_4bit`; `MatMul8bitLt` for int8): one layer's largest quantized matrix, live
     during its matmul and, in backward, again for the input's gradient."""
     fmt = weight_format(w)
-    if fmt not in ("nf4", "fp4", "int8"):
+    if fmt not in BNB_FORMATS:
         return 0
     a = dtype_bytes(w.precision)
-    sizes = [fi * fo for _, fi, fo, _, role, in_layer, _ in inv.linears if role == "linear" and in_layer]
+    anywhere = "vlm" in inv.extra   # bitsandbytes formats only, here
+    sizes = [fi * fo for _, fi, fo, _, role, in_layer, _ in inv.linears if role == "linear" and (in_layer or anywhere)]
     return max(sizes, default=0) * a
 
 

@@ -59,6 +59,23 @@ def test_lora_counts_the_vision_towers_adapters_as_peft_does():
     assert m.inventory.trainable_params(w) == 8 * (5 * ((128 + 128) + (128 + 64)) + 3 * 2 * (64 + 64))
 
 
+def test_qlora_quantizes_the_vision_towers_linears_as_transformers_loads_them():
+    # BitsAndBytesConfig converts every nn.Linear but the output embedding (transformers get_keys_to_not_convert):
+    # the 3 CLIP layers' q, k, v, out_proj (64 x 64) and fc1/fc2 (64 x 128) and the projector's 64->128, 128->128
+    from dataclasses import replace as dc_replace
+
+    from estimator import components as comp
+
+    inv = _model().inventory
+    w = Workload(method="qlora")
+    text_only = dc_replace(inv, extra={k: v for k, v in inv.extra.items() if k != "vlm"})
+    tower = [(64, 64)] * 12 + [(128, 64), (64, 128)] * 3 + [(128, 64), (128, 128)]   # (out, in)
+    expect = sum(fo * fi * 2 - comp.quantized_matrix_bytes(fo, fi, "nf4", True) for fo, fi in tower)
+    assert comp.base_weight_bytes(text_only, w) - comp.base_weight_bytes(inv, w) == expect
+    gptq = Workload(mode="infer", weight_format="gptq-4bit")   # GPTQ quantizes the language model's blocks only
+    assert comp.base_weight_bytes(text_only, gptq) == comp.base_weight_bytes(inv, gptq)
+
+
 def test_images_are_part_of_the_profile_class_and_zero_keeps_every_old_key():
     from estimator import store
     from estimator.spec import Parallel
