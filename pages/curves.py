@@ -19,6 +19,7 @@ from estimator.gpus import get_gpu
 from estimator.presets import load_config
 from estimator.spec import MAX_BATCH, MAX_SEQ, Parallel
 from estimator.units import GB, GiB, fmt_bytes
+from estimator.vision import check_images, image_tokens, images_of
 from pages import _charts as charts
 from pages import _derive as derive
 from pages import _state as state, _data as reads, _inputs as ui
@@ -117,16 +118,24 @@ def main() -> None:
     model = ui.load_model(config, name)
     ui.prepare_lora_targets(PAGE, ui.lora_target_options(model))
     f["lora_targets"] = replace(f["lora_targets"], choices=tuple(ui.lora_target_options(model)))
-    values, w_shown = ui.workload_inputs(PAGE, f, st.sidebar)
+    vlm = images_of(model) is not None
+    ui.default_images(PAGE, vlm)
+    values, w_shown = ui.workload_inputs(PAGE, f, st.sidebar, vlm=vlm)
     state.write_url(PAGE, list(f.values()), shown | set(w_shown))
-    w = ui.workload_from_dict(values)
+    w = ui.workload_from_dict(values, vlm=vlm)
+    try:
+        check_images(model, w)  # a vision-language model's image tokens must fit in the sequence
+    except ValueError as e:
+        st.error(f"{e}. Change the sequence length or the images per sample in the sidebar.")
+        return
     par = Parallel(strategy=strategy, gpus=1 if strategy == "single" else gpus)
     gpu = get_gpu(gpu_name)
     usable = capacity_bytes(gpu)
     cap = f"{gpu.display_name}: {fmt_bytes(usable, 'GiB')} usable"
     options = replace(NO_TRACE, alloc_conf=alloc, gpu=gpu.name)
 
-    pts = state.or_error(lambda: pd.DataFrame() if reads.empty_db_notice()
+    # stored runs are text-only steps (a run row has no images column): none sits on a curve with images
+    pts = state.or_error(lambda: pd.DataFrame() if w.images or reads.empty_db_notice()
                       else reads.points(config, name, w.batch, w.seq, match_filters(w, par)), pd.DataFrame())
     model.inventory.trainable_params(w)  # a LoRA target the model lacks: one line, before any trace
     prov = derive.profile_or_background(PAGE, model, w, par)
@@ -148,7 +157,9 @@ def main() -> None:
                                        on_b, "batch", "Micro-batch size (sequences per GPU)", usable, cap))
     st.subheader(f"Peak vs sequence length (batch {w.batch})")
     on_s = stored(pts[pts["batch"] == w.batch], "seq") if len(pts) else pts
-    charts.show(charts.curve_chart(analytic(model, w, par, axis(128, min(top_s, MAX_SEQ)), "seq", options),
+    first = max(128, image_tokens(model, w) + 1)   # a VLM's sequence holds its images' tokens and some text
+    charts.show(charts.curve_chart(analytic(model, w, par, axis(first, min(max(top_s, 2 * first), MAX_SEQ)), "seq",
+                                            options),
                                        on_s, "seq", "Sequence length (tokens)", usable, cap))
     residuals(model, pts)
 

@@ -502,6 +502,17 @@ def test_benchmarks_counts_filters_detail_and_download(env):
     assert len(csv.strip().splitlines()) == 2 and run_id in csv
 
 
+def test_curves_of_a_vision_language_model_start_past_its_images(env):
+    at = app("pages/curves.py", query={"model": "llava-1.5-7b", "seq": "1024"})
+    model, gpu = the_model("llava-1.5-7b"), get_gpu(H100)
+    w = Workload(seq=1024, images=1)                                   # one 336-px image: 576 tokens of every seq
+    assert at.number_input(key="curves:images").value == 1 and not at.exception
+    assert metric(at, "Longest sequence at batch 1") == \
+        f"{search.max_seq(model, w, Parallel(), capacity_bytes(gpu), ON_H100_NO_TRACE, limit=4 * model.max_positions):,} tokens"
+    at.number_input(key="curves:seq").set_value(300).run()             # shorter than its image: one line
+    assert any(e.value.startswith("seq: 300 tokens cannot hold 1 image(s)") for e in at.error) and not at.exception
+
+
 def test_curves_limits_points_and_residuals(env):
     at = app("pages/curves.py", query={"model": MODEL, "seq": "1024"})
     model, gpu = the_model(), get_gpu(H100)
