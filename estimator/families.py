@@ -58,7 +58,7 @@ VISION_REFUSED = {
 # input_ids where the model scatters its features (masked_scatter on the image token id). Others of the kind keep a
 # text-only step (a scope note says so) or are refused.
 VLM_TYPES = ("llava", "vipllava", "video_llava", "paligemma", "internvl", "qianfan_ocr", "cohere2_vision", "gemma3",
-             "pp_chart2table")
+             "pp_chart2table", "deepseek_vl", "janus")
 # Options of those encoders whose memory is not priced: {config key: why}. BEiT's and Data2Vec-Vision's relative
 # position bias builds its (tokens + 1)^2 int64 index on the host with an lru_cache per grid (BeitRelativePositionBias.
 # generate_relative_position_index: created on the CPU, held across steps, copied to the GPU by each layer's

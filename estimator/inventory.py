@@ -11,6 +11,7 @@ construction: they are `sum(p.numel() for p in model.parameters())` of that mode
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -95,13 +96,15 @@ class Inventory:
         """Module names a LoRA target can name: the model's Linear (and Conv1D) modules inside the layers."""
         return sorted({name for name, _, _, _, role, in_layer, _ in self.linears if in_layer and role == "linear"})
 
-    def lora_shapes(self, targets: tuple[str, ...]) -> tuple[tuple[int, int, int], ...]:
+    def lora_shapes(self, targets: tuple[str, ...], layers_only: bool = False) -> tuple[tuple[int, int, int], ...]:
         """(count, in, out) of every Linear a target names (PEFT matches the module name's last component,
         peft/tuners/tuners_utils.py `check_target_module_exists`). As PEFT does, names that match nothing are
         skipped as long as one matches (PEFT's defaults q_proj,v_proj adapt only q_proj in DeepSeek-V2-Lite);
         raises when none does (PEFT: "Target modules ... not found in the base model")."""
         wanted = {t.split(".")[-1] for t in targets}
-        anywhere = "vlm" in self.extra   # a vision-language model: PEFT adapts its vision tower's Linears of the name too
+        # a vision-language model: PEFT adapts its vision tower's Linears of the name too (`layers_only`: those of the
+        # language model's layers, the ones a text-only step trains)
+        anywhere = "vlm" in self.extra and not layers_only
         out = tuple((n, fi, fo) for name, fi, fo, _, role, in_layer, n in self.linears
                     if name in wanted and role == "linear" and (in_layer or anywhere))
         if not out:
@@ -126,19 +129,37 @@ class Inventory:
         """(copies, rows, cols) of every trainable tensor (vectors: cols == 1); drives per-tensor optimizer terms."""
         if w.mode == "infer":
             return ()
+        text_only = "image_side" in self.extra and not w.images   # a multimodal model's step without images
+        # with images, what the step still leaves without a gradient (tracer.vlm.unreached: LLaVA's last CLIP layer)
+        missed = (self.extra.get("vlm") or {}).get("unreached") or [] if w.images else []
         if w.method != "full":
+            wanted = {t.split(".")[-1] for t in w.lora_targets}
+            skip = Counter((name.split(".")[0], shape[1], shape[0]) for name, shape, k in missed for _ in range(k)
+                           if name.endswith(".weight") and len(shape) == 2 and name.split(".")[0] in wanted)
             shapes = []
-            for n, fi, fo in self.lora_shapes(w.lora_targets):
-                shapes += [(n, w.lora_rank, fi), (n, fo, w.lora_rank)]
+            for n, fi, fo in self.lora_shapes(w.lora_targets, layers_only=text_only):
+                for name in wanted:   # adapters on an unreached Linear get no gradient either
+                    k = min(n, skip[(name, fi, fo)])
+                    skip[(name, fi, fo)] -= k
+                    n -= k
+                if n:
+                    shapes += [(n, w.lora_rank, fi), (n, fo, w.lora_rank)]
             return tuple(shapes)
         # parameters the step never reaches get no gradient and no optimizer state (tracer.vision.info: a vision
-        # encoder's mask_token); the traced step has none, so the swapped optimizer's formulas must not count them
+        # encoder's mask_token; a multimodal model's vision tower and projector in a text-only step, its inventory's
+        # image_side); the traced step has none, so the swapped optimizer's formulas must not count them
         unreached = [tuple(s) for s in (self.extra.get("vision") or {}).get("unreached", ())]
+        side = Counter() if not text_only else Counter({tuple(s): n for s, n in self.extra["image_side"]})
+        for _, shape, k in missed:
+            side[tuple(shape)] += k
         out = []
         for role, shape, _, n in self.param_groups:
             while role == "other" and n and tuple(shape) in unreached:
                 unreached.remove(tuple(shape))
                 n -= 1
+            skip = min(n, side[tuple(shape)])
+            side[tuple(shape)] -= skip
+            n -= skip
             rows = shape[0] if shape else 1
             cols = 1
             for d in shape[1:]:

@@ -213,8 +213,9 @@ def inventory(config: dict, name: str, *, derive: bool = True, progress=None, sh
         text = _read(d / "inventory.json")
         if text is not None:
             data = json.loads(text)
-            stale = any(k not in data for k in INVENTORY_KEYS) or (config.get("model_type") in VLM_TYPES and
-                                                                   "vlm" not in data and "vlm_refused" not in data)
+            stale = any(k not in data for k in INVENTORY_KEYS) or (config.get("model_type") in VLM_TYPES and (
+                "image_side" not in data or ("vlm" not in data and "vlm_refused" not in data)
+                or "unreached" not in data.get("vlm", {"unreached": None})))
             if stale and d.parent != SHIPPED_DIR:
                 continue  # a cached file from an older willitfit (fewer fields): read again below
             inv = Inventory.from_dict(data, name, h)

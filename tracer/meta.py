@@ -252,6 +252,14 @@ def read_inventory(config: dict) -> dict:
     sig_ids: dict[str, int] = {}
     layer_types = [sig_ids.setdefault(li.signature, len(sig_ids)) for li in infos]
     buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    # a multimodal model built whole: the parameters outside its language model and output head (vision tower,
+    # projector), which a text-only step never reaches (no gradient, no optimizer state)
+    lm = getattr(getattr(model, "model", None), "language_model", None)
+    image_side: Counter = Counter()
+    if lm is not None:
+        head = model.get_output_embeddings()
+        text_ids = {id(p) for p in lm.parameters()} | {id(p) for p in (head.parameters() if head is not None else ())}
+        image_side.update(tuple(p.shape) for p in model.parameters() if id(p) not in text_ids)
     seen = vision.info(model) if vision.is_vision(cfg) else None
     if seen is not None:  # the inference step runs the base vision model: its own parameter count
         base_cls, base_cfg = model_class(cfg, "infer")
@@ -288,4 +296,5 @@ def read_inventory(config: dict) -> dict:
         **({"vision": seen} if seen is not None else {}),
         **({"vlm": vlm.info(model)} if vlm.is_vlm(cfg) and images_refused is None else {}),
         **({"vlm_refused": images_refused} if images_refused is not None else {}),
+        **({"image_side": [[list(k), n] for k, n in sorted(image_side.items())]} if image_side else {}),
     }

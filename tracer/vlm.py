@@ -73,8 +73,10 @@ def image_tokens(model) -> int:
     """The tokens one image becomes in the sequence: the model's own get_image_features on one image of the config's
     size, run on the meta device (its elements over the text model's hidden size)."""
     device = next(model.parameters()).device
+    # the image-text-to-text class's own method, or its inner model's (DeepSeek-VL, Janus keep it there)
+    get = getattr(model, "get_image_features", None) or model.model.get_image_features
     with torch.no_grad():
-        features = model.get_image_features(pixel_values=_pixels(model, 1, device))
+        features = get(pixel_values=_pixels(model, 1, device))
     features = getattr(features, "pooler_output", features)
     parts = [features] if torch.is_tensor(features) else list(features)
     hidden = model.get_input_embeddings().embedding_dim
@@ -136,7 +138,7 @@ def host_checks_skipped():
     original = torch._check_tensor_all_with
 
     def check(error_type, cond, message=None):
-        if isinstance(cond, FakeTensor):
+        if isinstance(cond, FakeTensor) or getattr(cond, "is_meta", False):
             cond._is_all_true()   # what the check allocates on the device; the values it would read do not exist
             return
         original(error_type, cond, message)
@@ -148,8 +150,32 @@ def host_checks_skipped():
         torch._check_tensor_all_with = original
 
 
+def unreached(model) -> list:
+    """[[name, shape, count]] of the parameters a training step with one image gives no gradient (so no optimizer
+    state): LLaVA's vision tower past its `vision_feature_layer` (-2: CLIP's last layer and post-LayerNorm). Read from
+    one forward and backward on the meta device (shapes only, about 2 s for a 7B model), `name` the parameter's own
+    (weight, bias) with its module's: what the swapped optimizer's formulas (estimator.inventory.trainable_shapes) and
+    LoRA's adapters (by module name) are matched by."""
+    from collections import Counter
+
+    tokens = model._willitfit_image_tokens
+    ids = torch.zeros(1, tokens + 1, dtype=torch.long, device="meta")
+    ids[:, 1:1 + tokens] = image_token_id(model.config)
+    with host_checks_skipped():
+        model(input_ids=ids, pixel_values=_pixels(model, 1, "meta"), labels=ids).loss.backward()
+    out = Counter((".".join(n.split(".")[-2:]), tuple(p.shape)) for n, p in model.named_parameters()
+                  if p.requires_grad and p.grad is None)
+    model.zero_grad(set_to_none=True)
+    return [[name, list(shape), n] for (name, shape), n in sorted(out.items())]
+
+
 def info(model) -> dict:
-    """What the inventory keeps of a vision-language model (estimator.inventory: `vlm`)."""
+    """What the inventory keeps of a vision-language model (estimator.inventory: `vlm`); `unreached` is None where
+    the meta step fails (the optimizer formulas then count every parameter)."""
     size, channels = image_geometry(model.config)
+    try:
+        missed = unreached(model)
+    except (RuntimeError, ValueError, TypeError, IndexError, NotImplementedError):
+        missed = None
     return {"image_size": size, "num_channels": channels, "image_tokens": int(model._willitfit_image_tokens),
-            "image_token_id": image_token_id(model.config)}
+            "image_token_id": image_token_id(model.config), "unreached": missed}
