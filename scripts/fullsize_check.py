@@ -1,5 +1,6 @@
-"""The command line both full-size checks share (scripts/hybrid_check.py, scripts/vision_check.py): pick cases by name,
-run each with an empty profile cache, print one line per case, exit 1 if any differs or is refused.
+"""The command line the full-size checks share (scripts/hybrid_check.py, scripts/vision_check.py, scripts/vlm_check.py):
+pick cases by name, run each with an empty profile cache, print one line per case, exit 1 if any differs or is refused;
+`compared` is the estimate-against-trace line of the vision and VLM checks.
 
     sys.exit(main(__doc__, CASES, run_case, "willitfit-hybrid-", width=34))
 """
@@ -37,3 +38,15 @@ def main(doc: str, cases: tuple, run_case: Callable[[tuple], tuple[bool, str]], 
         ok &= good
         print(line, flush=True)
     return 0 if ok else 1
+
+
+def compared(name: str, est, row: dict, derive_s: float, what: str) -> tuple[bool, str]:
+    """(equal, line): every stage of an estimate against a full-depth trace row (bench.trace.cases.trace_case);
+    `what` says the case's size or parameters."""
+    got = {n: st.tensor_bytes for n, st in est.stages}
+    want = {n: row[f"{n}_peak_alloc_bytes"] for n in got}
+    peak = max(want.values())
+    diff = max(abs(got[n] - want[n]) for n in got)
+    line = (f"{name:30s} {'equal' if diff == 0 else 'DIFFERS'}  {what}  peak {peak:>16,} B  largest stage difference "
+            f"{diff:,} B  ({est.profile.get('traces')} traces, {derive_s:.1f} s)")
+    return diff == 0, line

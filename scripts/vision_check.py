@@ -59,13 +59,7 @@ def run_case(case) -> tuple[bool, str]:
     est = estimate(from_hf_config(cfg, model_type), w)
     derive_s = time.perf_counter() - t
     row = trace_case(cfg, model_type, replace(est.workload, image_size=0), steps=2)
-    got = {n: st.tensor_bytes for n, st in est.stages}
-    want = {n: row[f"{n}_peak_alloc_bytes"] for n in got}
-    peak = max(want.values())
-    diff = max(abs(got[n] - want[n]) for n in got)
-    line = (f"{name:30s} {'equal' if diff == 0 else 'DIFFERS'}  seq {est.workload.seq:>4}  peak {peak:>16,} B  "
-            f"largest stage difference {diff:,} B  ({est.profile.get('traces')} traces, {derive_s:.1f} s)")
-    return diff == 0, line
+    return fullsize_check.compared(name, est, row, derive_s, f"seq {est.workload.seq:>4}")
 
 
 def main(argv=None) -> int:

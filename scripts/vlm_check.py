@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -65,14 +64,8 @@ def run_case(case) -> tuple[bool, str]:
     model = from_hf_config(cfg, ref)
     est = estimate(model, w)
     derive_s = time.perf_counter() - t
-    row = trace_case(cfg, ref, replace(est.workload), steps=2)
-    got = {n: st.tensor_bytes for n, st in est.stages}
-    want = {n: row[f"{n}_peak_alloc_bytes"] for n in got}
-    peak = max(want.values())
-    diff = max(abs(got[n] - want[n]) for n in got)
-    line = (f"{name:30s} {'equal' if diff == 0 else 'DIFFERS'}  {model.params:>14,} params  peak {peak:>16,} B  "
-            f"largest stage difference {diff:,} B  ({est.profile.get('traces')} traces, {derive_s:.1f} s)")
-    return diff == 0, line
+    row = trace_case(cfg, ref, est.workload, steps=2)
+    return fullsize_check.compared(name, est, row, derive_s, f"{model.params:>14,} params")
 
 
 def main(argv=None) -> int:
