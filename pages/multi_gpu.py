@@ -19,7 +19,7 @@ from estimator.layouts import layouts
 from estimator.presets import load_config
 from estimator.spec import STRATEGIES, Parallel
 from estimator.units import GB, GiB, fmt_bytes
-from estimator.vision import images_of, is_vision
+from estimator.vision import check_images, images_of, is_vision
 from estimator.parallel import TRACED_SHARDING  # what `python -m bench trace` runs with FSDP2
 from pages import _charts as charts
 from pages import _derive as derive
@@ -228,6 +228,7 @@ def main() -> None:
             st.info("Pick at least one strategy and one GPU count in the sidebar.")
             return
         model.inventory.trainable_params(w)  # a LoRA target the model lacks: one line, before any trace
+        check_images(model, w)                # a VLM's images must fit in the sequence: one line, before any trace
         # the library decides which traced profile prices each strategy (estimator.estimate.traced_class): make sure
         # of each once, with a progress bar where one must be derived
         for s in dict.fromkeys((*strategies, "fsdp")):  # fsdp: the layouts section composes over it
