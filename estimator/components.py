@@ -108,7 +108,7 @@ def base_weight_bytes(inv: Inventory, w: Workload) -> int:
         head_fmt = fmt if fmt == "gguf-q8_0" else "gguf-q6_k"
         return (quantized_matrix_bytes(1, big - emb, fmt) + quantized_matrix_bytes(1, emb, head_fmt) + small * 4)
     scope = set(w.lora_targets) if (w.method == "qlora" and w.quantize_scope == "adapted") else None
-    anywhere = "vlm" in inv.extra and fmt in BNB_FORMATS   # a VLM loaded with a BitsAndBytesConfig: all its Linears
+    anywhere = inv.takes_images and fmt in BNB_FORMATS   # a VLM loaded with a BitsAndBytesConfig: all its Linears
     total, quantized = 0, 0
     for name, fi, fo, _bias, role, in_layer, n in inv.linears:
         if role == "linear" and (in_layer or anywhere) and (scope is None or name in scope):
@@ -125,8 +125,8 @@ def dequant_temp_bytes(inv: Inventory, w: Workload) -> int:
     if fmt not in BNB_FORMATS:
         return 0
     a = dtype_bytes(w.precision)
-    anywhere = "vlm" in inv.extra   # bitsandbytes formats only, here
-    sizes = [fi * fo for _, fi, fo, _, role, in_layer, _ in inv.linears if role == "linear" and (in_layer or anywhere)]
+    sizes = [fi * fo for _, fi, fo, _, role, in_layer, _ in inv.linears
+             if role == "linear" and (in_layer or inv.takes_images)]   # bitsandbytes formats only, here
     return max(sizes, default=0) * a
 
 

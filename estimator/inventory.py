@@ -64,6 +64,12 @@ class Inventory:
         return bool(self.extra.get("sdpa", True))
 
     @property
+    def takes_images(self) -> bool:
+        """A vision-language model priced with its images (tracer.vlm): PEFT's target names and bitsandbytes'
+        conversion reach its vision tower's and projector's Linears too, not only the language model's layers."""
+        return "vlm" in self.extra
+
+    @property
     def is_moe(self) -> bool:
         return self.n_experts > 0
 
@@ -104,7 +110,7 @@ class Inventory:
         wanted = {t.split(".")[-1] for t in targets}
         # a vision-language model: PEFT adapts its vision tower's Linears of the name too (`layers_only`: those of the
         # language model's layers, the ones a text-only step trains)
-        anywhere = "vlm" in self.extra and not layers_only
+        anywhere = self.takes_images and not layers_only
         out = tuple((n, fi, fo) for name, fi, fo, _, role, in_layer, n in self.linears
                     if name in wanted and role == "linear" and (in_layer or anywhere))
         if not out:
@@ -131,17 +137,18 @@ class Inventory:
             return ()
         text_only = "image_side" in self.extra and not w.images   # a multimodal model's step without images
         # with images, what the step still leaves without a gradient (tracer.vlm.unreached: LLaVA's last CLIP layer)
-        missed = (self.extra.get("vlm") or {}).get("unreached") or [] if w.images else []
+        missed = ((self.extra.get("vlm") or {}).get("unreached") or []) if w.images else []
         if w.method != "full":
             wanted = {t.split(".")[-1] for t in w.lora_targets}
-            skip = Counter((name.split(".")[0], shape[1], shape[0]) for name, shape, k in missed for _ in range(k)
-                           if name.endswith(".weight") and len(shape) == 2 and name.split(".")[0] in wanted)
+            skip: Counter = Counter()   # (in, out) of the targeted Linears no gradient reaches: their adapters neither
+            for name, shape, k in missed:
+                if name.endswith(".weight") and len(shape) == 2 and name.split(".")[0] in wanted:
+                    skip[(shape[1], shape[0])] += k
             shapes = []
             for n, fi, fo in self.lora_shapes(w.lora_targets, layers_only=text_only):
-                for name in wanted:   # adapters on an unreached Linear get no gradient either
-                    k = min(n, skip[(name, fi, fo)])
-                    skip[(name, fi, fo)] -= k
-                    n -= k
+                k = min(n, skip[(fi, fo)])
+                skip[(fi, fo)] -= k
+                n -= k
                 if n:
                     shapes += [(n, w.lora_rank, fi), (n, fo, w.lora_rank)]
             return tuple(shapes)

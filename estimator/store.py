@@ -204,6 +204,16 @@ def stored_key(config: dict, w: Workload, p: Parallel, *, ship: bool = False, pp
 INVENTORY_KEYS = ("sdpa", "decoder_path", "text_model_type", "forloop_elems", "linear_runs")
 
 
+def _stale(config: dict, data: dict) -> bool:
+    """An inventory written by an older willitfit: fields this one reads are missing (a vision-language model's
+    images, tracer.vlm, or the reason they are refused; the parameters its steps leave without a gradient)."""
+    if any(k not in data for k in INVENTORY_KEYS):
+        return True
+    if config.get("model_type") not in VLM_TYPES:
+        return False
+    return "image_side" not in data or ("unreached" not in data["vlm"] if "vlm" in data else "vlm_refused" not in data)
+
+
 def inventory(config: dict, name: str, *, derive: bool = True, progress=None, ship: bool = False) -> Inventory:
     h = config_hash(config)
     memo = ("inv", h, name)
@@ -213,10 +223,7 @@ def inventory(config: dict, name: str, *, derive: bool = True, progress=None, sh
         text = _read(d / "inventory.json")
         if text is not None:
             data = json.loads(text)
-            stale = any(k not in data for k in INVENTORY_KEYS) or (config.get("model_type") in VLM_TYPES and (
-                "image_side" not in data or ("vlm" not in data and "vlm_refused" not in data)
-                or "unreached" not in data.get("vlm", {"unreached": None})))
-            if stale and d.parent != SHIPPED_DIR:
+            if _stale(config, data) and d.parent != SHIPPED_DIR:
                 continue  # a cached file from an older willitfit (fewer fields): read again below
             inv = Inventory.from_dict(data, name, h)
             _MEMO[memo] = inv

@@ -147,7 +147,7 @@ def check_images(model: Model, w: Workload) -> None:
     if v is None:
         raise ValueError(f"images: {model.name} ({model.model_type}) is not priced with images; the vision-language "
                          f"models that are: {', '.join(VLM_TYPES)} (0 prices a text-only step)")
-    tokens = w.images * int(v["image_tokens"])
+    tokens = image_tokens(model, w)
     if w.seq <= tokens:
         raise ValueError(f"seq: {w.seq:,} tokens cannot hold {w.images} image(s) of {v['image_tokens']:,} tokens "
                          f"each ({v['image_size']}x{v['image_size']} px); use a seq over {tokens:,}")

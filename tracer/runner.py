@@ -135,8 +135,8 @@ def build_model(config: dict, workload: Workload, device: str = "cpu", *, meta_t
                 reduce_depth(model, layers)
             model._willitfit_masked_lm = masked
             model._willitfit_vision = is_vision
-            if vlm.is_vlm(top) and workload.images:  # the tokens one image becomes, read on the model as built
-                model._willitfit_image_tokens = vlm.image_tokens(model)
+            if vlm.is_vlm(top) and workload.images:  # the tokens one image becomes, read once per config
+                model._willitfit_image_tokens = vlm.image_tokens(model, config)
             if is_vision:  # tokens per image beyond the patches, read on the model as built (tracer.vision)
                 if vision.is_spatial(model.config):    # its grid unit: the total stride (x a window), read once
                     model._willitfit_unit = vision.grid_unit(model)
@@ -294,10 +294,7 @@ def make_inputs(config: dict, workload: Workload, device: str, model=None, clone
     if inner is not None and is_vision_model(inner):
         return vision.pixel_inputs(inner, workload, device)
     if workload.images:
-        tokens = getattr(inner, "_willitfit_image_tokens", None)
-        if tokens is None:
-            tokens = getattr(getattr(inner, "base_model", None), "model", None)   # PEFT wraps the model
-            tokens = getattr(tokens, "_willitfit_image_tokens", None)
+        tokens = getattr(inner, "_willitfit_image_tokens", None)   # PEFT's wrapper hands the attribute through
         if tokens is None:
             raise ValueError(f"images: {config.get('model_type')!r} takes no images in willitfit; the vision-language "
                              "models priced with images are " + ", ".join(VLM_TYPES))
