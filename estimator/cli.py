@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from estimator import components as comp
-from estimator import cp, knobs, vision
+from estimator import cp, knobs, seq2seq, vision
 from estimator.calibration_file import SEED_K
 from estimator.calibration_file import CalibrationEntry, entry_for
 from estimator.breakdown import COMPONENTS
@@ -208,6 +208,7 @@ def report(model: Model, est: Estimate, gpu: GPU | None, options: Options,
         "model": model.name, "model_type": model.model_type, "family": model.family,
         **({"image_seq": vision.size_words(model, est.workload.seq)} if vision.is_vision(model) else {}),
         **({"images": vision.image_words(model, est.workload)} if est.workload.images else {}),
+        **({"lengths": seq2seq.words(model, est.workload)} if seq2seq.seq2seq_of(model) else {}),
         "params": est.params, "active_params": est.params if vision.is_vision(model) else model.active_params,
         "trainable_params": est.trainable_params,
         "workload": spec_dict(est.workload), "parallel": spec_dict(est.parallel),
@@ -289,6 +290,7 @@ def render_text(r: dict) -> str:
              + (f"batch {w['batch']} x {w['image_size']}x{w['image_size']} px images ({r.get('image_seq', '')})"
                 if w.get("image_size") else f"batch {w['batch']} x seq {w['seq']}")
              + (f" with {r['images']}" if r.get("images") else "")
+             + (f" ({r['lengths']})" if r.get("lengths") else "")
              + (f" + {w['gen_tokens']} generated" if w["gen_tokens"] else "")
              + (f", {w['optimizer']} ({w['optimizer_impl']}), grad_accum {w['grad_accum']}, checkpointing "
                 f"{w['checkpointing']}" if w["mode"] == "train" else "") + f", attention {w['attention']}",
@@ -408,9 +410,11 @@ def run(args) -> dict | str:
         raise ValueError(f"seq: {name} is a vision encoder, sized by --image-size (pixels), not --seq")
     w = vision.sized(model, w)  # a vision encoder's image size -> tokens per image (seq); a text model as it is
     vision.check_images(model, w)  # a vision-language model's images fit in seq (before any derivation)
+    seq2seq.check(model, w, p)     # an encoder-decoder model's lengths, knobs and layout (before any derivation)
     gpu = get_gpu(args.gpu) if args.gpu else None
     options, cal = _options(args, model, w)
-    beyond = check_context(model, w.seq, w.gen_tokens, args.allow_beyond_context)
+    # an encoder-decoder model's encoder reads seq; its decoder's positions are checked by seq2seq.check
+    beyond = check_context(model, w.seq, 0 if seq2seq.seq2seq_of(model) else w.gen_tokens, args.allow_beyond_context)
     out = report(model, estimate(model, w, p, options), gpu, options, cal, price_advice=args.price_advice)
     out["notes"][:0] = [n for n in (defaults_note(model, defaulted) if defaulted else None, beyond) if n]
     return out

@@ -28,7 +28,7 @@ from estimator.reserved import alloc_mode
 from estimator.reserved import fit_for_class
 from estimator.device import context_bytes
 from estimator.gpus import get_gpu
-from estimator import cp, device, evaluate, gpus, parallel, reserved, vision
+from estimator import cp, device, evaluate, gpus, parallel, reserved, seq2seq, vision
 from estimator.profile import poly
 
 UNTRACEABLE_OPTIMIZERS = ("adamw-8bit", "paged-adamw", "paged-adamw-8bit", "adafactor", "lion")
@@ -415,11 +415,13 @@ def estimate(model: Model, workload: Workload, parallel: Parallel = Parallel(),
     options = device_options(options)
     workload = vision.sized(model, workload)  # a vision encoder's image size -> its tokens per image (seq)
     vision.check_images(model, workload)      # a VLM's images: their tokens fit in seq
+    seq2seq.check(model, workload, parallel)  # an encoder-decoder model's lengths, knobs and layout
     workload, attn_note = _runnable_attention(model, workload)  # the estimate shows what will run
     cp.check(workload, parallel, causal=model.causal)  # before any derivation: mode, attention, seq in 2 x cp chunks
     tw, notes, prof, stage_shares = resolve(model, workload, parallel, options)
     notes = attn_note + notes + ssd.split_notes(model.config, model.inventory.config_hash, workload.mode,
-                                                workload.batch, workload.seq) + vision.size_notes(model, workload)
+                                                workload.batch, workload.seq) + vision.size_notes(model, workload) \
+        + seq2seq.layerdrop_notes(model, workload)
     fit, mode_note, source = reserved_fit(workload_class(workload, parallel), options.alloc_conf)
     workspace = options.overhead.cublas_workspace_bytes
     best = None

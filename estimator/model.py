@@ -137,9 +137,6 @@ def _check_config(config: dict) -> None:
     if not isinstance(config.get("model_type"), str) or not config["model_type"].strip():
         raise ValueError("model_type: missing; a config.json names its model_type" if config.get("model_type") is None
                          else f"model_type: must be a model type name, got {config['model_type']!r}")
-    if config.get("is_encoder_decoder") is True:  # said before its sizes: its fields are encoder_layers, d_model ...
-        raise ValueError(f"model_type: {config['model_type']!r} is an encoder-decoder model (is_encoder_decoder: "
-                         "true); willitfit models decoder (causal LM) and encoder (masked LM) models")
     unpriced = unpriced_vision_option(config["model_type"], config.get)
     if unpriced:
         raise ValueError(unpriced)
@@ -169,10 +166,11 @@ def _check_config(config: dict) -> None:
 # filled in from transformers' defaults for its class (a llama config with only hidden_size becomes a 6.74B
 # model), so a user's config must state them, or say --allow-defaults and see which were filled in.
 SIZE_FIELDS = {
-    "num_hidden_layers": ("num_hidden_layers", "n_layer", "n_layers", "num_layers"),
-    "num_attention_heads": ("num_attention_heads", "n_head", "n_heads", "num_heads"),
+    "num_hidden_layers": ("num_hidden_layers", "n_layer", "n_layers", "num_layers", "encoder_layers"),
+    "num_attention_heads": ("num_attention_heads", "n_head", "n_heads", "num_heads", "encoder_attention_heads"),
     "hidden_size": ("hidden_size", "n_embd", "d_model", "dim"),
-    "intermediate_size": ("intermediate_size", "n_inner", "ffn_dim", "d_ff", "ffn_hidden_size", "ffn_dim"),
+    "intermediate_size": ("intermediate_size", "n_inner", "ffn_dim", "d_ff", "ffn_hidden_size", "ffn_dim",
+                          "encoder_ffn_dim"),
     "vocab_size": ("vocab_size", "n_vocab", "padded_vocab_size"),
 }
 # model types whose code computes the MLP width from the hidden size when the config has none (4 * hidden)
@@ -223,9 +221,14 @@ def defaulted_sizes(config: dict) -> list[str]:
     cfg = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     model_type = cfg.get("model_type") or config.get("model_type")
     stated_width = model_type in FFN_FROM_HIDDEN or (model_type in WIDTH_FROM_EXPAND and cfg.get("expand"))
-    return [name for name, keys in SIZE_FIELDS.items()
-            if _first(cfg, keys) is None and not (name == "intermediate_size" and stated_width)
-            and not (name == "num_attention_heads" and model_type in ATTENTION_FREE)]
+    missing = [name for name, keys in SIZE_FIELDS.items()
+               if _first(cfg, keys) is None and not (name == "intermediate_size" and stated_width)
+               and not (name == "num_attention_heads" and model_type in ATTENTION_FREE)]
+    # an encoder-decoder config in BART's spelling sizes its decoder apart (T5's decoder defaults to its encoder's
+    # num_layers, as its config class says); a BART-style decoder left out would take the class's 12 layers
+    if "encoder_layers" in cfg:
+        missing += [k for k in ("decoder_layers", "decoder_attention_heads", "decoder_ffn_dim") if k not in cfg]
+    return missing
 
 
 def check_sizes(config: dict, allow_defaults: bool = False) -> list[str]:

@@ -86,6 +86,7 @@ class Knob:
     lo: int = 0                    # bounds of an integer field
     hi: int = 0
     applies: str = "all"           # when it means something: all | train | infer | adapter (lora/qlora training)
+    #                                | frozen | text | vision | vlm | seq2seq (encoder-decoder training)
                                    # | frozen (weights that do not train: inference or adapters)
                                    # | text (a text model's size) | vision (a vision encoder's size)
     advanced: bool = False         # the app folds it under "More settings"
@@ -144,6 +145,10 @@ class Workload:
                        "images per sample at the config's image size, each one its image tokens inside --seq (the "
                        "vision tower, the projector and the language model run whole); 0: a text-only step",
                        lo=0, hi=MAX_IMAGES, applies="vlm")
+    target_seq: int = knob(0, "Target length (tokens)", "encoder-decoder models (T5, BART, Marian...): the decoder's "
+                           "tokens per sample in training (the labels), while --seq is the encoder's; 0: as many as "
+                           "--seq. Whisper's --seq is its transcript's tokens (its audio is the config's 30 s window)",
+                           lo=0, hi=MAX_SEQ, applies="seq2seq")
     gen_tokens: int = knob(0, "Generated tokens", "tokens generated after the prompt (inference); the KV cache "
                            "grows to prompt + generated", lo=0, hi=MAX_SEQ, applies="infer")
     grad_accum: int = knob(1, "Gradient accumulation steps", "micro-batches accumulated per optimizer step "
@@ -193,6 +198,9 @@ class Workload:
             for name in ("optimizer_in_backward", "activation_offload", "float8"):
                 if getattr(self, name):
                     raise ValueError(f"{name}: needs mode='train'")
+            if self.target_seq:
+                raise ValueError("target_seq: the decoder's training tokens need mode='train'; inference decodes "
+                                 "--gen-tokens")
             if self.loop != "loss-only" or self.loss != "full":
                 raise ValueError("loop: the training loop and loss settings need mode='train'; inference uses "
                                  "loop='loss-only', loss='full'")

@@ -74,8 +74,9 @@ def canonical_class(w: Workload) -> Workload:
     gen_tokens) are left as they are."""
     change = {}
     for d in knobs.declared():
-        # images: whether the model takes them is the model's, not the class's; a text model's is refused earlier
-        if d.name in SIZE_FIELDS or d.name == "weight_format" or knobs.applies(d, w.mode, w.method, vlm=True):
+        # images, target_seq: whether the model takes them is the model's, not the class's; others' are refused earlier
+        if d.name in SIZE_FIELDS or d.name == "weight_format" or knobs.applies(d, w.mode, w.method, vlm=True,
+                                                                                seq2seq=True):
             continue
         if getattr(w, d.name) != d.default:
             change[d.name] = d.default
@@ -93,8 +94,9 @@ def workload_class(w: Workload, rank_variable: bool | None = None) -> dict:
     rank (its class says "lora_rank": "r", profile.RANK_MARK); `rank_variable=False` gives the class of a profile
     derived for this one rank only (every LoRA profile written before the rank was a variable)."""
     out = {k: v for k, v in spec_dict(canonical_class(w)).items() if k not in SIZE_FIELDS}
-    if not out.get("images"):  # a text-only step: the class every profile written before images existed names
-        out.pop("images", None)
+    for name in ("images", "target_seq"):   # 0: the class every profile written before these existed names
+        if not out.get(name):
+            out.pop(name, None)
     if (is_rank_variable(w) if rank_variable is None else rank_variable):
         out["lora_rank"] = RANK_MARK
     return out

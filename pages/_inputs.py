@@ -7,7 +7,8 @@ Not a page (the underscore; app.py routes with st.navigation, which ignores file
 from __future__ import annotations
 import streamlit as st
 from estimator import knobs, spec
-from estimator.vision import traced_depths
+from estimator.seq2seq import seq2seq_of
+from estimator.vision import images_of, is_vision, traced_depths
 from estimator.gpus import gpu_names, load_gpus
 from estimator.model import Model
 from estimator.presets import preset_names
@@ -76,24 +77,34 @@ def lora_target_options(model: Model) -> list[str]:
     return model.inventory.lora_target_names()
 
 
+def kinds(model) -> dict:
+    """What sets a model's inputs apart, as workload_inputs / workload_from_dict take it: a vision encoder
+    (`vision`), a vision-language model (`vlm`: images per sample), an encoder-decoder model (`seq2seq`: the
+    decoder's tokens in training)."""
+    s2s = seq2seq_of(model)
+    # a speech model's seq is its decoder's tokens already (its audio window is fixed): no target length to ask for
+    return {"vision": is_vision(model), "vlm": images_of(model) is not None,
+            "seq2seq": s2s is not None and s2s["kind"] == "text"}
+
+
 def shown_workload_fields(mode: str, method: str, advanced: bool = False, vision: bool = False,
-                          vlm: bool = False) -> list[str]:
+                          vlm: bool = False, seq2seq: bool = False) -> list[str]:
     """Which workload inputs apply (from each field's declaration): inference has no optimizer or LoRA, training
     no generated tokens, a vision encoder an image size instead of a sequence length (`vision`), a vision-language
     model its images per sample (`vlm`). advanced=True adds the recipe knobs the sidebar folds under "More
     settings"."""
-    return [d.name for d in knobs.declared() if knobs.applies(d, mode, method, vision, vlm)
+    return [d.name for d in knobs.declared() if knobs.applies(d, mode, method, vision, vlm, seq2seq)
             and (advanced or not d.knob.advanced)]
 
 
-def workload_from_dict(values: dict, vision: bool = False, vlm: bool = False) -> spec.Workload:
+def workload_from_dict(values: dict, vision: bool = False, vlm: bool = False, seq2seq: bool = False) -> spec.Workload:
     """A Workload from input values; inputs that do not apply to the mode/method (and the model: `vision`) keep the
     spec defaults.
 
     Raises ValueError (naming the field) for a contradictory combination, which the page shows.
     """
     shown = shown_workload_fields(values.get("mode", _W.mode), values.get("method", _W.method), advanced=True,
-                                  vision=vision, vlm=vlm)
+                                  vision=vision, vlm=vlm, seq2seq=seq2seq)
     kwargs = {k: values[k] for k in shown if k in values}
     if "lora_targets" in kwargs:
         kwargs["lora_targets"] = tuple(kwargs["lora_targets"])
@@ -123,13 +134,13 @@ def prepare_lora_targets(page: str, options: list[str]) -> None:
 
 
 def workload_inputs(page: str, fields: dict[str, Field], container, vision: bool = False,
-                    vlm: bool = False) -> tuple[dict, list[str]]:
+                    vlm: bool = False, seq2seq: bool = False) -> tuple[dict, list[str]]:
     """Draw the workload widgets that apply (a vision encoder's image size instead of a sequence length: `vision`; a
     vision-language model's images per sample: `vlm`), the advanced ones folded; returns (values, names shown)."""
     mode = widget(page, fields["mode"], container)
     method = widget(page, fields["method"], container) if mode == "train" else _W.method
-    shown = shown_workload_fields(mode, method, advanced=True, vision=vision, vlm=vlm)
-    core = set(shown_workload_fields(mode, method, vision=vision, vlm=vlm))
+    shown = shown_workload_fields(mode, method, advanced=True, vision=vision, vlm=vlm, seq2seq=seq2seq)
+    core = set(shown_workload_fields(mode, method, vision=vision, vlm=vlm, seq2seq=seq2seq))
     values = {"mode": mode, "method": method}
     more = container.expander("More settings (loop, loss, recipe knobs)")
     for name in shown:

@@ -19,7 +19,8 @@ from estimator.gpus import get_gpu
 from estimator.presets import load_config
 from estimator.spec import MAX_BATCH, MAX_SEQ, Parallel
 from estimator.units import GB, GiB, fmt_bytes
-from estimator.vision import check_images, image_tokens, images_of
+from estimator.seq2seq import check as seq2seq_check
+from estimator.vision import check_images, image_tokens
 from pages import _charts as charts
 from pages import _derive as derive
 from pages import _state as state, _data as reads, _inputs as ui
@@ -118,17 +119,22 @@ def main() -> None:
     model = ui.load_model(config, name)
     ui.prepare_lora_targets(PAGE, ui.lora_target_options(model))
     f["lora_targets"] = replace(f["lora_targets"], choices=tuple(ui.lora_target_options(model)))
-    vlm = images_of(model) is not None
-    ui.default_images(PAGE, vlm)
-    values, w_shown = ui.workload_inputs(PAGE, f, st.sidebar, vlm=vlm)
+    kinds = {**ui.kinds(model), "vision": False}   # this page lists text models only
+    ui.default_images(PAGE, kinds["vlm"])
+    values, w_shown = ui.workload_inputs(PAGE, f, st.sidebar, **kinds)
     state.write_url(PAGE, list(f.values()), shown | set(w_shown))
-    w = ui.workload_from_dict(values, vlm=vlm)
+    w = ui.workload_from_dict(values, **kinds)
     try:
         check_images(model, w)  # a vision-language model's image tokens must fit in the sequence
     except ValueError as e:
         st.error(f"{e}. Change the sequence length or the images per sample in the sidebar.")
         return
     par = Parallel(strategy=strategy, gpus=1 if strategy == "single" else gpus)
+    try:
+        seq2seq_check(model, w, par)   # an encoder-decoder model's lengths, knobs and layout: one line, before a trace
+    except ValueError as e:
+        st.error(f"{e}. Change it in the sidebar.")
+        return
     gpu = get_gpu(gpu_name)
     usable = capacity_bytes(gpu)
     cap = f"{gpu.display_name}: {fmt_bytes(usable, 'GiB')} usable"

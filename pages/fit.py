@@ -22,6 +22,7 @@ from estimator.model import check_context, check_sizes, defaults_note
 from estimator.presets import MAX_CONFIG_BYTES, load_config, parse_config_text
 from estimator.spec import Parallel
 from estimator.units import GB, GiB, fmt_bytes
+from estimator.seq2seq import check as seq2seq_check, words as seq2seq_words
 from estimator.vision import check_images, image_words, images_of, is_vision, size_words, sized
 from pages import _charts as charts
 from pages import _derive as derive
@@ -347,14 +348,13 @@ def body(f: dict[str, state.Field], shown: set[str]) -> None:
     ui.prepare_lora_targets(PAGE, ui.lora_target_options(model))
     f["lora_targets"] = replace(f["lora_targets"], choices=tuple(ui.lora_target_options(model)))
     ui.default_images(PAGE, images_of(model) is not None)
-    values, w_shown = ui.workload_inputs(PAGE, f, st.sidebar, vision=is_vision(model),
-                                         vlm=images_of(model) is not None)
+    values, w_shown = ui.workload_inputs(PAGE, f, st.sidebar, **ui.kinds(model))
     shown |= set(w_shown)
     if values.get("method") in ("lora", "qlora") and not ui.lora_target_options(model):
         st.error(f"lora_targets: {name} has no Linear module in its layers to adapt (a conv net). Choose full "
                  "fine-tuning in the sidebar.")
         return
-    w = ui.workload_from_dict(values, vision=is_vision(model), vlm=images_of(model) is not None)
+    w = ui.workload_from_dict(values, **ui.kinds(model))
     try:
         w = sized(model, w)  # a vision encoder: its image size -> tokens per image (seq)
     except ValueError as e:
@@ -366,6 +366,11 @@ def body(f: dict[str, state.Field], shown: set[str]) -> None:
         st.error(f"{e}. Change the sequence length or the images per sample in the sidebar.")
         return
     par = Parallel(strategy=strategy, gpus=1 if strategy == "single" else gpus)
+    try:
+        seq2seq_check(model, w, par)   # an encoder-decoder model's lengths, knobs and layout: one line, before a trace
+    except ValueError as e:
+        st.error(f"{e}. Change it in the sidebar.")
+        return
     gpu = get_gpu(gpu_name)
     options = calibrated_options(model, w, f, shown)
     alloc = ui.alloc_conf_input(PAGE, f["alloc"], st.sidebar)
@@ -396,6 +401,7 @@ def body(f: dict[str, state.Field], shown: set[str]) -> None:
                f"{est.trainable_params:,} trainable. {w.mode} · batch {w.batch} · "
                + (f"{w.image_size} x {w.image_size} px images ({size_words(model, w.seq)}) · " if is_vision(model) else
                   f"seq {w.seq:,} · ") + (f"{image_words(model, w)} · " if w.images else "")
+               + (f"{seq2seq_words(model, w)} · " if seq2seq_words(model, w) else "")
                + f"{par.strategy} on {par.gpus} GPU(s).")
     st.caption(ui.provenance_caption(prov) + (" " + " ".join(f"Note: {n}." for n in est.notes) if est.notes else ""))
     verdict(est, gpu)

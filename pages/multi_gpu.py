@@ -19,7 +19,8 @@ from estimator.layouts import layouts
 from estimator.presets import load_config
 from estimator.spec import STRATEGIES, Parallel
 from estimator.units import GB, GiB, fmt_bytes
-from estimator.vision import check_images, images_of, is_vision
+from estimator.seq2seq import seq2seq_of
+from estimator.vision import check_images, images_of
 from estimator.parallel import TRACED_SHARDING  # what `python -m bench trace` runs with FSDP2
 from pages import _charts as charts
 from pages import _derive as derive
@@ -220,10 +221,13 @@ def main() -> None:
     ui.prepare_lora_targets(PAGE, ui.lora_target_options(model))
     f["lora_targets"] = replace(f["lora_targets"], choices=tuple(ui.lora_target_options(model)))
     ui.default_images(PAGE, images_of(model) is not None)
-    values, shown = ui.workload_inputs(PAGE, f, st.sidebar, vision=is_vision(model),
-                                         vlm=images_of(model) is not None)
+    values, shown = ui.workload_inputs(PAGE, f, st.sidebar, **ui.kinds(model))
+    if seq2seq_of(model) is not None:
+        st.info(f"{name} is an encoder-decoder model: its steps are traced on one GPU (and priced under DDP and "
+                "ZeRO-1/2 on the Will-it-fit page); FSDP, TP and PP layouts of its two layer stacks are not priced yet.")
+        return
     try:
-        w = ui.workload_from_dict(values, vision=is_vision(model), vlm=images_of(model) is not None)
+        w = ui.workload_from_dict(values, **ui.kinds(model))
         if not strategies or not counts:
             st.info("Pick at least one strategy and one GPU count in the sidebar.")
             return

@@ -18,10 +18,11 @@ crash or a hang costs one type, `--timeout` seconds at most):
    (batch 3, a sequence between the fitted ones; for an image model the tokens of an image one patch (grid unit)
    wider than the config's, rounded down to a whole unit first): every stage's peak, the largest relative error.
 The types only the seq2seq, speech seq2seq or image-text-to-text classes list (kinds "seq2seq", "speech",
-"image-text") get their inventory only (an encoder-decoder is refused in one line; a vision- or audio-language model
-is priced as its language model alone: status "text only", not counted), except the vision-language models priced
-whole with their images (estimator.families.VLM_TYPES): those run the three steps above with one image per sample,
-checked at the image's tokens plus a text length the fit did not use.
+"image-text") get their inventory only (a vision- or audio-language model is priced as its language model alone:
+status "text only", not counted), except the vision-language models priced whole with their images
+(estimator.families.VLM_TYPES), which run the three steps above with one image per sample, checked at the image's
+tokens plus a text length the fit did not use, and the encoder-decoder models (tracer.seq2seq), which run them with
+the decoder as long as the encoder (Whisper: the decoder's tokens, on its fixed audio window).
 docs/architectures.md gets one row per type (status, parameters, error, times, reason).
 """
 from __future__ import annotations
@@ -76,6 +77,14 @@ def independent_params(model_type: str) -> int:
                                                         MODEL_FOR_MASKED_LM_MAPPING_NAMES)
 
     cfg = AutoConfig.for_model(model_type)
+    if getattr(cfg, "is_encoder_decoder", False):   # priced whole (tracer.seq2seq): its seq2seq model
+        from transformers import AutoModelForSeq2SeqLM, AutoModelForSpeechSeq2Seq
+        from transformers.models.auto.modeling_auto import MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES
+
+        cls = AutoModelForSpeechSeq2Seq if model_type in MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES else \
+            AutoModelForSeq2SeqLM
+        with torch.device("meta"):
+            return sum(p.numel() for p in cls.from_config(cfg).parameters())
     if model_type in VLM_TYPES:   # priced whole with its images: the image-text-to-text model
         from transformers import AutoModelForImageTextToText
 
@@ -127,6 +136,16 @@ def text_only(model_type: str, kind: str) -> dict:
             "built_as": inv.built_as,
             "reason": f"{KIND_WORDS[kind]} model priced as its language model alone ({inv.built_as}, text-only "
                       "steps: a scope note says so); the rest of the model and its inputs are not priced"}
+
+
+def _encoder_decoder(model_type: str) -> bool:
+    """An encoder-decoder config (priced whole, tracer.seq2seq: its row runs the three steps, or says why not)."""
+    from transformers import AutoConfig
+
+    try:
+        return bool(getattr(AutoConfig.for_model(model_type), "is_encoder_decoder", False))
+    except Exception:  # noqa: BLE001 - a config class that cannot be built: text_only says why
+        return False
 
 
 KIND_WORDS = {"seq2seq": "a seq2seq", "speech": "a speech seq2seq", "image-text": "an image-text-to-text"}
@@ -260,7 +279,11 @@ def run(types, timeout: int) -> None:
 
 
 REFUSAL_KINDS = (  # (what the reason says, how the summary names it); first match wins
-    ("encoder-decoder", "encoder-decoder model (out of scope: decoder and encoder models only)"),
+    ("encoder-decoder model whose inputs willitfit does not build", "encoder-decoder model whose inputs are not "
+     "text tokens or Whisper's mel window (speech features of other shapes, music, raw audio): not built"),
+    ("encoder-decoder model willitfit does not price", "encoder-decoder model whose attention blocks or routes by "
+     "length or value (block-sparse, sliding-window, n-stream, expert routing by nonzero), or a composite config: "
+     "refused"),
     ("cannot build", "transformers cannot build it from its config class's defaults (a checkpoint's own config.json may build)"),
     ("runs other operations", "recurrent or chunked code: the ops themselves change with seq"),
     ("changes shape with the sizes", "recurrent or chunked code: the ops themselves change with seq"),
@@ -296,6 +319,7 @@ def refusal_kind(reason: str) -> str:
 # (scripts/coverage_vision.md) below the generated tables.
 VISION_SECTION = (ROOT / "scripts" / "coverage_vision.md").read_text()
 VLM_SECTION = (ROOT / "scripts" / "coverage_vlm.md").read_text()   # likewise: tests/test_vlm.py, scripts/vlm_check.py
+SEQ2SEQ_SECTION = (ROOT / "scripts" / "coverage_seq2seq.md").read_text()   # likewise: tests/test_seq2seq.py
 
 
 def report() -> None:
@@ -354,7 +378,7 @@ def report() -> None:
                      f"{r.get('layers', '')} ({r.get('layer_types', '')}) | {prof} | "
                      f"{r.get('check_batch', '')}, {r.get('check_seq', '')} | {err} | {r.get('revision', 'pre-kernels')} | "
                      f"{r.get('reason', '').replace('|', '/')} |")
-    DOC.write_text("\n".join(lines) + "\n\n" + VISION_SECTION + "\n" + VLM_SECTION)
+    DOC.write_text("\n".join(lines) + "\n\n" + VISION_SECTION + "\n" + VLM_SECTION + "\n" + SEQ2SEQ_SECTION)
     print(f"wrote {DOC} ({len(rows)} types, {good} exact and within 1%)")
 
 
@@ -417,7 +441,7 @@ def main(argv=None) -> int:
         OUT.write_text("".join(x + "\n" for x in keep))
     if args.child:
         row = text_only(args.child, args.child_kind) if args.child_kind in WHOLE_MODEL_KINDS and \
-            args.child not in VLM_TYPES else one(args.child)
+            args.child not in VLM_TYPES and not _encoder_decoder(args.child) else one(args.child)
         print(json.dumps({**row, "revision": _revision()}))
         return 0
     if not args.report:

@@ -306,6 +306,20 @@ def test_fit_vision_language_model_starts_with_one_image_and_prices_it_whole(env
     assert not at.error and any("--images N prices N images" in c.value for c in at.caption)
 
 
+def test_fit_prices_an_encoder_decoder_model_whole_with_its_target_length(env):
+    at = app(query={"model": "t5-large", "seq": "512"})
+    model = the_model("t5-large")
+    est = estimate(model, Workload(seq=512), Parallel(), ON_H100)     # the shipped profile: both stacks, 738M
+    assert metric(at, "Peak per GPU") == gib(est.total_bytes) and not at.exception
+    assert any("encoder 512 tokens, decoder 512 tokens" in c.value for c in at.caption)
+    at.number_input(key="fit:target_seq").set_value(128).run()       # T5's SDPA bias at a fixed target: one line
+    assert any(e.value.startswith("attention: t5-large's position bias runs as an SDPA mask") for e in at.error)
+    assert not at.exception
+    speech = app(query={"model": "whisper-large-v3", "seq": "448"})  # its seq is the transcript: no target input
+    assert not [n for n in speech.number_input if n.key == "fit:target_seq"] and not speech.exception
+    assert any("3,000 mel frames (30 s of audio), decoder 448 transcript tokens" in c.value for c in speech.caption)
+
+
 @pytest.mark.slow  # a derivation in the page's background thread: half a minute
 def test_fit_prices_a_pasted_conv_net_in_grid_units(env):
     """A pasted ResNet config (no patch tokens): the page asks for the image size, derives the profile (traced whole)

@@ -58,6 +58,8 @@ def test_a_knob_splits_the_class_exactly_when_it_applies(base):
             applies = knobs.applies(d, w.mode, w.method)
             if d.name == "images":
                 applies = True  # whether a model takes images is the model's: every class keeps them
+            if d.name == "target_seq":
+                applies = w.mode == "train"   # an encoder-decoder model's decoder length: every training class
             if d.name == "double_quant":
                 applies = w.method == "qlora"
             if d.name == "weight_format":

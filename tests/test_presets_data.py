@@ -52,7 +52,13 @@ EXPECTED_PARAMS = {
     "llama-3.2-1b": 1_235_814_400,
     "llama-3.2-3b": 3_212_749_824,
     "llama-4-scout": 107_769_861_120,  # text model
-    "llava-1.5-7b": 7_063_427_072,   # whole (AutoModelForImageTextToText): Vicuna-7B + CLIP ViT-L/14-336 + projector
+    "llava-1.5-7b": 7_063_427_072,
+    # encoder-decoder models, whole (tracer.seq2seq: AutoModelForSeq2SeqLM, Whisper's AutoModelForSpeechSeq2Seq);
+    # transformers 5.23 ties every T5's head to its embedding (T5Config forces tie_word_embeddings), so Flan-T5's
+    # untied checkpoint head (+32,899,072) is not built
+    "t5-large": 737_668_096,
+    "flan-t5-large": 750_251_008,
+    "whisper-large-v3": 1_543_490_560,   # whole (AutoModelForImageTextToText): Vicuna-7B + CLIP ViT-L/14-336 + projector
     "mistral-7b": 7_241_732_096,
     "mistral-small-3.1-24b": 23_572_403_200,  # text model
     "mixtral-8x7b": 46_702_792_704,
@@ -134,7 +140,9 @@ def test_meta_build_has_the_expected_parameter_count(name):
     elif "text_config" in cfg:
         hf_cfg = hf_cfg.get_text_config()
     auto = transformers.AutoModel if cfg["model_type"] in ("bert", *VISION_TYPES) else \
-        transformers.AutoModelForImageTextToText if cfg["model_type"] == "llava" else transformers.AutoModelForCausalLM
+        transformers.AutoModelForImageTextToText if cfg["model_type"] == "llava" else \
+        transformers.AutoModelForSpeechSeq2Seq if cfg["model_type"] == "whisper" else \
+        transformers.AutoModelForSeq2SeqLM if cfg.get("is_encoder_decoder") else transformers.AutoModelForCausalLM
     with torch.device("meta"):
         model = auto.from_config(hf_cfg, trust_remote_code=False)
     assert sum(p.numel() for p in model.parameters()) == EXPECTED_PARAMS[name]

@@ -36,9 +36,11 @@ def _gc_layer_class():
 def decoder_layer_list(model: torch.nn.Module) -> tuple[torch.nn.Module, str, torch.nn.ModuleList]:
     """(parent module, attribute name, ModuleList) of the model's decoder (or encoder) layers: the ModuleList
     whose items are GradientCheckpointingLayer modules; the longest one if a model has several (a vision
-    tower's blocks inside a multimodal model are shorter than the text stack, or not such layers at all)."""
+    tower's blocks inside a multimodal model are shorter than the text stack, or not such layers at all). An
+    encoder-decoder model has two stacks: `layer_stacks`."""
     cls = _gc_layer_class()
-    want = getattr(text_config(model.config), "num_hidden_layers", None)
+    config = getattr(model, "config", None)   # an encoder-decoder model's stack may hold no config (FSMT's)
+    want = getattr(text_config(config), "num_hidden_layers", None) if config is not None else None
     best = None
     for path, parent in model.named_modules():
         for name, child in parent.named_children():
@@ -49,9 +51,26 @@ def decoder_layer_list(model: torch.nn.Module) -> tuple[torch.nn.Module, str, to
                 if best is None or rank > best[3]:
                     best = (parent, name, child, rank)
     if best is None:
-        raise ValueError(f"model_type: {getattr(model.config, 'model_type', '?')!r} has no decoder layers "
+        raise ValueError(f"model_type: {getattr(config, 'model_type', '?')!r} has no decoder layers "
                          "(GradientCheckpointingLayer modules) to trace layer by layer")
     return best[:3]
+
+
+def layer_stacks(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str, torch.nn.ModuleList]]:
+    """The model's layer stacks in the order a step runs them: an encoder-decoder model's encoder layers, then its
+    decoder layers (each `decoder_layer_list` of `get_encoder()` / `get_decoder()`); any other model's one stack."""
+    if getattr(getattr(model, "config", None), "is_encoder_decoder", False):
+        inner = getattr(model, "base_model", model)   # PEFT's wrapper
+        inner = getattr(inner, "model", inner) if not hasattr(inner, "get_encoder") else inner
+        get_enc, get_dec = getattr(inner, "get_encoder", None), getattr(inner, "get_decoder", None)
+        if get_enc is not None and get_dec is not None:
+            return [decoder_layer_list(get_enc()), decoder_layer_list(get_dec())]
+    return [decoder_layer_list(model)]
+
+
+def all_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """Every layer of `layer_stacks`, in order: the positions reduced depth and the layer blocks count."""
+    return [layer for _, _, layers in layer_stacks(model) for layer in layers]
 
 
 def text_config(config):
@@ -90,7 +109,16 @@ class LayerInfo:
 
 def layer_infos(model: torch.nn.Module) -> list[LayerInfo]:
     """Every decoder layer in order, with a signature that is equal exactly for layers of the same type."""
-    _, _, layers = decoder_layer_list(model)
+    stacks = layer_stacks(model)
+    if len(stacks) > 1:   # encoder-decoder: each layer's stack is part of its type
+        out = []
+        for tag, (_, _, layers) in zip(("encoder", "decoder"), stacks):
+            for layer in layers:
+                shapes = sorted((n, tuple(p.shape), str(p.dtype)) for n, p in layer.named_parameters())
+                out.append(LayerInfo(len(out), repr((tag, type(layer).__name__, shapes)),
+                                     sum(p.numel() for _, p in layer.named_parameters())))
+        return out
+    _, _, layers = stacks[0]
     cfg = text_config(model.config)
     lists = per_layer_lists(cfg, len(layers))
     overrides = per_layer_overrides(cfg)
@@ -108,8 +136,13 @@ def layer_infos(model: torch.nn.Module) -> list[LayerInfo]:
 def reduce_depth(model: torch.nn.Module, keep: list[int]) -> None:
     """Keep only the decoder layers at indices `keep`, in place, run in the given order; an index given twice
     keeps a deep copy of that layer too (built on meta: a second layer of the same type, its own parameters).
-    See the module docstring for what is renumbered."""
-    parent, name, layers = decoder_layer_list(model)
+    See the module docstring for what is renumbered. An encoder-decoder model's indices count its encoder's layers,
+    then its decoder's (`layer_stacks`): each stack keeps its own, renumbered within it."""
+    stacks = layer_stacks(model)
+    if len(stacks) > 1:
+        _reduce_stacks(model, stacks, keep)
+        return
+    parent, name, layers = stacks[0]
     n = len(layers)
     if not keep or any(not 0 <= i < n for i in keep):
         raise ValueError(f"layers: indices {keep} out of range for {n} layers")
@@ -132,3 +165,38 @@ def reduce_depth(model: torch.nn.Module, keep: list[int]) -> None:
                 cfg.__dict__["_heterogeneity_spec"].per_layer_overrides = {
                     new: copy.deepcopy(overrides[old]) for new, old in enumerate(keep) if old in overrides}
             cfg.num_hidden_layers = len(keep)
+
+
+# an encoder-decoder config's layer counts: the encoder's, then the decoder's (T5: num_layers, num_decoder_layers;
+# BART, Whisper: encoder_layers, decoder_layers)
+STACK_COUNT_KEYS = (("num_layers", "encoder_layers"), ("num_decoder_layers", "decoder_layers"))
+
+
+def _reduce_stacks(model, stacks, keep: list[int]) -> None:
+    """reduce_depth of an encoder-decoder model: `keep` over the encoder's layers then the decoder's, in order, the
+    encoder's first (a step runs them so)."""
+    sizes = [len(layers) for _, _, layers in stacks]
+    if not keep or any(not 0 <= i < sum(sizes) for i in keep):
+        raise ValueError(f"layers: indices {keep} out of range for {sum(sizes)} layers")
+    order = [i >= sizes[0] for i in keep]
+    if order != sorted(order):
+        raise ValueError(f"layers: {keep} interleaves the encoder's and the decoder's layers")
+    cfg = model.config
+    for stack, ((parent, name, layers), keys) in enumerate(zip(stacks, STACK_COUNT_KEYS)):
+        base = sum(sizes[:stack])
+        mine = [i - base for i in keep if base <= i < base + sizes[stack]]
+        if not mine:
+            raise ValueError(f"layers: {keep} keeps no layer of the {('encoder', 'decoder')[stack]}")
+        kept, seen = [], set()
+        for i in mine:
+            kept.append(copy.deepcopy(layers[i]) if i in seen else layers[i])
+            seen.add(i)
+        for new, (old, layer) in enumerate(zip(mine, kept)):
+            for module in layer.modules():
+                for attr in LAYER_INDEX_ATTRS:
+                    if getattr(module, attr, None) == old:
+                        setattr(module, attr, new)
+        setattr(parent, name, torch.nn.ModuleList(kept))
+        for key in keys:
+            if vars(cfg).get(key) == len(layers):
+                setattr(cfg, key, len(kept))

@@ -47,7 +47,7 @@ from estimator.parallel import TRACED_SHARDING, pp_stage_layers
 from tracer import forked, serialized
 from tracer import kernels as kernels_mod
 from tracer import losses, offload, runner, session, vision, vlm
-from tracer.depth import decoder_layer_list, layer_infos, text_config
+from tracer.depth import all_layers, layer_infos, text_config
 from tracer.extend import (
     decode_ticks,
     encode_ticks,
@@ -207,7 +207,8 @@ def _window_values(cfg) -> list[int]:
 def max_positions(hf_config) -> int:
 
     cfg = text_config(hf_config)
-    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+    # max_target_positions: a speech model's decoder (Whisper: 448), which its seq sizes (tracer.seq2seq)
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "max_target_positions"):
         v = getattr(cfg, key, None)
         if isinstance(v, int) and v > 0:
             return v
@@ -227,7 +228,7 @@ def _signatures(config: dict, workload: Workload) -> tuple[list[str], object, bo
         sigs = []
     owner: dict = {}
     shared = bool(sigs) and any(owner.setdefault(id(p), i) != i
-                                for i, layer in enumerate(decoder_layer_list(model)[2]) for p in layer.parameters())
+                                for i, layer in enumerate(all_layers(model)) for p in layer.parameters())
     if sigs and workload.method in ("lora", "qlora"):
         sigs = _frozen_prefix(model, workload.lora_targets, sigs)
     return sigs, model.config, is_masked_lm(model) or is_vision_model(model), shared
@@ -244,7 +245,7 @@ def _frozen_prefix(model, targets, sigs: list[str]) -> list[str]:
     def holds(module) -> bool:   # PEFT matches a target name against the end of a module's name
         return any(name.split(".")[-1] in wanted for name, _ in module.named_modules())
 
-    layers = decoder_layer_list(model)[2]
+    layers = all_layers(model)
     # an adapted embedding makes every layer's input need a gradient
     embedded = any("embed" in name and name.split(".")[-1] in wanted for name, _ in model.named_modules())
     first = 0 if embedded else next((i for i, layer in enumerate(layers) if holds(layer)), 0)

@@ -25,8 +25,8 @@ import torch
 
 from tracer import serialized
 import tracer  # noqa: F401  (quiets torchao's import-time logging before transformers loads it)
-from tracer import vision, vlm
-from tracer.depth import decoder_layer_list, layer_infos, text_config
+from tracer import seq2seq, vision, vlm
+from tracer.depth import layer_infos, layer_stacks, text_config
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -44,7 +44,6 @@ def is_masked_lm(model) -> bool:
 
 EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 TOPK_KEYS = ("num_experts_per_tok", "num_experts_per_token", "experts_per_token", "moe_topk", "top_k")
-ENCODER_DECODER = "is_encoder_decoder"
 
 
 def hf_config(config: dict):
@@ -70,10 +69,20 @@ def hf_config(config: dict):
         first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
         raise ValueError(f"model_type: transformers cannot build {config['model_type']!r} from this config "
                          f"({first})") from None
-    if getattr(cfg, ENCODER_DECODER, False):
-        raise ValueError(f"model_type: {config['model_type']!r} is an encoder-decoder model; willitfit models "
-                         "decoder (causal LM) and encoder (masked LM) models")
+    seq2seq.start_token_stated(cfg)
+    _every_layer_runs(cfg)
     return cfg
+
+
+def _every_layer_runs(cfg) -> None:
+    """LayerDrop (fairseq's; M2M-100's and NLLB-MoE's configs default to 0.05) skips each layer of a training step
+    with that probability, drawn on the host (`torch.rand([]) < layerdrop`, which a fake tensor cannot answer): the
+    step is priced with every layer run, the most a step holds. Set on transformers' config object, never on the
+    config.json (whose hash keys the profiles)."""
+    for c in (cfg, *(getattr(cfg, k, None) for k in ("text_config", "encoder", "decoder"))):
+        for key, value in list(vars(c).items()) if c is not None and hasattr(c, "__dict__") else ():
+            if key.endswith("layerdrop") and isinstance(value, (int, float)) and not isinstance(value, bool) and value:
+                setattr(c, key, 0.0)
 
 
 def _transformers_version() -> str:
@@ -95,6 +104,8 @@ def model_class(cfg, mode: str = "train"):
     mt = cfg.model_type
     if vision.is_vision(cfg):
         return vision.vision_class(cfg, mode)
+    if seq2seq.is_encoder_decoder(cfg):   # the whole encoder-decoder model (tracer.seq2seq)
+        return seq2seq.model_class(cfg), cfg
     if vlm.is_vlm(cfg):   # the whole image-text-to-text model: a step with images runs its vision tower (tracer.vlm)
         from transformers import AutoModelForImageTextToText
 
@@ -210,9 +221,11 @@ def read_inventory(config: dict) -> dict:
     n_experts = _first_int(tcfg, EXPERT_COUNT_KEYS)
     roles = _roles(model, n_experts)
     try:
-        parent, attr, layers = decoder_layer_list(model)
+        stacks = layer_stacks(model)
+        layers = [layer for _, _, stack in stacks for layer in stack]
+        path = " + ".join(f"{type(parent).__name__}.{attr}" for parent, attr, _ in stacks)
     except ValueError:  # no stack of GradientCheckpointingLayer modules (ALBERT shares one layer): no per-layer view
-        parent, attr, layers = model, "", []
+        stacks, layers, path = [], [], f"{type(model).__name__}."
     layer_of = {id(p): i for i, layer in enumerate(layers) for p in layer.parameters()}
     names = {}
     for name, p in model.named_parameters(remove_duplicate=False):
@@ -270,7 +283,8 @@ def read_inventory(config: dict) -> dict:
     return {
         "model_type": str(config["model_type"]), "built_as": type(model).__name__,
         "text_model_type": str(tcfg.model_type),
-        "causal": cls.__name__ in ("AutoModelForCausalLM", "AutoModelForImageTextToText"),
+        "causal": cls.__name__ in ("AutoModelForCausalLM", "AutoModelForImageTextToText", "AutoModelForSeq2SeqLM",
+                                   "AutoModelForSpeechSeq2Seq"),
         "params": int(sum(p.numel() for p in model.parameters())),
         "params_by_role": {k: int(v) for k, v in sorted(totals.items())},
         "param_groups": [[role, list(shape), in_layer, n] for (role, shape, in_layer), n in sorted(groups.items())],
@@ -287,13 +301,17 @@ def read_inventory(config: dict) -> dict:
         "n_experts": n_experts, "experts_per_token": _first_int(tcfg, TOPK_KEYS) if n_experts else 0,
         "attention_dropout": max(float(getattr(tcfg, k, 0.0) or 0.0) for k in
                                  ("attention_dropout", "attn_pdrop", "attention_probs_dropout_prob")),
-        "decoder_path": f"{type(parent).__name__}.{attr}",
+        "decoder_path": path,
         # torch's forloop Adam/AdamW (estimator.components.optimizer_step_temp_bytes): the step's temporaries peak
         # at max over parameters of 2 x this one + the one before it (elements); LoRA's from the Linear order
         "forloop_elems": int(forloop_elems), "linear_runs": linear_runs,
         # transformers' own flag: Gemma-2 (logit softcapping) and gpt-oss (attention sinks) have no SDPA path
         "sdpa": bool(getattr(type(model), "_supports_sdpa", True)),
         **({"vision": seen} if seen is not None else {}),
+        # (FSMT's layers are no GradientCheckpointingLayer modules: no stacks to count, traced whole)
+        **({"seq2seq": {**seq2seq.info(model), "encoder_layers": len(stacks[0][2]) if len(stacks) > 1 else 0,
+                        "decoder_layers": len(stacks[1][2]) if len(stacks) > 1 else 0}}
+           if seq2seq.is_encoder_decoder(cfg) else {}),
         **({"vlm": vlm.info(model)} if vlm.is_vlm(cfg) and images_refused is None else {}),
         **({"vlm_refused": images_refused} if images_refused is not None else {}),
         **({"image_side": [[list(k), n] for k, n in sorted(image_side.items())]} if image_side else {}),

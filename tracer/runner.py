@@ -30,7 +30,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from estimator.families import VLM_TYPES
 from estimator.spec import Workload
 from tracer import serialized
-from tracer import recipes, vision, vlm
+from tracer import recipes, seq2seq, vision, vlm
 from tracer.depth import reduce_depth
 from tracer.meta import DTYPES, hf_config, is_masked_lm, is_vision_model, model_class  # noqa: F401  (DTYPES, is_masked_lm: used by callers of the runner)
 
@@ -293,6 +293,11 @@ def make_inputs(config: dict, workload: Workload, device: str, model=None, clone
     inner = getattr(model, "module", model)  # DDP wraps the model
     if inner is not None and is_vision_model(inner):
         return vision.pixel_inputs(inner, workload, device)
+    if inner is not None and seq2seq.is_seq2seq_model(inner):
+        return seq2seq.seq2seq_inputs(inner, workload, device)
+    if workload.target_seq:
+        raise ValueError(f"target_seq: {config.get('model_type')!r} is no encoder-decoder model; its --seq is every "
+                         "token of a step")
     if workload.images:
         tokens = getattr(inner, "_willitfit_image_tokens", None)   # PEFT's wrapper hands the attribute through
         if tokens is None:
@@ -380,6 +385,21 @@ def _infer(model, workload, inputs, on_stage, live: dict) -> None:
             model(**inputs)
         on_stage("prefill")
         return
+    if seq2seq.is_seq2seq_model(model):   # the encoder once, then the decoder from its start (or prompt) tokens
+        with torch.no_grad():
+            encoded = model.get_encoder()(**seq2seq.encoder_inputs(inputs))
+            cache = live["kv_cache"] = seq2seq.new_cache()
+            out = model(encoder_outputs=encoded, decoder_input_ids=inputs["decoder_input_ids"], past_key_values=cache,
+                        use_cache=True)
+            next_ids = _next_token(out.logits)
+            del out
+            on_stage("prefill")
+            for _ in range(workload.gen_tokens):
+                out = model(encoder_outputs=encoded, decoder_input_ids=next_ids, past_key_values=cache, use_cache=True)
+                next_ids = _next_token(out.logits)
+                del out
+                on_stage("decode")
+        return
     input_ids = inputs["input_ids"]
     if is_masked_lm(model):
         if workload.gen_tokens:
@@ -418,6 +438,13 @@ def _next_token(logits: torch.Tensor) -> torch.Tensor:
 def kv_cache_tensors(cache) -> list[torch.Tensor]:
     """The tensors an HF Cache holds: keys/values of attention layers, and the conv and recurrent (SSM) states of
     state-space layers, which transformers' cache_utils `LinearAttentionLayer` keeps in dicts by state index."""
+    out = []
+    for part in seq2seq.cache_parts(cache):   # an encoder-decoder model's: self- and cross-attention caches
+        out.extend(_cache_tensors(part))
+    return out
+
+
+def _cache_tensors(cache) -> list[torch.Tensor]:
     out = []
     for layer in getattr(cache, "layers", ()):
         for v in vars(layer).values():

@@ -40,7 +40,7 @@ from tracer import serialized
 from tracer import kernels as kernels_mod
 from tracer import cp, pp, recipes, runner, tp, vlm
 from tracer.counters import StageLog, StorageCounter, memtracker_peak_bytes
-from tracer.depth import decoder_layer_list
+from tracer.depth import layer_stacks
 
 # FSDP2 fully_shard runs for each (estimator.parallel); HSDP on a 2-D dp mesh (traced, never derived: its profile
 # is FSDP's over the shard group, estimator.estimate.traced_class)
@@ -343,12 +343,15 @@ def _observe_layers(model, counter: StorageCounter) -> None:
 
     Forward: a pre-hook (prepended, so before FSDP's all-gather) opens the layer's block, a post-hook closes it.
     Backward: a gradient hook on the layer's output opens its block when the gradient reaches it (after the next
-    layer's backward); one on the first layer's input closes the last block. transformers checkpoints a layer's
+    layer's backward); one on the first layer's input closes the last block (on each stack's first layer: an
+    encoder-decoder model's decoder runs its backward before its encoder's). transformers checkpoints a layer's
     `forward`, not `__call__` (modeling_layers.GradientCheckpointingLayer), so a recompute in backward fires no
     module hook and stays inside the layer's backward block.
     """
 
-    _, _, layers = decoder_layer_list(model)
+    stacks = [layers for _, _, layers in layer_stacks(model)]
+    layers = [layer for stack in stacks for layer in stack]
+    firsts = {sum(len(s) for s in stacks[:k]) for k in range(len(stacks))}   # an encoder-decoder model: two stacks
 
     def first_tensor(x):
         if isinstance(x, torch.Tensor):
@@ -366,7 +369,7 @@ def _observe_layers(model, counter: StorageCounter) -> None:
         def pre(module, args, kwargs, pos=pos):
             counter.set_block(pos)
             x = first_tensor(args) if args else kwargs.get("hidden_states")
-            if pos == 0 and isinstance(x, torch.Tensor) and x.requires_grad:
+            if pos in firsts and isinstance(x, torch.Tensor) and x.requires_grad:
                 x.register_hook(on_grad(None))
 
         def post(module, args, output, pos=pos):

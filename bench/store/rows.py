@@ -53,7 +53,7 @@ WORKLOAD_004 = ("loop", "loss", "loss_chunks", "optimizer_in_backward", "activat
 # patch size, in config_json, the image size is the square whose patches plus the CLS/register tokens make seq), so
 # a run's identity and every query stay on seq, and no migration is needed. A vision-language model's images per
 # sample have no column yet: a stored row is a text-only step (bench.trace.cases.unstorable refuses to store one with images).
-NOT_COLUMNS = ("image_size", "images")
+NOT_COLUMNS = ("image_size", "images", "target_seq")   # target_seq: an encoder-decoder model's decoder length
 
 
 def workload_row(w) -> dict:

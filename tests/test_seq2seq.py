@@ -1,0 +1,123 @@
+"""Encoder-decoder models priced whole (tracer/seq2seq.py, estimator/seq2seq.py, `--target-seq N`).
+
+Tiny T5, BART and Whisper configs (tests/data/tiny/t-t5.json, t-bart.json, t-whisper.json: 4 encoder and 4 decoder
+layers of width 64) are built whole; both layer stacks are cut at reduced depth and extended on their own; the
+estimate at sizes the fit never used equals a full-depth trace of the same step, stage by stage, to the byte.
+
+    python -m pytest tests/test_seq2seq.py -q        # WILLITFIT_SLOW=1 adds training of all three, LoRA, checkpointing
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from estimator.spec import Parallel, Workload
+
+TINY = Path(__file__).parent / "data" / "tiny"
+SLOW = pytest.mark.skipif(not os.environ.get("WILLITFIT_SLOW"), reason="slow tier: WILLITFIT_SLOW=1")
+
+
+def _config(name: str) -> dict:
+    return json.loads((TINY / f"t-{name}.json").read_text())
+
+
+def _model(name: str):
+    from estimator.model import from_hf_config
+
+    return from_hf_config(_config(name), f"t-{name}")
+
+
+@pytest.mark.parametrize("name, cls", [("t5", "T5ForConditionalGeneration"), ("bart", "BartForConditionalGeneration"),
+                                       ("whisper", "WhisperForConditionalGeneration")])
+def test_the_whole_encoder_decoder_model_is_counted(name, cls):
+    import torch
+    import transformers
+
+    m = _model(name)
+    assert m.inventory.built_as == cls
+    auto = transformers.AutoModelForSpeechSeq2Seq if name == "whisper" else transformers.AutoModelForSeq2SeqLM
+    with torch.device("meta"):
+        built = auto.from_config(transformers.AutoConfig.for_model(**_config(name)))
+    assert m.params == sum(p.numel() for p in built.parameters())
+    info = m.inventory.extra["seq2seq"]
+    assert (info["encoder_layers"], info["decoder_layers"]) == (4, 4) and m.layers == 8
+    assert info["kind"] == ("speech" if name == "whisper" else "text")
+
+
+def test_reduced_depth_cuts_each_stack_on_its_own():
+    from tracer import runner
+    from tracer.depth import layer_infos, layer_stacks
+
+    model = runner.build_model(_config("bart"), Workload(), device="meta", layers=[0, 1, 3, 4, 5, 5, 7])
+    enc, dec = (layers for _, _, layers in layer_stacks(model))
+    assert (len(enc), len(dec)) == (3, 4)
+    assert (model.config.encoder_layers, model.config.decoder_layers) == (3, 4)
+    assert [layer.self_attn.layer_idx for layer in dec] == [0, 1, 2, 3]   # the cache indexes the decoder's own
+    sigs = [li.signature for li in layer_infos(model)]
+    assert sigs[0] == sigs[2] != sigs[3]   # an encoder layer is never a decoder layer's type
+    with pytest.raises(ValueError, match="interleaves"):
+        runner.build_model(_config("bart"), Workload(), device="meta", layers=[4, 0, 7])
+
+
+def test_the_target_length_is_part_of_the_class_and_zero_keeps_every_old_key():
+    from estimator import store
+
+    base = Workload(batch=2, seq=512)
+    assert "target_seq" not in store.workload_class(base)
+    assert store.profile_key(base, Parallel()) != store.profile_key(replace(base, target_seq=128), Parallel())
+    assert store.workload_class(replace(base, target_seq=128))["target_seq"] == 128
+    with pytest.raises(ValueError, match="^target_seq: .*mode='train'"):
+        Workload(mode="infer", target_seq=16)
+
+
+@pytest.mark.parametrize("name, workload, parallel, match", [
+    ("llama", Workload(target_seq=64, seq=128), Parallel(), "^target_seq: .* no encoder-decoder model"),
+    ("whisper", Workload(target_seq=64, seq=128), Parallel(), "^target_seq: .*audio window"),
+    ("whisper", Workload(seq=449), Parallel(), "^seq: .*448 positions"),
+    ("whisper", Workload(mode="infer", seq=440, gen_tokens=9), Parallel(), "^seq: .*448 positions"),
+    ("bart", Workload(seq=64, target_seq=1025), Parallel(), "^target_seq: .*1,024 positions"),
+    ("bart", Workload(seq=64, loss="chunked"), Parallel(), "^loss: not priced for encoder-decoder"),
+    ("t5", Workload(seq=64), Parallel(strategy="fsdp", gpus=4), "^strategy: fsdp is not priced"),
+])
+def test_what_is_not_priced_is_refused_in_one_line_before_any_trace(name, workload, parallel, match):
+    from estimator.estimate import estimate
+
+    with pytest.raises(ValueError, match=match) as e:
+        estimate(_model(name), workload, parallel)
+    assert "\n" not in str(e.value)
+
+
+def _check(name: str, workload: Workload, sizes) -> None:
+    from bench.trace.cases import trace_case
+    from estimator.estimate import estimate
+
+    cfg, m = _config(name), _model(name)
+    for b, s in sizes:
+        w = replace(workload, batch=b, seq=s)
+        est = estimate(m, w, Parallel())
+        row = trace_case(cfg, f"t-{name}", w, Parallel(), steps=2)
+        got = {n: st.tensor_bytes for n, st in est.stages}
+        assert got == {n: row[f"{n}_peak_alloc_bytes"] for n in got}, (w, got)
+
+
+def test_whisper_inference_equals_a_full_depth_trace():
+    """The encoder once on the 30 s window, the decoder's prompt, then 5 tokens with an EncoderDecoderCache."""
+    _check("whisper", Workload(mode="infer", gen_tokens=5), [(3, 301), (1, 77)])
+
+
+@SLOW
+@pytest.mark.parametrize("name, workload, sizes", [
+    ("bart", Workload(), [(3, 333), (1, 77)]),
+    ("bart", Workload(target_seq=24), [(3, 333)]),
+    ("bart", Workload(method="lora", lora_rank=5), [(3, 333)]),
+    ("bart", Workload(mode="infer", gen_tokens=5), [(3, 333)]),
+    ("t5", Workload(), [(3, 333), (1, 77)]),
+    ("whisper", Workload(), [(3, 301)]),
+    ("whisper", Workload(checkpointing="full"), [(2, 301)]),
+])
+def test_training_and_inference_equal_full_depth_traces(name, workload, sizes):
+    _check(name, workload, sizes)
