@@ -1,4 +1,5 @@
-"""The command line the full-size checks share (scripts/hybrid_check.py, scripts/vision_check.py, scripts/vlm_check.py):
+"""The command line the full-size checks share (scripts/hybrid_check.py, scripts/vision_check.py, scripts/vlm_check.py,
+scripts/seq2seq_check.py):
 pick cases by name, run each with an empty profile cache, print one line per case, exit 1 if any differs or is refused;
 `compared` is the estimate-against-trace line of the vision and VLM checks.
 

@@ -56,7 +56,10 @@ def _rank_free(name: str) -> bool:
     return key is not None and key == store.profile_key(w, Parallel())
 
 
-PROFILED_PRESETS = [n for n in preset_names() if _has_shipped_profiles(n)]
+# encoder-decoder presets are drawn by tests/test_seq2seq.py: their lengths, layouts and T5's SDPA decoding have rules
+# of their own (estimator.seq2seq.check), which the draws below do not follow
+PROFILED_PRESETS = [n for n in preset_names() if _has_shipped_profiles(n) and not load_config(n)[1].get(
+    "is_encoder_decoder")]
 models = st.sampled_from(PROFILED_PRESETS).map(model)
 
 

@@ -22,6 +22,10 @@ def _meta_params(cfg: dict) -> int:
     rest = {k: v for k, v in cfg.items() if k != "model_type" and not k.startswith("_")}
     hf_cfg = AutoConfig.for_model(cfg["model_type"], **rest)
     cls = AutoModelForMaskedLM if cfg["model_type"] == "bert" else AutoModelForCausalLM  # bert: the MLM head
+    if getattr(hf_cfg, "is_encoder_decoder", False):   # built whole: the seq2seq class (Whisper's speech one)
+        from transformers import AutoModelForSeq2SeqLM, AutoModelForSpeechSeq2Seq
+
+        cls = AutoModelForSpeechSeq2Seq if cfg["model_type"] == "whisper" else AutoModelForSeq2SeqLM
     with torch.device("meta"):
         model = cls.from_config(hf_cfg, trust_remote_code=False)
     return sum(p.numel() for p in model.parameters())
@@ -88,10 +92,11 @@ def test_deepseek_v3_active_params():
 @pytest.mark.parametrize("config, message", [
     ({"model_type": "no-such-arch", "hidden_size": 8}, r"^model_type: transformers \S+ does not know 'no-such-arch' \(it knows \d+ model types"),
     ({"model_type": "my_arch", "auto_map": {"AutoModelForCausalLM": "m.M"}}, "^model_type: .*remote code"),
-    ({"model_type": "t5"}, "^model_type: 't5' is an encoder-decoder model"),
-    # a hub config.json of BART or Whisper says so up front, before its sizes (encoder_layers, d_model) are read
-    ({"model_type": "bart", "is_encoder_decoder": True, "encoder_layers": 12},
-     "^model_type: 'bart' is an encoder-decoder model"),
+    # encoder-decoder models are priced whole (tracer.seq2seq), except those whose steps or inputs are not
+    ({"model_type": "led"}, "^model_type: 'led' is an encoder-decoder model willitfit does not price: its encoder's "
+                            "sliding-window attention"),
+    ({"model_type": "speech_to_text"}, "^model_type: 'speech_to_text' is an encoder-decoder model whose inputs "
+                                       "willitfit does not build"),
     ({"model_type": "llama", "num_attention_heads": 32, "num_key_value_heads": 5}, "^num_key_value_heads: 5 does not"),
     ({"model_type": "llama", "hidden_size": "big"}, "^hidden_size: must be a positive integer"),
 ])

@@ -52,13 +52,16 @@ EXPECTED_PARAMS = {
     "llama-3.2-1b": 1_235_814_400,
     "llama-3.2-3b": 3_212_749_824,
     "llama-4-scout": 107_769_861_120,  # text model
-    "llava-1.5-7b": 7_063_427_072,
-    # encoder-decoder models, whole (tracer.seq2seq: AutoModelForSeq2SeqLM, Whisper's AutoModelForSpeechSeq2Seq);
-    # transformers 5.23 ties every T5's head to its embedding (T5Config forces tie_word_embeddings), so Flan-T5's
-    # untied checkpoint head (+32,899,072) is not built
+    "llava-1.5-7b": 7_063_427_072,   # whole (AutoModelForImageTextToText): Vicuna-7B + CLIP ViT-L/14-336 + projector
+    # hybrid and linear-attention LMs (issue "The models people bring in 2026")
+    "qwen3-next-80b-a3b": 79_674_391_296,
+    "nemotron-h-8b": 8_100_852_736,
+    "jamba-1.5-mini": 51_570_323_328,
+    "qwen3.5-397b-a17b": 396_346_350_336,   # text model (Qwen3_5MoeForCausalLM from text_config)
+    "qwen3.6-35b-a3b": 34_660_610_688,      # text model; Qwen3.5's architecture (model_type qwen3_5_moe)
+    # encoder-decoder models, whole (tracer.seq2seq: AutoModelForSeq2SeqLM, Whisper's AutoModelForSpeechSeq2Seq)
     "t5-large": 737_668_096,
-    "flan-t5-large": 750_251_008,
-    "whisper-large-v3": 1_543_490_560,   # whole (AutoModelForImageTextToText): Vicuna-7B + CLIP ViT-L/14-336 + projector
+    "whisper-large-v3": 1_543_490_560,
     "mistral-7b": 7_241_732_096,
     "mistral-small-3.1-24b": 23_572_403_200,  # text model
     "mixtral-8x7b": 46_702_792_704,

@@ -118,6 +118,7 @@ def test_whisper_inference_equals_a_full_depth_trace():
     ("t5", Workload(), [(3, 333), (1, 77)]),
     ("whisper", Workload(), [(3, 301)]),
     ("whisper", Workload(checkpointing="full"), [(2, 301)]),
+    ("whisper", Workload(method="lora"), [(2, 301)]),        # the plain PeftModel: Whisper takes no input_ids
 ])
 def test_training_and_inference_equal_full_depth_traces(name, workload, sizes):
     _check(name, workload, sizes)

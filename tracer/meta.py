@@ -296,7 +296,9 @@ def read_inventory(config: dict) -> dict:
         "kv_heads": _first_int(tcfg, ("num_key_value_heads", "num_kv_heads", "n_head_kv"), math.gcd) or heads,
         "head_dim": _first_int(tcfg, ("head_dim",)) or (hidden // heads if heads else 0),
         "vocab": _first_int(tcfg, ("vocab_size",)),
-        "max_positions": _first_int(tcfg, ("max_position_embeddings", "n_positions", "max_sequence_length")),
+        # max_target_positions: Whisper's decoder (its seq is the decoder's tokens, tracer.seq2seq)
+        "max_positions": _first_int(tcfg, ("max_position_embeddings", "n_positions", "max_sequence_length",
+                                           "max_target_positions")),
         "learned_positions": _learned_positions(model, tcfg),
         "n_experts": n_experts, "experts_per_token": _first_int(tcfg, TOPK_KEYS) if n_experts else 0,
         "attention_dropout": max(float(getattr(tcfg, k, 0.0) or 0.0) for k in

@@ -192,7 +192,9 @@ def _materialize(model: torch.nn.Module, device: str) -> None:
 def _add_lora(model, workload: Workload, encoder: bool = False):
     from peft import LoraConfig, get_peft_model
 
-    task = None if encoder else "CAUSAL_LM"
+    # an encoder-decoder model takes the plain PeftModel (as HF's Whisper LoRA guide builds it): PEFT's seq2seq and
+    # causal wrappers pass input_ids by name, which Whisper's forward (input_features) does not take
+    task = None if encoder or seq2seq.is_seq2seq_model(model) else "CAUSAL_LM"
     # PEFT freezes the base model and, by default (autocast_adapter_dtype=True), keeps adapters in fp32.
     lora = LoraConfig(r=workload.lora_rank, target_modules=list(workload.lora_targets), lora_dropout=0.0,
                       task_type=task)
