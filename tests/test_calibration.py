@@ -170,7 +170,7 @@ def test_row_without_stage_columns_uses_its_overall_peak_only_where_that_holds_a
 
 def test_collect_points_keeps_usable_training_rows_and_counts_the_rest(tmp_path):
     rows = [make_row(batch=b, seq=s) for b in (1, 2) for s in (128, 256)]
-    rows += [make_row(batch=3, config={"model_type": "t5", "d_model": 8}),   # unsupported model_type
+    rows += [make_row(batch=3, config={"model_type": "led", "d_model": 8}),  # a model_type not priced
              make_row(batch=3, config={"model_type": "llama", "hidden_size": "big"}),  # not a size
              make_row(batch=3, method="lora", lora_targets="c_attn"),         # no such module in a Llama
              make_row(batch=4, mode="infer"),                                 # not training
