@@ -12,10 +12,11 @@ from __future__ import annotations
 from estimator.model import Model
 from estimator.spec import Parallel, Workload
 
-# What the traced step runs: one GPU, or a data-parallel copy of it (DDP's buckets, ZeRO-1/2's shards of states and
-# gradients are priced over the one-GPU trace). FSDP and TP wrap or split a decoder-only stack as torchtitan does;
-# an encoder-decoder model's two stacks are not traced under them.
-STRATEGIES = ("single", "ddp", "zero1", "zero2")
+# What is priced: one GPU, a data-parallel copy of it (DDP's buckets, ZeRO-1/2's shards of states and gradients over
+# the one-GPU trace), and FSDP2 traced per rank (`fully_shard` on every layer of both stacks, then the root, as HF
+# Accelerate's FSDP2 wraps a T5Block or a WhisperEncoderLayer; HSDP as FSDP over its shard group). TP, PP and CP split a
+# decoder-only stack as torchtitan does, which has no encoder-decoder model: not priced.
+STRATEGIES = ("single", "ddp", "zero1", "zero2", "fsdp", "zero3", "fsdp-grad-op", "hsdp")
 # The loss variants patch a causal LM's head (tracer.losses); activation offloading hooks its body; compile and
 # float8 were never checked on these models
 TRAIN_ONLY_DEFAULTS = {"loss": "full", "activation_offload": False, "compile": False, "float8": False}

@@ -223,8 +223,9 @@ def main() -> None:
     ui.default_images(PAGE, images_of(model) is not None)
     values, shown = ui.workload_inputs(PAGE, f, st.sidebar, **ui.kinds(model))
     if seq2seq_of(model) is not None:
-        st.info(f"{name} is an encoder-decoder model: its steps are traced on one GPU (and priced under DDP and "
-                "ZeRO-1/2 on the Will-it-fit page); FSDP, TP and PP layouts of its two layer stacks are not priced yet.")
+        st.info(f"{name} is an encoder-decoder model: the Will-it-fit page prices it on one GPU and under DDP, "
+                "ZeRO-1/2 and FSDP (every layer of both stacks sharded); TP and PP layouts of its two layer stacks, "
+                "which this page compares, are not priced yet.")
         return
     try:
         w = ui.workload_from_dict(values, **ui.kinds(model))

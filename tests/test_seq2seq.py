@@ -81,7 +81,8 @@ def test_the_target_length_is_part_of_the_class_and_zero_keeps_every_old_key():
     ("whisper", Workload(mode="infer", seq=440, gen_tokens=9), Parallel(), "^seq: .*448 positions"),
     ("bart", Workload(seq=64, target_seq=1025), Parallel(), "^target_seq: .*1,024 positions"),
     ("bart", Workload(seq=64, loss="chunked"), Parallel(), "^loss: not priced for encoder-decoder"),
-    ("t5", Workload(seq=64), Parallel(strategy="fsdp", gpus=4), "^strategy: fsdp is not priced"),
+    ("t5", Workload(seq=64), Parallel(strategy="tp", gpus=2), "^strategy: tp is not priced"),
+    ("t5", Workload(seq=64), Parallel(strategy="fsdp", gpus=4, tp=2), "^strategy: tensor, pipeline and context"),
 ])
 def test_what_is_not_priced_is_refused_in_one_line_before_any_trace(name, workload, parallel, match):
     from estimator.estimate import estimate
@@ -91,15 +92,15 @@ def test_what_is_not_priced_is_refused_in_one_line_before_any_trace(name, worklo
     assert "\n" not in str(e.value)
 
 
-def _check(name: str, workload: Workload, sizes) -> None:
+def _check(name: str, workload: Workload, sizes, parallel: Parallel = Parallel()) -> None:
     from bench.trace.cases import trace_case
     from estimator.estimate import estimate
 
     cfg, m = _config(name), _model(name)
     for b, s in sizes:
         w = replace(workload, batch=b, seq=s)
-        est = estimate(m, w, Parallel())
-        row = trace_case(cfg, f"t-{name}", w, Parallel(), steps=2)
+        est = estimate(m, w, parallel)
+        row = trace_case(cfg, f"t-{name}", w, parallel, steps=2)
         got = {n: st.tensor_bytes for n, st in est.stages}
         assert got == {n: row[f"{n}_peak_alloc_bytes"] for n in got}, (w, got)
 
@@ -122,3 +123,13 @@ def test_whisper_inference_equals_a_full_depth_trace():
 ])
 def test_training_and_inference_equal_full_depth_traces(name, workload, sizes):
     _check(name, workload, sizes)
+
+
+@SLOW
+@pytest.mark.parametrize("workload, parallel", [
+    (Workload(), Parallel(strategy="fsdp", gpus=4)),
+    (Workload(method="lora", lora_targets=("q", "v")), Parallel(strategy="fsdp", gpus=8)),
+])
+def test_fsdp_over_both_stacks_equals_a_traced_rank(workload, parallel):
+    """FSDP2 on every layer of the encoder and the decoder, then the root: rank 0 of a fake process group."""
+    _check("t5", workload, [(3, 301)], parallel)
