@@ -99,6 +99,10 @@ def test_deepseek_v3_active_params():
                                        "willitfit does not build"),
     ({"model_type": "llama", "num_attention_heads": 32, "num_key_value_heads": 5}, "^num_key_value_heads: 5 does not"),
     ({"model_type": "llama", "hidden_size": "big"}, "^hidden_size: must be a positive integer"),
+    # transformers' own validation says what is wrong on its second line: that line is the one shown
+    ({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 3},
+     r"^model_type: transformers cannot build 'llama' from this config \(ValueError: The hidden size \(64\) is not a "
+     r"multiple of the number of attention heads \(3\)\.\)$"),
 ])
 def test_bad_configs_are_refused_in_one_line(config, message):
     with pytest.raises(ValueError, match=message) as e:

@@ -66,7 +66,7 @@ def hf_config(config: dict):
     try:
         cfg = AutoConfig.for_model(config["model_type"], **rest)
     except (ValueError, KeyError, TypeError, StrictDataclassError) as e:
-        first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+        first = _reason(e)
         raise ValueError(f"model_type: transformers cannot build {config['model_type']!r} from this config "
                          f"({first})") from None
     seq2seq.start_token_stated(cfg)
@@ -83,6 +83,16 @@ def _every_layer_runs(cfg) -> None:
         for key, value in list(vars(c).items()) if c is not None and hasattr(c, "__dict__") else ():
             if key.endswith("layerdrop") and isinstance(value, (int, float)) and not isinstance(value, bool) and value:
                 setattr(c, key, 0.0)
+
+
+def _reason(e: BaseException) -> str:
+    """One line of an exception's text: its first line, or where that only introduces the next ones (huggingface_hub's
+    "Class validation error for validator 'validate_architecture':"), the line that says what is wrong."""
+    lines = [x.strip() for x in str(e).strip().splitlines() if x.strip()]
+    if not lines:
+        return type(e).__name__
+    said = lines[1] if lines[0].endswith(":") and len(lines) > 1 else lines[0]
+    return said[:300]
 
 
 def _transformers_version() -> str:
