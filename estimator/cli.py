@@ -9,6 +9,7 @@ Bad input exits with code 2 and one line on stderr naming the field and what is 
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 import json
 import math
 import sys
@@ -25,7 +26,7 @@ from estimator.device import capacity_bytes, capacity_source
 from estimator.gpus import GPU, get_gpu, load_gpus
 from estimator.hub import OfflineError, fetch_config, split_model_ref
 from estimator.model import Model, check_context, check_sizes, defaults_note, from_hf_config
-from estimator.presets import load_config, preset_names
+from estimator.presets import default_lora_targets, load_config, preset_names
 from estimator.search import Advice, advice, max_batch, max_seq, unpriced
 from estimator.spec import (PP_SCHEDULES, OFFLOADS,
                             STRATEGIES,
@@ -409,6 +410,7 @@ def run(args) -> dict | str:
     if vision.is_vision(model) and args.seq != SEQ_DEFAULT:
         raise ValueError(f"seq: {name} is a vision encoder, sized by --image-size (pixels), not --seq")
     w = vision.sized(model, w)  # a vision encoder's image size -> tokens per image (seq); a text model as it is
+    w, targets_note = model_lora_targets(model, w)
     vision.check_images(model, w)  # a vision-language model's images fit in seq (before any derivation)
     seq2seq.check(model, w, p)     # an encoder-decoder model's lengths, knobs and layout (before any derivation)
     gpu = get_gpu(args.gpu) if args.gpu else None
@@ -416,8 +418,24 @@ def run(args) -> dict | str:
     # an encoder-decoder model's encoder reads seq; its decoder's positions are checked by seq2seq.check
     beyond = check_context(model, w.seq, 0 if seq2seq.seq2seq_of(model) else w.gen_tokens, args.allow_beyond_context)
     out = report(model, estimate(model, w, p, options), gpu, options, cal, price_advice=args.price_advice)
-    out["notes"][:0] = [n for n in (defaults_note(model, defaulted) if defaulted else None, beyond) if n]
+    out["notes"][:0] = [n for n in (defaults_note(model, defaulted) if defaulted else None, beyond, targets_note)
+                        if n]
     return out
+
+
+def model_lora_targets(model: Model, w: Workload) -> tuple[Workload, str | None]:
+    """--lora-targets at its default (q_proj,v_proj) on a model with no such module (T5's q and v, GPT-2's c_attn,
+    Phi-3's qkv_proj): PEFT's default for the model type instead (`peft.LoraConfig(target_modules=None)`,
+    data/lora_defaults.json), said in a note. Other targets are kept (one the model lacks is refused later)."""
+    default = Workload().lora_targets
+    if w.method == "full" or w.lora_targets != default:
+        return w, None
+    names = set(model.inventory.lora_target_names())
+    peft = default_lora_targets(model.model_type)
+    if set(default) & names or not set(peft) & names:
+        return w, None
+    return replace(w, lora_targets=peft), (f"lora_targets: {','.join(peft)}, PEFT's default for {model.model_type} "
+                                           f"(it has no {' or '.join(default)}); --lora-targets names others")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+from functools import lru_cache
 from pathlib import Path
 
 from estimator.names import compact, did_you_mean
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+LORA_DEFAULTS = DATA_DIR / "lora_defaults.json"   # PEFT's default targets per model type (python -m tracer.lora)
 MODELS_DIR = DATA_DIR / "models"
 MAX_CONFIG_BYTES = 1 << 20  # a config.json is a few KB; refuse anything absurd before parsing it
 
@@ -59,3 +61,15 @@ def config_hash(config: dict) -> str:
     and the `config_hash` column of a run row."""
     text = json.dumps(config, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+@lru_cache(maxsize=1)
+def _lora_defaults() -> dict:
+    return json.loads(LORA_DEFAULTS.read_text())
+
+
+def default_lora_targets(model_type: str) -> tuple[str, ...]:
+    """The LoRA targets PEFT adapts by default in this model type (`peft.LoraConfig(target_modules=None)`, with
+    tracer.lora's exceptions), read from data/lora_defaults.json: no torch here. ("q_proj", "v_proj") for a type
+    the table lacks, as `Workload.lora_targets`' default."""
+    return tuple(_lora_defaults().get(model_type, ("q_proj", "v_proj")))

@@ -11,7 +11,7 @@ from estimator.seq2seq import seq2seq_of
 from estimator.vision import images_of, is_vision, traced_depths
 from estimator.gpus import gpu_names, load_gpus
 from estimator.model import Model
-from estimator.presets import preset_names
+from estimator.presets import default_lora_targets, preset_names
 from estimator.units import fmt_bytes
 from estimator.reserved import alloc_mode
 from estimator.model import from_hf_config
@@ -123,12 +123,14 @@ def default_images(page: str, vlm: bool) -> None:
         st.session_state[key] = 1
 
 
-def prepare_lora_targets(page: str, options: list[str]) -> None:
-    """Keep the selected LoRA targets among the model's modules (a model change can invalidate them)."""
+def prepare_lora_targets(page: str, options: list[str], model_type: str = "") -> None:
+    """Keep the selected LoRA targets among the model's modules (a model change can invalidate them); with none
+    left, PEFT's default for the model type (T5: q, v; GPT-2: c_attn), else the first module."""
     key = state_key(page, "lora_targets")
     chosen = [t for t in st.session_state.get(key, []) if t in options]
     if not chosen:
-        chosen = [t for t in _W.lora_targets if t in options] or options[:1]
+        chosen = [t for t in _W.lora_targets if t in options] or \
+            [t for t in default_lora_targets(model_type) if t in options] or options[:1]
     if chosen != st.session_state.get(key):
         st.session_state[key] = chosen
 

@@ -117,7 +117,7 @@ def main() -> None:
         return
     _, config = load_config(name)
     model = ui.load_model(config, name)
-    ui.prepare_lora_targets(PAGE, ui.lora_target_options(model))
+    ui.prepare_lora_targets(PAGE, ui.lora_target_options(model), model.model_type)
     f["lora_targets"] = replace(f["lora_targets"], choices=tuple(ui.lora_target_options(model)))
     kinds = {**ui.kinds(model), "vision": False}   # this page lists text models only
     ui.default_images(PAGE, kinds["vlm"])

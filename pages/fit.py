@@ -345,7 +345,7 @@ def body(f: dict[str, state.Field], shown: set[str]) -> None:
     except (ValueError, KeyError, TypeError) as e:
         st.error(f"This config.json cannot be used: {e}. Change the config (or pick a preset).")
         return
-    ui.prepare_lora_targets(PAGE, ui.lora_target_options(model))
+    ui.prepare_lora_targets(PAGE, ui.lora_target_options(model), model.model_type)
     f["lora_targets"] = replace(f["lora_targets"], choices=tuple(ui.lora_target_options(model)))
     ui.default_images(PAGE, images_of(model) is not None)
     values, w_shown = ui.workload_inputs(PAGE, f, st.sidebar, **ui.kinds(model))

@@ -218,7 +218,7 @@ def main() -> None:
                                     help="World sizes to draw; a strategy skips sizes it cannot use.")
     _, config = load_config(name)
     model = ui.load_model(config, name)
-    ui.prepare_lora_targets(PAGE, ui.lora_target_options(model))
+    ui.prepare_lora_targets(PAGE, ui.lora_target_options(model), model.model_type)
     f["lora_targets"] = replace(f["lora_targets"], choices=tuple(ui.lora_target_options(model)))
     ui.default_images(PAGE, images_of(model) is not None)
     values, shown = ui.workload_inputs(PAGE, f, st.sidebar, **ui.kinds(model))

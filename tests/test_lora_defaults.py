@@ -35,3 +35,28 @@ def test_every_preset_default_names_a_linear_it_has(name):
     inv = from_hf_config(config, name, derive=False).inventory
     names = {lin[0] for lin in inv.linears}
     assert set(default_lora_targets(config["model_type"])) & names, (name, names)
+
+
+def test_the_torch_free_copy_is_what_peft_says_today():
+    """data/lora_defaults.json (read by the estimator and the app, which import no torch) is `python -m tracer.lora`'s
+    output: a PEFT upgrade that changes a default fails here until the file is written again."""
+    import json
+
+    from estimator import presets
+    from tracer.lora import defaults_table
+
+    assert json.loads(presets.LORA_DEFAULTS.read_text()) == defaults_table()
+    for name in preset_names():
+        mt = load_config(name)[1]["model_type"]
+        assert presets.default_lora_targets(mt) == default_lora_targets(mt), name
+
+
+def test_the_cli_takes_peft_default_where_the_model_has_no_q_proj(capsys):
+    import json
+
+    from estimator.cli import main
+
+    assert main(["--model", "t5-large", "--method", "lora", "--batch", "2", "--seq", "256", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["workload"]["lora_targets"] == "q,v"
+    assert any(n.startswith("lora_targets: q,v, PEFT's default for t5") for n in out["notes"])

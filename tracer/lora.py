@@ -23,6 +23,18 @@ NOT_IN_PEFT = {
 ATTENTION_ONLY = {"phi": ("q_proj", "v_proj")}  # PEFT: q_proj, v_proj, fc1, fc2
 
 
+DEFAULTS_FILE = "lora_defaults.json"   # data/: this table for the tiers that import no torch (estimator.presets)
+
+
+def defaults_table() -> dict[str, list[str]]:
+    """Every model type PEFT or the exceptions name, with its default targets: what `python -m tracer.lora` writes
+    to data/lora_defaults.json (tests/test_lora_defaults.py checks the shipped file against it)."""
+    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as peft_defaults
+
+    types = sorted({*peft_defaults, *NOT_IN_PEFT, *ATTENTION_ONLY})
+    return {mt: list(default_lora_targets(mt)) for mt in types}
+
+
 def default_lora_targets(model_type: str) -> tuple[str, ...]:
     """The default LoRA target modules of this model_type (see the module docstring)."""
     from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as peft_defaults
@@ -50,3 +62,12 @@ def derivation_ranks(workload: Workload, fsdp: bool, rank_variable: bool | None 
     if not ranked:
         return (workload.lora_rank,), workload.lora_rank
     return LORA_RANKS, LORA_VERIFY_RANK_FSDP if fsdp else LORA_VERIFY_RANK
+
+
+if __name__ == "__main__":   # python -m tracer.lora: write data/lora_defaults.json from PEFT's mapping
+    import json
+    from pathlib import Path
+
+    out = Path(__file__).resolve().parent.parent / "data" / DEFAULTS_FILE
+    out.write_text(json.dumps(defaults_table(), indent=1, sort_keys=True) + "\n")
+    print(f"wrote {out} ({len(defaults_table())} model types)")
