@@ -277,6 +277,6 @@ def check_context(model: Model, seq: int, gen_tokens: int = 0, allow_beyond: boo
     if not allow_beyond:
         raise ValueError(f"seq: {tokens} tokens exceed {model.name}'s context of {context} tokens "
                          f"(max_position_embeddings); use seq <= {context - gen_tokens}, or --allow-beyond-context "
-                         "if you extend it (RoPE scaling)")
+                         "if you run it longer (RoPE scaling; T5's relative positions run past its n_positions)")
     return (f"{tokens} tokens are beyond {model.name}'s context of {context} (max_position_embeddings): "
             "the memory is estimated as asked; the model was not trained that long")

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields, replace
 from estimator import cp, vision
 from estimator.estimate import Options, estimate
 from estimator.model import Model
+from estimator.presets import default_lora_targets
 from estimator.store import ProfileMissing
 from estimator.spec import CP_STRATEGIES, MAX_BATCH, MAX_SEQ, STRATEGIES, Parallel, Workload, spec_dict
 from estimator.alloc_conf import parse_alloc_conf
@@ -215,8 +216,9 @@ def _method_candidates(model: Model, w: Workload):
         return []
     targets = w.lora_targets
     names = set(model.inventory.lora_target_names())
-    if not set(targets) <= names:  # PEFT's q_proj,v_proj default does not exist in every architecture
-        targets = tuple(sorted(names))
+    if not set(targets) <= names:  # PEFT's q_proj,v_proj default does not exist in every architecture: its default
+        peft = default_lora_targets(model.model_type)   # for the type (T5: q, v; GPT-2: c_attn), else every Linear
+        targets = peft if set(peft) <= names else tuple(sorted(names))
     lora = {"method": "lora", "lora_targets": targets, "weight_format": "auto"}
     out = [(f"Fine-tune with LoRA (r={w.lora_rank}) instead of all weights", lora, {},
             "Frozen base: no gradients or optimizer states for it; adapters train a subspace only.")]
