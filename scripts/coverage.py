@@ -344,7 +344,7 @@ def report() -> None:
              "`sum(p.numel())`; its training profile (full fine-tuning, pure bf16, SDPA or eager; fp32 where the code has no bf16 path) is derived at reduced",
              "depth; the estimate is compared with a full-depth trace at a batch and sequence the fit did not use",
              "(an image model: at an image one patch or grid unit wider than its config's, batch 3; \"Vision encoders\""
-             " below).",
+             " below; an encoder-decoder model: its decoder as long as its encoder, \"Encoder-decoder models\" below).",
              "The revision column is the commit whose tracer produced the row; rows marked `pre-kernels` were traced",
              "before the CUDA-kernel emulation (tracer/kernels.py) landed, with the CPU's SDPA made",
              "CUDA-like by hand; profile and trace of a row always come from the same tracer.", "",
