@@ -29,6 +29,12 @@ def seq2seq_of(model: Model) -> dict | None:
     return v if isinstance(v, dict) else None
 
 
+def seq_limit(model: Model) -> int:
+    """The most --seq a speech model's decoder takes (Whisper: 448), else 0 (no limit of this module's)."""
+    v = seq2seq_of(model)
+    return int(v.get("max_target") or 0) if v is not None and v["kind"] == "speech" else 0
+
+
 def target_len(w: Workload) -> int:
     return w.target_seq or w.seq
 

@@ -19,7 +19,7 @@ from estimator.gpus import get_gpu
 from estimator.presets import load_config
 from estimator.spec import MAX_BATCH, MAX_SEQ, Parallel
 from estimator.units import GB, GiB, fmt_bytes
-from estimator.seq2seq import check as seq2seq_check
+from estimator.seq2seq import check as seq2seq_check, seq_limit
 from estimator.vision import check_images, image_tokens
 from pages import _charts as charts
 from pages import _derive as derive
@@ -149,10 +149,13 @@ def main() -> None:
         return
     st.caption(ui.provenance_caption(prov))
     b_max = search.max_batch(model, w, par, usable, options)
-    s_max = search.max_seq(model, w, par, usable, options, limit=min(MAX_SEQ, 4 * model.max_positions))
+    # no sequence past positions the model does not have: learned ones, or a speech decoder's (Whisper: 448)
+    hard = model.max_positions if model.learned_positions else seq_limit(model)
+    s_max = search.max_seq(model, w, par, usable, options, limit=hard or min(MAX_SEQ, 4 * model.max_positions))
     # x runs a little past the cliff (or past the stored runs), so the line's crossing stays readable
     top_b = max([16, 4 * b_max, *(pts["batch"].tolist() if len(pts) else [])])
     top_s = max([4 * w.seq, 4 * s_max, *(pts["seq"].tolist() if len(pts) else [])])
+    top_s = min(top_s, hard) if hard else top_s
     c1, c2 = st.columns(2)
     c1.metric(f"Largest micro-batch at seq {w.seq:,}", f"{b_max:,}")
     c2.metric(f"Longest sequence at batch {w.batch}", f"{s_max:,} tokens")

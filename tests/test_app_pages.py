@@ -527,6 +527,14 @@ def test_curves_of_a_vision_language_model_start_past_its_images(env):
     assert any(e.value.startswith("seq: 300 tokens cannot hold 1 image(s)") for e in at.error) and not at.exception
 
 
+def test_curves_of_a_speech_model_stop_at_its_decoders_positions(env):
+    at = app("pages/curves.py", query={"model": "whisper-large-v3", "seq": "256"})
+    model, gpu = the_model("whisper-large-v3"), get_gpu(H100)
+    assert not at.exception and not at.error
+    s_max = search.max_seq(model, Workload(seq=256), Parallel(), capacity_bytes(gpu), ON_H100_NO_TRACE, limit=448)
+    assert metric(at, "Longest sequence at batch 1") == f"{s_max:,} tokens" and s_max <= 448
+
+
 def test_curves_limits_points_and_residuals(env):
     at = app("pages/curves.py", query={"model": MODEL, "seq": "1024"})
     model, gpu = the_model(), get_gpu(H100)
