@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
+import time
 from collections.abc import Callable
 
 
@@ -51,3 +52,31 @@ def compared(name: str, est, row: dict, derive_s: float, what: str) -> tuple[boo
     line = (f"{name:30s} {'equal' if diff == 0 else 'DIFFERS'}  {what}  peak {peak:>16,} B  largest stage difference "
             f"{diff:,} B  ({est.profile.get('traces')} traces, {derive_s:.1f} s)")
     return diff == 0, line
+
+
+def config(ref: str) -> dict:
+    """A preset's config.json (data/models/), else a model type's default config (`AutoConfig.for_model(type)`)."""
+    from estimator.presets import load_config, preset_names
+
+    if ref in preset_names():
+        return load_config(ref)[1]
+    from transformers import AutoConfig
+
+    cfg = {**AutoConfig.for_model(ref).to_diff_dict(), "model_type": ref}
+    cfg.pop("transformers_version", None)
+    return cfg
+
+
+def checked(name: str, ref: str, w) -> tuple[bool, str]:
+    """`compared` for the estimate of workload `w` on `ref` (a preset or a model type) and its full-depth trace."""
+    from bench.trace.cases import trace_case
+    from estimator.estimate import estimate
+    from estimator.model import from_hf_config
+
+    cfg = config(ref)
+    t = time.perf_counter()
+    model = from_hf_config(cfg, ref)
+    est = estimate(model, w)
+    derive_s = time.perf_counter() - t
+    row = trace_case(cfg, ref, est.workload, steps=2)
+    return compared(name, est, row, derive_s, f"{model.params:>14,} params")

@@ -15,7 +15,6 @@ equal; the script prints a row per case and exits 1 if any differs. Prints; writ
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,38 +36,17 @@ CASES = (
 )
 
 
-def _config(ref: str) -> dict:
-    from estimator.presets import load_config, preset_names
-
-    if ref in preset_names():
-        return load_config(ref)[1]
-    from transformers import AutoConfig
-
-    cfg = {**AutoConfig.for_model(ref).to_diff_dict(), "model_type": ref}
-    cfg.pop("transformers_version", None)
-    return cfg
-
-
 def run_case(case) -> tuple[bool, str]:
-    from bench.trace.cases import trace_case
-    from estimator.estimate import estimate
-    from estimator.model import from_hf_config
+    from estimator.presets import default_lora_targets
     from estimator.spec import Workload
-    from tracer.lora import default_lora_targets
 
     name, ref, mode, method, b, s, target, *rest = case
     attention = rest[0] if rest else "sdpa"
     gen = rest[1] if len(rest) > 1 else 0
-    cfg = _config(ref)
-    lora = {"lora_targets": default_lora_targets(cfg["model_type"])} if method == "lora" else {}
+    lora = {"lora_targets": default_lora_targets(fullsize_check.config(ref)["model_type"])} if method == "lora" else {}
     w = Workload(batch=b, seq=s, target_seq=target, mode=mode, method=method, attention=attention, gen_tokens=gen,
                  **lora)
-    t = time.perf_counter()
-    model = from_hf_config(cfg, ref)
-    est = estimate(model, w)
-    derive_s = time.perf_counter() - t
-    row = trace_case(cfg, ref, est.workload, steps=2)
-    return fullsize_check.compared(name, est, row, derive_s, f"{model.params:>14,} params")
+    return fullsize_check.checked(name, ref, w)
 
 
 def main(argv=None) -> int:

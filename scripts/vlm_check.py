@@ -16,7 +16,6 @@ the table of its last run).
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,35 +36,14 @@ CASES = (
 )
 
 
-def _config(ref: str) -> dict:
-    from estimator.presets import load_config, preset_names
-
-    if ref in preset_names():
-        return load_config(ref)[1]
-    from transformers import AutoConfig
-
-    cfg = {**AutoConfig.for_model(ref).to_diff_dict(), "model_type": ref}
-    cfg.pop("transformers_version", None)
-    return cfg
-
-
 def run_case(case) -> tuple[bool, str]:
-    from bench.trace.cases import trace_case
-    from estimator.estimate import estimate
-    from estimator.model import from_hf_config
     from estimator.spec import Workload
 
     name, ref, mode, method, b, s, images, *rest = case
     ckpt = rest[0] if rest else "none"
     gen = rest[1] if len(rest) > 1 else 0
-    cfg = _config(ref)
     w = Workload(batch=b, seq=s, images=images, mode=mode, method=method, checkpointing=ckpt, gen_tokens=gen)
-    t = time.perf_counter()
-    model = from_hf_config(cfg, ref)
-    est = estimate(model, w)
-    derive_s = time.perf_counter() - t
-    row = trace_case(cfg, ref, est.workload, steps=2)
-    return fullsize_check.compared(name, est, row, derive_s, f"{model.params:>14,} params")
+    return fullsize_check.checked(name, ref, w)
 
 
 def main(argv=None) -> int:

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from estimator.spec import Parallel, Workload
+from traced import assert_equals_trace
 
 TINY = Path(__file__).parent / "data" / "tiny"
 SLOW = pytest.mark.skipif(not os.environ.get("WILLITFIT_SLOW"), reason="slow tier: WILLITFIT_SLOW=1")
@@ -93,16 +94,7 @@ def test_what_is_not_priced_is_refused_in_one_line_before_any_trace(name, worklo
 
 
 def _check(name: str, workload: Workload, sizes, parallel: Parallel = Parallel()) -> None:
-    from bench.trace.cases import trace_case
-    from estimator.estimate import estimate
-
-    cfg, m = _config(name), _model(name)
-    for b, s in sizes:
-        w = replace(workload, batch=b, seq=s)
-        est = estimate(m, w, parallel)
-        row = trace_case(cfg, f"t-{name}", w, parallel, steps=2)
-        got = {n: st.tensor_bytes for n, st in est.stages}
-        assert got == {n: row[f"{n}_peak_alloc_bytes"] for n in got}, (w, got)
+    assert_equals_trace(_config(name), f"t-{name}", workload, sizes, parallel)
 
 
 def test_whisper_inference_equals_a_full_depth_trace():

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from estimator.spec import Workload
+from traced import assert_equals_trace
 
 TINY = Path(__file__).parent / "data" / "tiny"
 ROOT = Path(__file__).resolve().parents[1]
@@ -124,19 +125,9 @@ def test_a_vlm_whose_image_path_fails_on_its_config_is_priced_text_only():
 
 
 def _check(workload: Workload, sizes, name: str = "llava", parallel=None) -> None:
-    from bench.trace.cases import trace_case
-    from estimator.estimate import estimate
-    from estimator.model import from_hf_config
     from estimator.spec import Parallel
 
-    cfg, parallel = _config(name), parallel or Parallel()
-    m = from_hf_config(cfg, f"t-{name}")
-    for b, s in sizes:
-        w = replace(workload, batch=b, seq=s)
-        est = estimate(m, w, parallel)
-        row = trace_case(cfg, f"t-{name}", w, parallel, steps=2)
-        got = {n: st.tensor_bytes for n, st in est.stages}
-        assert got == {n: row[f"{n}_peak_alloc_bytes"] for n in got}, (w, got)
+    assert_equals_trace(_config(name), f"t-{name}", workload, sizes, parallel or Parallel())
 
 
 def test_training_with_an_image_equals_a_full_depth_trace():

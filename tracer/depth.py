@@ -146,16 +146,7 @@ def reduce_depth(model: torch.nn.Module, keep: list[int]) -> None:
     n = len(layers)
     if not keep or any(not 0 <= i < n for i in keep):
         raise ValueError(f"layers: indices {keep} out of range for {n} layers")
-    kept, seen = [], set()
-    for i in keep:
-        kept.append(copy.deepcopy(layers[i]) if i in seen else layers[i])
-        seen.add(i)
-    for new, (old, layer) in enumerate(zip(keep, kept)):
-        for module in layer.modules():
-            for attr in LAYER_INDEX_ATTRS:
-                if getattr(module, attr, None) == old:
-                    setattr(module, attr, new)
-    setattr(parent, name, torch.nn.ModuleList(kept))
+    _keep(parent, name, layers, keep)
     for cfg in {id(c): c for c in (model.config, text_config(model.config))}.values():
         if getattr(cfg, "num_hidden_layers", None) == n:
             for key, values in per_layer_lists(cfg, n).items():
@@ -187,16 +178,22 @@ def _reduce_stacks(model, stacks, keep: list[int]) -> None:
         mine = [i - base for i in keep if base <= i < base + sizes[stack]]
         if not mine:
             raise ValueError(f"layers: {keep} keeps no layer of the {('encoder', 'decoder')[stack]}")
-        kept, seen = [], set()
-        for i in mine:
-            kept.append(copy.deepcopy(layers[i]) if i in seen else layers[i])
-            seen.add(i)
-        for new, (old, layer) in enumerate(zip(mine, kept)):
-            for module in layer.modules():
-                for attr in LAYER_INDEX_ATTRS:
-                    if getattr(module, attr, None) == old:
-                        setattr(module, attr, new)
-        setattr(parent, name, torch.nn.ModuleList(kept))
+        _keep(parent, name, layers, mine)
         for key in keys:
             if vars(cfg).get(key) == len(layers):
-                setattr(cfg, key, len(kept))
+                setattr(cfg, key, len(mine))
+
+
+def _keep(parent, name: str, layers, keep: list[int]) -> None:
+    """parent.name becomes the layers at `keep`, in order (an index given twice: a deep copy, its own parameters),
+    each one's layer index attributes renumbered to its new position."""
+    kept, seen = [], set()
+    for i in keep:
+        kept.append(copy.deepcopy(layers[i]) if i in seen else layers[i])
+        seen.add(i)
+    for new, (old, layer) in enumerate(zip(keep, kept)):
+        for module in layer.modules():
+            for attr in LAYER_INDEX_ATTRS:
+                if getattr(module, attr, None) == old:
+                    setattr(module, attr, new)
+    setattr(parent, name, torch.nn.ModuleList(kept))
