@@ -460,6 +460,7 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
     run(probe_of(pieces[0][2]), 0)
     prefetch([(0, probe_of(p[2])) for p in pieces[1:]])
     planned = []
+    masks = poly.MASK_MONOMIALS + (poly.FIXED_QUERY_MASK_MONOMIALS if w0.target_seq else ())  # t x m: cross-attn
     for lo, hi, seqs, vseq in pieces:
         seen = run(probe_of(seqs), 0).efficient
         unit = seqs[0] - lo
@@ -470,8 +471,7 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
         lse = (poly.LSE_MONOMIALS if "lse" in seen else ()) + scan_extra
         if "mask" in seen:  # a mask is copied on unaligned s only: two lists of ticks, two pieces
             classes = [("aligned", lse, *choose_seqs(lo, unit, lse, "aligned", step, multiple)),
-                       ("unaligned", poly.MASK_MONOMIALS + lse, *choose_seqs(lo, unit, poly.MASK_MONOMIALS + lse,
-                                                                             "unaligned", step, multiple))]
+                       ("unaligned", masks + lse, *choose_seqs(lo, unit, masks + lse, "unaligned", step, multiple))]
         else:
             classes = [(None, lse, *(choose_seqs(lo, unit, lse, step=step, multiple=multiple) if lse else (seqs, vseq)))]
         n_jobs += sum(jobs(c[2]) for c in classes) - jobs(seqs)

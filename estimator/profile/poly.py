@@ -51,6 +51,10 @@ STEP_MONOMIALS = (ONE, B, S, BS, S2, BS2)           # a training step or a prefi
 DECODE_MONOMIALS = STEP_MONOMIALS + (G, BG)         # one decoding step after g generated tokens
 SM, BSM = (0, 1, 0, 0, 1, 0), (1, 1, 0, 0, 1, 0)
 MASK_MONOMIALS = (SM, BSM)                          # a padded mask copy: (b or 1) x h x s x m
+M, BM = (0, 0, 0, 0, 1, 0), (1, 0, 0, 0, 1, 0)
+# ... and where the queries are a fixed number (an encoder-decoder model's cross-attention over the encoder's s keys at
+# a fixed target length t): (b or 1) x h x t x m
+FIXED_QUERY_MASK_MONOMIALS = (M, BM)
 L, BL = (0, 0, 0, 0, 0, 1), (1, 0, 0, 0, 0, 1)
 LSE_MONOMIALS = (L, BL)                             # the efficient kernel's logsumexp: b x h x l
 R_INDEX = 8                                         # r's exponent in a monomial: after the 7 and q's chunk
