@@ -332,6 +332,34 @@ class Timeline:
         return np.cumsum(out, axis=1)
 
 
+def _storage_exact_fake_cache() -> None:
+    """FakeTensorMode's dispatch cache (torch/_subclasses/fake_tensor.py) rebuilds a cached output with
+    `torch.empty_strided(shape, stride)`, whose storage ends where the view does, and never reads the storage size it
+    recorded (`storage_bytes`). An op whose output is a slice of a larger buffer (CUDA's memory-efficient attention:
+    its bias gradient and its mask copy padded to 16 columns, sliced back; a head dim padded to 8) then counts the
+    whole buffer on a cache miss and all but the last row's padding on a hit: a trace's bytes depended on which ops
+    ran before it in the process (a forked derivation of a T5 read 2-16 B more than the same traces in one process,
+    docs/architectures.md). Such outputs are not cached: every one is counted as the kernel allocates it."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, _BypassDispatchCache
+
+    original = FakeTensorMode._validate_output_for_cache_entry
+    if getattr(original, "_willitfit", False):
+        return
+
+    def validate(self, state, key, func, args, kwargs, output):
+        original(self, state, key, func, args, kwargs, output)
+        if isinstance(output, FakeTensor) and output.numel() and output.layout == torch.strided:
+            last = output.storage_offset() + sum((n - 1) * st for n, st in zip(output.shape, output.stride()))
+            if output.untyped_storage().nbytes() > (last + 1) * output.element_size():
+                raise _BypassDispatchCache("storage beyond the view")
+
+    validate._willitfit = True
+    FakeTensorMode._validate_output_for_cache_entry = validate
+
+
+_storage_exact_fake_cache()
+
+
 def optimizer_state_tensors(optimizer) -> list[torch.Tensor]:
     """Every tensor in optimizer.state, including a wrapped inner optimizer's (mixed precision)."""
     out = []
