@@ -95,14 +95,12 @@ def check(model: Model, w: Workload, parallel: Parallel | None = None) -> None:
                 raise ValueError(f"{name}: not priced for encoder-decoder models ({model.name}: {model.model_type}); "
                                  f"use {str(default).lower()}")
     if model.config.get("relative_attention_num_buckets") is not None and w.attention != "eager" and \
-            (w.mode == "infer" or w.target_seq):
+            w.mode == "infer":
         # T5's position bias is the SDPA mask: CUDA's memory-efficient kernel copies it to a multiple of 16 keys,
-        # which in decoding is the cache's length and with a fixed target the decoder's (found by the derivation's
-        # check: no polynomial in the sizes holds); eager attention holds the scores themselves
-        what = "decoding (the cache's length)" if w.mode == "infer" else f"a fixed target of {w.target_seq:,} tokens"
+        # which in decoding is the cache's length: no polynomial in the generated tokens; eager attention holds the
+        # scores themselves
         raise ValueError(f"attention: {model.name}'s position bias runs as an SDPA mask padded to 16 keys, which in "
-                         f"{what} no polynomial prices exactly; use --attention eager (or, in training, "
-                         "--target-seq 0: decoder as long as the encoder)")
+                         "decoding (the cache's length) no polynomial prices exactly; use --attention eager")
     if parallel is not None and parallel.strategy not in STRATEGIES:
         raise ValueError(f"strategy: {parallel.strategy} is not priced for encoder-decoder models ({model.name}); "
                          f"these are: {', '.join(STRATEGIES)}")

@@ -101,8 +101,9 @@ def _grid() -> tuple[Pair, ...]:
            ("--recipe", "mixed", "--checkpointing", "selective"), "zero", "ckpt-selective"),
         _p("qwen3-14b-zero2-16-lora-r32", "qwen3-14b", _par("zero2", 16) + _lora(32, ALL_LINEAR) +
            ("--checkpointing", "op-sac"), "zero", "lora-rank", "lora-all-linear", "ckpt-op-sac"),
-        # qwen2.5-72b's selective class ships since 2026-11-27 (its TP rank is priced from it): moved likewise
-        _p("codellama34b-tp8-sp-selective", "codellama-34b", _par("tp", 8, "--sequence-parallel") +
+        # qwen2.5-72b's selective class ships since 2026-11-27 (its TP rank is priced from it): moved likewise, and
+        # again from codellama-34b, whose selective class shipped later that day
+        _p("gemma2-9b-tp8-sp-selective", "gemma-2-9b", _par("tp", 8, "--sequence-parallel") +
            ("--checkpointing", "selective"), "tp", "ckpt-selective"),
         _p("llama2-70b-pp4-ga8-ckpt", "llama-2-70b", _par("pp", 4) + ("--grad-accum", "8", "--checkpointing",
                                                                          "selective"), "pp", "ckpt-selective"),

@@ -312,7 +312,8 @@ def test_fit_prices_an_encoder_decoder_model_whole_with_its_target_length(env):
     est = estimate(model, Workload(seq=512), Parallel(), ON_H100)     # the shipped profile: both stacks, 738M
     assert metric(at, "Peak per GPU") == gib(est.total_bytes) and not at.exception
     assert any("encoder 512 tokens, decoder 512 tokens" in c.value for c in at.caption)
-    at.number_input(key="fit:target_seq").set_value(128).run()       # T5's SDPA bias at a fixed target: one line
+    assert [n for n in at.number_input if n.key == "fit:target_seq"]  # a text-to-text model's decoder length
+    at.selectbox(key="fit:mode").set_value("infer").run()            # T5's SDPA bias in decoding: one line
     assert any(e.value.startswith("attention: t5-large's position bias runs as an SDPA mask") for e in at.error)
     assert not at.exception
     speech = app(query={"model": "whisper-large-v3", "seq": "448"})  # its seq is the transcript: no target input

@@ -106,6 +106,7 @@ def test_whisper_inference_equals_a_full_depth_trace():
 @pytest.mark.parametrize("name, workload, sizes", [
     ("bart", Workload(), [(3, 333), (1, 77)]),
     ("bart", Workload(target_seq=24), [(3, 333)]),
+    ("t5", Workload(target_seq=24), [(3, 333), (1, 77)]),     # SDPA: the cross-attention's t x m mask copy
     ("bart", Workload(method="lora", lora_rank=5), [(3, 333)]),
     ("bart", Workload(mode="infer", gen_tokens=5), [(3, 333)]),
     ("t5", Workload(), [(3, 333), (1, 77)]),
