@@ -36,6 +36,7 @@ def seq_limit(model: Model) -> int:
 
 
 def target_len(w: Workload) -> int:
+    """The decoder's tokens per sample in training: target_seq, or seq where it is 0 (tracer.seq2seq builds them)."""
     return w.target_seq or w.seq
 
 

@@ -391,16 +391,8 @@ def _infer(model, workload, inputs, on_stage, live: dict) -> None:
         with torch.no_grad():
             encoded = model.get_encoder()(**seq2seq.encoder_inputs(inputs))
             cache = live["kv_cache"] = seq2seq.new_cache()
-            out = model(encoder_outputs=encoded, decoder_input_ids=inputs["decoder_input_ids"], past_key_values=cache,
-                        use_cache=True)
-            next_ids = _next_token(out.logits)
-            del out
-            on_stage("prefill")
-            for _ in range(workload.gen_tokens):
-                out = model(encoder_outputs=encoded, decoder_input_ids=next_ids, past_key_values=cache, use_cache=True)
-                next_ids = _next_token(out.logits)
-                del out
-                on_stage("decode")
+            _generate(lambda ids: model(encoder_outputs=encoded, decoder_input_ids=ids, past_key_values=cache,
+                                        use_cache=True), inputs["decoder_input_ids"], workload.gen_tokens, on_stage)
         return
     input_ids = inputs["input_ids"]
     if is_masked_lm(model):
@@ -420,15 +412,18 @@ def _infer(model, workload, inputs, on_stage, live: dict) -> None:
     cache_arg = "cache_params" if "cache_params" in params and "past_key_values" not in params else "past_key_values"
     with torch.no_grad():
         cache = live["kv_cache"] = DynamicCache(config=model.config)
-        out = model(input_ids=input_ids, use_cache=True, **{cache_arg: cache}, **keep)
-        next_ids = _next_token(out.logits)
+        _generate(lambda ids: model(input_ids=ids, use_cache=True, **{cache_arg: cache}, **keep), input_ids,
+                  workload.gen_tokens, on_stage)
+
+
+def _generate(step, ids: torch.Tensor, gen_tokens: int, on_stage: Callable[[str], None]) -> None:
+    """generate()'s loop: `step(ids)` on the prompt (stage "prefill"), then once per generated token ("decode"),
+    each fed the previous call's next token; a call's output dies before the stage ends."""
+    for stage in ("prefill",) + ("decode",) * gen_tokens:
+        out = step(ids)
+        ids = _next_token(out.logits)
         del out
-        on_stage("prefill")
-        for _ in range(workload.gen_tokens):
-            out = model(input_ids=next_ids, use_cache=True, **{cache_arg: cache}, **keep)
-            next_ids = _next_token(out.logits)
-            del out
-            on_stage("decode")
+        on_stage(stage)
 
 
 def _next_token(logits: torch.Tensor) -> torch.Tensor:

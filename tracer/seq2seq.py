@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import torch
 
+from estimator.seq2seq import target_len
+
 # Whisper-like speech encoders: mel features of a fixed window in, one decoder over text tokens out
 SPEECH_TYPES = ("whisper",)
 # Encoder-decoder types whose steps are not one polynomial per class or do not run on fake tensors, with why
@@ -74,11 +76,6 @@ def model_class(cfg):
     raise ValueError(f"model_type: {mt!r} is an encoder-decoder model whose inputs willitfit does not build (priced: "
                      f"text-to-text models of transformers' seq2seq LM class, and {', '.join(SPEECH_TYPES)} for "
                      "speech)")
-
-
-def target_len(workload) -> int:
-    """The decoder's tokens per sample in training: target_seq, or seq where it is 0."""
-    return workload.target_seq or workload.seq
 
 
 def audio_frames(cfg) -> tuple[int, int]:
