@@ -289,7 +289,7 @@ def render_text(r: dict) -> str:
              f"{w['mode']} {w['method']}, " + (f"recipe {w['recipe']} " if w["mode"] == "train" else "")
              + f"{w['precision']}, weights {w['weight_format']}, "
              + (f"batch {w['batch']} x {w['image_size']}x{w['image_size']} px images ({r.get('image_seq', '')})"
-                if w.get("image_size") else f"batch {w['batch']} x seq {w['seq']}")
+                if w.get("image_size") and not w.get("images") else f"batch {w['batch']} x seq {w['seq']}")
              + (f" with {r['images']}" if r.get("images") else "")
              + (f" ({r['lengths']})" if r.get("lengths") else "")
              + (f" + {w['gen_tokens']} generated" if w["gen_tokens"] else "")

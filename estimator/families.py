@@ -57,8 +57,14 @@ VISION_REFUSED = {
 # polynomial in (batch, seq) per image count. Pixel values in one (images, 3, H, W) tensor, image tokens placed in
 # input_ids where the model scatters its features (masked_scatter on the image token id). Others of the kind keep a
 # text-only step (a scope note says so) or are refused.
+# Qwen2-VL's family takes images of any size as patches on a grid (pixel values (patches, C x T x P x P) and
+# image_grid_thw, merged spatial_merge_size^2 patches to a token) and reads the grid, its 3D positions and its per-image
+# attention segments on the host (tracer.host_values); an image's side in pixels (--image-size, a multiple of
+# patch_size x spatial_merge_size; 0: GRID_IMAGE_SIZE) is then part of the profile's class.
+GRID_VLM_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
+GRID_IMAGE_SIZE = 448   # px: a multiple of 28 (Qwen2/2.5-VL's 14-px patches x 2) and of 32 (Qwen3-VL's 16 x 2)
 VLM_TYPES = ("llava", "vipllava", "video_llava", "paligemma", "internvl", "qianfan_ocr", "cohere2_vision", "gemma3",
-             "pp_chart2table", "deepseek_vl", "janus")
+             "pp_chart2table", "deepseek_vl", "janus", *GRID_VLM_TYPES)
 # Options of those encoders whose memory is not priced: {config key: why}. BEiT's and Data2Vec-Vision's relative
 # position bias builds its (tokens + 1)^2 int64 index on the host with an lru_cache per grid (BeitRelativePositionBias.
 # generate_relative_position_index: created on the CPU, held across steps, copied to the GPU by each layer's

@@ -97,6 +97,8 @@ def workload_class(w: Workload, rank_variable: bool | None = None) -> dict:
     for name in ("images", "target_seq"):   # 0: the class every profile written before these existed names
         if not out.get(name):
             out.pop(name, None)
+    if w.images and w.image_size:   # a grid VLM's images (estimator.vision.sized): their size is the class's
+        out["image_size"] = w.image_size
     if (is_rank_variable(w) if rank_variable is None else rank_variable):
         out["lora_rank"] = RANK_MARK
     return out

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from estimator.families import VLM_TYPES
+from estimator.families import GRID_IMAGE_SIZE, VLM_TYPES
 from estimator.model import Model
 from estimator.spec import Workload
 
@@ -93,10 +93,19 @@ def sized(model: Model, w: Workload) -> Workload:
     square image they make (0 for a rectangle of patches, as `python -m bench trace --seq` may trace). A text model
     keeps its seq and refuses an image size."""
     v = geometry(model)
+    if v is None and grid(model) is not None:
+        if not w.images:
+            if w.image_size:
+                raise ValueError(f"image_size: {model.name}'s images are sized with --images N (0 images: a "
+                                 "text-only step has no image size)")
+            return w
+        size = w.image_size or GRID_IMAGE_SIZE
+        grid_tokens(model, size)   # a size its processor would not make: one line
+        return replace(w, image_size=size)
     if v is None:
         if w.image_size:
-            raise ValueError(f"image_size: applies to vision encoders; {model.name} ({model.model_type}) is a text "
-                             "model, sized by seq")
+            raise ValueError(f"image_size: applies to vision encoders and to Qwen2-VL's family with --images; "
+                             f"{model.name} ({model.model_type}) is sized by seq")
         return w
     if w.image_size == 0 and w.seq != SEQ_UNSET and by_side(model):
         return replace(w, image_size=w.seq * int(v["patch_size"]))
@@ -118,20 +127,51 @@ def images_of(model: Model) -> dict | None:
     return v if isinstance(v, dict) else None
 
 
+def grid(model: Model) -> dict | None:
+    """A grid model's patch geometry (Qwen2-VL's family: families.GRID_VLM_TYPES), or None."""
+    v = images_of(model)
+    return v.get("grid") if v is not None else None
+
+
+def grid_tokens(model: Model, image_size: int) -> int:
+    """Tokens one square image of `image_size` px becomes on a grid model: (side / (patch x merge))^2; ValueError
+    naming image_size where the side is no multiple of patch x merge (its processor resizes to those)."""
+    g = grid(model)
+    unit = int(g["patch_size"]) * int(g["spatial_merge_size"])
+    if image_size < unit or image_size % unit:
+        lo, hi = max(unit, image_size - image_size % unit), image_size - image_size % unit + unit
+        raise ValueError(f"image_size: {image_size} is not a multiple of {model.name}'s {unit}-px merged patch "
+                         f"({g['patch_size']} px x {g['spatial_merge_size']}; its processor resizes images to those); "
+                         f"use {lo} or {hi}")
+    return (image_size // unit) ** 2
+
+
+def _per_image(model: Model, w: Workload) -> tuple[int, int]:
+    """(side in px, tokens) of one image of this step."""
+    v = images_of(model)
+    if grid(model) is not None:
+        size = w.image_size or GRID_IMAGE_SIZE
+        return size, grid_tokens(model, size)
+    return int(v["image_size"]), int(v["image_tokens"])
+
+
 def image_words(model: Model, w: Workload) -> str:
     """"1 image of 336x336 px (576 tokens) per sample", or "" for a step without images."""
     v = images_of(model)
     if not w.images or v is None:
         return ""
     n = w.images
-    return (f"{n} image{'s' if n > 1 else ''} of {v['image_size']}x{v['image_size']} px "
-            f"({n * v['image_tokens']:,} image tokens) per sample")
+    size, tokens = _per_image(model, w)
+    return f"{n} image{'s' if n > 1 else ''} of {size}x{size} px ({n * tokens:,} image tokens) per sample"
 
 
 def image_tokens(model: Model, w: Workload) -> int:
-    """The tokens a step's images take of each sample's seq (0 without images): the shortest seq is one more."""
+    """The tokens a step's images take of each sample's seq (0 without images): the shortest seq is one more. A grid
+    model's images also end with a text token each (the processor's vision_end), counted here."""
     v = images_of(model)
-    return w.images * int(v["image_tokens"]) if w.images and v is not None else 0
+    if not w.images or v is None:
+        return 0
+    return w.images * (_per_image(model, w)[1] + (1 if grid(model) is not None else 0))
 
 
 def check_images(model: Model, w: Workload) -> None:
@@ -147,10 +187,18 @@ def check_images(model: Model, w: Workload) -> None:
     if v is None:
         raise ValueError(f"images: {model.name} ({model.model_type}) is not priced with images; the vision-language "
                          f"models that are: {', '.join(VLM_TYPES)} (0 prices a text-only step)")
+    if grid(model) is not None and w.attention != "flash":
+        raise ValueError(f"attention: under {w.attention} {model.name}'s vision tower runs one attention call per "
+                         "image (and per window) and concatenates them, a loop over the batch no profile can fit; use "
+                         "--attention flash (FlashAttention-2's one varlen call per layer, as trainers run it)")
+    if grid(model) is not None and w.checkpointing == "selective":
+        raise ValueError(f"checkpointing: selective checkpointing of {model.name}'s packed vision attention is not "
+                         "priced; use none, full or op-sac")
     tokens = image_tokens(model, w)
     if w.seq <= tokens:
-        raise ValueError(f"seq: {w.seq:,} tokens cannot hold {w.images} image(s) of {v['image_tokens']:,} tokens "
-                         f"each ({v['image_size']}x{v['image_size']} px); use a seq over {tokens:,}")
+        size, per = _per_image(model, w)
+        raise ValueError(f"seq: {w.seq:,} tokens cannot hold {w.images} image(s) of {per:,} tokens each "
+                         f"({size}x{size} px); use a seq over {tokens:,}")
 
 
 def params(model: Model, w: Workload) -> int:

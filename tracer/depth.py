@@ -158,6 +158,20 @@ def reduce_depth(model: torch.nn.Module, keep: list[int]) -> None:
             cfg.num_hidden_layers = len(keep)
 
 
+def traced_whole(config, workload, shared: bool) -> str:
+    """Why a model must be traced whole rather than at reduced depth (tracer.derive), or "": a block several layers
+    reuse is counted once whatever the depth (Zamba: 59% off at full depth when extended); Qwen3-VL's first layers
+    add the vision tower's deepstack features by their position (Qwen3VLTextModel: `layer_idx in
+    range(len(deepstack_visual_embeds))`), one per deepstack_visual_indexes entry, whatever the depth."""
+    if shared:
+        return "its decoder layers share parameters (a block several layers reuse), so it is traced whole"
+    vision = getattr(config, "vision_config", None)
+    if workload.images and getattr(vision, "deepstack_visual_indexes", None):
+        return ("its first layers add the vision tower's deepstack features by position, so with images it is "
+                "traced whole")
+    return ""
+
+
 # an encoder-decoder config's layer counts: the encoder's, then the decoder's (T5: num_layers, num_decoder_layers;
 # BART, Whisper: encoder_layers, decoder_layers)
 STACK_COUNT_KEYS = (("num_layers", "encoder_layers"), ("num_decoder_layers", "decoder_layers"))

@@ -47,7 +47,7 @@ from estimator.parallel import TRACED_SHARDING, pp_stage_layers
 from tracer import forked, serialized
 from tracer import kernels as kernels_mod
 from tracer import losses, offload, runner, session, vision, vlm
-from tracer.depth import all_layers, layer_infos, text_config
+from tracer.depth import all_layers, layer_infos, text_config, traced_whole
 from tracer.extend import (
     decode_ticks,
     encode_ticks,
@@ -305,11 +305,8 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
     units = (scan[1] // 2,) if scan and scan[1] > 2 * UNITS[0] else UNITS
     pieces = pieces_for(hf_config, max_positions(hf_config), infer, step, multiple, units)
     fit_world = world[:2] if fsdp else world
-    reduced_refused = ""
-    if shared and not plan.full:
-        # a block several layers reuse is counted once whatever the depth: one more layer does not add what the
-        # extension assumes (Zamba: 59% off at full depth), so the model is traced whole
-        reduced_refused = "its decoder layers share parameters (a block several layers reuse), so it is traced whole"
+    reduced_refused = traced_whole(hf_config, w0, shared)   # one more layer does not add what the extension assumes
+    if reduced_refused and not plan.full:
         plan = Plan(plan.n_layers, plan.types, (tuple(range(plan.n_layers)),), (None,), True)
     try:
         out_pieces, n_jobs, padding = _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp,

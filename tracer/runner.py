@@ -30,7 +30,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from estimator.families import VLM_TYPES
 from estimator.spec import Workload
 from tracer import serialized
-from tracer import recipes, seq2seq, vision, vlm
+from tracer import recipes, seq2seq, vision, vlm, vlm_grid
 from tracer.depth import reduce_depth
 from tracer.meta import DTYPES, hf_config, is_masked_lm, is_vision_model, model_class  # noqa: F401  (DTYPES, is_masked_lm: used by callers of the runner)
 
@@ -136,7 +136,10 @@ def build_model(config: dict, workload: Workload, device: str = "cpu", *, meta_t
             model._willitfit_masked_lm = masked
             model._willitfit_vision = is_vision
             if vlm.is_vlm(top) and workload.images:  # the tokens one image becomes, read once per config
-                model._willitfit_image_tokens = vlm.image_tokens(model, config)
+                model._willitfit_image_tokens = vlm.image_tokens(model, config, workload.image_size)
+                if vlm_grid.is_grid(top):   # its vision tower's one varlen call per layer (tracer.vlm_grid)
+                    vlm_grid.check_attention(workload)
+                    vlm_grid.use_packed_attention(model)
             if is_vision:  # tokens per image beyond the patches, read on the model as built (tracer.vision)
                 if vision.is_spatial(model.config):    # its grid unit: the total stride (x a window), read once
                     model._willitfit_unit = vision.grid_unit(model)

@@ -27,7 +27,9 @@ from collections import Counter
 
 import torch
 
-from estimator.families import VLM_TYPES
+from estimator.families import GRID_IMAGE_SIZE, VLM_TYPES
+from tracer import host_values, vlm_grid
+from tracer.vlm_grid import grid_geometry, grid_side, is_grid
 
 IMAGE_TOKEN_KEYS = ("image_token_id", "image_token_index")
 # Models whose processor returns token_type_ids, which their forward turns into a bidirectional block in the attention
@@ -52,7 +54,10 @@ def image_token_id(cfg) -> int:
 
 
 def image_geometry(cfg) -> tuple[int, int]:
-    """(image side in pixels, channels) of the config's vision tower: square images of its image_size."""
+    """(image side in pixels, channels) of the config's vision tower: square images of its image_size (a grid
+    model's: GRID_IMAGE_SIZE, its default)."""
+    if is_grid(cfg):
+        return GRID_IMAGE_SIZE, grid_geometry(cfg)["num_channels"]
     vc = getattr(cfg, "vision_config", None)
     size = getattr(vc, "image_size", None)
     if isinstance(size, (list, tuple)):
@@ -74,10 +79,14 @@ def _pixels(model, n: int, device) -> torch.Tensor:
 _TOKENS: dict[str, int] = {}   # per config (json), within a process: a derivation builds its model once per trace
 
 
-def image_tokens(model, config: dict | None = None) -> int:
+def image_tokens(model, config: dict | None = None, image_size: int = 0) -> int:
     """The tokens one image becomes in the sequence: the model's own get_image_features on one image of the config's
     size, run on the meta device (its elements over the text model's hidden size); memoised by `config` where given
-    (0.2-0.3 s for LLaVA-1.5's CLIP-L tower, paid once per derivation instead of once per trace)."""
+    (0.2-0.3 s for LLaVA-1.5's CLIP-L tower, paid once per derivation instead of once per trace). A grid model's: its
+    merged tokens, (side / (patch x merge))^2 for a square image of `image_size` px (its merger's output rows; checked
+    against its own forward by tests/test_vlm.py)."""
+    if is_grid(model.config):
+        return grid_side(model.config, image_size) ** 2
     if config is not None:
         key = json.dumps(config, sort_keys=True, default=str)
         if key not in _TOKENS:
@@ -100,12 +109,15 @@ def image_tokens(model, config: dict | None = None) -> int:
 
 def vlm_inputs(model, workload, device: str, per_image: int, clone_labels: bool = True) -> dict:
     """input_ids (b, s) with `images` x `per_image` image token ids after one text token, pixel values for b x images
-    images, and labels (a copy of the ids, or the ids themselves) for training."""
+    images, and labels (a copy of the ids, or the ids themselves) for training. A grid model's: `grid_inputs`."""
     n = workload.images
-    tokens = per_image * n
+    tokens = per_image * n + (n if is_grid(model.config) else 0)   # a grid model's images end with a text token each
     if workload.seq <= tokens and not _FITTING.get():
         raise ValueError(f"seq: {workload.seq} tokens cannot hold {n} image(s) of {per_image} tokens each; use a seq "
                          f"over {tokens}")
+    if is_grid(model.config):
+        return vlm_grid.grid_inputs(model, workload, device, per_image, image_token_id(model.config), clone_labels,
+                                    fitting=_FITTING.get())
     tok = image_token_id(model.config)
     vocab = model.get_input_embeddings().num_embeddings
     input_ids = torch.randint(0, max(1, min(tok, vocab)), (workload.batch, workload.seq), device=device)
@@ -139,6 +151,18 @@ def fitting():
         yield
     finally:
         _FITTING.reset(token)
+
+
+def step_context(model):
+    """What a traced step of this model runs inside: a grid model's inputs carry their values (tracer.host_values)."""
+    inner = getattr(model, "module", model)
+    config = getattr(inner, "config", None)
+    if config is None or not is_grid(config):
+        return contextlib.nullcontext()
+    stack = contextlib.ExitStack()
+    stack.enter_context(host_values.host_values())
+    stack.enter_context(vlm_grid.grid_step(inner))
+    return stack
 
 
 @contextlib.contextmanager
@@ -180,11 +204,14 @@ def unreached(model) -> list:
 
 def info(model) -> dict:
     """What the inventory keeps of a vision-language model (estimator.inventory: `vlm`); `unreached` is None where
-    the meta step fails (the optimizer formulas then count every parameter)."""
+    the meta step fails (the optimizer formulas then count every parameter: a grid model's step reads its inputs'
+    values, which meta tensors do not hold). A grid model's image_size and image_tokens are its default image's, and
+    `grid` says how another size maps to tokens (estimator.vision.image_tokens)."""
     size, channels = image_geometry(model.config)
     try:
-        missed = unreached(model)
+        missed = None if is_grid(model.config) else unreached(model)
     except (RuntimeError, ValueError, TypeError, IndexError, NotImplementedError):
         missed = None
     return {"image_size": size, "num_channels": channels, "image_tokens": int(model._willitfit_image_tokens),
-            "image_token_id": image_token_id(model.config), "unreached": missed}
+            "image_token_id": image_token_id(model.config), "unreached": missed,
+            **({"grid": grid_geometry(model.config)} if is_grid(model.config) else {})}

@@ -1,0 +1,141 @@
+"""Qwen2-VL's family priced whole with its images (tracer/vlm_grid.py, tracer/host_values.py, `--images N --image-size
+PX --attention flash`).
+
+Tiny Qwen2.5-VL / Qwen2-VL / Qwen3-VL configs (tests/data/tiny/t-qwen25vl.json, t-qwen2vl.json, t-qwen3vl.json: a
+5-layer text model of hidden 128, a 3-4 layer vision tower of hidden 64 in 14- or 16-px patches merged 2 x 2) read
+their image grids and token types on the host; the inputs carry their values, the host loops run once, and the
+estimate equals a full-depth trace to the byte at sizes the fit never used.
+
+    python -m pytest tests/test_vlm_grid.py -q            # WILLITFIT_SLOW=1 adds Qwen2-VL, Qwen3-VL, LoRA, inference
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import DynamicOutputShapeException, FakeTensorMode
+
+from estimator.spec import Parallel, Workload
+from tracer.host_values import host_values, known, value_of
+from traced import assert_equals_trace
+
+TINY = Path(__file__).parent / "data" / "tiny"
+SLOW = pytest.mark.skipif(not os.environ.get("WILLITFIT_SLOW"), reason="slow tier: WILLITFIT_SLOW=1")
+
+
+def _config(name: str = "qwen25vl") -> dict:
+    return json.loads((TINY / f"t-{name}.json").read_text())
+
+
+def _model(name: str = "qwen25vl"):
+    from estimator.model import from_hf_config
+
+    return from_hf_config(_config(name), f"t-{name}")
+
+
+def test_fake_tensors_carry_the_values_the_host_knows():
+    fm = FakeTensorMode(allow_non_fake_inputs=True)
+    real_grid = torch.tensor([[1, 4, 6], [1, 2, 2]])
+    real_mask = torch.tensor([[1, 1, 0, 0, 0], [0, 1, 1, 1, 0]]).bool()
+    with fm:
+        grid = known(torch.empty(2, 3, dtype=torch.long), real_grid)
+        mask = known(torch.empty(2, 5, dtype=torch.bool), real_mask)
+    with fm, host_values():
+        assert grid.tolist() == [[1, 4, 6], [1, 2, 2]]
+        sizes = (grid.prod(-1) // 4).tolist()               # get_image_features' split sizes
+        assert sizes == [6, 1]
+        lengths = torch.repeat_interleave(grid[:, 1] * grid[:, 2], grid[:, 0])   # data-dependent shape: from values
+        assert lengths.shape == (2,) and value_of(lengths).tolist() == [24, 4]
+        r = torch.arange(10)                                # integer factories carry values
+        kept = r[r % 3 != 0]
+        assert kept.shape == (6,) and value_of(kept).tolist() == [1, 2, 4, 5, 7, 8]
+        assert value_of(torch.tensor([r[2], r[5]])).tolist() == [2, 5]   # torch.tensor of tensors with values
+        z = torch.zeros(3, dtype=torch.long)
+        z[1] = 7
+        assert value_of(z).tolist() == [0, 7, 0]
+        z[2] = torch.empty((), dtype=torch.long)            # written from an unknown value: no longer known
+        assert value_of(z) is None and value_of(z[0]) is None
+        hidden = torch.empty(2, 5, 8)                       # x[mask] with a known mask, unknown x: the mask's nonzero
+        assert hidden[mask].shape == (5, 8)
+        assert value_of(torch.ones(3)) is None               # floats never seeded
+    with fm, host_values():
+        x = torch.empty(4)
+        with pytest.raises(DynamicOutputShapeException):    # no values: the fake tensor's own failure
+            x.nonzero()
+
+
+def test_image_tokens_are_the_mergers_rows_on_a_real_forward():
+    # the arithmetic (side / (patch x merge))^2 against the model's own vision tower on real CPU tensors
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    from tracer.vlm import image_tokens
+
+    cfg = _config()
+    hf = AutoConfig.for_model(cfg["model_type"], **{k: v for k, v in cfg.items() if k != "model_type"})
+    torch.manual_seed(0)
+    model = AutoModelForImageTextToText.from_config(hf).eval()
+    side = 168 // 14
+    grid = torch.tensor([[1, side, side]] * 2)
+    pixels = torch.randn(2 * side * side, 3 * 2 * 14 * 14)
+    with torch.no_grad():
+        out = model.model.get_image_features(pixels, grid)
+    rows = sum(t.shape[0] for t in out.pooler_output)
+    assert rows == 2 * image_tokens(model, image_size=168) == 2 * 36
+
+
+def test_the_inventory_says_how_an_image_becomes_tokens():
+    m = _model()
+    v = m.inventory.extra["vlm"]
+    assert v["grid"] == {"patch_size": 14, "temporal_patch_size": 2, "spatial_merge_size": 2, "num_channels": 3}
+    assert v["image_size"] == 448 and v["image_tokens"] == 256 and v["image_token_id"] == 500
+
+
+def test_image_size_is_part_of_a_grid_models_class_and_checked_in_one_line():
+    from estimator import store
+    from estimator.estimate import estimate
+    from estimator.vision import image_words, sized
+
+    m = _model()
+    w = Workload(images=2, attention="flash", seq=200)
+    assert sized(m, w).image_size == 448                   # the default image
+    a, b = (store.workload_class(sized(m, Workload(images=1, image_size=s, attention="flash"))) for s in (168, 224))
+    assert a["image_size"] == 168 and b["image_size"] == 224
+    assert "image_size" not in store.workload_class(Workload())   # every old key kept
+    assert image_words(m, Workload(images=2, image_size=168, seq=200)) == \
+        "2 images of 168x168 px (72 image tokens) per sample"
+    bad = [(Workload(images=1, seq=300), r"^attention: under sdpa t-qwen25vl's vision tower runs one attention call "),
+           (Workload(images=1, seq=300, attention="flash", checkpointing="selective"), r"^checkpointing: selective"),
+           (Workload(images=1, seq=300, attention="flash", image_size=170),
+            r"^image_size: 170 is not a multiple of t-qwen25vl's 28-px merged patch .*; use 168 or 196$"),
+           (Workload(image_size=168, attention="flash"), r"^image_size: t-qwen25vl's images are sized with --images"),
+           (Workload(images=2, seq=73, attention="flash", image_size=168),
+            r"^seq: 73 tokens cannot hold 2 image\(s\) of 36 tokens each \(168x168 px\); use a seq over 74$")]
+    for workload, message in bad:
+        with pytest.raises(ValueError, match=message):
+            estimate(m, workload, Parallel())
+
+
+def _check(workload: Workload, sizes, name: str = "qwen25vl") -> None:
+    assert_equals_trace(_config(name), f"t-{name}", workload, sizes, Parallel())
+
+
+def test_training_with_images_equals_a_full_depth_trace():
+    # 168 px: 6 x 6 merged tokens, Qwen2.5-VL's 4 x 4 windows padded; fit at the derivation's own sizes
+    _check(Workload(images=2, image_size=168, attention="flash"), ((2, 200), (3, 150)))
+
+
+@SLOW
+@pytest.mark.parametrize("name, workload, sizes", [
+    ("qwen2vl", Workload(images=2, image_size=112, attention="flash"), ((2, 80), (3, 150))),
+    ("qwen3vl", Workload(images=2, image_size=128, attention="flash"), ((2, 80), (3, 150))),   # deepstack: whole
+    ("qwen25vl", Workload(images=1, image_size=112, attention="flash", method="lora",
+                          lora_targets=("q_proj", "v_proj")), ((2, 60), (3, 150))),
+    ("qwen25vl", Workload(images=1, image_size=112, attention="flash", mode="infer", gen_tokens=5),
+     ((2, 60), (3, 150))),
+    ("qwen25vl", Workload(images=1, image_size=112, attention="flash", checkpointing="full"), ((2, 60), (3, 150))),
+])
+def test_more_grid_models_and_workloads_equal_full_depth_traces(name, workload, sizes):
+    _check(workload, sizes, name)
