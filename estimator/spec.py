@@ -139,8 +139,9 @@ class Workload:
                            "ConvNeXt, ResNet, Swin...): the side of the square input image in pixels, a multiple of "
                            "the patch size (a conv net's or Swin's grid unit: its total stride, x its window); the "
                            "step runs (image_size // patch_size)^2 patches plus the CLS/register tokens; 0: the "
-                           "config's image_size (224 where a conv net's config has none)", lo=0, hi=MAX_IMAGE_SIZE,
-                           applies="vision")
+                           "config's image_size (224 where a conv net's config has none). Qwen2-VL's family (with "
+                           "--images): each image's side, a multiple of patch x merge (28 or 32 px), (side / (patch x "
+                           "merge))^2 tokens each; 0: 448", lo=0, hi=MAX_IMAGE_SIZE, applies="image")
     images: int = knob(0, "Images per sample", "vision-language models (LLaVA, PaliGemma, InternVL, Gemma-3): "
                        "images per sample at the config's image size, each one its image tokens inside --seq (the "
                        "vision tower, the projector and the language model run whole); 0: a text-only step",

@@ -120,14 +120,14 @@ def main() -> None:
     ui.prepare_lora_targets(PAGE, ui.lora_target_options(model), model.model_type)
     f["lora_targets"] = replace(f["lora_targets"], choices=tuple(ui.lora_target_options(model)))
     kinds = {**ui.kinds(model), "vision": False}   # this page lists text models only
-    ui.default_images(PAGE, kinds["vlm"])
+    ui.default_images(PAGE, kinds["vlm"], kinds["grid"])
     values, w_shown = ui.workload_inputs(PAGE, f, st.sidebar, **kinds)
     state.write_url(PAGE, list(f.values()), shown | set(w_shown))
     w = ui.workload_from_dict(values, **kinds)
     try:
         check_images(model, w)  # a vision-language model's image tokens must fit in the sequence
     except ValueError as e:
-        st.error(f"{e}. Change the sequence length or the images per sample in the sidebar.")
+        st.error(ui.images_error(e))
         return
     par = Parallel(strategy=strategy, gpus=1 if strategy == "single" else gpus)
     try:

@@ -347,7 +347,7 @@ def body(f: dict[str, state.Field], shown: set[str]) -> None:
         return
     ui.prepare_lora_targets(PAGE, ui.lora_target_options(model), model.model_type)
     f["lora_targets"] = replace(f["lora_targets"], choices=tuple(ui.lora_target_options(model)))
-    ui.default_images(PAGE, images_of(model) is not None)
+    ui.default_images(PAGE, images_of(model) is not None, ui.kinds(model)["grid"])
     values, w_shown = ui.workload_inputs(PAGE, f, st.sidebar, **ui.kinds(model))
     shown |= set(w_shown)
     if values.get("method") in ("lora", "qlora") and not ui.lora_target_options(model):
@@ -363,7 +363,7 @@ def body(f: dict[str, state.Field], shown: set[str]) -> None:
     try:
         check_images(model, w)  # a vision-language model's image tokens must fit in the sequence
     except ValueError as e:
-        st.error(f"{e}. Change the sequence length or the images per sample in the sidebar.")
+        st.error(ui.images_error(e))
         return
     par = Parallel(strategy=strategy, gpus=1 if strategy == "single" else gpus)
     try:

@@ -220,7 +220,7 @@ def main() -> None:
     model = ui.load_model(config, name)
     ui.prepare_lora_targets(PAGE, ui.lora_target_options(model), model.model_type)
     f["lora_targets"] = replace(f["lora_targets"], choices=tuple(ui.lora_target_options(model)))
-    ui.default_images(PAGE, images_of(model) is not None)
+    ui.default_images(PAGE, images_of(model) is not None, ui.kinds(model)["grid"])
     values, shown = ui.workload_inputs(PAGE, f, st.sidebar, **ui.kinds(model))
     if seq2seq_of(model) is not None:
         st.info(f"{name} is an encoder-decoder model: the Will-it-fit page prices it on one GPU and under DDP, "

@@ -37,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from estimator.families import VLM_TYPES  # noqa: E402  (no torch: the table of types priced with their images)
+from estimator.families import GRID_IMAGE_SIZE, VLM_TYPES  # noqa: E402  (no torch: the table of types priced with their images)
 
 OUT = ROOT / "build" / "coverage.jsonl"
 DOC = ROOT / "docs" / "architectures.md"
@@ -180,12 +180,18 @@ def one(model_type: str) -> dict:
     # other one; fp32 where the model's code cannot run in bf16 (FNet's FFT, DeBERTa's disentangled attention): the
     # first that derives is the type's row; a refusal gives the default attention's reason
     first, other = model.default_attention, ("eager" if model.default_attention == "sdpa" else "sdpa")
+    grid = vision.grid(model) is not None   # Qwen2-VL's family: its vision tower is priced under flash only
+    if grid:
+        first = other = "flash"
     first_err, errors = None, {}
     for attention, recipe in ((first, "pure"), (other, "pure"), (first, "fp32"), (other, "fp32")):
         if recipe == "fp32" and not any(_dtype_error(e) for e in (first_err, err) if e is not None):
             break
+        if (attention, recipe) in errors:
+            continue
         w = Workload(attention=attention, recipe=recipe, precision="fp32" if recipe == "fp32" else "bf16",
-                     images=1 if vision.images_of(model) is not None else 0)   # a vision-language model: one image
+                     images=1 if vision.images_of(model) is not None else 0,   # a vision-language model: one image
+                     image_size=GRID_IMAGE_SIZE if grid else 0)
         t = time.perf_counter()
         try:
             prof = derive_profile(config, w, Parallel())
@@ -211,7 +217,7 @@ def one(model_type: str) -> dict:
         lo, hi, seqs, _ = pieces_for(hf_config(config), max_positions(hf_config(config)), False)[0]
         b, s = 3, (seqs[0] + seqs[1]) // 2
         if w.images:   # the image's tokens and that much text
-            s += w.images * int(vision.images_of(model)["image_tokens"])
+            s += vision.image_tokens(model, w)
     w = replace(w, batch=b, seq=s)
     t = time.perf_counter()
     try:

@@ -306,6 +306,22 @@ def test_fit_vision_language_model_starts_with_one_image_and_prices_it_whole(env
     assert not at.error and any("--images N prices N images" in c.value for c in at.caption)
 
 
+def test_fit_qwen_vl_takes_an_image_size_and_starts_under_flash_attention(env):
+    at = app(query={"model": "qwen2.5-vl-7b"})
+    assert at.number_input(key="fit:images").value == 1 and at.selectbox(key="fit:attention").value == "flash"
+    model = the_model("qwen2.5-vl-7b")
+    est = estimate(model, Workload(images=1, attention="flash"), Parallel(), ON_H100)   # shipped: 448 px, 8.29B
+    assert metric(at, "Peak per GPU") == gib(est.total_bytes) and not at.exception
+    assert any("1 image of 448x448 px (256 image tokens) per sample" in c.value for c in at.caption)
+    at.number_input(key="fit:image_size").set_value(450).run()       # no multiple of 28: one line
+    assert any(e.value.startswith("image_size: 450 is not a multiple of qwen2.5-vl-7b's 28-px merged patch")
+               for e in at.error) and not at.exception
+    at.number_input(key="fit:image_size").set_value(448).run()
+    at.selectbox(key="fit:attention").set_value("sdpa").run()        # the vision tower's per-image loop: one line
+    assert any(e.value.startswith("attention: under sdpa qwen2.5-vl-7b's vision tower") and
+               "More settings" in e.value for e in at.error) and not at.exception
+
+
 def test_fit_prices_an_encoder_decoder_model_whole_with_its_target_length(env):
     at = app(query={"model": "t5-large", "seq": "512"})
     model = the_model("t5-large")

@@ -53,6 +53,8 @@ EXPECTED_PARAMS = {
     "llama-3.2-3b": 3_212_749_824,
     "llama-4-scout": 107_769_861_120,  # text model
     "llava-1.5-7b": 7_063_427_072,   # whole (AutoModelForImageTextToText): Vicuna-7B + CLIP ViT-L/14-336 + projector
+    "qwen2.5-vl-7b": 8_292_166_656,  # whole: its model card's 8.29B (ViT of 32 blocks, windowed, + Qwen2.5-7B)
+    "qwen3-vl-8b": 8_767_123_696,    # whole: its model card's 8.77B (ViT of 27 blocks, deepstack, + Qwen3-8B)
     # hybrid and linear-attention LMs (issue "The models people bring in 2026")
     "qwen3-next-80b-a3b": 79_674_391_296,
     "nemotron-h-8b": 8_100_852_736,
@@ -138,12 +140,12 @@ def test_meta_build_has_the_expected_parameter_count(name):
     hf_cfg = transformers.AutoConfig.for_model(cfg["model_type"], **rest)
     if "vision_config" in cfg and cfg["model_type"] in VISION_TYPES:
         hf_cfg = hf_cfg.vision_config
-    elif cfg["model_type"] == "llava":   # priced whole with its images (families.VLM_TYPES): counted whole
+    elif cfg["model_type"] in ("llava", "qwen2_5_vl", "qwen3_vl"):   # priced whole with its images: counted whole
         pass
     elif "text_config" in cfg:
         hf_cfg = hf_cfg.get_text_config()
     auto = transformers.AutoModel if cfg["model_type"] in ("bert", *VISION_TYPES) else \
-        transformers.AutoModelForImageTextToText if cfg["model_type"] == "llava" else \
+        transformers.AutoModelForImageTextToText if cfg["model_type"] in ("llava", "qwen2_5_vl", "qwen3_vl") else \
         transformers.AutoModelForSpeechSeq2Seq if cfg["model_type"] == "whisper" else \
         transformers.AutoModelForSeq2SeqLM if cfg.get("is_encoder_decoder") else transformers.AutoModelForCausalLM
     with torch.device("meta"):

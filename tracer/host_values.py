@@ -46,6 +46,7 @@ aten = torch.ops.aten
 _SCALAR_READS = {aten._local_scalar_dense.default, aten.item.default}
 _FACTORIES = {aten.arange.default, aten.arange.start, aten.arange.start_step, aten.zeros.default, aten.ones.default,
               aten.full.default, aten.scalar_tensor.default}
+_LIFTS = {aten.lift_fresh.default, aten.lift_fresh_copy.default}
 _MASK_INDEXED = {aten.index.Tensor, aten.index_put.default, aten.index_put_.default}
 _INTEGRAL = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
@@ -92,7 +93,11 @@ class HostValues(TorchDispatchMode):
         kwargs = kwargs or {}
         tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
         fakes = [t for t in tensors if isinstance(t, FakeTensor)]
-        carried = bool(tensors) and all(value_of(t) is not None for t in fakes)
+        # every tensor argument a fake one with values or a plain real one, and at least one with values (or the
+        # real tensor `torch.tensor(...)` lifts); never a subclass (DTensor, FSDP's parameters), never only real ones
+        plain = all(isinstance(t, FakeTensor) or type(t) is torch.Tensor for t in tensors)
+        carried = plain and all(value_of(t) is not None for t in fakes) and (
+            bool(fakes) or (func in _LIFTS and bool(tensors)))
         if func in _SCALAR_READS and carried:
             with unset_fake_temporarily(), no_dispatch():
                 return value_of(fakes[0]).item()

@@ -173,12 +173,12 @@ def check_attention(workload) -> None:
     """One line where the vision tower's attention would loop over the images (SDPA, eager), or where selective
     checkpointing would wrap an attention this module replaces."""
     if workload.attention != "flash":
-        raise ValueError(f"attention: under {workload.attention} Qwen2-VL's vision tower runs one attention call per "
-                         "image (and per window) and concatenates them, a loop over the batch no profile can fit; "
+        raise ValueError(f"attention: under {workload.attention} a Qwen2-VL-family vision tower runs one attention call "
+                         "per image (and per window) and concatenates them, a loop over the batch no profile can fit; "
                          "use --attention flash (FlashAttention-2's one varlen call per layer, as trainers run it)")
     if workload.checkpointing == "selective":
-        raise ValueError("checkpointing: selective checkpointing of Qwen2-VL's packed vision attention is not priced; "
-                         "use none, full or op-sac")
+        raise ValueError("checkpointing: selective checkpointing of a Qwen2-VL-family packed vision attention is not "
+                         "priced; use none, full or op-sac")
 
 
 def register_packed() -> None:
