@@ -133,17 +133,22 @@ def grid(model: Model) -> dict | None:
     return v.get("grid") if v is not None else None
 
 
-def grid_tokens(model: Model, image_size: int) -> int:
-    """Tokens one square image of `image_size` px becomes on a grid model: (side / (patch x merge))^2; ValueError
-    naming image_size where the side is no multiple of patch x merge (its processor resizes to those)."""
-    g = grid(model)
-    unit = int(g["patch_size"]) * int(g["spatial_merge_size"])
+def grid_side(name: str, patch: int, merge: int, image_size: int) -> int:
+    """Merged tokens per side of a square `image_size`-px image on a grid model of `patch`-px patches merged
+    `merge` x `merge`; ValueError naming image_size where the side is no multiple of patch x merge (its processor
+    resizes images to those). Shared with the tracer (tracer.vlm_grid)."""
+    unit = patch * merge
     if image_size < unit or image_size % unit:
         lo, hi = max(unit, image_size - image_size % unit), image_size - image_size % unit + unit
-        raise ValueError(f"image_size: {image_size} is not a multiple of {model.name}'s {unit}-px merged patch "
-                         f"({g['patch_size']} px x {g['spatial_merge_size']}; its processor resizes images to those); "
-                         f"use {lo} or {hi}")
-    return (image_size // unit) ** 2
+        raise ValueError(f"image_size: {image_size} is not a multiple of {name}'s {unit}-px merged patch ({patch} px x "
+                         f"{merge}; its processor resizes images to those); use {lo} or {hi}")
+    return image_size // unit
+
+
+def grid_tokens(model: Model, image_size: int) -> int:
+    """Tokens one square image of `image_size` px becomes on a grid model: (side / (patch x merge))^2."""
+    g = grid(model)
+    return grid_side(model.name, int(g["patch_size"]), int(g["spatial_merge_size"]), image_size) ** 2
 
 
 def _per_image(model: Model, w: Workload) -> tuple[int, int]:

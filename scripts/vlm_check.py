@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import fullsize_check  # noqa: E402  (scripts/, beside this file)
 
-# (name, preset or model type, mode, method, batch, seq, images[, checkpointing[, generated tokens]])
+# (name, preset or model type, mode, method, batch, seq, images[, checkpointing[, generated tokens[, image px]]])
 CASES = (
     ("llava-lora-b4-2048", "llava-1.5-7b", "train", "lora", 4, 2048, 1),
     ("llava-full-ckpt-b2-1024", "llava-1.5-7b", "train", "full", 2, 1024, 1, "full"),
@@ -33,6 +33,11 @@ CASES = (
     ("internvl-lora-b4-1024-2img", "internvl", "train", "lora", 4, 1024, 2),
     ("vipllava-infer-b4-1536-2img", "vipllava", "infer", "full", 4, 1536, 2),
     ("gemma3-4b-lora-b2-2048", "gemma-3-4b", "train", "lora", 2, 2048, 1),
+    # Qwen2-VL's family: images of any size (the last field: the image's side in px), its vision tower under flash
+    ("qwen25vl-lora-b4-2048-2img-672px", "qwen2.5-vl-7b", "train", "lora", 4, 2048, 2, "none", 0, 672),
+    ("qwen25vl-full-ckpt-b2-4096-1008px", "qwen2.5-vl-7b", "train", "full", 2, 4096, 1, "full", 0, 1008),
+    ("qwen25vl-infer-b4-1024-gen32", "qwen2.5-vl-7b", "infer", "full", 4, 1024, 1, "none", 32, 448),
+    ("qwen3vl-lora-b2-2048-640px", "qwen3-vl-8b", "train", "lora", 2, 2048, 1, "none", 0, 640),
 )
 
 
@@ -42,7 +47,8 @@ def run_case(case) -> tuple[bool, str]:
     name, ref, mode, method, b, s, images, *rest = case
     ckpt = rest[0] if rest else "none"
     gen = rest[1] if len(rest) > 1 else 0
-    w = Workload(batch=b, seq=s, images=images, mode=mode, method=method, checkpointing=ckpt, gen_tokens=gen)
+    grid = dict(image_size=rest[2], attention="flash") if len(rest) > 2 else {}   # a grid model's image side
+    w = Workload(batch=b, seq=s, images=images, mode=mode, method=method, checkpointing=ckpt, gen_tokens=gen, **grid)
     return fullsize_check.checked(name, ref, w)
 
 

@@ -32,6 +32,7 @@ from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 from torch.utils._mode_utils import no_dispatch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
+from estimator import vision as vision_sizes
 from estimator.families import GRID_IMAGE_SIZE, GRID_VLM_TYPES
 from tracer import host_values
 
@@ -54,16 +55,10 @@ def grid_geometry(cfg) -> dict:
 
 def grid_side(cfg, image_size: int = 0) -> int:
     """Merged tokens per side of a square image of `image_size` px (0: GRID_IMAGE_SIZE); ValueError naming image_size
-    where it is no multiple of patch_size x spatial_merge_size (the processor resizes to those)."""
+    where it is no multiple of patch_size x spatial_merge_size (estimator.vision.grid_side)."""
     g = grid_geometry(cfg)
-    unit = g["patch_size"] * g["spatial_merge_size"]
-    size = image_size or GRID_IMAGE_SIZE
-    if size < unit or size % unit:
-        lo, hi = max(unit, size - size % unit), size - size % unit + unit
-        raise ValueError(f"image_size: {size} is not a multiple of {cfg.model_type}'s {unit}-px merged patch "
-                         f"({g['patch_size']} px x {g['spatial_merge_size']}; its processor resizes images to "
-                         f"those); use {lo} or {hi}")
-    return size // unit
+    return vision_sizes.grid_side(cfg.model_type, g["patch_size"], g["spatial_merge_size"],
+                                  image_size or GRID_IMAGE_SIZE)
 
 
 def grid_inputs(model, workload, device: str, per_image: int, image_token: int, clone_labels: bool = True,
