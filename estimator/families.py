@@ -61,8 +61,11 @@ VISION_REFUSED = {
 # image_grid_thw, merged spatial_merge_size^2 patches to a token) and reads the grid, its 3D positions and its per-image
 # attention segments on the host (tracer.host_values); an image's side in pixels (--image-size, a multiple of
 # patch_size x spatial_merge_size; 0: GRID_IMAGE_SIZE) is then part of the profile's class.
-# GLM-4.1V/4.5V and GLM-OCR run the same code (transformers copies it from Qwen2-VL's).
-GRID_VLM_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v", "glm4v_moe", "glm46v", "glm_ocr")
+# GLM-OCR runs the same code (transformers copies it from Qwen2-VL's). GLM-4.1V/4.5V (glm4v, glm4v_moe, glm46v) do
+# too, but their vision embeddings compare every patch with every image's end (Glm4vVisionEmbeddings: `seq_ids`, an
+# (images x patches) bool tensor), a batch^2 term the (batch, seq) fit does not have: their derivation refuses itself
+# at its check size, so they are left out.
+GRID_VLM_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm_ocr")
 GRID_IMAGE_SIZE = 448   # px: a multiple of 28 (Qwen2/2.5-VL's 14-px patches x 2) and of 32 (Qwen3-VL's 16 x 2)
 VLM_TYPES = ("llava", "vipllava", "video_llava", "paligemma", "internvl", "qianfan_ocr", "cohere2_vision", "gemma3",
              "pp_chart2table", "deepseek_vl", "janus", *GRID_VLM_TYPES)
