@@ -83,18 +83,19 @@ WINDOW_KEYS = ("sliding_window", "sliding_window_size", "attention_chunk_size", 
 
 
 def pieces_for(hf_config, max_positions: int, infer: bool, step: int = 8, multiple: int = 1,
-               units: tuple[int, ...] = UNITS) -> list[tuple[int, int | None, tuple[int, ...], int]]:
+               units: tuple[int, ...] = UNITS, floor: int = 0) -> list[tuple[int, int | None, tuple[int, ...], int]]:
     """(s_lo, s_hi, fit seqs, verify seq) per piece of s, split at the config's attention window sizes (and, where
     the step hands CUDA's memory-efficient attention a mask, at s's alignment: `_derive_pieces`); the verify seq a
     multiple of `step` where one is free (`chunk_step`); every seq a multiple of `multiple` (context parallelism:
-    2 x cp)."""
+    2 x cp); every seq above `floor` (a grid VLM's images and their end tokens: tracer.vlm.seq_floor)."""
     # transformers keeps a sliding window's mask implicit while kv_length < window (masking_utils
     # `_ignore_causal_mask_sdpa`): s = window is already the other side, so the cut is window - 1
     cuts = sorted({v - 1 for v in _window_values(hf_config) if 1 < v < max_positions})
     # a piece too narrow to hold four sizes is merged into the next one (the verification says if that is exact)
     gen = GEN_TOKENS if infer else 0
-    cuts = [c for i, c in enumerate(cuts) if c - (cuts[i - 1] if i else 0) - gen >= 4 * UNITS[-1]]
-    bounds = [0, *cuts]
+    cuts = [c for c in cuts if c > floor]
+    cuts = [c for i, c in enumerate(cuts) if c - (cuts[i - 1] if i else floor) - gen >= 4 * UNITS[-1]]
+    bounds = [floor, *cuts]
     out = []
     for k, lo in enumerate(bounds):
         hi = bounds[k + 1] if k + 1 < len(bounds) else None
@@ -303,7 +304,7 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
     step = math.lcm(chunk_step(workload, hf_config), multiple)
     # a scan whose chunk is longer than the largest unit (Mamba-1's 2048) is fit on seqs that span chunks
     units = (scan[1] // 2,) if scan and scan[1] > 2 * UNITS[0] else UNITS
-    pieces = pieces_for(hf_config, max_positions(hf_config), infer, step, multiple, units)
+    pieces = pieces_for(hf_config, max_positions(hf_config), infer, step, multiple, units, vlm.seq_floor(hf_config, w0))
     fit_world = world[:2] if fsdp else world
     reduced_refused = traced_whole(hf_config, w0, shared)   # one more layer does not add what the extension assumes
     if reduced_refused and not plan.full:

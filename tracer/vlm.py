@@ -116,8 +116,7 @@ def vlm_inputs(model, workload, device: str, per_image: int, clone_labels: bool 
         raise ValueError(f"seq: {workload.seq} tokens cannot hold {n} image(s) of {per_image} tokens each; use a seq "
                          f"over {tokens}")
     if is_grid(model.config):
-        return vlm_grid.grid_inputs(model, workload, device, per_image, image_token_id(model.config), clone_labels,
-                                    fitting=_FITTING.get())
+        return vlm_grid.grid_inputs(model, workload, device, per_image, image_token_id(model.config), clone_labels)
     tok = image_token_id(model.config)
     vocab = model.get_input_embeddings().num_embeddings
     input_ids = torch.randint(0, max(1, min(tok, vocab)), (workload.batch, workload.seq), device=device)
@@ -151,6 +150,15 @@ def fitting():
         yield
     finally:
         _FITTING.reset(token)
+
+
+def seq_floor(cfg, workload) -> int:
+    """The shortest seq minus one a grid model's step with images can run (its images' tokens, each followed by a
+    text token): a derivation fits above it (tracer.derive.pieces_for), since its 3D positions and Qwen3-VL's
+    deepstack read where the image tokens are; 0 for every other model (their fits may run shorter seqs: `fitting`)."""
+    if not workload.images or not is_grid(cfg):
+        return 0
+    return workload.images * (grid_side(cfg, workload.image_size) ** 2 + 1)
 
 
 def step_context(model):

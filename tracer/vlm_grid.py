@@ -61,19 +61,18 @@ def grid_side(cfg, image_size: int = 0) -> int:
                                   image_size or GRID_IMAGE_SIZE)
 
 
-def grid_inputs(model, workload, device: str, per_image: int, image_token: int, clone_labels: bool = True,
-                fitting: bool = False) -> dict:
+def grid_inputs(model, workload, device: str, per_image: int, image_token: int, clone_labels: bool = True) -> dict:
     """What Qwen2-VL's processor hands its model for `images` square images of workload.image_size px per sample:
     pixel_values (patches, C x T x P x P) in the weights' dtype (each image repeated over the temporal patch, as
     Qwen2VLImageProcessor does), image_grid_thw (b x images, 3) = (1, h, w) patches, input_ids with each image's
     per_image tokens followed by one text token (its vision_end), and mm_token_type_ids (1 on image tokens), which the
-    model reads on the host (get_rope_index) like image_grid_thw: all four carry their values. With `fitting` (a
-    derivation's small sizes) a seq too short for the images keeps every token text: the step's shapes are the same,
-    its 3D positions are then text positions."""
+    model reads on the host (get_rope_index) like image_grid_thw: all four carry their values. A derivation fits
+    above the seq the images take (tracer.vlm.seq_floor): the positions and Qwen3-VL's deepstack read where the image
+    tokens are, so a shorter seq is refused here too."""
     g = grid_geometry(model.config)
     side = grid_side(model.config, workload.image_size) * g["spatial_merge_size"]   # patches per side
     b, s, n = workload.batch, workload.seq, workload.images
-    if s <= n * (per_image + 1) and not fitting:
+    if s <= n * (per_image + 1):
         raise ValueError(f"seq: {s} tokens cannot hold {n} image(s) of {per_image} tokens each; use a seq over "
                          f"{n * (per_image + 1)}")
     with unset_fake_temporarily(), no_dispatch():
@@ -81,11 +80,10 @@ def grid_inputs(model, workload, device: str, per_image: int, image_token: int, 
         vocab = model.get_input_embeddings().num_embeddings
         ids = torch.randint(0, max(1, min(image_token, vocab)), (b, s), generator=gen)
         types = torch.zeros(b, s, dtype=torch.long)
-        if s > n * (per_image + 1):
-            for i in range(n):
-                start = 1 + i * (per_image + 1)
-                ids[:, start:start + per_image] = image_token
-                types[:, start:start + per_image] = 1
+        for i in range(n):
+            start = 1 + i * (per_image + 1)
+            ids[:, start:start + per_image] = image_token
+            types[:, start:start + per_image] = 1
         grid = torch.tensor([[1, side, side]] * (b * n), dtype=torch.long)
     dtype = next(model.parameters()).dtype
     width = g["num_channels"] * g["temporal_patch_size"] * g["patch_size"] ** 2
