@@ -20,7 +20,7 @@ from estimator.presets import load_config
 from estimator.spec import MAX_BATCH, MAX_SEQ, Parallel
 from estimator.units import GB, GiB, fmt_bytes
 from estimator.seq2seq import check as seq2seq_check, seq_limit
-from estimator.vision import check_images, image_tokens
+from estimator.vision import check_images, image_tokens, sized
 from pages import _charts as charts
 from pages import _derive as derive
 from pages import _state as state, _data as reads, _inputs as ui
@@ -125,6 +125,7 @@ def main() -> None:
     state.write_url(PAGE, list(f.values()), shown | set(w_shown))
     w = ui.workload_from_dict(values, **kinds)
     try:
+        w = sized(model, w)     # a grid VLM's image size (0: its default) is part of its profile's class
         check_images(model, w)  # a vision-language model's image tokens must fit in the sequence
     except ValueError as e:
         st.error(ui.images_error(e))

@@ -20,7 +20,7 @@ from estimator.presets import load_config
 from estimator.spec import STRATEGIES, Parallel
 from estimator.units import GB, GiB, fmt_bytes
 from estimator.seq2seq import seq2seq_of
-from estimator.vision import check_images, images_of
+from estimator.vision import check_images, images_of, sized
 from estimator.parallel import TRACED_SHARDING  # what `python -m bench trace` runs with FSDP2
 from pages import _charts as charts
 from pages import _derive as derive
@@ -228,7 +228,7 @@ def main() -> None:
                 "which this page compares, are not priced yet.")
         return
     try:
-        w = ui.workload_from_dict(values, **ui.kinds(model))
+        w = sized(model, ui.workload_from_dict(values, **ui.kinds(model)))   # a grid VLM's image size: its class
         if not strategies or not counts:
             st.info("Pick at least one strategy and one GPU count in the sidebar.")
             return

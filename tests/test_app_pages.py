@@ -544,6 +544,18 @@ def test_curves_of_a_vision_language_model_start_past_its_images(env):
     assert any(e.value.startswith("seq: 300 tokens cannot hold 1 image(s)") for e in at.error) and not at.exception
 
 
+def test_curves_of_a_qwen_vl_model_take_its_image_size_and_start_past_its_images(env):
+    at = app("pages/curves.py", query={"model": "qwen2.5-vl-7b", "seq": "1024", "method": "lora"})
+    model, gpu = the_model("qwen2.5-vl-7b"), get_gpu(H100)
+    w = Workload(seq=1024, images=1, attention="flash", method="lora")  # one 448-px image: 256 tokens + its end
+    assert at.number_input(key="curves:image_size").value == 0 and at.selectbox(key="curves:attention").value == "flash"
+    assert metric(at, "Longest sequence at batch 1") == \
+        f"{search.max_seq(model, w, Parallel(), capacity_bytes(gpu), ON_H100_NO_TRACE, limit=4 * model.max_positions):,} tokens"
+    at.number_input(key="curves:seq").set_value(200).run()             # shorter than its image: one line
+    assert any(e.value.startswith("seq: 200 tokens cannot hold 1 image(s) of 256 tokens each (448x448 px)")
+               for e in at.error) and not at.exception
+
+
 def test_curves_of_a_speech_model_stop_at_its_decoders_positions(env):
     at = app("pages/curves.py", query={"model": "whisper-large-v3", "seq": "256"})
     model, gpu = the_model("whisper-large-v3"), get_gpu(H100)
