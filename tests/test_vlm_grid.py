@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import HealthCheck, Phase, given, note, settings
+from hypothesis import strategies as st
 from torch._subclasses.fake_tensor import DynamicOutputShapeException, FakeTensorMode
 
 from estimator.spec import Parallel, Workload
@@ -139,3 +141,37 @@ def test_training_with_images_equals_a_full_depth_trace():
 ])
 def test_more_grid_models_and_workloads_equal_full_depth_traces(name, workload, sizes):
     _check(workload, sizes, name)
+
+
+@st.composite
+def _grid_cases(draw):
+    """A tiny grid model and a workload with images: method, recipe, checkpointing, images, image size, mode and
+    sizes drawn (the seq past the images' tokens and their end tokens)."""
+    name = draw(st.sampled_from(("qwen25vl", "qwen2vl", "qwen3vl")))
+    unit = 32 if name == "qwen3vl" else 28
+    mode = draw(st.sampled_from(("train", "infer")))
+    kw = dict(mode=mode, images=draw(st.integers(1, 2)), image_size=unit * draw(st.integers(2, 6)),
+              attention="flash", batch=draw(st.integers(1, 4)))
+    if mode == "train":
+        kw.update(method=draw(st.sampled_from(("full", "lora", "qlora"))),
+                  checkpointing=draw(st.sampled_from(("none", "full", "op-sac"))),
+                  recipe=draw(st.sampled_from(("pure", "amp"))))
+        if kw["method"] != "full":
+            kw.update(lora_targets=("q_proj", "v_proj"), lora_rank=draw(st.sampled_from((4, 8, 16))))
+        if kw["method"] == "qlora":
+            kw["recipe"] = "pure"
+    else:
+        kw["gen_tokens"] = draw(st.integers(0, 5))
+    per = (kw["image_size"] // unit) ** 2 + 1
+    kw["seq"] = kw["images"] * per + draw(st.integers(1, 600))
+    return name, Workload(**kw)
+
+
+@SLOW
+@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck),
+          phases=(Phase.explicit, Phase.reuse, Phase.generate))
+@given(_grid_cases())
+def test_random_grid_workloads_equal_full_depth_traces(case):
+    name, w = case
+    note(f"{name} {w}")
+    _check(w, ((w.batch, w.seq),), name)
