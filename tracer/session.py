@@ -282,7 +282,7 @@ def _run(case: _Case, steps: int, observe_layers: bool = False,
         counter.mark_stage(stage)
 
     on_stage("load")
-    with counter, case.context(), vlm.host_checks_skipped(), vlm.step_context(case.model):
+    with counter, case.context(), vlm.host_checks_skipped(), vlm.step_context(case.model, case.workload):
         if primed is not None:
             _prime_optimizer(case, primed)
             on_stage("optimizer")
@@ -322,7 +322,7 @@ def grad_names(config: dict, workload: Workload, parallel: Parallel, layers: lis
         # images: the sequence must hold their tokens (tracer.vlm)
         small = replace(workload, batch=1, seq=workload.seq if workload.images else min(workload.seq, 64), gen_tokens=0)
         with kernels_mod.emulate(kernels), _prepared(config, small, parallel, layers, kernels=kernels) as case:
-            with case.context(), vlm.host_checks_skipped(), vlm.step_context(case.model):
+            with case.context(), vlm.host_checks_skipped(), vlm.step_context(case.model, case.workload):
                 _GRAD_NAMES[key] = runner.params_with_grads(case.model, case.workload, case.inputs)
     return _GRAD_NAMES[key]
 

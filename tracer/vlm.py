@@ -161,11 +161,12 @@ def seq_floor(cfg, workload) -> int:
     return workload.images * (grid_side(cfg, workload.image_size) ** 2 + 1)
 
 
-def step_context(model):
-    """What a traced step of this model runs inside: a grid model's inputs carry their values (tracer.host_values)."""
+def step_context(model, workload):
+    """What a traced step of this model runs inside: a grid model's inputs with images carry their values
+    (tracer.host_values); a text-only step reads none."""
     inner = getattr(model, "module", model)
     config = getattr(inner, "config", None)
-    if config is None or not is_grid(config):
+    if config is None or not is_grid(config) or not workload.images:
         return contextlib.nullcontext()
     stack = contextlib.ExitStack()
     stack.enter_context(host_values.host_values())
