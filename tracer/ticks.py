@@ -12,7 +12,7 @@ import numpy as np
 from estimator.profile.profile import CATEGORIES
 from estimator.spec import Parallel, Workload
 from tracer import kernels as kernels_mod
-from tracer import kernels_sdpa, losses, session, vision, vlm
+from tracer import kernels_sdpa, losses, session, vision, vlm, vlm_grid
 from tracer.extend import OPTIONAL, STEP_MAX, TRACER_CATEGORIES, Ticks, tick_row
 
 
@@ -49,8 +49,9 @@ def prime_names(config: dict, workload: Workload, parallel: Parallel, layers: li
     optimizer states behind: torchtune's OffloadActivations keeps the last autograd node that brought a tensor back
     (`curr_autograd_node`) until the next backward, and with LoRA under checkpointing that node still reaches the
     embedding output, a leaf that requires grad, and its gradient: two (b, s, h) tensors live through the next
-    forward, tracer.offload)."""
-    if parallel.pp_size > 1 or workload.activation_offload:
+    forward, tracer.offload); a grid VLM's step with images (Qwen2VLModel caches its `rope_deltas` on the model for
+    generation, so a second step's vision tower runs with the first step's still held: tracer.vlm_grid)."""
+    if parallel.pp_size > 1 or workload.activation_offload or vlm_grid.keeps_state(config, workload):
         return None
     if workload.mode == "train" and workload.loop == "loss-only" and not workload.optimizer_in_backward:
         return session.grad_names(config, workload, parallel, layers, kernels)

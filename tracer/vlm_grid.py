@@ -98,6 +98,15 @@ def grid_inputs(model, workload, device: str, per_image: int, image_token: int, 
     return out
 
 
+def keeps_state(config: dict, workload) -> bool:
+    """Whether a training step leaves state on the model that the next step's forward runs beside: a grid model's
+    step with images sets `rope_deltas` on its inner model (Qwen2VLModel.compute_3d_position_ids, kept for
+    generation), which the next step replaces only after its vision tower has run (16 B per sample at that peak,
+    found where a tiny Qwen3-VL's forward peaks in its tower). A derivation then traces its first step too
+    (tracer.ticks.prime_names), as run_traced does."""
+    return bool(workload.images) and config.get("model_type") in GRID_VLM_TYPES
+
+
 def _on_host(fn):
     """`fn` run on its arguments' host values, its outputs then allocated once each on the device (with their
     values, integer ones): see the module docstring."""
