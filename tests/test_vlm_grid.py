@@ -4,7 +4,8 @@ PX --attention flash`).
 Tiny Qwen2.5-VL / Qwen2-VL / Qwen3-VL configs (tests/data/tiny/t-qwen25vl.json, t-qwen2vl.json, t-qwen3vl.json: a
 5-layer text model of hidden 128, a 3-4 layer vision tower of hidden 64 in 14- or 16-px patches merged 2 x 2) read
 their image grids and token types on the host; the inputs carry their values, the host loops run once, and the
-estimate equals a full-depth trace to the byte at sizes the fit never used.
+estimate equals a full-depth trace to the byte at sizes the fit never used. A tiny XLM, which reads its token ids on
+the host (families.HOST_VALUE_TYPES), too.
 
     python -m pytest tests/test_vlm_grid.py -q            # WILLITFIT_SLOW=1 adds Qwen2-VL, Qwen3-VL, LoRA, inference
 """
@@ -67,6 +68,13 @@ def test_fake_tensors_carry_the_values_the_host_knows():
         x = torch.empty(4)
         with pytest.raises(DynamicOutputShapeException):    # no values: the fake tensor's own failure
             x.nonzero()
+
+
+def test_a_text_model_that_reads_its_token_ids_is_priced_with_their_values():
+    # XLM reads lengths.max().item() of its non-pad tokens (families.HOST_VALUE_TYPES): exact at a size no fit used
+    cfg = {"model_type": "xlm", "vocab_size": 512, "emb_dim": 64, "n_layers": 2, "n_heads": 4,
+           "max_position_embeddings": 512}
+    assert_equals_trace(cfg, "t-xlm", Workload(attention="eager"), ((3, 100),), Parallel())
 
 
 def test_image_tokens_are_the_mergers_rows_on_a_real_forward():

@@ -27,10 +27,10 @@ from collections.abc import Callable
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from estimator.families import VLM_TYPES
+from estimator.families import HOST_VALUE_TYPES, VLM_TYPES
 from estimator.spec import Workload
 from tracer import serialized
-from tracer import recipes, seq2seq, vision, vlm, vlm_grid
+from tracer import host_values, recipes, seq2seq, vision, vlm, vlm_grid
 from tracer.depth import reduce_depth
 from tracer.meta import DTYPES, hf_config, is_masked_lm, is_vision_model, model_class  # noqa: F401  (DTYPES, is_masked_lm: used by callers of the runner)
 
@@ -314,6 +314,13 @@ def make_inputs(config: dict, workload: Workload, device: str, model=None, clone
     if vocab < 1:
         raise ValueError("config: vocab_size must be a positive integer")
     input_ids = torch.randint(0, vocab, (workload.batch, workload.seq), device=device)  # (B, T)
+    if config.get("model_type") in HOST_VALUE_TYPES:   # its forward reads them on the host (tracer.host_values)
+        with unset_fake_temporarily():
+            real = torch.randint(0, vocab, (workload.batch, workload.seq), generator=torch.Generator().manual_seed(0))
+        input_ids = host_values.known(input_ids, real)
+        if workload.mode == "train":
+            return {"input_ids": input_ids, "labels": host_values.known(input_ids.clone(), real) if clone_labels
+                    else input_ids}
     if workload.mode == "train":
         return {"input_ids": input_ids, "labels": input_ids.clone() if clone_labels else input_ids}
     return {"input_ids": input_ids}

@@ -27,7 +27,7 @@ from collections import Counter
 
 import torch
 
-from estimator.families import GRID_IMAGE_SIZE, VLM_TYPES
+from estimator.families import GRID_IMAGE_SIZE, HOST_VALUE_TYPES, VLM_TYPES
 from tracer import host_values, vlm_grid
 from tracer.vlm_grid import grid_geometry, grid_side, is_grid
 
@@ -166,6 +166,8 @@ def step_context(model, workload):
     (tracer.host_values); a text-only step reads none."""
     inner = getattr(model, "module", model)
     config = getattr(inner, "config", None)
+    if getattr(config, "model_type", None) in HOST_VALUE_TYPES:   # a text model that reads its token ids
+        return host_values.host_values()
     if config is None or not is_grid(config) or not workload.images:
         return contextlib.nullcontext()
     stack = contextlib.ExitStack()
