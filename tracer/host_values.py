@@ -71,6 +71,14 @@ def known(fake: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     return fake
 
 
+def random_ids(fake: torch.Tensor, high: int, seed: int = 0) -> torch.Tensor:
+    """`fake` (integer token ids the caller allocated) marked as carrying random ids in [0, high), drawn on the host
+    from `seed`: what a tokenizer's ids are to a GPU run, values the host knows."""
+    with unset_fake_temporarily():
+        values = torch.randint(0, max(1, high), tuple(fake.shape), generator=torch.Generator().manual_seed(seed))
+    return known(fake, values.to(fake.dtype))
+
+
 def _real(x):
     """An argument as the real op takes it: a fake tensor's values, anything else as it is."""
     return value_of(x) if isinstance(x, FakeTensor) else x

@@ -315,12 +315,10 @@ def make_inputs(config: dict, workload: Workload, device: str, model=None, clone
         raise ValueError("config: vocab_size must be a positive integer")
     input_ids = torch.randint(0, vocab, (workload.batch, workload.seq), device=device)  # (B, T)
     if config.get("model_type") in HOST_VALUE_TYPES:   # its forward reads them on the host (tracer.host_values)
-        with unset_fake_temporarily():
-            real = torch.randint(0, vocab, (workload.batch, workload.seq), generator=torch.Generator().manual_seed(0))
-        input_ids = host_values.known(input_ids, real)
+        input_ids = host_values.random_ids(input_ids, vocab)
         if workload.mode == "train":
-            return {"input_ids": input_ids, "labels": host_values.known(input_ids.clone(), real) if clone_labels
-                    else input_ids}
+            return {"input_ids": input_ids, "labels": host_values.random_ids(input_ids.clone(), vocab) if
+                    clone_labels else input_ids}
     if workload.mode == "train":
         return {"input_ids": input_ids, "labels": input_ids.clone() if clone_labels else input_ids}
     return {"input_ids": input_ids}

@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import torch
 
+from estimator.families import HOST_VALUE_TYPES
 from estimator.seq2seq import target_len
+from tracer import host_values
 
 # Whisper-like speech encoders: mel features of a fixed window in, one decoder over text tokens out
 SPEECH_TYPES = ("whisper",)
@@ -134,6 +136,9 @@ def seq2seq_inputs(model, workload, device: str) -> dict:
         out["labels"] = torch.randint(0, vocab, (b, target_len(workload)), device=device)
     else:
         out["decoder_input_ids"] = torch.full((b, 1), decoder_start(cfg), dtype=torch.long, device=device)
+    if getattr(cfg, "model_type", None) in HOST_VALUE_TYPES:   # FSMT reads its padding mask on the host
+        out = {k: host_values.random_ids(v, vocab, seed=i) if k != "decoder_input_ids" else v
+               for i, (k, v) in enumerate(out.items())}
     return out
 
 
