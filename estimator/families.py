@@ -68,9 +68,9 @@ VISION_REFUSED = {
 GRID_VLM_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm_ocr")
 GRID_IMAGE_SIZE = 448   # px: a multiple of 28 (Qwen2/2.5-VL's 14-px patches x 2) and of 32 (Qwen3-VL's 16 x 2)
 # Text models whose forward reads its token ids on the host (XLM and FlauBERT: `lengths.max().item()` of the non-pad
-# tokens per row; FSMT: `padding_mask.any()`): their ids carry their values (tracer.host_values), as a tokenizer's
-# ids do on a GPU.
-HOST_VALUE_TYPES = ("xlm", "flaubert", "fsmt")
+# tokens per row; FSMT: `padding_mask.any()`; T5Gemma-2: a mask built from its ids with `nonzero`): their ids carry
+# their values (tracer.host_values), as a tokenizer's ids do on a GPU.
+HOST_VALUE_TYPES = ("xlm", "flaubert", "fsmt", "t5gemma2")
 VLM_TYPES = ("llava", "vipllava", "video_llava", "paligemma", "internvl", "qianfan_ocr", "cohere2_vision", "gemma3",
              "pp_chart2table", "deepseek_vl", "janus", *GRID_VLM_TYPES)
 # Options of those encoders whose memory is not priced: {config key: why}. BEiT's and Data2Vec-Vision's relative
