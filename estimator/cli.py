@@ -411,6 +411,7 @@ def run(args) -> dict | str:
         raise ValueError(f"seq: {name} is a vision encoder, sized by --image-size (pixels), not --seq")
     w = vision.sized(model, w)  # a vision encoder's image size -> tokens per image (seq); a text model as it is
     w, targets_note = model_lora_targets(model, w)
+    w, attention_note = grid_attention(model, w, getattr(args, "attention_given", True))
     vision.check_images(model, w)  # a vision-language model's images fit in seq (before any derivation)
     seq2seq.check(model, w, p)     # an encoder-decoder model's lengths, knobs and layout (before any derivation)
     gpu = get_gpu(args.gpu) if args.gpu else None
@@ -418,8 +419,8 @@ def run(args) -> dict | str:
     # an encoder-decoder model's encoder reads seq; its decoder's positions are checked by seq2seq.check
     beyond = check_context(model, w.seq, 0 if seq2seq.seq2seq_of(model) else w.gen_tokens, args.allow_beyond_context)
     out = report(model, estimate(model, w, p, options), gpu, options, cal, price_advice=args.price_advice)
-    out["notes"][:0] = [n for n in (defaults_note(model, defaulted) if defaulted else None, beyond, targets_note)
-                        if n]
+    out["notes"][:0] = [n for n in (defaults_note(model, defaulted) if defaulted else None, beyond, targets_note,
+                                    attention_note) if n]
     return out
 
 
@@ -438,8 +439,21 @@ def model_lora_targets(model: Model, w: Workload) -> tuple[Workload, str | None]
                                            f"(it has no {' or '.join(default)}); --lora-targets names others")
 
 
+def grid_attention(model: Model, w: Workload, given: bool) -> tuple[Workload, str | None]:
+    """A Qwen2-VL-family model with images and --attention left at its default: priced under flash (its vision
+    tower's one varlen call per layer, the attention it is priced under: estimator.vision.check_images), said in a
+    note, as the app starts it. An --attention given on the command line is kept (SDPA and eager are refused)."""
+    if given or not w.images or vision.grid(model) is None or w.attention != Workload().attention:
+        return w, None
+    return replace(w, attention="flash"), (f"attention: flash, FlashAttention-2 (its vision tower's one varlen call "
+                                           f"per layer); under {w.attention} {model.name}'s tower runs one call per "
+                                           "image, which is not priced")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    given = sys.argv[1:] if argv is None else argv
+    args.attention_given = any(a == "--attention" or a.startswith("--attention=") for a in given)
     try:
         result = run(args)
     except ValueError as e:

@@ -185,3 +185,16 @@ def test_random_grid_workloads_equal_full_depth_traces(case):
     name, w = case
     note(f"{name} {w}")
     _check(w, ((w.batch, w.seq),), name)
+
+
+def test_the_cli_prices_a_qwen_vl_under_flash_unless_told_otherwise(capsys):
+    import json as json_mod
+
+    from estimator.cli import main
+
+    assert main(["--model", "qwen2.5-vl-7b", "--method", "lora", "--images", "1", "--seq", "1024", "--json"]) == 0
+    out = json_mod.loads(capsys.readouterr().out)   # the shipped 448-px class: no derivation
+    assert out["workload"]["attention"] == "flash" and out["workload"]["image_size"] == 448
+    assert any(n.startswith("attention: flash, FlashAttention-2") for n in out["notes"])
+    assert main(["--model", "qwen2.5-vl-7b", "--images", "1", "--seq", "1024", "--attention", "sdpa"]) == 2
+    assert "attention: under sdpa qwen2.5-vl-7b's vision tower" in capsys.readouterr().err
