@@ -1,7 +1,7 @@
 """Qwen2-VL's family whole (families.GRID_VLM_TYPES): images of any size as patches on a grid, read on the host.
 
-    inputs = grid_inputs(model, workload, "cpu", per_image)   # what Qwen2VLProcessor hands the model
-    with grid_step(model):                                     # (tracer.session, around every traced step)
+    inputs = grid_inputs(model, workload, "cpu", per_image, image_token)   # what Qwen2VLProcessor hands the model
+    with host_values.host_values(), grid_step(model):   # tracer.vlm.step_context, around every traced step
         model(**inputs)
 
 These models take pixel values as a (patches, C x T x P x P) matrix and `image_grid_thw`, each image's (t, h, w) in
@@ -20,7 +20,7 @@ layer over every image's tokens (Qwen2VLVisionAttention: `cu_seq_lens_q=cu_seqle
 logsumexp over the packed tokens; `PACKED` is that call on fake tensors (SDPA's flash kernel over the packed tokens:
 the same output and logsumexp, tracer.kernels_sdpa). Under SDPA or eager it runs one call per image (and per window)
 and concatenates them (`torch.split(..., lengths.tolist())`): a loop over the batch again, refused in one line
-(estimator.vision.check_images) with --attention flash as the way out.
+(estimator.vision.check_images) where asked for; the CLI and the app take flash when no attention is given.
 """
 from __future__ import annotations
 
