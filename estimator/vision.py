@@ -145,6 +145,26 @@ def grid_side(name: str, patch: int, merge: int, image_size: int) -> int:
     return image_size // unit
 
 
+def grid_layout(images: int, per_image: int) -> int:
+    """The tokens a grid model's images take of a sample's seq: each image's tokens and its end token (the
+    processor's vision_end); the shortest seq is one more. Shared with the tracer (tracer.vlm, tracer.vlm_grid)."""
+    return images * (per_image + 1)
+
+
+def grid_refusal(name: str, w: Workload) -> str | None:
+    """Why a grid model's step with images is not priced, in one line, or None: its vision tower under SDPA or eager
+    (a loop over the images), selective checkpointing of its packed attention. Shared with the tracer
+    (tracer.vlm_grid.check_attention)."""
+    if w.attention != "flash":
+        return (f"attention: under {w.attention} {name}'s vision tower runs one attention call per image (and per "
+                "window) and concatenates them, a loop over the batch no profile can fit; use --attention flash "
+                "(FlashAttention-2's one varlen call per layer, as trainers run it)")
+    if w.checkpointing == "selective":
+        return f"checkpointing: selective checkpointing of {name}'s packed vision attention is not priced; use none, " \
+               "full or op-sac"
+    return None
+
+
 def grid_tokens(model: Model, image_size: int) -> int:
     """Tokens one square image of `image_size` px becomes on a grid model: (side / (patch x merge))^2."""
     g = grid(model)
@@ -176,7 +196,8 @@ def image_tokens(model: Model, w: Workload) -> int:
     v = images_of(model)
     if not w.images or v is None:
         return 0
-    return w.images * (_per_image(model, w)[1] + (1 if grid(model) is not None else 0))
+    per = _per_image(model, w)[1]
+    return grid_layout(w.images, per) if grid(model) is not None else w.images * per
 
 
 def check_images(model: Model, w: Workload) -> None:
@@ -192,13 +213,9 @@ def check_images(model: Model, w: Workload) -> None:
     if v is None:
         raise ValueError(f"images: {model.name} ({model.model_type}) is not priced with images; the vision-language "
                          f"models that are: {', '.join(VLM_TYPES)} (0 prices a text-only step)")
-    if grid(model) is not None and w.attention != "flash":
-        raise ValueError(f"attention: under {w.attention} {model.name}'s vision tower runs one attention call per "
-                         "image (and per window) and concatenates them, a loop over the batch no profile can fit; use "
-                         "--attention flash (FlashAttention-2's one varlen call per layer, as trainers run it)")
-    if grid(model) is not None and w.checkpointing == "selective":
-        raise ValueError(f"checkpointing: selective checkpointing of {model.name}'s packed vision attention is not "
-                         "priced; use none, full or op-sac")
+    refused = grid_refusal(model.name, w) if grid(model) is not None else None
+    if refused:
+        raise ValueError(refused)
     tokens = image_tokens(model, w)
     if w.seq <= tokens:
         size, per = _per_image(model, w)

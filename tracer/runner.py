@@ -138,7 +138,7 @@ def build_model(config: dict, workload: Workload, device: str = "cpu", *, meta_t
             if vlm.is_vlm(top) and workload.images:  # the tokens one image becomes, read once per config
                 model._willitfit_image_tokens = vlm.image_tokens(model, config, workload.image_size)
                 if vlm_grid.is_grid(top):   # its vision tower's one varlen call per layer (tracer.vlm_grid)
-                    vlm_grid.check_attention(workload)
+                    vlm_grid.check_attention(top, workload)
                     vlm_grid.use_packed_attention(model)
             if is_vision:  # tokens per image beyond the patches, read on the model as built (tracer.vision)
                 if vision.is_spatial(model.config):    # its grid unit: the total stride (x a window), read once

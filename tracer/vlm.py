@@ -28,6 +28,7 @@ from collections import Counter
 import torch
 
 from estimator.families import GRID_IMAGE_SIZE, HOST_VALUE_TYPES, VLM_TYPES
+from estimator.vision import grid_layout
 from tracer import host_values, vlm_grid
 from tracer.vlm_grid import grid_geometry, grid_side, is_grid
 
@@ -84,7 +85,7 @@ def image_tokens(model, config: dict | None = None, image_size: int = 0) -> int:
     size, run on the meta device (its elements over the text model's hidden size); memoised by `config` where given
     (0.2-0.3 s for LLaVA-1.5's CLIP-L tower, paid once per derivation instead of once per trace). A grid model's: its
     merged tokens, (side / (patch x merge))^2 for a square image of `image_size` px (its merger's output rows; checked
-    against its own forward by tests/test_vlm.py)."""
+    against its own forward by tests/test_vlm_grid.py)."""
     if is_grid(model.config):
         return grid_side(model.config, image_size) ** 2
     if config is not None:
@@ -110,13 +111,13 @@ def image_tokens(model, config: dict | None = None, image_size: int = 0) -> int:
 def vlm_inputs(model, workload, device: str, per_image: int, clone_labels: bool = True) -> dict:
     """input_ids (b, s) with `images` x `per_image` image token ids after one text token, pixel values for b x images
     images, and labels (a copy of the ids, or the ids themselves) for training. A grid model's: `grid_inputs`."""
+    if is_grid(model.config):   # its own layout, never shorter than its images (tracer.vlm_grid)
+        return vlm_grid.grid_inputs(model, workload, device, per_image, image_token_id(model.config), clone_labels)
     n = workload.images
-    tokens = per_image * n + (n if is_grid(model.config) else 0)   # a grid model's images end with a text token each
+    tokens = per_image * n
     if workload.seq <= tokens and not _FITTING.get():
         raise ValueError(f"seq: {workload.seq} tokens cannot hold {n} image(s) of {per_image} tokens each; use a seq "
                          f"over {tokens}")
-    if is_grid(model.config):
-        return vlm_grid.grid_inputs(model, workload, device, per_image, image_token_id(model.config), clone_labels)
     tok = image_token_id(model.config)
     vocab = model.get_input_embeddings().num_embeddings
     input_ids = torch.randint(0, max(1, min(tok, vocab)), (workload.batch, workload.seq), device=device)
@@ -158,7 +159,7 @@ def seq_floor(cfg, workload) -> int:
     deepstack read where the image tokens are; 0 for every other model (their fits may run shorter seqs: `fitting`)."""
     if not workload.images or not is_grid(cfg):
         return 0
-    return workload.images * (grid_side(cfg, workload.image_size) ** 2 + 1)
+    return grid_layout(workload.images, grid_side(cfg, workload.image_size) ** 2)
 
 
 def step_context(model, workload):

@@ -72,9 +72,9 @@ def grid_inputs(model, workload, device: str, per_image: int, image_token: int, 
     g = grid_geometry(model.config)
     side = grid_side(model.config, workload.image_size) * g["spatial_merge_size"]   # patches per side
     b, s, n = workload.batch, workload.seq, workload.images
-    if s <= n * (per_image + 1):
+    if s <= vision_sizes.grid_layout(n, per_image):
         raise ValueError(f"seq: {s} tokens cannot hold {n} image(s) of {per_image} tokens each; use a seq over "
-                         f"{n * (per_image + 1)}")
+                         f"{vision_sizes.grid_layout(n, per_image)}")
     with unset_fake_temporarily(), no_dispatch():
         gen = torch.Generator().manual_seed(0)
         vocab = model.get_input_embeddings().num_embeddings
@@ -171,16 +171,12 @@ def _packed_attention(module, query, key, value, attention_mask=None, scaling=No
     return out.transpose(1, 2), None
 
 
-def check_attention(workload) -> None:
+def check_attention(cfg, workload) -> None:
     """One line where the vision tower's attention would loop over the images (SDPA, eager), or where selective
-    checkpointing would wrap an attention this module replaces."""
-    if workload.attention != "flash":
-        raise ValueError(f"attention: under {workload.attention} a Qwen2-VL-family vision tower runs one attention call "
-                         "per image (and per window) and concatenates them, a loop over the batch no profile can fit; "
-                         "use --attention flash (FlashAttention-2's one varlen call per layer, as trainers run it)")
-    if workload.checkpointing == "selective":
-        raise ValueError("checkpointing: selective checkpointing of a Qwen2-VL-family packed vision attention is not "
-                         "priced; use none, full or op-sac")
+    checkpointing would wrap the attention this module replaces (estimator.vision.grid_refusal)."""
+    refused = vision_sizes.grid_refusal(cfg.model_type, workload)
+    if refused:
+        raise ValueError(refused)
 
 
 def register_packed() -> None:
