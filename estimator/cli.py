@@ -453,7 +453,9 @@ def grid_attention(model: Model, w: Workload, given: bool) -> tuple[Workload, st
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     given = sys.argv[1:] if argv is None else argv
-    args.attention_given = any(a == "--attention" or a.startswith("--attention=") for a in given)
+    # --attention or a prefix of it that argparse took (its abbreviations), with or without "=value"
+    args.attention_given = any(len(f) > 2 and "--attention".startswith(f) for f in (a.split("=", 1)[0] for a in given
+                                                                                    if a.startswith("--")))
     try:
         result = run(args)
     except ValueError as e:

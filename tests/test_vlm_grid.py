@@ -198,3 +198,5 @@ def test_the_cli_prices_a_qwen_vl_under_flash_unless_told_otherwise(capsys):
     assert any(n.startswith("attention: flash, FlashAttention-2") for n in out["notes"])
     assert main(["--model", "qwen2.5-vl-7b", "--images", "1", "--seq", "1024", "--attention", "sdpa"]) == 2
     assert "attention: under sdpa qwen2.5-vl-7b's vision tower" in capsys.readouterr().err
+    assert main(["--model", "qwen2.5-vl-7b", "--images", "1", "--seq", "1024", "--atten=eager"]) == 2   # abbreviated
+    assert "attention: under eager" in capsys.readouterr().err
