@@ -30,13 +30,15 @@ VISION_TYPES = ("vit", "dinov2", "dinov2_with_registers", "siglip", "clip", "met
 # units every tensor holds a whole multiple of h * w positions, so memory is a polynomial in the area h * w.
 SPATIAL_VISION_TYPES = ("resnet", "convnext", "convnextv2", "regnet", "poolformer", "pvt_v2", "segformer",
                         "swiftformer", "bit", "mobilenet_v1", "mobilenet_v2", "efficientnet", "focalnet", "swin",
-                        "swinv2", "donut-swin", "textnet")
+                        "swinv2", "donut-swin", "textnet", "hgnet_v2")
 # Of those, the ones sized by their units per side n (square images only). BiT, MobileNet and EfficientNet pad copies
 # of their feature maps (TensorFlow's "same" padding), FocalNet its patch embeddings' input, and Swin's windowed
 # attention holds a term of the same kind: (n u + p)^2 elements, no polynomial in the area n^2 but one in n (their
 # derivations in area units were refused by the check at a thin rectangle). None attends over the whole map, which
-# would make memory quartic in n.
-SIDE_GRID_TYPES = ("bit", "mobilenet_v1", "mobilenet_v2", "efficientnet", "focalnet", "swin", "swinv2", "donut-swin")
+# would make memory quartic in n. HGNet-V2's stem pads its feature map by one row and column before a pooling
+# (HGNetV2Embeddings: F.pad(..., (0, 1, 0, 1))): the same kind of term.
+SIDE_GRID_TYPES = ("bit", "mobilenet_v1", "mobilenet_v2", "efficientnet", "focalnet", "swin", "swinv2", "donut-swin",
+                   "hgnet_v2")
 VISION_TYPES += SPATIAL_VISION_TYPES
 _HW = ("its derivation's check found memory that is no polynomial in the image's h x w grid units (a copy of a "
        "feature map padded or unfolded: terms in h + w)")
@@ -50,6 +52,8 @@ VISION_REFUSED = {
              "in the image size can be fit",
     "hiera": "its code runs only at its config's image size (position embeddings sized for that grid), so no "
              "profile in the image size can be fit",
+    "pp_lcnet": "its image-classification class takes no labels (PPLCNetForImageClassification returns no loss), so "
+                "it has no training step to price",
 }
 # Vision-language models priced whole with their images (tracer.vlm): the image-text-to-text model (vision tower,
 # projector, language model) runs `images` images per sample at its config's image size, each one a fixed number of
@@ -64,15 +68,39 @@ VISION_REFUSED = {
 # GLM-OCR runs the same code (transformers copies it from Qwen2-VL's). GLM-4.1V/4.5V (glm4v, glm4v_moe, glm46v) do
 # too, but their vision embeddings compare every patch with every image's end (Glm4vVisionEmbeddings: `seq_ids`, an
 # (images x patches) bool tensor), a batch^2 term the (batch, seq) fit does not have: their derivation refuses itself
-# at its check size, so they are left out.
-GRID_VLM_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm_ocr")
+# at its check size, so they are left out. HyperCLOVA X Vision v2 (Qwen2.5-VL's tower), EXAONE-4.5 (a copy of it with
+# fewer key/value heads than query heads) and MiniMax-M3-VL (Qwen2-VL's inputs, its own tower) run the same inputs and
+# host-side helpers. LFM3-VL would too, but its tower's short convolution runs per image (Lfm3VlVisionShortConv: a
+# loop over torch.split by image), which changes the step's operations with the batch: refused by its derivation.
+GRID_VLM_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm_ocr", "hyperclovax_vision_v2", "exaone4_5",
+                  "minimax_m3_vl")
 GRID_IMAGE_SIZE = 448   # px: a multiple of 28 (Qwen2/2.5-VL's 14-px patches x 2) and of 32 (Qwen3-VL's 16 x 2)
 # Text models whose forward reads its token ids on the host (XLM and FlauBERT: `lengths.max().item()` of the non-pad
 # tokens per row; FSMT: `padding_mask.any()`; T5Gemma-2: a mask built from its ids with `nonzero`): their ids carry
 # their values (tracer.host_values), as a tokenizer's ids do on a GPU.
 HOST_VALUE_TYPES = ("xlm", "flaubert", "fsmt", "t5gemma2")
+# Vision-language models whose image path reads values on the host: BLIP-2's Q-Former asks whether its all-ones mask
+# is all ones (`padding_mask.all()`, to skip it), Idefics2/3 and SmolVLM drop all-zero padding images by a boolean
+# index and split the features per sample by counts they read. Their steps run with host values (tracer.host_values)
+# and nonzero pixels; Idefics2/3 and SmolVLM take them stacked per sample, (b, images, C, H, W) with a
+# pixel_attention_mask, as their processors hand them (each image one tile of the vision tower's image_size).
+STACKED_VLM_TYPES = ("idefics2", "idefics3", "smolvlm")
+HOST_VLM_TYPES = ("blip-2", *STACKED_VLM_TYPES)
 VLM_TYPES = ("llava", "vipllava", "video_llava", "paligemma", "internvl", "qianfan_ocr", "cohere2_vision", "gemma3",
-             "pp_chart2table", "deepseek_vl", "janus", *GRID_VLM_TYPES)
+             "pp_chart2table", "deepseek_vl", "janus", *GRID_VLM_TYPES, *HOST_VLM_TYPES)
+def vlm_route(model_type: str) -> str:
+    """How this version builds a vision-language model's images ("grid", "stacked", "host", "fixed"; "" for any
+    other type): an inventory records it, and one cached under another route is read again (estimator.store), since
+    whether its images are priced, and how, follows the route."""
+    if model_type not in VLM_TYPES:
+        return ""
+    if model_type in GRID_VLM_TYPES:
+        return "grid"
+    if model_type in STACKED_VLM_TYPES:
+        return "stacked"
+    return "host" if model_type in HOST_VLM_TYPES else "fixed"
+
+
 # Options of those encoders whose memory is not priced: {config key: why}. BEiT's and Data2Vec-Vision's relative
 # position bias builds its (tokens + 1)^2 int64 index on the host with an lru_cache per grid (BeitRelativePositionBias.
 # generate_relative_position_index: created on the CPU, held across steps, copied to the GPU by each layer's

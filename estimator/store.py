@@ -25,7 +25,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from estimator import bank, cp, knobs
-from estimator.families import VLM_TYPES
+from estimator.families import VLM_TYPES, vlm_route
 from estimator.inventory import Inventory
 from estimator.parallel import TRACED_SHARDING
 from estimator.presets import DATA_DIR, config_hash
@@ -215,6 +215,8 @@ def _stale(config: dict, data: dict) -> bool:
         return True
     if config.get("model_type") not in VLM_TYPES:
         return False
+    if data.get("vlm_route") != vlm_route(config["model_type"]):   # built another way (or priced text-only) then
+        return True
     return "image_side" not in data or ("unreached" not in data["vlm"] if "vlm" in data else "vlm_refused" not in data)
 
 

@@ -175,6 +175,11 @@ def one(model_type: str) -> dict:
     except Exception as e:  # noqa: BLE001
         row["params_independent_error"] = _line(e)
     row["params_exact"] = row.get("params_independent") == model.params
+    refused = model.inventory.extra.get("vlm_refused")
+    if refused is not None and not _causal(model_type):   # its images fail on its defaults: a text-only step is no row
+        return {**row, "status": "refused", "stage": "images",
+                "reason": f"its image path fails on its own config's defaults ({refused}); only a text-only step "
+                          "would be priced"}
     prof, err = None, None
     # pure bf16 with the attention transformers runs by default (SDPA where the model has it, else eager), then the
     # other one; fp32 where the model's code cannot run in bf16 (FNet's FFT, DeBERTa's disentangled attention): the
@@ -235,6 +240,13 @@ def one(model_type: str) -> dict:
                status="exact" if all(est.get(k) == v for k, v in traced.items()) else
                ("within 1%" if abs(worst) <= TOLERANCE else "off"))
     return row
+
+
+def _causal(model_type: str) -> bool:
+    """A type the causal-LM auto class lists (Gemma-3: a text-only step is that class's step)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 
 def _dtype_error(e: BaseException) -> bool:
@@ -309,6 +321,7 @@ REFUSAL_KINDS = (  # (what the reason says, how the summary names it); first mat
     ("image model willitfit does not model", "image model not modelled yet (not tried, or it needs what the tracer "
                                              "lacks: natten's kernels, NaFlex inputs, a VLM classifier)"),
     ("host per image grid", "an option whose memory lives on the host (relative position bias index): refused"),
+    ("takes no labels", "image model whose classification class returns no loss: no training step to price"),
 )
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -69,6 +70,24 @@ def test_a_cached_inventory_of_an_older_version_is_read_again(monkeypatch, tmp_p
     store.clear_memo()
     assert not store.inventory(cfg, "t-gemma2").supports_sdpa
     assert "sdpa" in json.loads(path.read_text())
+    store.clear_memo()
+
+
+def test_a_vlm_inventory_cached_under_another_route_is_read_again(monkeypatch, tmp_path):
+    # a vision-language model whose images an older willitfit refused (its type then in no route: text-only steps)
+    # is read again once this version prices its images another way (estimator.families.vlm_route)
+    monkeypatch.setenv("WILLITFIT_CACHE", str(tmp_path))
+    store.clear_memo()
+    cfg = json.loads((Path(__file__).parent / "data" / "tiny" / "t-smolvlm.json").read_text())
+    assert store.inventory(cfg, "t-smolvlm").extra["vlm"]["image_tokens"] == 4
+    path = tmp_path / store.config_hash(cfg)[:16] / "inventory.json"
+    data = json.loads(path.read_text())
+    assert data["vlm_route"] == "stacked"
+    old = {k: v for k, v in data.items() if k not in ("vlm", "vlm_route")}
+    path.write_text(json.dumps({**old, "vlm_refused": "not enough values to unpack (expected 5, got 4)"}))
+    store.clear_memo()
+    assert store.inventory(cfg, "t-smolvlm").extra["vlm"]["image_tokens"] == 4
+    assert json.loads(path.read_text())["vlm_route"] == "stacked"
     store.clear_memo()
 
 

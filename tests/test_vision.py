@@ -425,7 +425,8 @@ def test_swin_on_a_one_window_image_is_an_upper_bound_said_in_a_note():
     (_tiny("focalnet", embed_dim=8), Workload(batch=2, image_size=96)),
     (dict(SWIN, model_type="swinv2"), Workload(batch=2, image_size=672)),
     (dict(SWIN, model_type="donut-swin"), Workload(mode="infer", batch=2, image_size=448)),
-], ids=["mobilenet_v1", "mobilenet_v2", "efficientnet", "focalnet", "swinv2", "donut-swin"])
+    ({"model_type": "hgnet_v2"}, Workload(batch=2, image_size=160)),   # its stem pads one row and column
+], ids=["mobilenet_v1", "mobilenet_v2", "efficientnet", "focalnet", "swinv2", "donut-swin", "hgnet_v2"])
 def test_side_sized_models_equal_full_depth_traces(config, workload):
     _check_estimate_equals_trace(config, workload)
 

@@ -3,7 +3,9 @@
 A tiny LLaVA (tests/data/tiny/t-llava.json: a 5-layer Llama of hidden 128, a 3-layer CLIP vision tower of hidden 64 on
 32-pixel images in 8-pixel patches, 16 image tokens per image) has its parameters counted by hand; its estimate with
 images, at sizes its profile was never fit at, equals a full-depth trace stage by stage, to the byte; images for a
-model that takes none and a sequence too short for the images' tokens are refused in one line.
+model that takes none and a sequence too short for the images' tokens are refused in one line. Tiny SmolVLM, Idefics2
+and BLIP-2 configs (models that read their inputs' values on the host) count their image tokens as a real forward
+does and equal full-depth traces.
 
     python -m pytest tests/test_vlm.py -q                 # WILLITFIT_SLOW=1 adds LoRA, inference, checkpointing
 """
@@ -249,3 +251,52 @@ def test_cli_names_the_images_and_refuses_a_short_seq(tmp_path):
     assert out.stderr.strip().splitlines()[-1] == ("python -m estimator: error: seq: 60 tokens cannot hold 4 image(s) "
                                                    "of 16 tokens each (32x32 px); use a seq over 64")
     assert "--images N" in _cli("--help").stdout
+
+
+# Models whose image path reads values on the host (families.HOST_VLM_TYPES): SmolVLM (Idefics3's code: pixels stacked
+# per sample, padding images dropped by a boolean index, pixel shuffle by scale_factor 2), Idefics2 (a perceiver
+# resampler of 8 latents) and BLIP-2 (a Q-Former of 8 queries, its all-ones mask checked with `.all()`)
+HOST = {"smolvlm": 4, "idefics2": 8, "blip2": 8}   # tiny config -> image tokens per image
+
+
+@pytest.mark.parametrize("name", sorted(HOST))
+def test_host_value_vlms_count_the_tokens_a_real_forward_makes(name):
+    # the tokens read on the meta device (a fake mode with host values) against the model's own forward on real CPU
+    # tensors: its features' rows for one image
+    import torch
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    from estimator.model import from_hf_config
+    from tracer import vlm
+
+    cfg = _config(name)
+    assert from_hf_config(cfg, f"t-{name}").inventory.extra["vlm"]["image_tokens"] == HOST[name]
+    hf = AutoConfig.for_model(**cfg)
+    torch.manual_seed(0)
+    model = AutoModelForImageTextToText.from_config(hf).eval()
+    kwargs = vlm.image_kwargs(model, 1, 1, "cpu")
+    kwargs["pixel_values"] = torch.rand_like(kwargs["pixel_values"]) + 0.5   # a real image: nonzero pixels
+    if "pixel_attention_mask" in kwargs:
+        kwargs["pixel_attention_mask"] = torch.ones_like(kwargs["pixel_attention_mask"])
+    with torch.no_grad():
+        out = (getattr(model, "get_image_features", None) or model.model.get_image_features)(**kwargs)
+    feats = getattr(out, "pooler_output", out)
+    rows = sum(int(t.numel()) for t in ([feats] if torch.is_tensor(feats) else feats))
+    assert rows // model.get_input_embeddings().embedding_dim == HOST[name]
+
+
+def test_a_host_value_vlm_with_stacked_images_equals_full_depth_traces():
+    _check(Workload(images=2), ((3, 100),), "smolvlm")
+
+
+@SLOW
+@pytest.mark.parametrize("name, workload, sizes", [
+    ("idefics2", Workload(images=1), ((2, 90),)),
+    ("blip2", Workload(images=1), ((3, 61),)),
+    ("smolvlm", Workload(images=1, method="lora"), ((2, 129),)),
+    ("smolvlm", Workload(images=3, mode="infer", gen_tokens=4), ((2, 77),)),
+    ("idefics2", Workload(images=2, checkpointing="full"), ((3, 200),)),
+    ("blip2", Workload(images=1, method="lora"), ((4, 50),)),
+])
+def test_more_host_value_vlm_workloads_equal_full_depth_traces(name, workload, sizes):
+    _check(workload, sizes, name)

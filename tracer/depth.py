@@ -198,12 +198,18 @@ def _reduce_stacks(model, stacks, keep: list[int]) -> None:
                 setattr(cfg, key, len(mine))
 
 
+def _buffer_copies(layer) -> dict:
+    """A deepcopy memo holding a clone of each of the layer's buffers: Tensor.__deepcopy__ refuses a meta buffer made
+    with nn.Buffer (MiniMax-M3's router bias: its clone's type is not the buffer's), which a clone copies as well."""
+    return {id(b): b.detach().clone() for b in layer.buffers()}
+
+
 def _keep(parent, name: str, layers, keep: list[int]) -> None:
     """parent.name becomes the layers at `keep`, in order (an index given twice: a deep copy, its own parameters),
     each one's layer index attributes renumbered to its new position."""
     kept, seen = [], set()
     for i in keep:
-        kept.append(copy.deepcopy(layers[i]) if i in seen else layers[i])
+        kept.append(copy.deepcopy(layers[i], _buffer_copies(layers[i])) if i in seen else layers[i])
         seen.add(i)
     for new, (old, layer) in enumerate(zip(keep, kept)):
         for module in layer.modules():

@@ -23,6 +23,7 @@ from collections import Counter
 
 import torch
 
+from estimator.families import vlm_route
 from tracer import serialized
 import tracer  # noqa: F401  (quiets torchao's import-time logging before transformers loads it)
 from tracer import seq2seq, vision, vlm
@@ -326,5 +327,6 @@ def read_inventory(config: dict) -> dict:
            if seq2seq.is_encoder_decoder(cfg) else {}),
         **({"vlm": vlm.info(model)} if vlm.is_vlm(cfg) and images_refused is None else {}),
         **({"vlm_refused": images_refused} if images_refused is not None else {}),
+        **({"vlm_route": vlm_route(cfg.model_type)} if vlm.is_vlm(cfg) else {}),
         **({"image_side": [[list(k), n] for k, n in sorted(image_side.items())]} if image_side else {}),
     }

@@ -165,8 +165,11 @@ def grid_unit(model) -> int:
     channels = int(_channels(vision_config(model.config)) or 3)
     sides = []
     for size in (512, 1024):
-        out = base(torch.empty(1, channels, size, size, device=p.device, dtype=p.dtype))
-        h = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+        out = base(torch.empty(1, channels, size, size, device=p.device, dtype=p.dtype), output_hidden_states=True)
+        h = out.last_hidden_state if getattr(out, "last_hidden_state", None) is not None else out[0]
+        maps = [t for t in getattr(out, "hidden_states", None) or () if t.dim() == 4]
+        if h.dim() < 3 and maps:   # the last feature map: HGNet-V2's classifier hands back its logits
+            h = maps[-1]
         sides.append(h.shape[-2] if h.dim() == 4 else math.isqrt(h.shape[1]))
     if sides[1] <= sides[0] or 512 % (sides[1] - sides[0]):
         raise ValueError(f"model_type: {model.config.model_type!r}: willitfit cannot read a whole total stride from "

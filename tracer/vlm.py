@@ -12,6 +12,13 @@ their processors return (`TOKEN_TYPES`), which change their attention masks. The
 the same for every sequence length, so memory stays a polynomial in (batch, seq) for a fixed image count, and the
 derivation needs nothing beyond its (b, s) fit: `images` is part of the profile's class.
 
+Some read their inputs' values on the host (families.HOST_VLM_TYPES): BLIP-2's Q-Former asks whether its all-ones
+mask is all ones; Idefics2, Idefics3 and SmolVLM take pixel values stacked per sample (b, images, C, H, W) with a
+pixel_attention_mask, drop all-zero padding images by a boolean index and split the features by counts read on the
+host. Their steps run with host values (tracer.host_values): the pixels (nonzero: real images) and the mask (all
+true) carry their values, as the processor's tensors do on a GPU (`image_kwargs`); on the meta device (their image
+tokens, their unreached parameters) they run under a fake mode of their own (`_valued`).
+
 Fake tensors hold no values: the placeholder check transformers runs (`torch_compilable_check(n_image_tokens * hidden
 == image_features.numel())`, which reads the result on the host with `.item()`) cannot be evaluated on them.
 `host_checks_skipped` runs the check's own reduction (its one-byte result is allocated as on a GPU) and skips the host
@@ -27,7 +34,9 @@ from collections import Counter
 
 import torch
 
-from estimator.families import GRID_IMAGE_SIZE, HOST_VALUE_TYPES, VLM_TYPES
+from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
+
+from estimator.families import GRID_IMAGE_SIZE, HOST_VALUE_TYPES, HOST_VLM_TYPES, STACKED_VLM_TYPES, VLM_TYPES
 from estimator.vision import grid_layout
 from tracer import host_values, vlm_grid
 from tracer.vlm_grid import grid_geometry, grid_side, is_grid
@@ -51,7 +60,8 @@ def image_token_id(cfg) -> int:
         value = getattr(cfg, key, None)
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-    raise ValueError(f"model_type: {cfg.model_type!r} states no image token id ({' or '.join(IMAGE_TOKEN_KEYS)})")
+    raise ValueError(f"model_type: {cfg.model_type!r} states no image token id ({' or '.join(IMAGE_TOKEN_KEYS)}); "
+                     "its forward finds the images' places by it (a checkpoint's config.json states it)")
 
 
 def image_geometry(cfg) -> tuple[int, int]:
@@ -77,6 +87,40 @@ def _pixels(model, n: int, device) -> torch.Tensor:
     return torch.empty(n, channels, size, size, dtype=dtype, device=device)
 
 
+def _ones(t: torch.Tensor) -> torch.Tensor:
+    """`t` marked as holding ones (tracer.host_values): nonzero pixels, an all-true mask."""
+    with unset_fake_temporarily():
+        values = torch.ones(tuple(t.shape), dtype=t.dtype, device="cpu")
+    return host_values.known(t, values)
+
+
+def image_kwargs(model, batch: int, images: int, device) -> dict:
+    """The pixel inputs of `images` images per sample: pixel_values (b x images, C, H, W); a model of
+    families.STACKED_VLM_TYPES gets them as (b, images, C, H, W) with an all-true pixel_attention_mask (b, images, H,
+    W), pixels the host knows are nonzero (real images: none of the all-zero padding ones their processors add, which
+    their forward drops by a boolean index of its own)."""
+    cfg = model.config
+    if cfg.model_type not in STACKED_VLM_TYPES:
+        return {"pixel_values": _pixels(model, batch * images, device)}
+    size, channels = image_geometry(cfg)
+    dtype = next(model.parameters()).dtype
+    pixels = torch.empty(batch, images, channels, size, size, dtype=dtype, device=device)
+    mask = torch.empty(batch, images, size, size, dtype=torch.bool, device=device)
+    return {"pixel_values": _ones(pixels), "pixel_attention_mask": _ones(mask)}
+
+
+@contextlib.contextmanager
+def _valued(model):
+    """Where a model of HOST_VLM_TYPES runs on the meta device (its image tokens, its unreached parameters): under a
+    fake mode of its own with host values, which answer the host reads meta tensors cannot (the meta parameters
+    taken as they are); nothing for every other model."""
+    if model.config.model_type not in HOST_VLM_TYPES:
+        yield
+        return
+    with unset_fake_temporarily(), FakeTensorMode(allow_non_fake_inputs=True), host_values.host_values():
+        yield
+
+
 _TOKENS: dict[str, int] = {}   # per config (json), within a process: a derivation builds its model once per trace
 
 
@@ -96,8 +140,8 @@ def image_tokens(model, config: dict | None = None, image_size: int = 0) -> int:
     device = next(model.parameters()).device
     # the image-text-to-text class's own method, or its inner model's (DeepSeek-VL, Janus keep it there)
     get = getattr(model, "get_image_features", None) or model.model.get_image_features
-    with torch.no_grad():
-        features = get(pixel_values=_pixels(model, 1, device))
+    with _valued(model), torch.no_grad():
+        features = get(**image_kwargs(model, 1, 1, device))
     features = getattr(features, "pooler_output", features)
     parts = [features] if torch.is_tensor(features) else list(features)
     hidden = model.get_input_embeddings().embedding_dim
@@ -122,7 +166,7 @@ def vlm_inputs(model, workload, device: str, per_image: int, clone_labels: bool 
     vocab = model.get_input_embeddings().num_embeddings
     input_ids = torch.randint(0, max(1, min(tok, vocab)), (workload.batch, workload.seq), device=device)
     input_ids[:, 1:1 + tokens] = tok
-    out = {"input_ids": input_ids, "pixel_values": _pixels(model, workload.batch * n, device)}
+    out = {"input_ids": input_ids, **image_kwargs(model, workload.batch, n, device)}
     marks = TOKEN_TYPES.get(model.config.model_type)
     if marks is not None:   # what the model's processor hands over beside the ids: it changes the attention mask
         types = torch.zeros_like(input_ids)
@@ -169,6 +213,8 @@ def step_context(model, workload):
     config = getattr(inner, "config", None)
     if getattr(config, "model_type", None) in HOST_VALUE_TYPES:   # a text model that reads its token ids
         return host_values.host_values()
+    if config is not None and config.model_type in HOST_VLM_TYPES and workload.images:
+        return host_values.host_values()
     if config is None or not is_grid(config) or not workload.images:
         return contextlib.nullcontext()
     stack = contextlib.ExitStack()
@@ -204,10 +250,11 @@ def unreached(model) -> list:
     (weight, bias) with its module's: what the swapped optimizer's formulas (estimator.inventory.trainable_shapes) and
     LoRA's adapters (by module name) are matched by."""
     tokens = model._willitfit_image_tokens
-    ids = torch.zeros(1, tokens + 1, dtype=torch.long, device="meta")
-    ids[:, 1:1 + tokens] = image_token_id(model.config)
-    with host_checks_skipped():
-        model(input_ids=ids, pixel_values=_pixels(model, 1, "meta"), labels=ids).loss.backward()
+    with _valued(model):
+        ids = torch.zeros(1, tokens + 1, dtype=torch.long, device="meta")
+        ids[:, 1:1 + tokens] = image_token_id(model.config)
+        with host_checks_skipped():
+            model(input_ids=ids, **image_kwargs(model, 1, 1, "meta"), labels=ids).loss.backward()
     out = Counter((".".join(n.split(".")[-2:]), tuple(p.shape)) for n, p in model.named_parameters()
                   if p.requires_grad and p.grad is None)
     model.zero_grad(set_to_none=True)

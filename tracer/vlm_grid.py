@@ -166,8 +166,11 @@ def grid_step(model):
 
 def _packed_attention(module, query, key, value, attention_mask=None, scaling=None, dropout=0.0, **kwargs):
     """FlashAttention-2's varlen call over every image's tokens as one (1, heads, tokens, dim) attention: its output
-    and logsumexp are what the varlen kernel keeps (values differ: the images do not attend to each other there)."""
-    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, scale=scaling, dropout_p=dropout)
+    and logsumexp are what the varlen kernel keeps (values differ: the images do not attend to each other there).
+    Fewer key/value heads than query heads (EXAONE-4.5's tower) stay unrepeated, as flash_attn_varlen
+    takes them (SDPA's flash kernel with enable_gqa: tracer.kernels_sdpa)."""
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, scale=scaling, dropout_p=dropout,
+                                                           enable_gqa=key.shape[1] != query.shape[1])
     return out.transpose(1, 2), None
 
 
