@@ -38,6 +38,9 @@ CASES = (
     ("qwen25vl-full-ckpt-b2-4096-1008px", "qwen2.5-vl-7b", "train", "full", 2, 4096, 1, "full", 0, 1008),
     ("qwen25vl-infer-b4-1024-gen32", "qwen2.5-vl-7b", "infer", "full", 4, 1024, 1, "none", 32, 448),
     ("qwen3vl-lora-b2-2048-640px", "qwen3-vl-8b", "train", "lora", 2, 2048, 1, "none", 0, 640),
+    ("exaone45-lora-b4-2048-672px", "exaone4_5", "train", "lora", 4, 2048, 1, "none", 0, 672),   # its context: 2048
+    # host values: Idefics2's pixels stacked per sample with a pixel mask, padding images dropped by a boolean index
+    ("idefics2-lora-b4-2048-2img", "idefics2", "train", "lora", 4, 2048, 2),
 )
 
 

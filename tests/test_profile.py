@@ -94,6 +94,24 @@ def test_a_piece_split_by_alignment_round_trips_and_is_found():
     assert '"align"' not in Profile("h", "x", {}, {}, 3, (Piece.from_moments(0, None, []),)).to_json()
 
 
+def test_a_window_past_the_context_ends_the_profile_there():
+    # EXAONE-4.5's default text config: a 4096-token sliding window over 2048 positions. Past the context
+    # (--allow-beyond-context) memory bends at the window, which no fit saw: the last piece ends before it
+    from types import SimpleNamespace
+
+    from estimator.profile.profile import Piece
+    from tracer.derive import pieces_for
+
+    cfg = SimpleNamespace(text_config=SimpleNamespace(sliding_window=4096, max_position_embeddings=2048))
+    pieces = pieces_for(cfg, 2048, False)
+    assert [(lo, hi) for lo, hi, _, _ in pieces] == [(0, 4095)]
+    assert pieces_for(SimpleNamespace(sliding_window=1024), 2048, False)[-1][1] is None   # a window inside: a cut
+    prof = Profile("h", "x", {}, {}, 3, (Piece.from_moments(0, 4095, [], 1, None),))
+    assert prof.piece_for(2, 4095) is prof.pieces[0]
+    with pytest.raises(ValueError, match=r"^seq: 4096 is past 4095, where this profile ends \(an attention window"):
+        prof.piece_for(2, 4096)
+
+
 # ---------------------------------------------------------------- the plan
 
 def test_plan_uniform_model_traces_first_middle_last_then_one_more():

@@ -91,6 +91,8 @@ def pieces_for(hf_config, max_positions: int, infer: bool, step: int = 8, multip
     # transformers keeps a sliding window's mask implicit while kv_length < window (masking_utils
     # `_ignore_causal_mask_sdpa`): s = window is already the other side, so the cut is window - 1
     cuts = sorted({v - 1 for v in _window_values(hf_config) if 1 < v < max_positions})
+    # a window past the context (EXAONE-4.5's default 4096 over 2048 positions): the profile ends before it
+    end = min((v - 1 for v in _window_values(hf_config) if v > max_positions), default=None)
     # a piece too narrow to hold four sizes is merged into the next one (the verification says if that is exact)
     gen = GEN_TOKENS if infer else 0
     cuts = [c for c in cuts if c > floor]
@@ -98,7 +100,7 @@ def pieces_for(hf_config, max_positions: int, infer: bool, step: int = 8, multip
     bounds = [floor, *cuts]
     out = []
     for k, lo in enumerate(bounds):
-        hi = bounds[k + 1] if k + 1 < len(bounds) else None
+        hi = bounds[k + 1] if k + 1 < len(bounds) else end
         cap = min(hi if hi is not None else max_positions, max_positions) - gen
         unit = next((u for u in units if lo + 4 * u <= cap), None)
         if unit is None:

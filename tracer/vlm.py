@@ -100,6 +100,12 @@ def image_kwargs(model, batch: int, images: int, device) -> dict:
     W), pixels the host knows are nonzero (real images: none of the all-zero padding ones their processors add, which
     their forward drops by a boolean index of its own)."""
     cfg = model.config
+    hi = getattr(cfg, "high_res_vision_config", None)
+    if hi is not None:   # DeepSeek-VL-Hybrid: each image also at its SAM tower's high resolution, as its processor does
+        dtype = next(model.parameters()).dtype
+        side, channels = int(hi.image_size), int(getattr(hi, "num_channels", 3) or 3)
+        return {"pixel_values": _pixels(model, batch * images, device),
+                "high_res_pixel_values": torch.empty(batch * images, channels, side, side, dtype=dtype, device=device)}
     if cfg.model_type not in STACKED_VLM_TYPES:
         return {"pixel_values": _pixels(model, batch * images, device)}
     size, channels = image_geometry(cfg)

@@ -203,6 +203,10 @@ class Profile:
         for p in self.pieces:
             if p.covers(b, s):
                 return p
+        ends = [p.s_hi for p in self.pieces if p.s_hi is not None]
+        if ends and all(p.s_hi is not None for p in self.pieces) and s > max(ends):
+            raise ValueError(f"seq: {s} is past {max(ends)}, where this profile ends (an attention window beyond the "
+                             "model's context: memory past it was not derived); use seq <= " + str(max(ends)))
         raise ValueError(f"seq: batch {b}, seq {s} is outside every piece of this profile")
 
     @property
