@@ -76,16 +76,21 @@ GRID_VLM_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm_ocr
                   "minimax_m3_vl")
 GRID_IMAGE_SIZE = 448   # px: a multiple of 28 (Qwen2/2.5-VL's 14-px patches x 2) and of 32 (Qwen3-VL's 16 x 2)
 # Text models whose forward reads its token ids on the host (XLM and FlauBERT: `lengths.max().item()` of the non-pad
-# tokens per row; FSMT: `padding_mask.any()`; T5Gemma-2: a mask built from its ids with `nonzero`): their ids carry
-# their values (tracer.host_values), as a tokenizer's ids do on a GPU.
-HOST_VALUE_TYPES = ("xlm", "flaubert", "fsmt", "t5gemma2")
+# tokens per row; FSMT: `padding_mask.any()`; T5Gemma-2: a mask built from its ids with `nonzero`; X-MOD: its language
+# ids, which route every token to its language's adapter by a boolean index): their ids carry their values
+# (tracer.host_values), as a tokenizer's ids do on a GPU.
+HOST_VALUE_TYPES = ("xlm", "flaubert", "fsmt", "t5gemma2", "xmod")
 # Vision-language models whose image path reads values on the host: BLIP-2's Q-Former asks whether its all-ones mask
 # is all ones (`padding_mask.all()`, to skip it), Idefics2/3 and SmolVLM drop all-zero padding images by a boolean
 # index and split the features per sample by counts they read. Their steps run with host values (tracer.host_values)
 # and nonzero pixels; Idefics2/3 and SmolVLM take them stacked per sample, (b, images, C, H, W) with a
 # pixel_attention_mask, as their processors hand them (each image one tile of the vision tower's image_size).
+# Ovis2 wraps each image's tokens in visual indicator tokens (its processor: <IMG_START>, the image's tokens,
+# <IMG_GRID>, <IMG_END> for a one-tile image) and asks of each indicator id whether the ids hold it (`mask.any()`)
+# before writing its embedding there: INDICATOR_TOKENS per image, beside the image's own tokens in the seq.
 STACKED_VLM_TYPES = ("idefics2", "idefics3", "smolvlm")
-HOST_VLM_TYPES = ("blip-2", *STACKED_VLM_TYPES)
+INDICATOR_TOKENS = {"ovis2": 3}
+HOST_VLM_TYPES = ("blip-2", *STACKED_VLM_TYPES, *INDICATOR_TOKENS)
 VLM_TYPES = ("llava", "vipllava", "video_llava", "paligemma", "internvl", "qianfan_ocr", "cohere2_vision", "gemma3",
              "pp_chart2table", "deepseek_vl", "janus", "deepseek_vl_hybrid", *GRID_VLM_TYPES, *HOST_VLM_TYPES)
 def vlm_route(model_type: str) -> str:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from estimator.families import GRID_IMAGE_SIZE, VLM_TYPES
+from estimator.families import GRID_IMAGE_SIZE, INDICATOR_TOKENS, VLM_TYPES
 from estimator.model import Model
 from estimator.spec import Workload
 
@@ -192,12 +192,14 @@ def image_words(model: Model, w: Workload) -> str:
 
 def image_tokens(model: Model, w: Workload) -> int:
     """The tokens a step's images take of each sample's seq (0 without images): the shortest seq is one more. A grid
-    model's images also end with a text token each (the processor's vision_end), counted here."""
+    model's images also end with a text token each (the processor's vision_end), Ovis2's with its visual indicator
+    tokens (families.INDICATOR_TOKENS), counted here."""
     v = images_of(model)
     if not w.images or v is None:
         return 0
     per = _per_image(model, w)[1]
-    return grid_layout(w.images, per) if grid(model) is not None else w.images * per
+    return grid_layout(w.images, per) if grid(model) is not None else \
+        w.images * (per + INDICATOR_TOKENS.get(model.model_type, 0))
 
 
 def check_images(model: Model, w: Workload) -> None:

@@ -246,6 +246,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 
 def test_cli_names_the_images_and_refuses_a_short_seq(tmp_path):
     cfg = str(TINY / "t-llava.json")
+    _model()   # its inventory in this session's cache (the CLI inherits WILLITFIT_CACHE): --no-derive reads it there
     out = _cli("--model", cfg, "--images", "4", "--seq", "60", "--no-derive")
     assert out.returncode == 2
     assert out.stderr.strip().splitlines()[-1] == ("python -m estimator: error: seq: 60 tokens cannot hold 4 image(s) "
@@ -256,7 +257,7 @@ def test_cli_names_the_images_and_refuses_a_short_seq(tmp_path):
 # Models whose image path reads values on the host (families.HOST_VLM_TYPES): SmolVLM (Idefics3's code: pixels stacked
 # per sample, padding images dropped by a boolean index, pixel shuffle by scale_factor 2), Idefics2 (a perceiver
 # resampler of 8 latents) and BLIP-2 (a Q-Former of 8 queries, its all-ones mask checked with `.all()`)
-HOST = {"smolvlm": 4, "idefics2": 8, "blip2": 8}   # tiny config -> image tokens per image
+HOST = {"smolvlm": 4, "idefics2": 8, "blip2": 8, "ovis2": 4}   # tiny config -> image tokens per image
 
 
 @pytest.mark.parametrize("name", sorted(HOST))
@@ -297,6 +298,24 @@ def test_a_host_value_vlm_with_stacked_images_equals_full_depth_traces():
     ("smolvlm", Workload(images=3, mode="infer", gen_tokens=4), ((2, 77),)),
     ("idefics2", Workload(images=2, checkpointing="full"), ((3, 200),)),
     ("blip2", Workload(images=1, method="lora"), ((4, 50),)),
+    # Ovis2: each image wrapped in three visual indicator tokens, whose embeddings it writes by a boolean index
+    ("ovis2", Workload(images=2), ((3, 64),)),
 ])
 def test_more_host_value_vlm_workloads_equal_full_depth_traces(name, workload, sizes):
     _check(workload, sizes, name)
+
+
+def test_image_features_narrower_than_the_text_model_are_refused_in_one_line():
+    # Ovis2's and Janus's default configs: visual embeddings of another width than the text model's, which their
+    # forward would scatter by element count; a config whose parts disagree prices no images
+    from estimator.estimate import estimate
+    from estimator.model import from_hf_config
+
+    m = from_hf_config({**_config("ovis2"), "hidden_size": 64}, "t-ovis2-bad")
+    assert "vlm" not in m.inventory.extra and "image features are 64 wide and its text embeddings 128" in \
+        m.inventory.extra["vlm_refused"]
+    with pytest.raises(ValueError, match=r"^images: t-ovis2-bad's vision tower fails on its own config's image size"):
+        estimate(m, Workload(images=1, seq=100))
+    ovis = from_hf_config(_config("ovis2"), "t-ovis2")   # 4 tokens and 3 indicators per image: seq must exceed 14
+    with pytest.raises(ValueError, match=r"^seq: 14 tokens cannot hold"):
+        estimate(ovis, Workload(images=2, seq=14))

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from torch._subclasses.fake_tensor import DynamicOutputShapeException, FakeTensorMode
 
 from estimator.spec import Parallel, Workload
-from tracer.host_values import host_values, known, value_of
+from tracer.host_values import SMALL, host_values, known, value_of
 from traced import assert_equals_trace
 
 TINY = Path(__file__).parent / "data" / "tiny"
@@ -63,7 +63,8 @@ def test_fake_tensors_carry_the_values_the_host_knows():
         assert value_of(z) is None and value_of(z[0]) is None
         hidden = torch.empty(2, 5, 8)                       # x[mask] with a known mask, unknown x: the mask's nonzero
         assert hidden[mask].shape == (5, 8)
-        assert value_of(torch.ones(3)) is None               # floats never seeded
+        assert value_of(torch.ones(SMALL + 1)) is None       # floats past SMALL elements never seeded
+        assert value_of(torch.empty(3)) is None              # nor an empty's
     with fm, host_values():
         x = torch.empty(4)
         with pytest.raises(DynamicOutputShapeException):    # no values: the fake tensor's own failure
@@ -75,6 +76,28 @@ def test_a_text_model_that_reads_its_token_ids_is_priced_with_their_values():
     cfg = {"model_type": "xlm", "vocab_size": 512, "emb_dim": 64, "n_layers": 2, "n_heads": 4,
            "max_position_embeddings": 512}
     assert_equals_trace(cfg, "t-xlm", Workload(attention="eager"), ((3, 100),), Parallel())
+
+
+@SLOW
+def test_xmod_routes_its_tokens_to_one_language_adapter_with_their_values():
+    # X-MOD: per-sample language ids (a small float factory times the default language's index) select each token's
+    # adapter by a boolean index; no default language in the config: the tracer takes its first (all the same size)
+    cfg = {"model_type": "xmod", "vocab_size": 512, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "intermediate_size": 128, "max_position_embeddings": 514, "languages": ["en_XX", "de_DE"]}
+    assert_equals_trace(cfg, "t-xmod", Workload(), ((3, 100),), Parallel())
+
+
+def test_small_float_factories_carry_their_values_and_large_ones_do_not():
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from tracer import host_values
+
+    with FakeTensorMode(), host_values.host_values():
+        small = 3 * torch.ones(4)
+        large = torch.ones(host_values.SMALL + 1)
+        assert host_values.value_of(small).tolist() == [3.0] * 4 and host_values.value_of(large) is None
+        assert (small == 3).all().item()
 
 
 def test_image_tokens_are_the_mergers_rows_on_a_real_forward():

@@ -49,6 +49,9 @@ _FACTORIES = {aten.arange.default, aten.arange.start, aten.arange.start_step, at
 _LIFTS = {aten.lift_fresh.default, aten.lift_fresh_copy.default}
 _MASK_INDEXED = {aten.index.Tensor, aten.index_put.default, aten.index_put_.default}
 _INTEGRAL = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+# Float factories of at most this many elements carry values too (X-MOD's per-sample language ids are
+# `default_lang_id * torch.ones(batch)`, floats); larger ones (masks, buffers) never: their values would cost host memory
+SMALL = 1 << 16
 
 
 def value_of(t) -> torch.Tensor | None:
@@ -77,6 +80,20 @@ def random_ids(fake: torch.Tensor, high: int, seed: int = 0) -> torch.Tensor:
     with unset_fake_temporarily():
         values = torch.randint(0, max(1, high), tuple(fake.shape), generator=torch.Generator().manual_seed(seed))
     return known(fake, values.to(fake.dtype))
+
+
+def _small(func, args) -> bool:
+    """A zeros / ones / full factory of at most SMALL elements (its size is its first argument)."""
+    if func not in (aten.zeros.default, aten.ones.default, aten.full.default) or not args:
+        return False
+    size = args[0]
+    try:
+        n = 1
+        for d in size:
+            n *= int(d)
+    except (TypeError, ValueError):
+        return False
+    return n <= SMALL
 
 
 def _real(x):
@@ -153,15 +170,16 @@ class HostValues(TorchDispatchMode):
     def _compute(func, args, kwargs):
         if not any(isinstance(t, torch.Tensor) for t in tree_flatten((args, kwargs))[0]):
             arange = func in (aten.arange.default, aten.arange.start, aten.arange.start_step)
-            if kwargs.get("dtype", torch.int64 if arange else torch.float32) not in _INTEGRAL:
-                return None   # a float factory: its values are never needed on the host
+            if kwargs.get("dtype", torch.int64 if arange else torch.float32) not in _INTEGRAL and not _small(func, args):
+                return None   # a float factory past SMALL elements: its values are never needed on the host
             kwargs = {**kwargs, "device": "cpu"}
         with unset_fake_temporarily(), no_dispatch():
             try:
                 real = func(*tree_map(_real, args), **tree_map(_real, kwargs))
             except (RuntimeError, TypeError, ValueError, IndexError):
                 return None
-        if func in _FACTORIES and isinstance(real, torch.Tensor) and real.dtype not in _INTEGRAL:
+        if func in _FACTORIES and isinstance(real, torch.Tensor) and real.dtype not in _INTEGRAL and \
+                real.numel() > SMALL:
             return None
         return real
 

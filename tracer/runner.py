@@ -134,6 +134,10 @@ def build_model(config: dict, workload: Workload, device: str = "cpu", *, meta_t
             if layers is not None:
                 reduce_depth(model, layers)
             model._willitfit_masked_lm = masked
+            if getattr(model.config, "languages", None) and getattr(model.config, "default_language", "") is None:
+                # X-MOD runs no step until a language is chosen (set_default_language); every language's adapter
+                # is the same size and one runs on every token, so the first one's step is any one's
+                model.config.default_language = model.config.languages[0]
             model._willitfit_vision = is_vision
             if vlm.is_vlm(top) and workload.images:  # the tokens one image becomes, read once per config
                 model._willitfit_image_tokens = vlm.image_tokens(model, config, workload.image_size)

@@ -36,7 +36,8 @@ import torch
 
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
-from estimator.families import GRID_IMAGE_SIZE, HOST_VALUE_TYPES, HOST_VLM_TYPES, STACKED_VLM_TYPES, VLM_TYPES
+from estimator.families import (GRID_IMAGE_SIZE, HOST_VALUE_TYPES, HOST_VLM_TYPES, INDICATOR_TOKENS, STACKED_VLM_TYPES,
+                                VLM_TYPES)
 from estimator.vision import grid_layout
 from tracer import host_values, vlm_grid
 from tracer.vlm_grid import grid_geometry, grid_side, is_grid
@@ -152,6 +153,11 @@ def image_tokens(model, config: dict | None = None, image_size: int = 0) -> int:
     parts = [features] if torch.is_tensor(features) else list(features)
     hidden = model.get_input_embeddings().embedding_dim
     total = sum(int(t.numel()) for t in parts)
+    widths = sorted({int(t.shape[-1]) for t in parts} - {hidden})
+    if widths:   # masked_scatter would take them by element count alone (Ovis2's default config: 1536 into 4096)
+        raise ValueError(f"model_type: {model.config.model_type!r}'s image features are {widths[0]} wide and its text "
+                         f"embeddings {hidden}: a config whose parts disagree (its forward would scatter the features "
+                         "by element count); a checkpoint's config.json matches them")
     if total % hidden:
         raise ValueError(f"model_type: {model.config.model_type!r}'s image features ({total} elements) are no whole "
                          f"number of tokens of width {hidden}")
@@ -164,14 +170,18 @@ def vlm_inputs(model, workload, device: str, per_image: int, clone_labels: bool 
     if is_grid(model.config):   # its own layout, never shorter than its images (tracer.vlm_grid)
         return vlm_grid.grid_inputs(model, workload, device, per_image, image_token_id(model.config), clone_labels)
     n = workload.images
-    tokens = per_image * n
+    wrap = INDICATOR_TOKENS.get(model.config.model_type, 0)
+    tokens = (per_image + wrap) * n
     if workload.seq <= tokens and not _FITTING.get():
-        raise ValueError(f"seq: {workload.seq} tokens cannot hold {n} image(s) of {per_image} tokens each; use a seq "
-                         f"over {tokens}")
+        raise ValueError(f"seq: {workload.seq} tokens cannot hold {n} image(s) of {per_image + wrap} tokens each; use a "
+                         f"seq over {tokens}")
     tok = image_token_id(model.config)
     vocab = model.get_input_embeddings().num_embeddings
-    input_ids = torch.randint(0, max(1, min(tok, vocab)), (workload.batch, workload.seq), device=device)
-    input_ids[:, 1:1 + tokens] = tok
+    if wrap:   # ids the host knows: its forward asks which indicator ids they hold
+        input_ids = _indicated_ids(model.config, workload, device, per_image, min(tok, vocab))
+    else:
+        input_ids = torch.randint(0, max(1, min(tok, vocab)), (workload.batch, workload.seq), device=device)
+        input_ids[:, 1:1 + tokens] = tok
     out = {"input_ids": input_ids, **image_kwargs(model, workload.batch, n, device)}
     marks = TOKEN_TYPES.get(model.config.model_type)
     if marks is not None:   # what the model's processor hands over beside the ids: it changes the attention mask
@@ -184,6 +194,25 @@ def vlm_inputs(model, workload, device: str, per_image: int, clone_labels: bool 
     if workload.mode == "train":
         out["labels"] = input_ids.clone() if clone_labels else input_ids
     return out
+
+
+def _indicated_ids(cfg, workload, device: str, per_image: int, high: int) -> torch.Tensor:
+    """Ovis2's ids, values the host knows: after one text token, per image an indicator, its image tokens and two more
+    indicators (Ovis2Processor: <IMG_START>, <IMG_ATOM> x tokens, <IMG_GRID>, <IMG_END> for one tile), the rest text
+    below the image token id. Which of config.visual_indicator_token_ids names which indicator transformers does not
+    say; each image holds three distinct ones once, and the step's memory is the same for any three. Positions past
+    seq are dropped (a derivation's short seqs: `fitting`)."""
+    b, s = workload.batch, workload.seq
+    ind = list(cfg.visual_indicator_token_ids)
+    tok = image_token_id(cfg)
+    with unset_fake_temporarily():
+        values = torch.randint(0, max(1, high), (b, s), generator=torch.Generator().manual_seed(0))
+        layout = []
+        for _ in range(workload.images):
+            layout += [ind[0], *[tok] * per_image, ind[1], ind[2]]
+        layout = torch.tensor(layout[:max(0, s - 1)], dtype=torch.long)
+        values[:, 1:1 + len(layout)] = layout
+    return host_values.known(torch.empty(b, s, dtype=torch.long, device=device), values)
 
 
 _FITTING = contextvars.ContextVar("willitfit_vlm_fitting", default=False)
