@@ -22,7 +22,8 @@ ops carry values at the small sizes a profile is fit on and at the large ones it
 tensor with a value returns it; an op whose output shape depends on values (`nonzero`, a boolean mask index,
 `unique_consecutive`, `repeat_interleave` by a tensor) gets a fake output of the shape its values give, allocated as
 the device allocates it. In-place writes into a tensor with a value from one without drop its value (it is no longer
-known). Floating-point tensors never carry values unless an op computes them from ones that do.
+known). Floating-point tensors carry values only where an op computes them from ones that do, or where a zeros,
+ones or full factory makes at most SMALL elements (X-MOD's language ids: `default_lang_id * torch.ones(batch)`).
 
 This is torch's FakeTensor constant propagation (`FakeTensor.constant`) without its limit of one element and
 without its side effect: its constant outputs get storages of their own, which a storage counter would read as an

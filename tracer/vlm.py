@@ -15,9 +15,11 @@ derivation needs nothing beyond its (b, s) fit: `images` is part of the profile'
 Some read their inputs' values on the host (families.HOST_VLM_TYPES): BLIP-2's Q-Former asks whether its all-ones
 mask is all ones; Idefics2, Idefics3 and SmolVLM take pixel values stacked per sample (b, images, C, H, W) with a
 pixel_attention_mask, drop all-zero padding images by a boolean index and split the features by counts read on the
-host. Their steps run with host values (tracer.host_values): the pixels (nonzero: real images) and the mask (all
-true) carry their values, as the processor's tensors do on a GPU (`image_kwargs`); on the meta device (their image
-tokens, their unreached parameters) they run under a fake mode of their own (`_valued`).
+host; Ovis2 asks of each visual indicator id whether its ids hold it (`_indicated_ids` lays them out). Their steps
+run with host values (tracer.host_values): the pixels (nonzero: real images), the mask (all true) and Ovis2's ids
+carry their values, as the processor's tensors do on a GPU (`image_kwargs`); on the meta device (their image tokens,
+their unreached parameters) they run under a fake mode of their own (`_valued`). DeepSeek-VL-Hybrid also gets each
+image at its SAM tower's image size (`high_res_pixel_values`).
 
 Fake tensors hold no values: the placeholder check transformers runs (`torch_compilable_check(n_image_tokens * hidden
 == image_features.numel())`, which reads the result on the host with `.item()`) cannot be evaluated on them.
