@@ -93,6 +93,8 @@ INDICATOR_TOKENS = {"ovis2": 3}
 HOST_VLM_TYPES = ("blip-2", *STACKED_VLM_TYPES, *INDICATOR_TOKENS)
 VLM_TYPES = ("llava", "vipllava", "video_llava", "paligemma", "internvl", "qianfan_ocr", "cohere2_vision", "gemma3",
              "pp_chart2table", "deepseek_vl", "janus", "deepseek_vl_hybrid", *GRID_VLM_TYPES, *HOST_VLM_TYPES)
+
+
 def vlm_route(model_type: str) -> str:
     """How this version builds a vision-language model's images ("grid", "stacked", "host", "fixed"; "" for any
     other type): an inventory records it, and one cached under another route is read again (estimator.store), since

@@ -151,6 +151,13 @@ def grid_layout(images: int, per_image: int) -> int:
     return images * (per_image + 1)
 
 
+def fixed_layout(model_type: str, images: int, per_image: int) -> int:
+    """The tokens a fixed-size model's images take of a sample's seq: each image's tokens and, for Ovis2, the visual
+    indicator tokens around them (families.INDICATOR_TOKENS); the shortest seq is one more. Shared with the tracer
+    (tracer.vlm)."""
+    return images * (per_image + INDICATOR_TOKENS.get(model_type, 0))
+
+
 def grid_refusal(name: str, w: Workload) -> str | None:
     """Why a grid model's step with images is not priced, in one line, or None: its vision tower under SDPA or eager
     (a loop over the images), selective checkpointing of its packed attention. Shared with the tracer
@@ -198,8 +205,7 @@ def image_tokens(model: Model, w: Workload) -> int:
     if not w.images or v is None:
         return 0
     per = _per_image(model, w)[1]
-    return grid_layout(w.images, per) if grid(model) is not None else \
-        w.images * (per + INDICATOR_TOKENS.get(model.model_type, 0))
+    return grid_layout(w.images, per) if grid(model) is not None else fixed_layout(model.model_type, w.images, per)
 
 
 def check_images(model: Model, w: Workload) -> None:

@@ -40,7 +40,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
 from estimator.families import (GRID_IMAGE_SIZE, HOST_VALUE_TYPES, HOST_VLM_TYPES, INDICATOR_TOKENS, STACKED_VLM_TYPES,
                                 VLM_TYPES)
-from estimator.vision import grid_layout
+from estimator.vision import fixed_layout, grid_layout
 from tracer import host_values, vlm_grid
 from tracer.vlm_grid import grid_geometry, grid_side, is_grid
 
@@ -84,10 +84,12 @@ def image_geometry(cfg) -> tuple[int, int]:
     return size, int(getattr(vc, "num_channels", 3) or 3)
 
 
-def _pixels(model, n: int, device) -> torch.Tensor:
-    size, channels = image_geometry(model.config)
+def _pixels(model, lead: tuple, device, geometry: tuple[int, int] | None = None) -> torch.Tensor:
+    """Pixel values (*lead, C, H, W) in the weights' dtype, square images of `geometry` (side, channels), or the
+    config's vision tower's (`image_geometry`)."""
+    size, channels = geometry or image_geometry(model.config)
     dtype = next(model.parameters()).dtype
-    return torch.empty(n, channels, size, size, dtype=dtype, device=device)
+    return torch.empty(*lead, channels, size, size, dtype=dtype, device=device)
 
 
 def _ones(t: torch.Tensor) -> torch.Tensor:
@@ -105,17 +107,14 @@ def image_kwargs(model, batch: int, images: int, device) -> dict:
     cfg = model.config
     hi = getattr(cfg, "high_res_vision_config", None)
     if hi is not None:   # DeepSeek-VL-Hybrid: each image also at its SAM tower's high resolution, as its processor does
-        dtype = next(model.parameters()).dtype
-        side, channels = int(hi.image_size), int(getattr(hi, "num_channels", 3) or 3)
-        return {"pixel_values": _pixels(model, batch * images, device),
-                "high_res_pixel_values": torch.empty(batch * images, channels, side, side, dtype=dtype, device=device)}
+        geometry = (int(hi.image_size), int(getattr(hi, "num_channels", 3) or 3))
+        return {"pixel_values": _pixels(model, (batch * images,), device),
+                "high_res_pixel_values": _pixels(model, (batch * images,), device, geometry)}
     if cfg.model_type not in STACKED_VLM_TYPES:
-        return {"pixel_values": _pixels(model, batch * images, device)}
-    size, channels = image_geometry(cfg)
-    dtype = next(model.parameters()).dtype
-    pixels = torch.empty(batch, images, channels, size, size, dtype=dtype, device=device)
+        return {"pixel_values": _pixels(model, (batch * images,), device)}
+    size = image_geometry(cfg)[0]
     mask = torch.empty(batch, images, size, size, dtype=torch.bool, device=device)
-    return {"pixel_values": _ones(pixels), "pixel_attention_mask": _ones(mask)}
+    return {"pixel_values": _ones(_pixels(model, (batch, images), device)), "pixel_attention_mask": _ones(mask)}
 
 
 @contextlib.contextmanager
@@ -173,7 +172,7 @@ def vlm_inputs(model, workload, device: str, per_image: int, clone_labels: bool 
         return vlm_grid.grid_inputs(model, workload, device, per_image, image_token_id(model.config), clone_labels)
     n = workload.images
     wrap = INDICATOR_TOKENS.get(model.config.model_type, 0)
-    tokens = (per_image + wrap) * n
+    tokens = fixed_layout(model.config.model_type, n, per_image)
     if workload.seq <= tokens and not _FITTING.get():
         raise ValueError(f"seq: {workload.seq} tokens cannot hold {n} image(s) of {per_image + wrap} tokens each; use a "
                          f"seq over {tokens}")
@@ -204,17 +203,13 @@ def _indicated_ids(cfg, workload, device: str, per_image: int, high: int) -> tor
     below the image token id. Which of config.visual_indicator_token_ids names which indicator transformers does not
     say; each image holds three distinct ones once, and the step's memory is the same for any three. Positions past
     seq are dropped (a derivation's short seqs: `fitting`)."""
-    b, s = workload.batch, workload.seq
-    ind = list(cfg.visual_indicator_token_ids)
-    tok = image_token_id(cfg)
+    ind, tok = list(cfg.visual_indicator_token_ids), image_token_id(cfg)
+    ids = host_values.random_ids(torch.empty(workload.batch, workload.seq, dtype=torch.long, device=device), high)
+    layout = [t for _ in range(workload.images) for t in (ind[0], *[tok] * per_image, ind[1], ind[2])]
+    layout = layout[:max(0, workload.seq - 1)]
     with unset_fake_temporarily():
-        values = torch.randint(0, max(1, high), (b, s), generator=torch.Generator().manual_seed(0))
-        layout = []
-        for _ in range(workload.images):
-            layout += [ind[0], *[tok] * per_image, ind[1], ind[2]]
-        layout = torch.tensor(layout[:max(0, s - 1)], dtype=torch.long)
-        values[:, 1:1 + len(layout)] = layout
-    return host_values.known(torch.empty(b, s, dtype=torch.long, device=device), values)
+        host_values.value_of(ids)[:, 1:1 + len(layout)] = torch.tensor(layout, dtype=torch.long)
+    return ids
 
 
 _FITTING = contextvars.ContextVar("willitfit_vlm_fitting", default=False)
