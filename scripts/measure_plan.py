@@ -51,6 +51,11 @@ SEVEN_B = [  # a 7-8B model: full fine-tuning at the card's edge, LoRA, inferenc
     LORA + " --batch 1,4 --seq 2048",
     INFER + " --batch 1,8 --seq 1024",
 ]
+KERNEL_CONFIGS = "scripts/kernel_configs"
+KERNEL_MODELS = {  # config file: the Linears LoRA adapts (every projection of every layer kind)
+    "qwen3.5-text-8l": "q_proj,k_proj,v_proj,o_proj,in_proj_qkv,in_proj_z,out_proj",
+    "nemotron-h-8l": "q_proj,k_proj,v_proj,o_proj,in_proj,out_proj",
+}
 PLAN: list[tuple[int, str, tuple[str, ...]]] = [
     *[(1, f"--model qwen2.5-0.5b {g}", ("",)) for g in SMALL],
     *[(1, f"--model llama-3.2-1b {g}", ("",)) for g in SMALL],
@@ -97,7 +102,23 @@ PLAN: list[tuple[int, str, tuple[str, ...]]] = [
       for g in (TRAIN_CORE, LORA + " --batch 1,4 --seq 2048,8192", INFER + " --batch 1,8,32 --seq 512,4096")],
     (3, "--model llama-3.2-1b --mode train --loop keep-output --batch 1,4 --seq 2048", ("",)),
     (3, "--model llama-3.2-1b --mode train --grad-accum 2,4 --batch 2,4 --seq 2048", ("",)),
+    # phase 4: hybrid layers on the kernels the estimate assumes (flash-linear-attention, mamba_ssm's Triton SSD,
+    # causal_conv1d at the commits docs/activations.md cites; scripts/measure_kernels.sh installs them), on
+    # 8-layer configs at real widths (scripts/kernel_configs); phase 6 adds LoRA and checkpointing at the same
+    # (batch, seq), whose Triton autotuning phase 4 already did (scripts/measure_kernels.sh runs phase 4 twice)
+    *[(4, f"--model {KERNEL_CONFIGS}/{m}.json {g}", ("",)) for m in KERNEL_MODELS
+      for g in ("--mode train --method full --recipe pure --batch 1,2 --seq 2048,8192",
+                INFER + " --batch 1,8 --seq 2048")],
+    *[(6, f"--model {KERNEL_CONFIGS}/{m}.json {g}", ("",)) for m, targets in KERNEL_MODELS.items()
+      for g in ("--mode train --method full --recipe pure --checkpointing full --batch 2 --seq 8192",
+                f"--mode train --method lora --lora-rank 16 --lora-targets {targets} --batch 1,2 --seq 8192")],
+    # phase 5: vision encoders at 224 pixels (--seq is tokens per image: 16 x 16 patches, plus a CLS token)
+    *[(5, f"--model {m} {g}", ("",)) for m, tokens in (("vit-huge-patch14", 257), ("dinov2-giant", 257),
+                                                        ("siglip-so400m-patch14-224", 256))
+      for g in (f"--mode train --method full --recipe pure --batch 32,128 --seq {tokens}",
+                f"--mode infer --batch 256 --seq {tokens}")],
 ]
+PHASES = (1, 2, 3, 4, 5, 6)
 
 
 def plan_cases(device: str = "cuda", contributor: str | None = None, notes: str | None = None,
@@ -149,15 +170,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=600, help="seconds one case may take (default 600)")
     p.add_argument("--phases", default="1,2,3", metavar="LIST",
                    help="the phases to run, in this order (default 1,2,3; a GPU other than the last session's "
-                        "might start with 2,3: cases no GPU has measured)")
+                        "might start with 2,3: cases no GPU has measured; 4 and 6: hybrid layers on their CUDA "
+                        "kernels, which scripts/measure_kernels.sh installs first; 5: vision encoders)")
     p.add_argument("--dry-run", action="store_true", help="print the cases and a count per model, then exit")
     p.add_argument("--device", choices=harness.DEVICES, default="cuda", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     start = time.time()
     try:
         phases = tuple(int(x) if x.strip().isdigit() else 0 for x in args.phases.split(","))
-        if any(x not in (1, 2, 3) for x in phases):
-            raise ValueError(f"--phases: {args.phases!r}; allowed: a comma-separated list of 1, 2, 3")
+        if any(x not in PHASES for x in phases):
+            raise ValueError(f"--phases: {args.phases!r}; allowed: a comma-separated list of "
+                             + ", ".join(map(str, PHASES)))
         cases = plan_cases(args.device, args.contributor, args.notes, args.only, phases)
     except (ValueError, re.error) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -465,5 +465,21 @@ def test_the_plan_runs_the_phases_asked_for_in_that_order(capsys):
     assert later[0].alloc_conf == "expandable_segments:True"   # phase 2 first
     assert {c.model_name for c in later} >= {"qwen3-0.6b", "qwen3-1.7b"}  # phase 3's models
     assert len(measure_plan.plan_cases(phases=(2, 3, 1))) == len(every)
-    assert measure_plan.main(["--out", "unused.jsonl", "--dry-run", "--phases", "4"]) == 2
-    assert capsys.readouterr().err.strip() == "error: --phases: '4'; allowed: a comma-separated list of 1, 2, 3"
+    assert measure_plan.main(["--out", "unused.jsonl", "--dry-run", "--phases", "7"]) == 2
+    assert (capsys.readouterr().err.strip() ==
+            "error: --phases: '7'; allowed: a comma-separated list of 1, 2, 3, 4, 5, 6")
+    # the hybrid phases: every config they name exists, and the kernel probe names the same ones
+    hybrid = measure_plan.plan_cases(phases=(4, 6))
+    assert {c.model_name for c in hybrid} == set(measure_plan.KERNEL_MODELS)
+    import kernel_probe
+    assert set(kernel_probe.MODULES.values()) == set(measure_plan.KERNEL_MODELS)
+
+
+def test_a_workers_output_is_kept_where_asked(tmp_path, monkeypatch):
+    log = tmp_path / "workers.log"
+    code, out = measure.run_process([sys.executable, "-c", "print('from the worker')"], 60)
+    assert (code, out.strip(), log.exists()) == (0, "from the worker", False)   # unset: kept nowhere
+    monkeypatch.setenv(measure.WORKER_LOG_ENV, str(log))
+    measure.run_process([sys.executable, "-c", "print('one')"], 60)
+    measure.run_process([sys.executable, "-c", "print('two')"], 60)
+    assert log.read_text().split() == ["one", "two"]

@@ -48,6 +48,7 @@ ALLOC_CONF_VAR = "PYTORCH_CUDA_ALLOC_CONF"
 DEFAULT_TIMEOUT_S = 1800               # one case; a 70B FSDP step with a cold cache takes minutes
 REFUSED_KEY = "refused"                 # bench.measure.worker's line for a case it refused (no torch import here)
 FAILURE_TAIL_LINES = 60                 # lines of a failed worker's output shown on stderr
+WORKER_LOG_ENV = "WILLITFIT_MEASURE_LOG"  # a file every worker's whole output is appended to (unset: none)
 
 
 @dataclass(frozen=True)
@@ -243,15 +244,26 @@ def run_process(cmd: list[str], timeout_s: float, alloc_conf: str | None = None)
                             env=_child_env(alloc_conf), start_new_session=True)
     try:
         output, _ = proc.communicate(timeout=timeout_s)
+        _keep_output(output)
         return proc.returncode, output
     except subprocess.TimeoutExpired:
         _kill_group(proc.pid)
         output, _ = proc.communicate()
+        _keep_output(output)
         return None, output
     except BaseException:  # Ctrl-C: the child's own session does not get the terminal's SIGINT
         _kill_group(proc.pid)
         proc.wait()
         raise
+
+
+def _keep_output(output: str | None) -> None:
+    """Append a worker's whole output to the file WORKER_LOG_ENV names, if set (what the worker printed is
+    otherwise shown only for a case that failed: Triton's autotuning log, library warnings)."""
+    path = os.environ.get(WORKER_LOG_ENV)
+    if path and output:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(output)
 
 
 def _kill_group(pid: int) -> None:
