@@ -264,7 +264,7 @@ class Overhead:
     """Memory outside PyTorch tensors. Defaults are typical for CUDA 12 on Hopper; measured rows refine them."""
 
     cuda_context_bytes: int = 500 * MiB     # driver context + kernel images with CUDA lazy loading (CUDA 11.7+)
-    cublas_workspace_bytes: int = 32 * MiB  # PyTorch's cuBLAS(Lt) workspace on sm90 (aten CublasHandlePool.cpp)
+    cublas_workspace_bytes: int = 32 * MiB  # one cuBLAS(Lt) workspace on sm90 (aten CublasHandlePool.cpp)
     nccl_bytes_per_gpu: int = 512 * MiB     # NCCL channels/buffers (NCCL_BUFFSIZE 4 MiB x channels x peers)
 
     def __post_init__(self) -> None:
@@ -274,9 +274,26 @@ class Overhead:
                 raise ValueError(f"{name}: must be a non-negative integer number of bytes, got {v!r}")
 
 
-def overhead_bytes(gpus: int, overhead: Overhead = Overhead()) -> int:
-    """CUDA context + cuBLAS workspace, + NCCL buffers when more than one GPU communicates."""
-    return overhead.cuda_context_bytes + overhead.cublas_workspace_bytes + (overhead.nccl_bytes_per_gpu if gpus > 1 else 0)
+def cublas_workspaces(mode: str, stage: str) -> int:
+    """How many cuBLAS workspaces torch's allocator holds during `stage` of a step in `mode`, once a step has run.
+
+    PyTorch keeps one workspace per (cuBLAS handle, stream) (aten/src/ATen/cuda/CublasHandlePool.cpp,
+    `cublas_handle_stream_to_workspace`, allocated through the caching allocator at a handle's first matmul on a
+    stream), and a handle per thread (DeviceThreadHandlePool). Autograd runs a CUDA device's backward on that
+    device's own worker thread (torch/csrc/autograd/engine.cpp), so training holds two: the forward's and the
+    backward's, both kept until the process clears them; inference one. Before the first matmul (the load stage)
+    none. Measured on an H200 (2026-11-28, docs/measuring.md): every training stage after load at least 32 MiB - 140 B
+    above the one-workspace estimate, inference stages 1 KiB to 1 MiB above it, the load stage 32 MiB below it."""
+    if stage == "load":
+        return 0
+    return 2 if mode == "train" else 1
+
+
+def overhead_bytes(gpus: int, overhead: Overhead = Overhead(), workspaces: int = 1) -> int:
+    """CUDA context + `workspaces` cuBLAS workspaces (cublas_workspaces), + NCCL buffers when more than one GPU
+    communicates."""
+    return (overhead.cuda_context_bytes + workspaces * overhead.cublas_workspace_bytes
+            + (overhead.nccl_bytes_per_gpu if gpus > 1 else 0))
 
 
 def model_state_bytes(inv: Inventory, w: Workload) -> dict[str, int]:

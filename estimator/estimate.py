@@ -83,7 +83,7 @@ class Estimate:
     peak_stage: str
     pipeline_stage: str         # which pipeline stage holds the peak ('only' without PP)
     cuda_context_bytes: int     # part of `overhead` that torch.cuda's allocator never sees
-    allocator_overhead_bytes: int  # part of `overhead` allocated through torch (cuBLAS workspace)
+    workspace_bytes: int        # one cuBLAS workspace, allocated through torch (a stage holds 0-2: workspace_at)
     peak_moment: str = ""       # where in the step the peak is (the profile moment's label)
     notes: tuple[str, ...] = ()  # what was priced analytically instead of traced
     profile: dict = field(default_factory=dict, compare=False)  # the profile's provenance
@@ -106,11 +106,21 @@ class Estimate:
         """Peak as torch.cuda.max_memory_allocated would see it (no cache, no context, no NCCL)."""
         return self.allocated_at(self.peak_stage)
 
+    def workspace_at(self, stage: str) -> int:
+        """Bytes of cuBLAS workspaces at `stage` (part of its `overhead`, allocated through torch): none at load,
+        one in inference, two in training, the backward's thread having its own (components.cublas_workspaces)."""
+        return comp.cublas_workspaces(self.workload.mode, stage) * self.workspace_bytes
+
+    @property
+    def allocator_overhead_bytes(self) -> int:
+        """The part of the peak's `overhead` allocated through torch: its stage's cuBLAS workspaces."""
+        return self.workspace_at(self.peak_stage)
+
     def allocated_at(self, stage: str) -> int:
-        """A stage's peak as torch.cuda.max_memory_allocated would see it: its tensors plus the cuBLAS workspace
+        """A stage's peak as torch.cuda.max_memory_allocated would see it: its tensors plus its cuBLAS workspaces
         (allocated through torch), without the allocator's cache, the CUDA context or NCCL's buffers."""
         c = self.stage(stage)
-        return c.total - c.overhead - c.allocator_cache + self.allocator_overhead_bytes
+        return c.total - c.overhead - c.allocator_cache + self.workspace_at(stage)
 
     def stage_bytes(self) -> tuple[StageBytes, ...]:
         """Per stage: allocated, reserved (allocated + the allocator's cache) and device bytes (everything, the
@@ -150,7 +160,8 @@ class Estimate:
         nccl = c.overhead - self.cuda_context_bytes - self.allocator_overhead_bytes
         return (("tensors", self.allocated_bytes - self.allocator_overhead_bytes,
                  f"traced profile ({self.profile.get('kernels', 'cuda')} kernels), swapped components"),
-                ("cublas_workspace", self.allocator_overhead_bytes, "aten CublasHandlePool.cpp (sm90 default)"),
+                ("cublas_workspace", self.allocator_overhead_bytes,
+                 "aten CublasHandlePool.cpp (sm90 default), one per thread: two in training"),
                 ("allocator_cache", c.allocator_cache, self.reserved_source),
                 ("cuda_context", self.cuda_context_bytes, self.context_source),
                 ("nccl", nccl, "NCCL buffers, components.Overhead (only with more than one GPU)"))
@@ -440,7 +451,7 @@ def estimate(model: Model, workload: Workload, parallel: Parallel = Parallel(),
                     trainable_params=model.inventory.trainable_params(workload),
                     stages=tuple((n, b) for n, (_, b) in stages.items()), peak_stage=peak_name,
                     pipeline_stage=pstage, cuda_context_bytes=options.overhead.cuda_context_bytes,
-                    allocator_overhead_bytes=options.overhead.cublas_workspace_bytes, peak_moment=label,
+                    workspace_bytes=options.overhead.cublas_workspace_bytes, peak_moment=label,
                     notes=notes + ((mode_note,) if mode_note else ()), profile=dict(prof.provenance),
                     paged_bytes=paged, reserved_source=source,
                     per_rank=traced_rank(prof.parallel_class) or "cp" in prof.parallel_class,

@@ -108,7 +108,7 @@ class Swap:
         self.k_form = None  # the seeds' form: k * b*s*h*L*bytes, i.e. a b*s monomial with this coefficient
         if activation_k is not None and w.mode == "train":
             self.k_form = activation_k * inv.hidden * sh.layers_local * dtype_bytes(w.precision)
-        self.overhead = comp.overhead_bytes(p.gpus, overhead)
+        self.mode, self.gpus, self.overhead_cfg = w.mode, p.gpus, overhead
         self.buckets = inv.trainable_params(w) * dtype_bytes(rd.grad) if p.strategy == "ddp" and w.mode == "train" \
             else 0
         # a pipeline priced by the rule (a traced rank holds all this already, tracer.pp): the stage's receive
@@ -182,7 +182,8 @@ class Swap:
             Rule("temporaries", (("optimizer_step", (self.state,), 0),),
                  (self.step_add if opt else 0) + (self.dequant if fwd_bwd else 0)),
             Rule("buffers", (("other", (1.0,), 0),), 0),
-            Rule("overhead", (), self.overhead),
+            Rule("overhead", (), comp.overhead_bytes(self.gpus, self.overhead_cfg,
+                                                     comp.cublas_workspaces(self.mode, stage))),
         )
 
     def breakdown(self, stage: str, cat, b: int, s: int) -> dict[str, int]:
@@ -296,7 +297,8 @@ class StagePlan:
 def stage_breakdowns(model, prof: Profile, w: Workload, p: Parallel, tw: Workload, sh: Share, options,
                      cache=None, workspace: int = 0) -> dict:
     """{stage: (moment label, Breakdown)} at this workload's sizes on one pipeline stage's GPU. `cache` (a
-    ReservedFit) fills each breakdown's allocator_cache from its allocated bytes plus `workspace`."""
+    ReservedFit) fills each breakdown's allocator_cache from its allocated bytes plus the cuBLAS workspaces the
+    stage holds, `workspace` bytes each (components.cublas_workspaces)."""
 
     n = world(p)
     piece = prof.piece_for(w.batch, w.seq)
@@ -318,7 +320,8 @@ def stage_breakdowns(model, prof: Profile, w: Workload, p: Parallel, tw: Workloa
             cat = [float(x) for x in plan.coef[k] @ v]  # plan.values at one point, for the chosen moment only
         fields = swap.breakdown(stage, cat, w.batch, w.seq)
         if cache is not None:
-            fields["allocator_cache"] = cache.cache_bytes(sum(fields.values()) - fields["overhead"] + workspace)
+            fields["allocator_cache"] = cache.cache_bytes(sum(fields.values()) - fields["overhead"]
+                                                          + comp.cublas_workspaces(w.mode, name) * workspace)
         out[name] = (moment.label, Breakdown(**fields), totals[k])
     return {k: v[:2] for k, v in out.items()}
 

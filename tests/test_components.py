@@ -221,6 +221,23 @@ def test_overhead_bytes():
         comp.Overhead(cuda_context_bytes=-1)
 
 
+def test_cublas_workspaces_per_stage():
+    # one workspace per (thread's handle, stream): none before a matmul, one in inference, two in training (autograd's
+    # device thread has its own handle); measured on an H200, docs/measuring.md
+    assert [comp.cublas_workspaces("train", s) for s in ("load", "forward", "backward", "optimizer")] == [0, 2, 2, 2]
+    assert [comp.cublas_workspaces("infer", s) for s in ("load", "prefill", "decode")] == [0, 1, 1]
+    assert comp.overhead_bytes(1, workspaces=2) == 564 * MiB
+    name, cfg = load_config("llama-3.2-1b")
+    model = from_hf_config(cfg, name)
+    for w in (Workload(batch=2, seq=512), Workload(mode="infer", batch=2, seq=512, gen_tokens=2)):
+        est = estimate(model, w)
+        for stage, b in est.stages:
+            n = comp.cublas_workspaces(w.mode, stage)
+            assert est.allocated_at(stage) - b.tensor_bytes == est.workspace_at(stage) == n * 32 * MiB, (w, stage)
+            assert b.overhead == comp.Overhead().cuda_context_bytes + n * 32 * MiB, (w, stage)
+        assert est.allocator_overhead_bytes == est.workspace_at(est.peak_stage) > 0
+
+
 def test_dtype_bytes_unknown():
     with pytest.raises(ValueError, match="^dtype:"):
         dtype_bytes("int4")

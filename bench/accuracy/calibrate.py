@@ -65,10 +65,10 @@ def _allocated_besides_activations(est: Estimate, stage: str, source: str) -> in
 
     Everything in the stage's Breakdown except `activations`, and except `overhead`, which torch never
     allocates -- but a GPU run does allocate the cuBLAS workspace through the caching allocator
-    (est.allocator_overhead_bytes, counted by max_memory_allocated), while a traced run never sees it.
+    (est.workspace_at(stage), counted by max_memory_allocated), while a traced run never sees it.
     """
     b = est.stage(stage)
-    workspace = est.allocator_overhead_bytes if source == "measured" else 0
+    workspace = est.workspace_at(stage) if source == "measured" else 0
     return b.tensor_bytes - b.activations + workspace
 
 

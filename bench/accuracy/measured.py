@@ -118,7 +118,7 @@ def _verdicts(pairs) -> list[str]:
         worst = max((n - a) / n for a, n in below) if below else 0.0
         tail = f"; below it in {len(below)}, by at most {worst:.2%}." if below else "."
         out += ["", "An OOM row's message proves a lower bound on its true peak: the bytes allocated when the request "
-                "failed plus the request. The estimate here includes cuBLAS's 32 MiB workspace, as in the "
+                "failed plus the request. The estimate here includes the stage's cuBLAS workspaces, as in the "
                 f"measured-allocated tier. On {len(needs)} OOM rows the estimate's allocated peak was at or above "
                 f"that bound (within the message's two decimals) in {len(needs) - len(below)}{tail}"]
     if wrong:

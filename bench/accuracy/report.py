@@ -444,7 +444,7 @@ DOC_COMPARED = """\
 | tier | truth (column) | ours / ours-calibrated predict | peers |
 |---|---|---|---|
 | traced | `peak_alloc_bytes` of a traced row: exact bytes of live tensor storage on fake CPU tensors | `comparable_allocated_bytes(est, "traced")` = `total_bytes` − overhead (no CUDA context, no cuBLAS workspace, which a trace never sees) | their one number |
-| measured-allocated | `peak_alloc_bytes` of a measured row (`torch.cuda.max_memory_allocated`) | `comparable_allocated_bytes(est, "measured")` = the above + the 32 MiB cuBLAS workspace | their one number |
+| measured-allocated | `peak_alloc_bytes` of a measured row (`torch.cuda.max_memory_allocated`) | `comparable_allocated_bytes(est, "measured")` = the above + the peak stage's cuBLAS workspaces (32 MiB each: one in inference, two in training, `components.cublas_workspaces`) | their one number |
 | measured-reserved | `peak_reserved_bytes` (`max_memory_reserved`: the caching allocator's segments) | `est.reserved_bytes`: allocated + the allocator's cache fitted on replayed streams (estimator/reserved.py, docs/allocator.md) | their one number |
 | measured-device | `nvml_used_bytes` (NVML, whole device at the peak) minus the driver's reserve NVML counts and cudaMemGetInfo's total leaves out (nvidia-smi memory.total minus `gpu_total_bytes`: 480 MiB on an H100), so both sides are in the frame the verdict compares with the GPU's capacity | `est.device_bytes`: reserved + CUDA context + NCCL buffers (what the verdict sets against the GPU's capacity) | their one number |
 
