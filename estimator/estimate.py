@@ -65,7 +65,6 @@ class Options:
 @dataclass(frozen=True)
 class StageBytes:
     """One stage's peak as the three counters of a GPU run: torch's allocated and reserved, the device's use."""
-
     stage: str
     allocated_bytes: int
     reserved_bytes: int
@@ -107,8 +106,7 @@ class Estimate:
         return self.allocated_at(self.peak_stage)
 
     def workspace_at(self, stage: str) -> int:
-        """Bytes of cuBLAS workspaces at `stage` (part of its `overhead`, allocated through torch): none at load,
-        one in inference, two in training, the backward's thread having its own (components.cublas_workspaces)."""
+        """Bytes of the cuBLAS workspaces `stage` holds (in its `overhead`; components.cublas_workspaces)."""
         return comp.cublas_workspaces(self.workload.mode, stage) * self.workspace_bytes
 
     @property
@@ -143,13 +141,9 @@ class Estimate:
         return self.total_bytes
 
     def verdict(self, capacity: int) -> str:
-        """'fits', 'tight' or 'oom' on a GPU where a process can get `capacity` bytes.
-
-        tight: the tensors, the CUDA context and NCCL's buffers fit, the allocator's estimated cache does not.
-        PyTorch's caching allocator frees its cached blocks and retries before it raises (c10/cuda/
-        CUDACachingAllocator.cpp, release_cached_blocks), so whether it runs depends on fragmentation: on an H100
-        all 7 measured rows called tight ran, and 2 called fits ran out of memory with 14.8 GiB cached in blocks too
-        small for a 15.66 GiB request (docs/accuracy.md, "Measured tier")."""
+        """'fits', 'tight' or 'oom' on a GPU where a process can get `capacity` bytes. tight: all but the allocator's
+        estimated cache fits; PyTorch frees cached blocks and retries before it raises (CUDACachingAllocator.cpp,
+        release_cached_blocks), so fragmentation decides (docs/accuracy.md, "Measured tier")."""
         if self.device_bytes <= capacity:
             return "fits"
         return "oom" if self.device_bytes - self.components.allocator_cache > capacity else "tight"
@@ -160,8 +154,7 @@ class Estimate:
         nccl = c.overhead - self.cuda_context_bytes - self.allocator_overhead_bytes
         return (("tensors", self.allocated_bytes - self.allocator_overhead_bytes,
                  f"traced profile ({self.profile.get('kernels', 'cuda')} kernels), swapped components"),
-                ("cublas_workspace", self.allocator_overhead_bytes,
-                 "aten CublasHandlePool.cpp (sm90 default), one per thread: two in training"),
+                ("cublas_workspace", self.allocator_overhead_bytes, "aten CublasHandlePool.cpp (sm90), one per thread"),
                 ("allocator_cache", c.allocator_cache, self.reserved_source),
                 ("cuda_context", self.cuda_context_bytes, self.context_source),
                 ("nccl", nccl, "NCCL buffers, components.Overhead (only with more than one GPU)"))
