@@ -91,8 +91,8 @@ HOST_VALUE_TYPES = ("xlm", "flaubert", "fsmt", "t5gemma2", "xmod")
 STACKED_VLM_TYPES = ("idefics2", "idefics3", "smolvlm")
 INDICATOR_TOKENS = {"ovis2": 3}
 HOST_VLM_TYPES = ("blip-2", *STACKED_VLM_TYPES, *INDICATOR_TOKENS)
-VLM_TYPES = ("llava", "vipllava", "video_llava", "paligemma", "internvl", "qianfan_ocr", "cohere2_vision", "gemma3",
-             "pp_chart2table", "deepseek_vl", "janus", "deepseek_vl_hybrid", *GRID_VLM_TYPES, *HOST_VLM_TYPES)
+VLM_TYPES = ("llava", "vipllava", "video_llava", "paligemma", "internvl", "qianfan_ocr", "cohere2_vision", "aya_vision",
+             "gemma3", "pp_chart2table", "deepseek_vl", "janus", "deepseek_vl_hybrid", *GRID_VLM_TYPES, *HOST_VLM_TYPES)
 
 
 def vlm_route(model_type: str) -> str:

@@ -319,3 +319,24 @@ def test_image_features_narrower_than_the_text_model_are_refused_in_one_line():
     ovis = from_hf_config(_config("ovis2"), "t-ovis2")   # 4 tokens and 3 indicators per image: seq must exceed 14
     with pytest.raises(ValueError, match=r"^seq: 14 tokens cannot hold"):
         estimate(ovis, Workload(images=2, seq=14))
+
+
+def test_aya_vision_counts_its_pixel_shuffled_tokens_and_leaves_the_pooling_head_unreached():
+    # Aya Vision: a SigLIP tower read at its last hidden state (its attention-pooling head and post-layernorm get no
+    # gradient), 2 x 2 pixel shuffle into a SwiGLU projector: 4 x 4 patches of the tiny config's 32 px image -> 4
+    # tokens. Its default config builds no vision tower (1152 wide with 14 heads), so coverage cannot show it.
+    from estimator.model import from_hf_config
+
+    v = from_hf_config(_config("aya_vision"), "t-aya_vision").inventory.extra["vlm"]
+    assert (v["image_size"], v["image_tokens"]) == (32, 4)
+    assert {u[0].split(".")[0] for u in v["unreached"]} >= {"head", "post_layernorm"}
+
+
+@SLOW
+@pytest.mark.parametrize("workload, sizes", [
+    (Workload(images=1), ((3, 100), (1, 17))),
+    (Workload(images=2, mode="infer", gen_tokens=3), ((2, 90),)),
+    (Workload(images=1, method="lora", lora_targets=("q_proj", "v_proj")), ((2, 64),)),
+])
+def test_aya_vision_with_images_equals_full_depth_traces(workload, sizes):
+    _check(workload, sizes, "aya_vision")
