@@ -5,6 +5,7 @@ parser, the stream format, snapshot conversion, and hypothesis invariants."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -460,3 +461,25 @@ def test_module_imports_no_torch():
     import sys
     code = "import sys, offline.allocator.replay; assert 'torch' not in sys.modules and 'duckdb' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_stream_diff_names_the_allocations_one_run_made_and_the_other_did_not(tmp_path, capsys):
+    # a measured stream with a 96 MiB workspace in backward the traced one lacks (and 513 B that rounds to 1 KiB)
+    import sys as _sys
+    _sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import stream_diff
+
+    base = [("alloc", 1, 1000, "forward"), ("alloc", 2, 4096, "backward"), ("free", 2, 4096, "backward"),
+            ("free", 1, 1000, "backward")]
+    traced = Stream.from_events(base + [("alloc", 9, 513, "optimizer"), ("free", 9, 513, "optimizer")])
+    gpu = Stream.from_events(base[:2] + [("alloc", 3, 96 * MiB, "backward"), ("free", 3, 96 * MiB, "backward")]
+                             + base[2:] + [("alloc", 9, 1024, "optimizer"), ("free", 9, 1024, "optimizer")])
+    assert stream_diff.stage_peaks(gpu) == {"forward": 1000, "backward": 1000 + 4096 + 96 * MiB, "optimizer": 1024}
+    text = stream_diff.report(gpu, traced)
+    assert "GPU, not traced: backward" in text and f"{96 * MiB:,} B x 1" in text
+    assert "traced, not GPU" not in text and "optimizer" in text   # 513 B and 1024 B are one 1 KiB block
+    gpu.save(tmp_path / "g.npz")
+    (tmp_path / "t.npz").write_bytes(b"not a stream")
+    assert stream_diff.main([str(tmp_path / "g.npz"), str(tmp_path / "t.npz")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: stream file:")

@@ -410,14 +410,25 @@ def test_groups_share_a_process_only_for_one_model_and_allocator_setting():
     assert measure._groups([a, b], False) == [[a], [b]]
 
 
-def test_reuse_process_refuses_snapshots_in_one_line(tmp_path, capsys):
+@pytest.mark.parametrize("flag", ["--snapshot", "--stream-dir"])
+def test_reuse_process_refuses_per_case_recordings_in_one_line(tmp_path, capsys, flag):
     model = tmp_path / "tiny.json"
     model.write_text(json.dumps(TINY_LLAMA_CONFIG))
-    code = bench_main(["measure", "--device", "cpu", "--model", str(model), "--reuse-process", "--snapshot",
+    code = bench_main(["measure", "--device", "cpu", "--model", str(model), "--reuse-process", flag,
                        str(tmp_path), "--out", str(tmp_path / "o.jsonl")])
     assert code == 2
     assert capsys.readouterr().err.strip().splitlines() == [
-        "error: reuse-process: snapshots are taken one case per process; drop --snapshot or --reuse-process"]
+        f"error: reuse-process: {flag} records one case per process; drop {flag} or --reuse-process"]
+
+
+def test_a_stream_dir_reaches_the_worker_of_each_case(tmp_path):
+    # the worker writes the stream (GPU only); the command line carries the folder to every process it starts
+    case = cpu_case()
+    cmd = measure.worker_command(case, tmp_path / "c.json", tmp_path / "r.json", None, str(tmp_path / "s"))
+    assert cmd[cmd.index("--stream-dir") + 1] == str(tmp_path / "s")
+    ddp = measure.worker_command(cpu_case(parallel=Parallel(strategy="ddp", gpus=2)), tmp_path / "c.json",
+                                 tmp_path / "r.json", None, str(tmp_path / "s"))
+    assert "torch.distributed.run" in ddp and "--stream-dir" in ddp
 
 
 def test_the_gpu_session_plan_is_valid_grouped_and_names_phi3s_fused_projection(capsys):

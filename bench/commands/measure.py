@@ -37,6 +37,10 @@ def register(subparsers) -> None:
     p.add_argument("--snapshot", default=None, metavar="DIR",
                    help="also write a CUDA memory snapshot per case and rank into DIR, to open at "
                         "https://pytorch.org/memory_viz (large; nothing in willitfit reads them)")
+    p.add_argument("--stream-dir", default=None, metavar="DIR",
+                   help="also write each case's allocation stream per rank into DIR (.npz: every allocation and free "
+                        "in order, by stage), to replay with `python -m bench replay` or set beside `python -m bench "
+                        "trace --stream` of the same case (scripts/stream_diff.py)")
     p.add_argument("--alloc-conf", action="append", default=None, metavar="CONF",
                    help="PYTORCH_CUDA_ALLOC_CONF to run every case under, e.g. 'expandable_segments:True'; repeat "
                         "the flag to measure each case under several (an empty string: torch's defaults). Stored "
@@ -102,8 +106,9 @@ def run_measure(args: argparse.Namespace) -> int:
         return _error(f"timeout: must be > 0 seconds, got {args.timeout}")
     if args.stop_after is not None and not args.stop_after > 0:
         return _error(f"stop-after: must be > 0 seconds, got {args.stop_after}")
-    if args.reuse_process and args.snapshot:
-        return _error("reuse-process: snapshots are taken one case per process; drop --snapshot or --reuse-process")
+    if args.reuse_process and (args.snapshot or args.stream_dir):
+        flag = "--snapshot" if args.snapshot else "--stream-dir"
+        return _error(f"reuse-process: {flag} records one case per process; drop {flag} or --reuse-process")
     problem = _check_text("contributor", args.contributor, MAX_TEXT) or _check_text("notes", args.notes, MAX_NOTES // 2)
     if problem:
         return _error(problem)
@@ -126,6 +131,6 @@ def run_measure(args: argparse.Namespace) -> int:
                       "(CUDA_VISIBLE_DEVICES)")
     deadline = None if args.stop_after is None else start + args.stop_after
     summary = measure.run_cases(cases, Path(args.out), info["env"], args.timeout, args.snapshot,
-                                reuse_process=args.reuse_process, deadline=deadline)
+                                reuse_process=args.reuse_process, deadline=deadline, stream_dir=args.stream_dir)
     print(summary.text(), file=sys.stderr)
     return 1 if summary.failed or summary.unstarted else 0

@@ -213,12 +213,15 @@ def existing_run_ids(out: Path) -> set[str]:
     return ids
 
 
-def worker_command(case: Case, case_file: Path, row_file: Path, snapshot: str | None) -> list[str]:
+def worker_command(case: Case, case_file: Path, row_file: Path, snapshot: str | None,
+                   stream_dir: str | None = None) -> list[str]:
     """The worker's command line: a plain process for strategy single, else torchrun (also at one GPU,
     so that DDP's gradient buckets and FSDP's buffers are measured as they exist at any world size)."""
     worker = ["-m", "bench.measure.worker", "--case", str(case_file), "--out", str(row_file)]
     if snapshot:
         worker += ["--snapshot", snapshot]
+    if stream_dir:
+        worker += ["--stream-dir", stream_dir]
     if case.parallel.strategy == "single":
         return [sys.executable, *worker]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone",
@@ -325,13 +328,15 @@ def _describe_exit(code: int | None, timeout_s: float, output: str) -> str:
     return "\n".join([head, *lines[-FAILURE_TAIL_LINES:]])
 
 
-def measure_one(case: Case, workdir: Path, timeout_s: float, snapshot: str | None = None) -> tuple[dict | None, str]:
+def measure_one(case: Case, workdir: Path, timeout_s: float, snapshot: str | None = None,
+                stream_dir: str | None = None) -> tuple[dict | None, str]:
     """Run one case in its own process: (row, "") or (None, why it produced no valid row)."""
 
     case_file, row_file = workdir / "case.json", workdir / "row.json"
     row_file.unlink(missing_ok=True)
     case_file.write_text(json.dumps(case.to_json()))
-    code, output = run_process(worker_command(case, case_file, row_file, snapshot), timeout_s, case.alloc_conf)
+    code, output = run_process(worker_command(case, case_file, row_file, snapshot, stream_dir), timeout_s,
+                               case.alloc_conf)
     if code != 0 or not row_file.exists():
         return None, _describe_exit(code, timeout_s, output)
     row = json.loads(row_file.read_text())
@@ -418,22 +423,24 @@ def _groups(cases: list[Case], reuse_process: bool) -> list[list[Case]]:
 
 def run_cases(cases: list[Case], out: Path, env_fields: dict, timeout_s: float = DEFAULT_TIMEOUT_S,
               snapshot: str | None = None, progress: bool = True, reuse_process: bool = False,
-              deadline: float | None = None) -> Summary:
+              deadline: float | None = None, stream_dir: str | None = None) -> Summary:
     """Measure every case not already in `out`, appending one row per case as it finishes.
 
     reuse_process: consecutive single-GPU cases of one model and allocator setting share a worker process
-    (`measure_group`); no snapshot then. deadline (seconds since the epoch): no case starts after it."""
+    (`measure_group`); no snapshot or stream then. deadline (seconds since the epoch): no case starts after it.
+    stream_dir: each case's allocation stream (.npz, offline.allocator.stream) per rank, for `bench replay`."""
     from tqdm import tqdm
 
     out.parent.mkdir(parents=True, exist_ok=True)
     snapshot = str(Path(snapshot).resolve()) if snapshot else None
+    stream_dir = str(Path(stream_dir).resolve()) if stream_dir else None
     done, summary = existing_run_ids(out), Summary()
     todo = [c for c in cases if identity_columns(c, env_fields)["run_id"] not in done]
     summary.skipped = len(cases) - len(todo)
     bar = tqdm(total=len(todo), desc="measure", unit="case", file=sys.stderr, disable=not progress,
                dynamic_ncols=True)
     with tempfile.TemporaryDirectory(prefix="willitfit-measure-") as tmp:
-        reuse = reuse_process and not snapshot
+        reuse = reuse_process and not snapshot and not stream_dir
         for group in _groups(todo, reuse):
             if deadline is not None and time.time() > deadline:
                 summary.unstarted += len(group)
@@ -442,7 +449,7 @@ def run_cases(cases: list[Case], out: Path, env_fields: dict, timeout_s: float =
             if reuse and _shares_process(group[0]):
                 results = measure_group(group, Path(tmp), timeout_s, deadline)
             else:
-                results = [(group[0], *measure_one(group[0], Path(tmp), timeout_s, snapshot))]
+                results = [(group[0], *measure_one(group[0], Path(tmp), timeout_s, snapshot, stream_dir))]
             for case, row, why in results:
                 bar.update()
                 if row is None and not why:
