@@ -13,11 +13,12 @@
 #   .gpu/cc/csrc  causal-conv1d's CUDA sources, built there for sm_90 and bf16 only (scripts/build_causal_conv1d.py)
 # Steps: while causal_conv1d builds in the background, phase 4 runs once to warm Triton's compilation and
 # autotuning (TRITON_CACHE_AUTOTUNING keeps its choices on disk; autotuning's benchmark runs allocate a 256 MB
-# cache-flush buffer and copies that a steady step does not), then phase 5 (vision encoders) measures; then
+# cache-flush buffer and copies that a steady step does not), then one ViT-H case measures with its allocation
+# stream (and phase 5, the vision encoders, with VISION=1); then
 # scripts/kernel_probe.py checks that transformers bound every kernel function of a model to its package (else
 # that model is not measured: a row on the torch reference would be filed as the kernels' truth), and phases 4
-# and 6 are measured with TRITON_PRINT_AUTOTUNING=1, whose log shows any autotuning that still happened. Rows: $OUT/vision.jsonl,
-# $OUT/kernels.jsonl ($OUT/warm.jsonl: the warming pass, kept to compare); logs: $OUT/log.txt, $OUT/build.log.
+# and 6 are measured with TRITON_PRINT_AUTOTUNING=1, whose log shows any autotuning that still happened. Rows: $OUT/kernels.jsonl
+# ($OUT/vision.jsonl with VISION=1; $OUT/streams/*.npz) ($OUT/warm.jsonl: the warming pass, kept to compare); logs: $OUT/log.txt, $OUT/build.log.
 set -u -o pipefail
 : "${OUT:?set OUT to the folder the rows go to}"
 cd "$(dirname "$0")/.."
@@ -53,9 +54,16 @@ WILLITFIT_MEASURE_LOG=/tmp/warm.log python3 scripts/measure_plan.py --phases 4 -
     --stop-after 240 --timeout 240 --contributor $WHO \
     --notes "warming pass, short convolutions on the torch reference: not a measurement" 2>&1 \
     | grep -v '^measure' | tail -n 30 >>"$OUT/log.txt"
-log "phase 5 (vision encoders)"
-WILLITFIT_MEASURE_LOG=/tmp/vision.log python3 scripts/measure_plan.py --phases 5 --out "$OUT/vision.jsonl" \
-    --stop-after 100 --timeout 120 --contributor $WHO 2>&1 | grep -v '^measure' | tail -n 40 >>"$OUT/log.txt"
+if [ "${VISION:-0}" = 1 ]; then   # phase 5 was measured on 2026-11-28 (data/measured/2026-11-28-h200.jsonl)
+    log "phase 5 (vision encoders)"
+    WILLITFIT_MEASURE_LOG=/tmp/vision.log python3 scripts/measure_plan.py --phases 5 --out "$OUT/vision.jsonl" \
+        --stop-after 100 --timeout 120 --contributor $WHO 2>&1 | grep -v '^measure' | tail -n 40 >>"$OUT/log.txt"
+fi
+# the vision rows read 83-222 MB above their estimates in training: one case's allocation stream says which
+# allocations (scripts/stream_diff.py against `python -m bench trace --stream` of the same case, here)
+log "ViT-H/14 batch 32 with its allocation stream"
+WILLITFIT_MEASURE_LOG=/tmp/vision.log python3 -m bench measure --model vit-huge-patch14 --batch 32 --seq 257 \
+    --stream-dir "$OUT/streams" --out /tmp/vit.jsonl --timeout 120 2>&1 | grep -v '^measure' | tail -n 5 >>"$OUT/log.txt"
 wait
 log "causal_conv1d build exit $(cat /tmp/ccb.rc 2>/dev/null || echo none)"
 python3 scripts/kernel_probe.py --out "$OUT/probe.json" --ok /tmp/ok.txt >/dev/null 2>>"$OUT/log.txt"
