@@ -188,7 +188,8 @@ def breakdown_section(est, gpu) -> None:
     st.subheader("Stage by stage")
     st.caption("The step as a waterfall: what is on the GPU at the peak of each stage. allocator_cache is what "
                "torch reserves beyond the tensors (reserved - allocated), overhead the CUDA context, cuBLAS "
-               "workspace and NCCL buffers.")
+               "workspaces (one per thread that runs matmuls: two in training, none before the first step) and "
+               "NCCL buffers.")
     charts.show(charts.stages_chart(est.stages, usable, cap))
     table = pd.DataFrame([{**{c: bd.as_dict()[c] / GiB for c in COMPONENTS},
                            "allocated": sb.allocated_bytes / GiB, "reserved": sb.reserved_bytes / GiB,
