@@ -205,7 +205,7 @@ def test_resume_skips_stored_run_ids_and_failures_write_no_row(tmp_path, monkeyp
     out.write_text(json.dumps(measure.identity_columns(done, fields)) + "\n" + "{not json\n")
     launched = []
 
-    def fake_measure_one(case, workdir, timeout_s, snapshot=None):
+    def fake_measure_one(case, workdir, timeout_s, snapshot=None, stream_dir=None):
         launched.append(case)
         if case is broken:
             return None, "killed by signal SIGSEGV\nSegmentation fault"
