@@ -427,11 +427,10 @@ def estimate(model: Model, workload: Workload, parallel: Parallel = Parallel(),
                                                 workload.batch, workload.seq) + vision.size_notes(model, workload) \
         + seq2seq.layerdrop_notes(model, workload)
     fit, mode_note, source = reserved_fit(workload_class(workload, parallel), options.alloc_conf)
-    workspace = options.overhead.cublas_workspace_bytes
     best = None
     for sh, sh_prof in stage_shares:
         # the allocator's cache on each stage's allocated peak (monotone in it: the peak stage stays the peak)
-        stages = stage_breakdowns(model, sh_prof, workload, parallel, tw, sh, options, fit, workspace)
+        stages = stage_breakdowns(model, sh_prof, workload, parallel, tw, sh, options, fit)
         peak_name, (label, peak) = max(((n, v) for n, v in stages.items()), key=lambda kv: kv[1][1].total)
         if best is None or peak.total > best[0]:
             best = (peak.total, sh.stage, stages, peak_name, label)

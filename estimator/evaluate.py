@@ -295,10 +295,10 @@ class StagePlan:
 
 
 def stage_breakdowns(model, prof: Profile, w: Workload, p: Parallel, tw: Workload, sh: Share, options,
-                     cache=None, workspace: int = 0) -> dict:
+                     cache=None) -> dict:
     """{stage: (moment label, Breakdown)} at this workload's sizes on one pipeline stage's GPU. `cache` (a
-    ReservedFit) fills each breakdown's allocator_cache from its allocated bytes plus the cuBLAS workspaces the
-    stage holds, `workspace` bytes each (components.cublas_workspaces)."""
+    ReservedFit) fills each breakdown's allocator_cache from the bytes torch allocates: everything but the CUDA
+    context and NCCL's buffers (its tensors and the stage's cuBLAS workspaces, components.cublas_workspaces)."""
 
     n = world(p)
     piece = prof.piece_for(w.batch, w.seq)
@@ -320,8 +320,8 @@ def stage_breakdowns(model, prof: Profile, w: Workload, p: Parallel, tw: Workloa
             cat = [float(x) for x in plan.coef[k] @ v]  # plan.values at one point, for the chosen moment only
         fields = swap.breakdown(stage, cat, w.batch, w.seq)
         if cache is not None:
-            fields["allocator_cache"] = cache.cache_bytes(sum(fields.values()) - fields["overhead"]
-                                                          + comp.cublas_workspaces(w.mode, name) * workspace)
+            fields["allocator_cache"] = cache.cache_bytes(
+                sum(fields.values()) - comp.overhead_bytes(p.gpus, options.overhead, workspaces=0))
         out[name] = (moment.label, Breakdown(**fields), totals[k])
     return {k: v[:2] for k, v in out.items()}
 

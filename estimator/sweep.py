@@ -83,10 +83,8 @@ def _with_cache(best: np.ndarray, workload: Workload, parallel: Parallel, option
     """Add the allocator's cache as estimate() does (estimator.reserved: monotone in the allocated peak, so it
     is applied to the largest stage), from the same fitted class and formula."""
     fit = reserved_fit(workload_class(workload, parallel), options.alloc_conf)[0]
-    # the largest stage is past load, so it holds the mode's workspaces (components.cublas_workspaces)
-    n_ws = comp.cublas_workspaces(workload.mode, "forward")
-    allocated = best - comp.overhead_bytes(parallel.gpus, options.overhead, n_ws) + \
-        n_ws * options.overhead.cublas_workspace_bytes
+    # torch's allocated bytes: everything but the context and NCCL (the cuBLAS workspaces are allocated through torch)
+    allocated = best - comp.overhead_bytes(parallel.gpus, options.overhead, workspaces=0)
     return best + fit.cache_bytes_array(allocated)
 
 
