@@ -3,9 +3,11 @@
     python scripts/stream_diff.py GPU.npz TRACED.npz [--top 15]
 
 GPU.npz from `python -m bench measure --stream-dir DIR` (one case, one process), TRACED.npz from `python -m bench
-trace ... --stream FILE` of the same case. Per stage name both streams have, it prints each one's peak of live
-requested bytes, then the allocation sizes (rounded up to the caching allocator's 512 bytes, so a request and its
-block compare equal) that one stream made more often than the other in that stage, largest total first: the
+trace ... --stream FILE` of the same case. Per stage name both streams have, it prints each one's peak allocated
+bytes as the caching-allocator model replays it (offline.allocator.replay: torch.cuda.max_memory_allocated's
+quantity, as `python -m bench replay` prints it), then the allocation sizes (each rounded to the block the
+allocator takes for it, pool.round_size, so a request and its block compare equal) that one stream made more often
+than the other in that stage, largest total first: the
 allocations behind a gap between a measured row and its estimate (a kernel's workspace, a copy a CPU kernel never
 makes). The streams are read as untrusted files (offline.allocator.stream: no pickle).
 """
@@ -16,33 +18,26 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from estimator.alloc_conf import AllocatorConfig  # noqa: E402
+from offline.allocator.pool import round_size  # noqa: E402
+from offline.allocator.replay import replay  # noqa: E402
 from offline.allocator.stream import ALLOC, Stream  # noqa: E402
-
-BLOCK = 512
 
 
 def stage_peaks(s: Stream) -> dict[str, int]:
-    """{stage name: the largest sum of live requested bytes reached during that stage's events}."""
-    live = np.cumsum(np.where(s.kind == ALLOC, s.nbytes, -s.nbytes))
-    out: dict[str, int] = {}
-    for i, name in enumerate(s.stage_names):
-        mask = s.stage == i
-        if mask.any():
-            out[name] = max(out.get(name, 0), int(live[mask].max()))
-    return out
+    """{stage name: peak allocated bytes in that stage}, replayed under torch's default allocator settings."""
+    return {st.name: st.peak_allocated_bytes for st in replay(s).stages if st.events}
 
 
 def alloc_sizes(s: Stream) -> dict[str, Counter]:
-    """{stage name: Counter of allocation sizes rounded up to BLOCK bytes}."""
+    """{stage name: Counter of the block sizes its allocations take (pool.round_size, default settings)}."""
     out: dict[str, Counter] = {}
-    rounded = -(-s.nbytes // BLOCK) * BLOCK
+    config = AllocatorConfig()
     for i, name in enumerate(s.stage_names):
         mask = (s.stage == i) & (s.kind == ALLOC)
-        out.setdefault(name, Counter()).update(int(x) for x in rounded[mask])
+        out.setdefault(name, Counter()).update(round_size(int(x), config) for x in s.nbytes[mask])
     return out
 
 
@@ -60,8 +55,8 @@ def report(gpu: Stream, traced: Stream, top: int = 15) -> str:
     if not common:
         raise ValueError(f"stages: the streams share no stage name ({', '.join(gpu.stage_names)} against "
                          f"{', '.join(traced.stage_names)})")
-    lines = [f"{'stage':<12}{'GPU peak B':>18}{'traced peak B':>18}{'GPU - traced':>16}"]
-    lines += [f"{n:<12}{pa[n]:>18,}{pb[n]:>18,}{pa[n] - pb[n]:>+16,}" for n in common]
+    lines = [f"{'stage':<12}{'GPU allocated B':>18}{'traced allocated B':>20}{'GPU - traced':>16}"]
+    lines += [f"{n:<12}{pa[n]:>18,}{pb[n]:>20,}{pa[n] - pb[n]:>+16,}" for n in common]
     for label, x, y in (("GPU, not traced", sa, sb), ("traced, not GPU", sb, sa)):
         for n in common:
             rows = surplus(x[n], y[n], top)
