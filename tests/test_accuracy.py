@@ -280,6 +280,14 @@ def test_measured_section_scores_every_verdict_and_leaves_each_model_out(tmp_pat
     assert measured_tier.section(_ingest(tmp_path, [make_row()], "traced_only")) == []
 
 
+def test_stage_gaps_are_measured_minus_estimated_for_the_stages_a_row_has():
+    model = from_hf_config(TINY_LLAMA_CONFIG, "tiny-llama")
+    est = estimate(model, Workload(batch=2, seq=128))
+    row = {"forward_peak_alloc_bytes": est.allocated_at("forward") + 5, "load_peak_alloc_bytes": float("nan"),
+           "backward_peak_alloc_bytes": None, "prefill_peak_alloc_bytes": 10**9}   # prefill: not a training stage
+    assert measured_tier.stage_gaps(row, est) == {"forward": 5}
+
+
 def test_the_same_case_on_two_gpus_is_compared_to_the_byte(tmp_path):
     def row(gpu, **kw):
         base = dict(source="measured", gpu_name=gpu, gpu_total_bytes=80 * 2**30, model_name="m",

@@ -285,6 +285,7 @@ def test_gpu_rows_pin_the_cublas_workspaces():
     import json
     from pathlib import Path
 
+    from bench.accuracy.measured import stage_gaps
     from bench.accuracy.report import row_estimate
 
     models, gaps = {}, {}
@@ -296,11 +297,9 @@ def test_gpu_rows_pin_the_cublas_workspaces():
                 continue
             if r["model_name"] not in models:
                 models[r["model_name"]] = from_hf_config(load_config(r["model_name"])[1], r["model_name"])
-            est = row_estimate(r, models[r["model_name"]])
-            for stage in ("forward", "backward", "optimizer", "prefill", "decode"):
-                if r.get(f"{stage}_peak_alloc_bytes"):
-                    gaps.setdefault((r["mode"], stage), []).append(r[f"{stage}_peak_alloc_bytes"]
-                                                                   - est.allocated_at(stage))
+            for stage, gap in stage_gaps(r, row_estimate(r, models[r["model_name"]])).items():
+                if stage != "load":
+                    gaps.setdefault((r["mode"], stage), []).append(gap)
     assert {k for k, v in gaps.items() if len(v) >= 30} == {("train", "forward"), ("train", "backward"),
                                                              ("train", "optimizer"), ("infer", "prefill"),
                                                              ("infer", "decode")}

@@ -57,6 +57,43 @@ def _estimates(runs: pd.DataFrame) -> list[tuple[dict, object]]:
     return out
 
 
+STAGES = ("load", "forward", "backward", "optimizer", "prefill", "decode")
+
+
+def stage_gaps(row: dict, est) -> dict[str, int]:
+    """{stage: the row's allocated peak in that stage minus the estimate's (`Estimate.allocated_at`: its tensors
+    and cuBLAS workspaces)} for each stage the row measured and the estimate has."""
+    have = dict(est.stages)
+    out = {}
+    for stage in STAGES:
+        v = row.get(f"{stage}_peak_alloc_bytes")
+        if stage in have and isinstance(v, (int, float)) and v == v and v > 0:
+            out[stage] = int(v) - est.allocated_at(stage)
+    return out
+
+
+def _stage_gaps(pairs) -> list[str]:
+    """Per (mode, stage) over the rows that ran: the spread of measured minus estimated allocated bytes."""
+    gaps: dict[tuple[str, str], list[tuple[int, str]]] = {}
+    for row, est in pairs:
+        if not row.get("oom"):
+            for stage, g in stage_gaps(row, est).items():
+                gaps.setdefault((row["mode"], stage), []).append((g, row["model_name"]))
+    if not gaps:
+        return []
+    lines = ["Each measured row that ran, each stage it measured: its allocated peak (`torch.cuda.max_memory_allocated`"
+             " over the stage) minus the estimate's for that stage (`Estimate.allocated_at`: tensors plus the stage's "
+             "cuBLAS workspaces, none at load, one in inference, two in training; bench.accuracy.measured.stage_gaps)."
+             " Positive: the GPU allocated more. MB = 10^6 bytes.", "",
+             "| mode | stage | rows | min MB | median MB | max MB (model) |", "|---|---|---:|---:|---:|---|"]
+    order = {s: i for i, s in enumerate(STAGES)}
+    for (mode, stage), v in sorted(gaps.items(), key=lambda kv: (kv[0][0] != "train", order[kv[0][1]])):
+        v.sort()
+        lines.append(f"| {mode} | {stage} | {len(v)} | {v[0][0] / 1e6:+.3f} | {statistics.median(g for g, _ in v) / 1e6:+.3f}"
+                     f" | {v[-1][0] / 1e6:+.3f} ({v[-1][1]}) |")
+    return lines + [""]
+
+
 def _gib(x: float) -> str:
     return f"{x / GiB:.2f}"
 
@@ -223,5 +260,6 @@ def section(db_path=None, wait_s: float = db.DEFAULT_WAIT_S) -> list[str]:
     pairs = _estimates(runs)
     return ["## Measured tier: what was measured, the verdict at the OOM cliff, and the one fitted constant", "",
             *_overview(runs), *(["### The same case on two GPUs", "", *rep] if (rep := _repeats(runs)) else []),
+            *(["### Stage by stage: allocated bytes", "", *gaps] if (gaps := _stage_gaps(pairs)) else []),
             "### Will it fit? The verdict against the GPU", "", *_verdicts(pairs),
             "### Device overhead, leave-one-model-out", "", *_overhead_loo(pairs)]
