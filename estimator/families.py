@@ -90,13 +90,17 @@ HOST_VALUE_TYPES = ("xlm", "flaubert", "fsmt", "t5gemma2", "xmod")
 # before writing its embedding there: INDICATOR_TOKENS per image, beside the image's own tokens in the seq.
 STACKED_VLM_TYPES = ("idefics2", "idefics3", "smolvlm")
 INDICATOR_TOKENS = {"ovis2": 3}
-HOST_VLM_TYPES = ("blip-2", *STACKED_VLM_TYPES, *INDICATOR_TOKENS)
+# LLaVA-NeXT's family cuts each image into tiles (the best of its image_grid_pinpoints) and packs each image's tile
+# features in a Python loop over the images (`pack_image_features`), reading each image's size on the host: the loop's
+# ticks are keyed per iteration (tracer.vlm_loop), each image a square of two tiles a side (its default image).
+LOOP_VLM_TYPES = ("llava_next", "llava_next_video", "llava_onevision")
+HOST_VLM_TYPES = ("blip-2", *STACKED_VLM_TYPES, *INDICATOR_TOKENS, *LOOP_VLM_TYPES)
 VLM_TYPES = ("llava", "vipllava", "video_llava", "paligemma", "internvl", "qianfan_ocr", "cohere2_vision", "aya_vision",
              "gemma3", "pp_chart2table", "deepseek_vl", "janus", "deepseek_vl_hybrid", *GRID_VLM_TYPES, *HOST_VLM_TYPES)
 
 
 def vlm_route(model_type: str) -> str:
-    """How this version builds a vision-language model's images ("grid", "stacked", "host", "fixed"; "" for any
+    """How this version builds a vision-language model's images ("grid", "stacked", "loop", "host", "fixed"; "" for any
     other type): an inventory records it, and one cached under another route is read again (estimator.store), since
     whether its images are priced, and how, follows the route."""
     if model_type not in VLM_TYPES:
@@ -105,6 +109,8 @@ def vlm_route(model_type: str) -> str:
         return "grid"
     if model_type in STACKED_VLM_TYPES:
         return "stacked"
+    if model_type in LOOP_VLM_TYPES:
+        return "loop"
     return "host" if model_type in HOST_VLM_TYPES else "fixed"
 
 

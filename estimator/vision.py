@@ -19,6 +19,9 @@ from estimator.families import GRID_IMAGE_SIZE, INDICATOR_TOKENS, VLM_TYPES
 from estimator.model import Model
 from estimator.spec import Workload
 
+# LLaVA-OneVision: one image per sample is cut into tiles; several are sent as one tile each (tracer.vlm_loop)
+ONE_IMAGE_TYPES = ("llava_onevision",)
+
 
 def geometry(model: Model) -> dict | None:
     """The inventory's vision part (image_size, patch_size, num_channels, extra_tokens, num_labels, base_params), or
@@ -93,6 +96,15 @@ def sized(model: Model, w: Workload) -> Workload:
     square image they make (0 for a rectangle of patches, as `python -m bench trace --seq` may trace). A text model
     keeps its seq and refuses an image size."""
     v = geometry(model)
+    if v is None and tiled(model) is not None:
+        if not w.images:
+            if w.image_size:
+                raise ValueError(f"image_size: {model.name}'s images are sized with --images N (0 images: a "
+                                 "text-only step has no image size)")
+            return w
+        size = w.image_size or int(images_of(model)["image_size"])
+        tiled_tokens(model.name, tiled(model), size)   # a size that is none: one line
+        return replace(w, image_size=size)
     if v is None and grid(model) is not None:
         if not w.images:
             if w.image_size:
@@ -104,8 +116,8 @@ def sized(model: Model, w: Workload) -> Workload:
         return replace(w, image_size=size)
     if v is None:
         if w.image_size:
-            raise ValueError(f"image_size: applies to vision encoders and to Qwen2-VL's family with --images; "
-                             f"{model.name} ({model.model_type}) is sized by seq")
+            raise ValueError(f"image_size: applies to vision encoders and to Qwen2-VL's and LLaVA-NeXT's families "
+                             f"with --images; {model.name} ({model.model_type}) is sized by seq")
         return w
     if w.image_size == 0 and w.seq != SEQ_UNSET and by_side(model):
         return replace(w, image_size=w.seq * int(v["patch_size"]))
@@ -125,6 +137,51 @@ def images_of(model: Model) -> dict | None:
     the inventory's `vlm` part (tracer.vlm.info)."""
     v = model.inventory.extra.get("vlm")
     return v if isinstance(v, dict) else None
+
+
+def tiled(model: Model) -> dict | None:
+    """A tiled model's geometry (LLaVA-NeXT's family: families.LOOP_VLM_TYPES; tracer.vlm_loop.geometry), or None."""
+    v = images_of(model)
+    return v.get("tiles") if v is not None else None
+
+
+def best_resolution(size: tuple[int, int], pinpoints) -> tuple[int, int]:
+    """The pinpoint (height, width) an image of `size` (height, width) is resized into: the most of the image kept,
+    then the least padding (transformers' image_processing_utils.select_best_resolution, as its processors and the
+    models' forwards choose it)."""
+    oh, ow = size
+    best, most, waste = None, 0, float("inf")
+    for h, w in pinpoints:
+        scale = min(w / ow, h / oh)
+        effective = min(int(ow * scale) * int(oh * scale), ow * oh)
+        wasted = w * h - effective
+        if effective > most or (effective == most and wasted < waste):
+            best, most, waste = (h, w), effective, wasted
+    return best
+
+
+def tiled_tokens(name: str, t: dict, image_size: int) -> int:
+    """Tokens one square `image_size`-px image becomes on a tiled model (`t`: tiled()): the base tile's patches, and
+    the tile grid's features with the padding cut off (the image's own aspect), shrunk to OneVision's cap where they
+    exceed it, plus one newline token per row: pack_image_features and unpad_image in transformers' modeling_llava_next
+    and modeling_llava_onevision, as arithmetic (checked against the models' own forward: tests/test_vlm.py)."""
+    if image_size < 1:
+        raise ValueError(f"image_size: {image_size} is not a size in pixels; {name}'s images are square, e.g. "
+                         f"{2 * t['tile']} (two {t['tile']}-px tiles a side)")
+    side = t["tile"] // t["patch"]
+    h, w = best_resolution((image_size, image_size), t["pinpoints"])
+    rows, cols = h // t["tile"] * side, w // t["tile"] * side
+    if 1 > cols / rows:      # unpad_image: the original's aspect (1, square) against the grid's
+        new = int(round(image_size * (cols / image_size), 7))
+        rows -= 2 * ((rows - new) // 2)
+    else:
+        new = int(round(image_size * (rows / image_size), 7))
+        cols -= 2 * ((cols - new) // 2)
+    if t.get("max_tiles"):
+        ratio = math.sqrt(rows * cols / (t["max_tiles"] * side ** 2))
+        if ratio > 1.1:      # OneVision's bilinear interpolation down to about max_tiles tiles' worth
+            rows, cols = int(rows // ratio), int(cols // ratio)
+    return side * side + rows * (cols + 1)
 
 
 def grid(model: Model) -> dict | None:
@@ -184,6 +241,8 @@ def _per_image(model: Model, w: Workload) -> tuple[int, int]:
     if grid(model) is not None:
         size = w.image_size or GRID_IMAGE_SIZE
         return size, grid_tokens(model, size)
+    if tiled(model) is not None and w.image_size:
+        return w.image_size, tiled_tokens(model.name, tiled(model), w.image_size)
     return int(v["image_size"]), int(v["image_tokens"])
 
 
@@ -224,6 +283,10 @@ def check_images(model: Model, w: Workload) -> None:
     refused = grid_refusal(model.name, w) if grid(model) is not None else None
     if refused:
         raise ValueError(refused)
+    if model.model_type in ONE_IMAGE_TYPES and w.images > 1:
+        raise ValueError(f"images: {model.name} is priced with 1 image per sample ({w.images} asked): its processor "
+                         "sends the images of a sample with several as one tile each (batch_num_images), which is not "
+                         "priced; 1 prices one image in its tiles")
     tokens = image_tokens(model, w)
     if w.seq <= tokens:
         size, per = _per_image(model, w)

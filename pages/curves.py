@@ -120,7 +120,7 @@ def main() -> None:
     ui.prepare_lora_targets(PAGE, ui.lora_target_options(model), model.model_type)
     f["lora_targets"] = replace(f["lora_targets"], choices=tuple(ui.lora_target_options(model)))
     kinds = {**ui.kinds(model), "vision": False}   # this page lists text models only
-    ui.default_images(PAGE, kinds["vlm"], kinds["grid"])
+    ui.default_images(PAGE, model)
     values, w_shown = ui.workload_inputs(PAGE, f, st.sidebar, **kinds)
     state.write_url(PAGE, list(f.values()), shown | set(w_shown))
     w = ui.workload_from_dict(values, **kinds)

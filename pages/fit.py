@@ -23,7 +23,7 @@ from estimator.presets import MAX_CONFIG_BYTES, load_config, parse_config_text
 from estimator.spec import Parallel
 from estimator.units import GB, GiB, fmt_bytes
 from estimator.seq2seq import check as seq2seq_check, words as seq2seq_words
-from estimator.vision import check_images, image_words, images_of, is_vision, size_words, sized
+from estimator.vision import check_images, image_words, is_vision, size_words, sized
 from pages import _charts as charts
 from pages import _derive as derive
 from pages import _state as state, _data as reads, _inputs as ui
@@ -348,7 +348,7 @@ def body(f: dict[str, state.Field], shown: set[str]) -> None:
         return
     ui.prepare_lora_targets(PAGE, ui.lora_target_options(model), model.model_type)
     f["lora_targets"] = replace(f["lora_targets"], choices=tuple(ui.lora_target_options(model)))
-    ui.default_images(PAGE, images_of(model) is not None, ui.kinds(model)["grid"])
+    ui.default_images(PAGE, model)
     values, w_shown = ui.workload_inputs(PAGE, f, st.sidebar, **ui.kinds(model))
     shown |= set(w_shown)
     if values.get("method") in ("lora", "qlora") and not ui.lora_target_options(model):

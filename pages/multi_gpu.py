@@ -20,7 +20,7 @@ from estimator.presets import load_config
 from estimator.spec import STRATEGIES, Parallel
 from estimator.units import GB, GiB, fmt_bytes
 from estimator.seq2seq import seq2seq_of
-from estimator.vision import check_images, images_of, sized
+from estimator.vision import check_images, sized
 from estimator.parallel import TRACED_SHARDING  # what `python -m bench trace` runs with FSDP2
 from pages import _charts as charts
 from pages import _derive as derive
@@ -220,7 +220,7 @@ def main() -> None:
     model = ui.load_model(config, name)
     ui.prepare_lora_targets(PAGE, ui.lora_target_options(model), model.model_type)
     f["lora_targets"] = replace(f["lora_targets"], choices=tuple(ui.lora_target_options(model)))
-    ui.default_images(PAGE, images_of(model) is not None, ui.kinds(model)["grid"])
+    ui.default_images(PAGE, model)
     values, shown = ui.workload_inputs(PAGE, f, st.sidebar, **ui.kinds(model))
     if seq2seq_of(model) is not None:
         st.info(f"{name} is an encoder-decoder model: the Will-it-fit page prices it on one GPU and under DDP, "

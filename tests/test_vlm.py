@@ -257,7 +257,10 @@ def test_cli_names_the_images_and_refuses_a_short_seq(tmp_path):
 # Models whose image path reads values on the host (families.HOST_VLM_TYPES): SmolVLM (Idefics3's code: pixels stacked
 # per sample, padding images dropped by a boolean index, pixel shuffle by scale_factor 2), Idefics2 (a perceiver
 # resampler of 8 latents) and BLIP-2 (a Q-Former of 8 queries, its all-ones mask checked with `.all()`)
-HOST = {"smolvlm": 4, "idefics2": 8, "blip2": 8, "ovis2": 4}   # tiny config -> image tokens per image
+# LLaVA-NeXT's family (families.LOOP_VLM_TYPES, tracer.vlm_loop): a 64-px image in 32-px tiles of 4 x 4 patches is the
+# base tile and a 2 x 2 grid: 16 + 8 x 8 tokens and one newline per row of 8 -> 88
+HOST = {"smolvlm": 4, "idefics2": 8, "blip2": 8, "ovis2": 4, "llava_next": 88, "llava_next_video": 88,
+        "llava_onevision": 88}   # tiny config -> image tokens per image
 
 
 @pytest.mark.parametrize("name", sorted(HOST))
@@ -341,3 +344,132 @@ def test_aya_vision_counts_its_pixel_shuffled_tokens_and_leaves_the_pooling_head
 ])
 def test_aya_vision_with_images_equals_full_depth_traces(workload, sizes):
     _check(workload, sizes, "aya_vision")
+
+
+# LLaVA-NeXT's family (families.LOOP_VLM_TYPES): each image's tile features packed in a Python loop over the images
+# (tracer.vlm_loop), whose ticks are keyed per iteration (tracer.ticks)
+
+def test_a_per_image_loop_has_the_same_ticks_at_any_number_of_images():
+    # a synthetic run: 2 allocations, then a loop whose iterations each keep an output and free a temporary, then
+    # one more allocation; with 1, 2 and 5 iterations the keys are the same and the loop's ticks are the last
+    # iteration's (every output before it still held)
+    import numpy as np
+
+    from tracer.counters import Timeline
+    from tracer.ticks import LOOP_INDEX, _candidates
+
+    def run(n: int):
+        kind, nbytes, loops = [0, 1, 1], [0, 100, 10], []
+        for i in range(n):
+            loops.append((len(kind) - 1, i))
+            kind += [1, 1, -1]   # an output (kept), a temporary, the temporary freed
+            nbytes += [7, 3, 3]
+        loops.append((len(kind) - 1, None))
+        kind += [1]
+        nbytes += [50]
+        T = len(kind)
+        tl = Timeline(np.array(kind, np.int8), np.array(nbytes, np.int64), np.full(T, 4, np.int8),
+                      np.arange(T, dtype=np.int64), ((T - 1, "prefill"),), (), tuple(loops))
+        return _candidates(tl, train=False)
+
+    ticks = {n: run(n) for n in (1, 2, 5)}
+    assert ticks[1].keys == ticks[2].keys == ticks[5].keys
+    loop = [i for i, k in enumerate(ticks[5].keys) if k[-1] >= LOOP_INDEX]
+    assert len(loop) == 1   # the temporary's tick, of the last iteration
+    for n, t in ticks.items():
+        assert int(t.values[loop[0]].sum()) == 110 + 7 * n + 3
+
+
+def test_a_per_image_loop_vlm_with_an_image_equals_a_full_depth_trace():
+    # tiny LLaVA-NeXT: 64-px images of 5 tiles (88 tokens), at batch sizes (1, 3) the fit never used: 1 and 3 loop
+    # iterations
+    _check(Workload(images=1), ((3, 300), (1, 170)), "llava_next")
+
+
+def test_llava_onevision_prices_one_image_per_sample():
+    from estimator.estimate import estimate
+    from estimator.model import from_hf_config
+
+    m = from_hf_config(_config("llava_onevision"), "t-llava_onevision")
+    assert (m.inventory.extra["vlm"]["image_size"], m.inventory.extra["vlm"]["image_tokens"]) == (64, 88)
+    with pytest.raises(ValueError, match=r"^images: t-llava_onevision is priced with 1 image per sample \(2 asked\)"):
+        estimate(m, Workload(images=2, seq=400))
+
+
+@SLOW
+@pytest.mark.parametrize("name, workload, sizes", [
+    ("llava_onevision", Workload(images=1), ((3, 300), (1, 170))),
+    ("llava_next_video", Workload(images=1), ((3, 300),)),
+    ("llava_next", Workload(images=2), ((3, 400),)),
+    ("llava_next", Workload(images=1, method="lora"), ((2, 200),)),
+    ("llava_next", Workload(images=1, checkpointing="full"), ((3, 250),)),
+    ("llava_next", Workload(images=2, mode="infer", gen_tokens=4), ((3, 300),)),
+    ("llava_onevision", Workload(images=1, method="lora", lora_targets=("q_proj", "v_proj")), ((4, 180),)),
+    # other image sizes: 32 px (a 1 x 2 pinpoint, unpadded to 4 x 4: 36 tokens), 130 px (OneVision's 3 x 3: 172)
+    ("llava_next", Workload(images=2, image_size=32), ((3, 200), (1, 90))),
+    ("llava_onevision", Workload(images=1, image_size=130, mode="infer", gen_tokens=3), ((2, 300),)),
+])
+def test_more_per_image_loop_vlm_workloads_equal_full_depth_traces(name, workload, sizes):
+    _check(workload, sizes, name)
+
+
+@SLOW
+def test_without_the_loop_marks_a_per_image_loop_vlm_is_refused():
+    # the marks are what makes the step one polynomial: without them its ticks differ with the number of images
+    import contextlib
+
+    from estimator.model import from_hf_config
+    from tracer import derive, vlm_loop
+
+    cfg = _config("llava_next")
+    m = from_hf_config(cfg, "t-llava_next")
+    original = vlm_loop.loop_step
+    vlm_loop.loop_step = lambda model, counter: contextlib.nullcontext()
+    try:
+        with pytest.raises(ValueError, match="runs other operations"):
+            derive.derive_profile(cfg, Workload(images=1), config_hash=m.config_hash)
+    finally:
+        vlm_loop.loop_step = original
+
+
+@pytest.mark.parametrize("name", ["llava_next", "llava_onevision"])
+def test_tiled_image_tokens_at_any_size_match_the_models_own_forward(name):
+    # estimator.vision.tiled_tokens (arithmetic: pinpoint, unpadding, OneVision's cap, newlines) against the tokens
+    # the model's get_image_features makes on real CPU tensors, for square images that pick every kind of grid
+    import torch
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    from estimator.model import from_hf_config
+    from estimator.vision import tiled_tokens
+    from tracer import vlm
+
+    cfg = _config(name)
+    t = from_hf_config(cfg, f"t-{name}").inventory.extra["vlm"]["tiles"]
+    torch.manual_seed(0)
+    model = AutoModelForImageTextToText.from_config(AutoConfig.for_model(**cfg)).eval()
+    get = model.model.get_image_features
+    for px in (8, 20, 32, 40, 64, 75, 96, 130, 200):
+        kwargs = vlm.image_kwargs(model, 1, 1, "cpu", px)
+        with torch.no_grad():
+            feats = get(**kwargs).pooler_output
+        rows = sum(int(x.shape[0]) for x in feats)
+        assert tiled_tokens(name, t, px) == rows, px
+
+
+def test_a_tiled_vlms_image_size_is_its_class_and_prices_its_tokens():
+    from dataclasses import replace as _replace
+
+    from estimator import store
+    from estimator.model import from_hf_config
+    from estimator.vision import check_images, image_tokens, sized
+
+    m = from_hf_config(_config("llava_next"), "t-llava_next")
+    w = sized(m, Workload(images=1, seq=400))
+    assert w.image_size == 64 and image_tokens(m, w) == 88
+    big = sized(m, _replace(w, image_size=96))   # a 3 x 3 grid's pinpoint is not offered: 64 x 64, cut to a square
+    assert image_tokens(m, big) == 16 + 8 * 9
+    assert store.workload_class(w) != store.workload_class(_replace(w, image_size=32))
+    with pytest.raises(ValueError, match=r"^seq: 50 tokens cannot hold 1 image\(s\) of 88 tokens each \(64x64 px\)"):
+        check_images(m, _replace(w, seq=50))
+    with pytest.raises(ValueError, match=r"^image_size: t-llava_next's images are sized with --images N"):
+        sized(m, Workload(image_size=64))

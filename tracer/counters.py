@@ -108,6 +108,7 @@ class StorageCounter(TorchDispatchMode):
         self._paused = False
         self.marks: list[tuple[int, str]] = []       # (tick, stage) at every mark_stage: the stage that just ended
         self.blocks: list[tuple[int, object]] = []   # (tick, block) whenever the running decoder layer changes
+        self.loops: list[tuple[int, int | None]] = []   # (tick, iteration or None) of a loop over images (set_loop)
 
     # -- recording --------------------------------------------------------------------------------
     def _tick(self) -> int:
@@ -247,6 +248,12 @@ class StorageCounter(TorchDispatchMode):
         """Record that the ticks after now belong to `block` (a decoder layer's position, or None outside)."""
         self.blocks.append((self._now, block))
 
+    def set_loop(self, iteration: int | None) -> None:
+        """Record that the ticks after now are iteration `iteration` (0, 1, ...) of a loop the model's code runs once
+        per image, or (None) that the loop ended (tracer.vlm_loop): the loop's ticks are keyed by their place in
+        their iteration, so a step with more images has the same keys (tracer.ticks._candidates)."""
+        self.loops.append((self._now, iteration))
+
     def timeline(self) -> Timeline:
         """Every tick of the run as arrays (after the run, once roles are final); see `Timeline`."""
         import numpy as np
@@ -263,7 +270,7 @@ class StorageCounter(TorchDispatchMode):
             if rec.t_free != NEVER_FREED:
                 t = int(rec.t_free)
                 kind[t], nbytes[t], cat[t], rec_of[t] = -1, rec.nbytes, c, i
-        return Timeline(kind, nbytes, cat, rec_of, tuple(self.marks), tuple(self.blocks))
+        return Timeline(kind, nbytes, cat, rec_of, tuple(self.marks), tuple(self.blocks), tuple(self.loops))
 
     def allocation_events(self):
         """The run as the caching allocator would have seen it: (kind, handle, nbytes, stage) per tick in order,
@@ -314,7 +321,8 @@ class StorageCounter(TorchDispatchMode):
 class Timeline:
     """A counted run tick by tick. Tick t (1..T) is one allocation (kind +1) or one free (kind -1) of
     `nbytes[t]` bytes of a storage whose final role is `CATEGORIES[cat[t]]` (record `rec[t]`); tick 0 is the
-    empty start. `marks` are (tick, stage that ended there); `blocks` are (tick, decoder-layer block or None)."""
+    empty start. `marks` are (tick, stage that ended there); `blocks` are (tick, decoder-layer block or None);
+    `loops` are (tick, iteration of a per-image loop, or None where it ended)."""
 
     kind: object      # np.ndarray[int8]
     nbytes: object    # np.ndarray[int64]
@@ -322,6 +330,7 @@ class Timeline:
     rec: object       # np.ndarray[int64]
     marks: tuple
     blocks: tuple
+    loops: tuple = ()
 
     def live(self):
         """(len(CATEGORIES), T + 1) int64 array: bytes live per category after each tick."""

@@ -282,7 +282,7 @@ def _run(case: _Case, steps: int, observe_layers: bool = False,
         counter.mark_stage(stage)
 
     on_stage("load")
-    with counter, case.context(), vlm.host_checks_skipped(), vlm.step_context(case.model, case.workload):
+    with counter, case.context(), vlm.host_checks_skipped(), vlm.step_context(case.model, case.workload, counter):
         if primed is not None:
             _prime_optimizer(case, primed)
             on_stage("optimizer")

@@ -58,6 +58,9 @@ def prime_names(config: dict, workload: Workload, parallel: Parallel, layers: li
     return None
 
 
+# a per-image loop's ticks are keyed LOOP_INDEX x (the loop's ordinal in its window + 1) + their place in their
+# iteration: apart from every other tick's index, and the same however many images (iterations) the step has
+LOOP_INDEX = 1 << 40
 MAX_OPTIMIZER_TICKS = 32   # an optimizer step with at most this many ticks keys each (tracer.extend.optional)
 
 
@@ -81,6 +84,9 @@ def _candidates(tl, train: bool, per_window: bool = False) -> Ticks:
     block = np.full(T + 2, -1, dtype=np.int64)
     for t, b in sorted(tl.blocks, key=lambda x: x[0]):
         block[t + 1:] = -1 if b is None else int(b)
+    it = np.full(T + 2, -1, dtype=np.int64)   # the iteration of a per-image loop running at each tick (-1: none)
+    for t, i in sorted(tl.loops, key=lambda x: x[0]):
+        it[t + 1:] = -1 if i is None else int(i)
     windows = _stage_of_ticks(tl)
     if train:  # the steady state: the last step (its micro-batches and its optimizer step)
         opt_ends = [i for i, w in enumerate(windows) if w[2] == "optimizer"]
@@ -122,15 +128,46 @@ def _candidates(tl, train: bool, per_window: bool = False) -> Ticks:
         if not per_window or stage not in counts:
             counts[stage] = (0, None, {})
         seg, prev_block, local = counts[stage]
+        loop, prev_it = -1, -1   # the per-image loops of this window, counted; the previous tick's iteration
         for t in ticks:
             b = None if block[t] < 0 else int(block[t])
             if b is None and prev_block is not None:
                 seg += 1
             prev_block = b
             group = (stage, seg if b is None else 0, b)
+            i = int(it[t])
+            if i >= 0:   # a loop's ticks: keyed by their place in their iteration (the last iteration's are kept)
+                if i == 0 and prev_it != 0:
+                    loop += 1
+                prev_it = i
+                inner = (*group, "loop", loop, i)
+                local[inner] = local.get(inner, -1) + 1
+                keys.append((*group, LOOP_INDEX * (loop + 1) + local[inner]))
+                gs.append(g)
+                rows.append(tick_row(live[:, t], 0))
+                continue
+            prev_it = -1
             local[group] = local.get(group, -1) + 1
             keys.append((*group, local[group]))
             gs.append(g)
             rows.append(tick_row(live[:, t], 0))
         counts[stage] = (seg + 1 if per_window else seg, None, local)
+    keys, gs, rows = _last_iterations(keys, gs, rows)
     return Ticks(keys, gs, np.array(rows, dtype=np.int64).reshape(len(rows), len(CATEGORIES)))
+
+
+def _last_iterations(keys: list, gs: list, rows: list) -> tuple[list, list, list]:
+    """A per-image loop's ticks, only its last iteration's of each key: the same keys at any number of images. The
+    iterations differ by the images done before (their outputs, in forward; their gradients, in backward), which only
+    grow, so the last iteration's tick is the largest of its key; it is one polynomial in the sizes where the
+    iteration count is (batch x images)."""
+    seen, keep = set(), []
+    for i in range(len(keys) - 1, -1, -1):
+        k = keys[i]
+        if isinstance(k[-1], int) and k[-1] >= LOOP_INDEX:
+            if (k, gs[i]) in seen:
+                continue
+            seen.add((k, gs[i]))
+        keep.append(i)
+    keep.reverse()
+    return [keys[i] for i in keep], [gs[i] for i in keep], [rows[i] for i in keep]

@@ -41,7 +41,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 from estimator.families import (GRID_IMAGE_SIZE, HOST_VALUE_TYPES, HOST_VLM_TYPES, INDICATOR_TOKENS, STACKED_VLM_TYPES,
                                 VLM_TYPES)
 from estimator.vision import fixed_layout, grid_layout
-from tracer import host_values, vlm_grid
+from tracer import host_values, vlm_grid, vlm_loop
 from tracer.vlm_grid import grid_geometry, grid_side, is_grid
 
 IMAGE_TOKEN_KEYS = ("image_token_id", "image_token_index")
@@ -99,17 +99,20 @@ def _ones(t: torch.Tensor) -> torch.Tensor:
     return host_values.known(t, values)
 
 
-def image_kwargs(model, batch: int, images: int, device) -> dict:
+def image_kwargs(model, batch: int, images: int, device, image_size: int = 0) -> dict:
     """The pixel inputs of `images` images per sample: pixel_values (b x images, C, H, W); a model of
     families.STACKED_VLM_TYPES gets them as (b, images, C, H, W) with an all-true pixel_attention_mask (b, images, H,
     W), pixels the host knows are nonzero (real images: none of the all-zero padding ones their processors add, which
-    their forward drops by a boolean index of its own)."""
+    their forward drops by a boolean index of its own). A tiled model's (tracer.vlm_loop) images are `image_size` px
+    square (0: its default)."""
     cfg = model.config
     hi = getattr(cfg, "high_res_vision_config", None)
     if hi is not None:   # DeepSeek-VL-Hybrid: each image also at its SAM tower's high resolution, as its processor does
         geometry = (int(hi.image_size), int(getattr(hi, "num_channels", 3) or 3))
         return {"pixel_values": _pixels(model, (batch * images,), device),
                 "high_res_pixel_values": _pixels(model, (batch * images,), device, geometry)}
+    if vlm_loop.is_loop(cfg):   # tiles per image and each image's size (tracer.vlm_loop)
+        return vlm_loop.loop_kwargs(model, batch, images, device, image_size)
     if cfg.model_type not in STACKED_VLM_TYPES:
         return {"pixel_values": _pixels(model, (batch * images,), device)}
     size = image_geometry(cfg)[0]
@@ -140,16 +143,18 @@ def image_tokens(model, config: dict | None = None, image_size: int = 0) -> int:
     against its own forward by tests/test_vlm_grid.py)."""
     if is_grid(model.config):
         return grid_side(model.config, image_size) ** 2
+    if not vlm_loop.is_loop(model.config):   # only a tiled model's tokens depend on the image's size
+        image_size = 0
     if config is not None:
-        key = json.dumps(config, sort_keys=True, default=str)
+        key = json.dumps([config, image_size], sort_keys=True, default=str)
         if key not in _TOKENS:
-            _TOKENS[key] = image_tokens(model)
+            _TOKENS[key] = image_tokens(model, image_size=image_size)
         return _TOKENS[key]
     device = next(model.parameters()).device
     # the image-text-to-text class's own method, or its inner model's (DeepSeek-VL, Janus keep it there)
     get = getattr(model, "get_image_features", None) or model.model.get_image_features
     with _valued(model), torch.no_grad():
-        features = get(**image_kwargs(model, 1, 1, device))
+        features = get(**image_kwargs(model, 1, 1, device, image_size))
     features = getattr(features, "pooler_output", features)
     parts = [features] if torch.is_tensor(features) else list(features)
     hidden = model.get_input_embeddings().embedding_dim
@@ -183,7 +188,7 @@ def vlm_inputs(model, workload, device: str, per_image: int, clone_labels: bool 
     else:
         input_ids = torch.randint(0, max(1, min(tok, vocab)), (workload.batch, workload.seq), device=device)
         input_ids[:, 1:1 + tokens] = tok
-    out = {"input_ids": input_ids, **image_kwargs(model, workload.batch, n, device)}
+    out = {"input_ids": input_ids, **image_kwargs(model, workload.batch, n, device, workload.image_size)}
     marks = TOKEN_TYPES.get(model.config.model_type)
     if marks is not None:   # what the model's processor hands over beside the ids: it changes the attention mask
         types = torch.zeros_like(input_ids)
@@ -238,13 +243,20 @@ def seq_floor(cfg, workload) -> int:
     return grid_layout(workload.images, grid_side(cfg, workload.image_size) ** 2)
 
 
-def step_context(model, workload):
+def step_context(model, workload, counter=None):
     """What a traced step of this model runs inside: a grid model's inputs with images carry their values
-    (tracer.host_values); a text-only step reads none."""
+    (tracer.host_values); a text-only step reads none. A model that loops over its images (tracer.vlm_loop) marks
+    the loop's iterations on `counter`, where there is one."""
     inner = getattr(model, "module", model)
     config = getattr(inner, "config", None)
     if getattr(config, "model_type", None) in HOST_VALUE_TYPES:   # a text model that reads its token ids
         return host_values.host_values()
+    if config is not None and vlm_loop.is_loop(config) and workload.images:
+        stack = contextlib.ExitStack()
+        stack.enter_context(host_values.host_values())
+        if counter is not None:
+            stack.enter_context(vlm_loop.loop_step(inner, counter))
+        return stack
     if config is not None and config.model_type in HOST_VLM_TYPES and workload.images:
         return host_values.host_values()
     if config is None or not is_grid(config) or not workload.images:
@@ -299,10 +311,13 @@ def info(model) -> dict:
     values, which meta tensors do not hold). A grid model's image_size and image_tokens are its default image's, and
     `grid` says how another size maps to tokens (estimator.vision.image_tokens)."""
     size, channels = image_geometry(model.config)
+    if vlm_loop.is_loop(model.config):   # the image priced: square, two tiles a side
+        size = vlm_loop.default_image_size(model.config)
     try:
         missed = None if is_grid(model.config) else unreached(model)
     except (RuntimeError, ValueError, TypeError, IndexError, NotImplementedError):
         missed = None
     return {"image_size": size, "num_channels": channels, "image_tokens": int(model._willitfit_image_tokens),
             "image_token_id": image_token_id(model.config), "unreached": missed,
+            **({"tiles": vlm_loop.geometry(model.config)} if vlm_loop.is_loop(model.config) else {}),
             **({"grid": grid_geometry(model.config)} if is_grid(model.config) else {})}

@@ -1,0 +1,132 @@
+"""Vision-language models whose forward loops over the images: LLaVA-NeXT's any-resolution tiles
+(estimator.families.LOOP_VLM_TYPES).
+
+    kwargs = loop_kwargs(model, batch, images, "cpu", image_size=672)   # pixel_values (b x images, tiles, C, S, S), image_sizes
+    with loop_step(model, counter): ...                                  # the loop's ticks keyed per iteration
+
+LLaVA-NeXT, LLaVA-NeXT-Video and LLaVA-OneVision cut an image into tiles of the vision tower's image size (the
+best of the config's `image_grid_pinpoints` for the image's size, plus the whole image at one tile: transformers'
+`image_size_to_num_patches`), run the tower on every tile of every image at once, and then pack each image's
+features in a Python loop (`pack_image_features`: the tiles' grid put back together, the padding cut off by the
+image's own size, one `image_newline` token per row, the base tile's features first). The loop's operations repeat
+once per image, so a step with more images runs more of them, which no polynomial in (batch, seq) fits as it stands.
+Each image's iteration does the same work on the same sizes (square images of one size), and what an iteration
+holds beyond the one before it is that image's output (forward) or its gradient (backward), which the next keeps:
+so the counter marks the iterations (`StorageCounter.set_loop`) and the derivation keys the loop's ticks by their
+place in their iteration and keeps the last iteration's (tracer.ticks), the largest. That last iteration is
+(b x images - 1) images' outputs plus one image's temporaries: a polynomial in b again.
+
+Marks: forward, each iteration starts where `pack_image_features` takes its next image (the list it loops over is a
+`_Marked` one) and the loop ends where the list runs out; backward, autograd runs each image's chain as a whole, the
+last image's first (their nodes' sequence numbers are in forward order), so a gradient hook on each image's packed
+output marks its iteration, and a pre-hook on `torch.split`'s backward node (which joins the images' gradients) ends
+the loop. `image_sizes` carries its values (tracer.host_values), as the processor's tensor does on a GPU: the code
+reads it on the host (`tolist`) to choose each image's tiles and padding.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+
+from estimator.families import LOOP_VLM_TYPES
+from tracer import host_values
+
+
+def is_loop(cfg) -> bool:
+    return getattr(cfg, "model_type", None) in LOOP_VLM_TYPES
+
+
+def tile_size(cfg) -> int:
+    """The vision tower's image size: one tile's side in pixels."""
+    return int(cfg.vision_config.image_size)
+
+
+def default_image_size(cfg) -> int:
+    """The square image priced when none is asked for: two tiles a side (a 2 x 2 grid where the pinpoints hold one:
+    LLaVA-NeXT's 672 px on its 336-px CLIP tiles)."""
+    return 2 * tile_size(cfg)
+
+
+def geometry(cfg) -> dict:
+    """What the estimator needs to count one image's tokens at any size (estimator.vision.tiled_tokens): the tile's
+    side and its patches' (px), the pinpoints, and OneVision's cap on the unpadded features (`anyres_max_N`: N tiles'
+    worth, None for LLaVA-NeXT)."""
+    aspect = getattr(cfg, "vision_aspect_ratio", None)
+    cap = int(aspect.strip("anyres_max_")) if isinstance(aspect, str) and aspect.startswith("anyres_max_") else None
+    return {"tile": tile_size(cfg), "patch": int(cfg.vision_config.patch_size),
+            "pinpoints": [list(map(int, p)) for p in cfg.image_grid_pinpoints], "max_tiles": cap}
+
+
+def tiles(cfg, image_size: int) -> int:
+    """Tiles one square image of `image_size` px is cut into, the base tile included (transformers' own
+    `image_size_to_num_patches`)."""
+    from transformers.models.llava_next.modeling_llava_next import image_size_to_num_patches
+
+    return int(image_size_to_num_patches((image_size, image_size), cfg.image_grid_pinpoints, tile_size(cfg)))
+
+
+def loop_kwargs(model, batch: int, images: int, device, image_size: int = 0) -> dict:
+    """pixel_values (b x images, tiles, C, S, S) in the weights' dtype and image_sizes (b x images, 2), each image
+    `image_size` px square (0: `default_image_size`), whose values the host knows."""
+    cfg = model.config
+    px = image_size or default_image_size(cfg)
+    side, n = tile_size(cfg), batch * images
+    channels = int(getattr(cfg.vision_config, "num_channels", 3) or 3)
+    dtype = next(model.parameters()).dtype
+    pixels = torch.empty(n, tiles(cfg, px), channels, side, side, dtype=dtype, device=device)
+    sizes = torch.full((n, 2), px, dtype=torch.long, device=device)
+    if isinstance(sizes, FakeTensor):   # a fake tensor holds no values: the host's copy (a real one has them)
+        with unset_fake_temporarily():
+            values = torch.full((n, 2), px, dtype=torch.long, device="cpu")
+        host_values.known(sizes, values)
+    return {"pixel_values": pixels, "image_sizes": sizes}
+
+
+class _Marked(list):
+    """The per-image features `pack_image_features` loops over: each item taken marks its iteration, the end of
+    the list the loop's end."""
+
+    counter = None
+
+    def __iter__(self):
+        for i, x in enumerate(list.__iter__(self)):
+            self.counter.set_loop(i)
+            yield x
+        self.counter.set_loop(None)
+
+
+def _marking(pack, counter):
+    def wrapped(self, image_features, *args, **kwargs):
+        marked = _Marked(image_features)
+        marked.counter = counter
+        out, lens = pack(self, marked, *args, **kwargs)
+        grads = [t for t in out if t.requires_grad]
+        if grads:
+            n = len(out)
+            for i, t in enumerate(out):   # backward: the last image's chain runs first
+                t.register_hook(lambda g, i=i: counter.set_loop(n - 1 - i))
+            split = image_features[0].grad_fn
+            if split is not None:
+                split.register_prehook(lambda grads: counter.set_loop(None))
+        return out, lens
+    return wrapped
+
+
+@contextlib.contextmanager
+def loop_step(model, counter):
+    """Inside: the model's `pack_image_features` marks its iterations on `counter` (forward and backward)."""
+    # the inner model's, which its get_image_features calls (the ForConditionalGeneration class's only delegates to it)
+    owners = {type(m) for m in model.modules() if "pack_image_features" in type(m).__dict__
+              and not type(m).__name__.endswith("ForConditionalGeneration")}
+    saved = []
+    try:
+        for cls in owners:
+            fn = cls.__dict__["pack_image_features"]
+            saved.append((cls, fn))
+            setattr(cls, "pack_image_features", _marking(fn, counter))
+        yield
+    finally:
+        for cls, fn in saved:
+            setattr(cls, "pack_image_features", fn)
