@@ -440,14 +440,17 @@ def model_lora_targets(model: Model, w: Workload) -> tuple[Workload, str | None]
 
 
 def grid_attention(model: Model, w: Workload, given: bool) -> tuple[Workload, str | None]:
-    """A Qwen2-VL-family model with images and --attention left at its default: priced under flash (its vision
+    """A Qwen2-VL-family or Pixtral-towered model with images and --attention left at its default: priced under flash (its vision
     tower's one varlen call per layer, the attention it is priced under: estimator.vision.check_images), said in a
     note, as the app starts it. An --attention given on the command line is kept (SDPA and eager are refused)."""
-    if given or not w.images or vision.grid(model) is None or w.attention != Workload().attention:
+    packed = vision.grid(model) is not None or vision.pixtral(model) is not None
+    if given or not w.images or not packed or w.attention != Workload().attention:
         return w, None
+    why = "masks every image's patches against every other's" if vision.pixtral(model) is not None else \
+        "runs one call per image"
     return replace(w, attention="flash"), (f"attention: flash, FlashAttention-2 (its vision tower's one varlen call "
-                                           f"per layer); under {w.attention} {model.name}'s tower runs one call per "
-                                           "image, which is not priced")
+                                           f"per layer); under {w.attention} {model.name}'s tower {why}, which is not "
+                                           "priced")
 
 
 def main(argv: list[str] | None = None) -> int:

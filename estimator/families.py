@@ -94,14 +94,19 @@ INDICATOR_TOKENS = {"ovis2": 3}
 # features in a Python loop over the images (`pack_image_features`), reading each image's size on the host: the loop's
 # ticks are keyed per iteration (tracer.vlm_loop), each image a square of two tiles a side (its default image).
 LOOP_VLM_TYPES = ("llava_next", "llava_next_video", "llava_onevision")
-HOST_VLM_TYPES = ("blip-2", *STACKED_VLM_TYPES, *INDICATOR_TOKENS, *LOOP_VLM_TYPES)
+# Pixtral's tower (Mistral-3, LightOnOCR) takes each image at its own size and loops over the images twice (their 2D
+# positions, the patch merger's unfold): marked per iteration too (tracer.vlm_loop), its attention under
+# FlashAttention-2's varlen call (under SDPA or eager it masks every image's patches against every other's: a mask
+# quadratic in the images). Each image's rows of tokens end with a break token ([IMG_BREAK], the last [IMG_END]).
+PIXTRAL_VLM_TYPES = ("mistral3", "lighton_ocr")
+HOST_VLM_TYPES = ("blip-2", *STACKED_VLM_TYPES, *INDICATOR_TOKENS, *LOOP_VLM_TYPES, *PIXTRAL_VLM_TYPES)
 VLM_TYPES = ("llava", "vipllava", "video_llava", "paligemma", "internvl", "qianfan_ocr", "cohere2_vision", "aya_vision",
-             "gemma3", "pp_chart2table", "deepseek_vl", "janus", "deepseek_vl_hybrid", *GRID_VLM_TYPES, *HOST_VLM_TYPES)
+             "llama4", "gemma3", "pp_chart2table", "deepseek_vl", "janus", "deepseek_vl_hybrid", *GRID_VLM_TYPES, *HOST_VLM_TYPES)
 
 
 def vlm_route(model_type: str) -> str:
-    """How this version builds a vision-language model's images ("grid", "stacked", "loop", "host", "fixed"; "" for any
-    other type): an inventory records it, and one cached under another route is read again (estimator.store), since
+    """How this version builds a vision-language model's images ("grid", "stacked", "loop", "pixtral", "host",
+    "fixed"; "" for any other type): an inventory records it, and one cached under another route is read again (estimator.store), since
     whether its images are priced, and how, follows the route."""
     if model_type not in VLM_TYPES:
         return ""
@@ -111,6 +116,8 @@ def vlm_route(model_type: str) -> str:
         return "stacked"
     if model_type in LOOP_VLM_TYPES:
         return "loop"
+    if model_type in PIXTRAL_VLM_TYPES:
+        return "pixtral"
     return "host" if model_type in HOST_VLM_TYPES else "fixed"
 
 

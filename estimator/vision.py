@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from estimator.families import GRID_IMAGE_SIZE, INDICATOR_TOKENS, VLM_TYPES
+from estimator.families import GRID_IMAGE_SIZE, INDICATOR_TOKENS, PIXTRAL_VLM_TYPES, VLM_TYPES
 from estimator.model import Model
 from estimator.spec import Workload
 
@@ -96,14 +96,17 @@ def sized(model: Model, w: Workload) -> Workload:
     square image they make (0 for a rectangle of patches, as `python -m bench trace --seq` may trace). A text model
     keeps its seq and refuses an image size."""
     v = geometry(model)
-    if v is None and tiled(model) is not None:
+    if v is None and (tiled(model) is not None or pixtral(model) is not None):
         if not w.images:
             if w.image_size:
                 raise ValueError(f"image_size: {model.name}'s images are sized with --images N (0 images: a "
                                  "text-only step has no image size)")
             return w
         size = w.image_size or int(images_of(model)["image_size"])
-        tiled_tokens(model.name, tiled(model), size)   # a size that is none: one line
+        if tiled(model) is not None:
+            tiled_tokens(model.name, tiled(model), size)   # a size that is none: one line
+        else:
+            pixtral_tokens(model.name, pixtral(model), size)
         return replace(w, image_size=size)
     if v is None and grid(model) is not None:
         if not w.images:
@@ -210,15 +213,38 @@ def grid_layout(images: int, per_image: int) -> int:
 
 def fixed_layout(model_type: str, images: int, per_image: int) -> int:
     """The tokens a fixed-size model's images take of a sample's seq: each image's tokens and, for Ovis2, the visual
-    indicator tokens around them (families.INDICATOR_TOKENS); the shortest seq is one more. Shared with the tracer
-    (tracer.vlm)."""
+    indicator tokens around them (families.INDICATOR_TOKENS), for Pixtral's (families.PIXTRAL_VLM_TYPES) one break
+    token per row of a square image's tokens; the shortest seq is one more. Shared with the tracer (tracer.vlm)."""
+    if model_type in PIXTRAL_VLM_TYPES:
+        return images * (per_image + math.isqrt(per_image))
     return images * (per_image + INDICATOR_TOKENS.get(model_type, 0))
 
 
-def grid_refusal(name: str, w: Workload) -> str | None:
+def pixtral(model: Model) -> dict | None:
+    """A Pixtral-towered model's patch geometry (patch, merge: tracer.vlm_loop.pixtral_geometry), or None."""
+    v = images_of(model)
+    return v.get("pixtral") if v is not None else None
+
+
+def pixtral_tokens(name: str, p: dict, image_size: int) -> int:
+    """Tokens one square `image_size`-px image becomes on a Pixtral tower with its patch merger: (side / (patch x
+    merge))^2; ValueError naming image_size where the side is no multiple of patch x merge."""
+    unit = p["patch"] * p["merge"]
+    if image_size < unit or image_size % unit:
+        lo, hi = max(unit, image_size - image_size % unit), image_size - image_size % unit + unit
+        raise ValueError(f"image_size: {image_size} is not a multiple of {name}'s {unit}-px merged patch ({p['patch']} "
+                         f"px x {p['merge']}); use {lo} or {hi}")
+    return (image_size // unit) ** 2
+
+
+def grid_refusal(name: str, w: Workload, masked: bool = False) -> str | None:
     """Why a grid model's step with images is not priced, in one line, or None: its vision tower under SDPA or eager
-    (a loop over the images), selective checkpointing of its packed attention. Shared with the tracer
-    (tracer.vlm_grid.check_attention)."""
+    (a loop over the images; `masked`, Pixtral's: a mask over every image's patches), selective checkpointing of its
+    packed attention. Shared with the tracer (tracer.vlm_grid.check_attention)."""
+    if w.attention != "flash" and masked:
+        return (f"attention: under {w.attention} {name}'s vision tower masks every image's patches against every "
+                "other's (a mask quadratic in the images, which no profile in the batch fits); use --attention flash "
+                "(FlashAttention-2's one varlen call per layer, as trainers run it)")
     if w.attention != "flash":
         return (f"attention: under {w.attention} {name}'s vision tower runs one attention call per image (and per "
                 "window) and concatenates them, a loop over the batch no profile can fit; use --attention flash "
@@ -243,6 +269,8 @@ def _per_image(model: Model, w: Workload) -> tuple[int, int]:
         return size, grid_tokens(model, size)
     if tiled(model) is not None and w.image_size:
         return w.image_size, tiled_tokens(model.name, tiled(model), w.image_size)
+    if pixtral(model) is not None and w.image_size:
+        return w.image_size, pixtral_tokens(model.name, pixtral(model), w.image_size)
     return int(v["image_size"]), int(v["image_tokens"])
 
 
@@ -280,7 +308,8 @@ def check_images(model: Model, w: Workload) -> None:
     if v is None:
         raise ValueError(f"images: {model.name} ({model.model_type}) is not priced with images; the vision-language "
                          f"models that are: {', '.join(VLM_TYPES)} (0 prices a text-only step)")
-    refused = grid_refusal(model.name, w) if grid(model) is not None else None
+    refused = grid_refusal(model.name, w) if grid(model) is not None else \
+        grid_refusal(model.name, w, masked=True) if pixtral(model) is not None else None
     if refused:
         raise ValueError(refused)
     if model.model_type in ONE_IMAGE_TYPES and w.images > 1:
@@ -320,7 +349,7 @@ def size_notes(model: Model, w: Workload) -> tuple[str, ...]:
 
 def scope_notes(model: Model, w: Workload = Workload()) -> tuple[str, ...]:
     """What part of a multimodal checkpoint the estimate covers, said out loud: a config whose language model is
-    built alone (Mistral-3, Llama-4's text model) leaves the vision tower's weights and the images out; one built
+    built alone (Aria's text model) leaves the vision tower's weights and the images out; one built
     whole holds the tower's weights; a vision-language model priced with images (families.VLM_TYPES) says so when
     the step has none."""
     inv = model.inventory

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from estimator import store  # noqa: E402
 from estimator.estimate import traced_class  # noqa: E402
-from estimator.families import GRID_IMAGE_SIZE, GRID_VLM_TYPES, VISION_TYPES, VLM_TYPES  # noqa: E402
+from estimator.families import GRID_IMAGE_SIZE, GRID_VLM_TYPES, PIXTRAL_VLM_TYPES, VISION_TYPES, VLM_TYPES  # noqa: E402
 from estimator.presets import load_config, preset_names  # noqa: E402
 from estimator.spec import Parallel, Workload  # noqa: E402
 from tracer.lora import default_lora_targets  # noqa: E402
@@ -59,8 +59,10 @@ def classes(name: str, config: dict, grid: set[str]) -> list[tuple[Workload, Par
            (Workload(mode="infer", attention=attn), Parallel())]
     if mt in VLM_TYPES:  # a vision-language model with one image per sample (the app's default for one)
         # Qwen2-VL's family: its default image size, under FlashAttention-2 (its only priced vision attention)
+        # Pixtral's tower (Mistral-3): its config's image size, under FlashAttention-2 too (estimator.vision.sized)
         img = dict(images=1, **({"attention": "flash", "image_size": GRID_IMAGE_SIZE} if mt in GRID_VLM_TYPES else
-                                {"attention": attn}))
+                                {"attention": "flash", "image_size": int(config["vision_config"]["image_size"])}
+                                if mt in PIXTRAL_VLM_TYPES else {"attention": attn}))
         out += [(Workload(**img), Parallel()), (Workload(**img, **lora), Parallel()),
                 (Workload(mode="infer", **img), Parallel())]
     if name in grid:

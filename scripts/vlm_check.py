@@ -41,6 +41,12 @@ CASES = (
     ("exaone45-lora-b4-2048-672px", "exaone4_5", "train", "lora", 4, 2048, 1, "none", 0, 672),   # its context: 2048
     # host values: Idefics2's pixels stacked per sample with a pixel mask, padding images dropped by a boolean index
     ("idefics2-lora-b4-2048-2img", "idefics2", "train", "lora", 4, 2048, 2),
+    # a loop over the images, marked per iteration (tracer.vlm_loop): LLaVA-NeXT's tiles (672 px: 2,928 tokens),
+    # Pixtral's tower under flash (Mistral-Small-3.1 at 1540 px: 3,025 tokens and 55 row breaks)
+    ("llava-next-lora-b2-4096", "llava_next", "train", "lora", 2, 4096, 1),
+    ("mistral-small-lora-b2-4096-1540px", "mistral-small-3.1-24b", "train", "lora", 2, 4096, 1, "none", 0, 1540),
+    # Llama-4-Scout whole: its tower on 336-px tiles, 144 tokens each (--images counts tiles)
+    ("llama4-scout-lora-b1-2048-5tiles", "llama-4-scout", "train", "lora", 1, 2048, 5),
 )
 
 
@@ -50,7 +56,8 @@ def run_case(case) -> tuple[bool, str]:
     name, ref, mode, method, b, s, images, *rest = case
     ckpt = rest[0] if rest else "none"
     gen = rest[1] if len(rest) > 1 else 0
-    grid = dict(image_size=rest[2], attention="flash") if len(rest) > 2 else {}   # a grid model's image side
+    # a grid or Pixtral model's image side, under flash
+    grid = dict(image_size=rest[2], attention="flash") if len(rest) > 2 else {}
     w = Workload(batch=b, seq=s, images=images, mode=mode, method=method, checkpointing=ckpt, gen_tokens=gen, **grid)
     return fullsize_check.checked(name, ref, w)
 

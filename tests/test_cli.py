@@ -331,14 +331,15 @@ def test_options_cuda_context_checked_at_construction():
 
 
 def test_a_multimodal_checkpoint_says_what_part_is_priced():
-    """Mistral-3 is built as its language model alone, Gemma-3 whole with a text-only step: each estimate says so;
-    a text-only model says nothing of the kind."""
+    """Mistral-3 (with Pixtral's tower) and Gemma-3 are built whole, here with a text-only step: each estimate says so
+    and how to price images; a text-only model says nothing of the kind."""
     def notes(name):
         out = subprocess.run([sys.executable, "-m", "estimator", "--model", name, "--mode", "infer", "--seq", "512",
                               "--json", "--no-derive"], cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr
         return " ".join(json.loads(out.stdout)["notes"])
-    assert "language model alone" in notes("mistral-small-3.1-24b") and "vision tower" in notes("mistral-small-3.1-24b")
+    mistral = notes("mistral-small-3.1-24b")
+    assert "built whole (Mistral3ForConditionalGeneration)" in mistral and "--images N" in mistral
     assert "text-only" in notes("gemma-3-4b")
     assert "scope:" not in notes("llama-3.1-8b")
 

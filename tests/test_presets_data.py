@@ -3,8 +3,8 @@ was checked against its public copies (docs/presets.md).
 
 The counts below were read from meta-device builds with transformers 5.23 (no memory, no weights, no network, no
 remote code): `AutoConfig.for_model(model_type, **rest)`, then `AutoModelForCausalLM.from_config` on that config, or
-on its `text_config` for the multimodal checkpoints shipped nested (gemma3, llama4, mistral3), the whole
-image-text-to-text model for LLaVA, and `AutoModel` for
+on its `text_config` for the multimodal checkpoints shipped nested (gemma3), the whole
+image-text-to-text model for LLaVA, Qwen2.5-VL, Qwen3-VL, Llama-4 and Mistral-3, and `AutoModel` for
 BERT (BertModel with its pooler, as published) and the vision encoders (ViTModel, Dinov2Model, SigLIP's
 SiglipVisionModel from its vision_config: the published counts). Tied embeddings count once. An edited preset changes its count and
 fails here; a new preset must add its count (and its row in docs/presets.md). The 52 builds take about 4 s on 2
@@ -21,6 +21,7 @@ from estimator.families import VISION_TYPES
 from estimator.presets import MAX_CONFIG_BYTES, MODELS_DIR, parse_config_text, preset_names
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "presets.md"
+WHOLE = ("llava", "qwen2_5_vl", "qwen3_vl", "llama4", "mistral3")   # multimodal presets priced whole with their images
 
 EXPECTED_PARAMS = {
     "bert-large-uncased": 335_141_888,
@@ -51,7 +52,7 @@ EXPECTED_PARAMS = {
     "llama-3.1-8b": 8_030_261_248,
     "llama-3.2-1b": 1_235_814_400,
     "llama-3.2-3b": 3_212_749_824,
-    "llama-4-scout": 107_769_861_120,  # text model
+    "llama-4-scout": 108_641_793_536,  # whole: the text model's 107,769,861,120 + its 34-layer ViT and projector
     "llava-1.5-7b": 7_063_427_072,   # whole (AutoModelForImageTextToText): Vicuna-7B + CLIP ViT-L/14-336 + projector
     "qwen2.5-vl-7b": 8_292_166_656,  # whole: its model card's 8.29B (ViT of 32 blocks, windowed, + Qwen2.5-7B)
     "qwen3-vl-8b": 8_767_123_696,    # whole: its model card's 8.77B (ViT of 27 blocks, deepstack, + Qwen3-8B)
@@ -65,7 +66,7 @@ EXPECTED_PARAMS = {
     "t5-large": 737_668_096,
     "whisper-large-v3": 1_543_490_560,
     "mistral-7b": 7_241_732_096,
-    "mistral-small-3.1-24b": 23_572_403_200,  # text model
+    "mistral-small-3.1-24b": 24_011_361_280,  # whole: text model 23,572,403,200 + Pixtral tower and projector
     "mixtral-8x7b": 46_702_792_704,
     "opt-1.3b": 1_315_758_080,
     "phi-1_5": 1_418_270_720,
@@ -140,12 +141,12 @@ def test_meta_build_has_the_expected_parameter_count(name):
     hf_cfg = transformers.AutoConfig.for_model(cfg["model_type"], **rest)
     if "vision_config" in cfg and cfg["model_type"] in VISION_TYPES:
         hf_cfg = hf_cfg.vision_config
-    elif cfg["model_type"] in ("llava", "qwen2_5_vl", "qwen3_vl"):   # priced whole with its images: counted whole
+    elif cfg["model_type"] in WHOLE:   # priced whole with its images: counted whole
         pass
     elif "text_config" in cfg:
         hf_cfg = hf_cfg.get_text_config()
     auto = transformers.AutoModel if cfg["model_type"] in ("bert", *VISION_TYPES) else \
-        transformers.AutoModelForImageTextToText if cfg["model_type"] in ("llava", "qwen2_5_vl", "qwen3_vl") else \
+        transformers.AutoModelForImageTextToText if cfg["model_type"] in WHOLE else \
         transformers.AutoModelForSpeechSeq2Seq if cfg["model_type"] == "whisper" else \
         transformers.AutoModelForSeq2SeqLM if cfg.get("is_encoder_decoder") else transformers.AutoModelForCausalLM
     with torch.device("meta"):

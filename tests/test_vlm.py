@@ -259,8 +259,10 @@ def test_cli_names_the_images_and_refuses_a_short_seq(tmp_path):
 # resampler of 8 latents) and BLIP-2 (a Q-Former of 8 queries, its all-ones mask checked with `.all()`)
 # LLaVA-NeXT's family (families.LOOP_VLM_TYPES, tracer.vlm_loop): a 64-px image in 32-px tiles of 4 x 4 patches is the
 # base tile and a 2 x 2 grid: 16 + 8 x 8 tokens and one newline per row of 8 -> 88
+# Llama-4: a 32-px tile of 4 x 4 patches pixel-shuffled by 0.5 -> 4 tokens (its CLS row dropped); Pixtral's towers
+# (Mistral-3, LightOnOCR): a 64-px image of 8 x 8 patches merged 2 x 2 -> 16
 HOST = {"smolvlm": 4, "idefics2": 8, "blip2": 8, "ovis2": 4, "llava_next": 88, "llava_next_video": 88,
-        "llava_onevision": 88}   # tiny config -> image tokens per image
+        "llava_onevision": 88, "llama4": 4, "mistral3": 16, "lighton_ocr": 16}   # tiny config -> tokens per image
 
 
 @pytest.mark.parametrize("name", sorted(HOST))
@@ -284,6 +286,10 @@ def test_host_value_vlms_count_the_tokens_a_real_forward_makes(name):
         kwargs["pixel_attention_mask"] = torch.ones_like(kwargs["pixel_attention_mask"])
     with torch.no_grad():
         out = (getattr(model, "get_image_features", None) or model.model.get_image_features)(**kwargs)
+    if getattr(out, "pooler_output", None) is None and getattr(out, "last_hidden_state", None) is not None:
+        # Llama-4: its forward projects every row of the tower's output (vision_flat) into one token
+        assert out.last_hidden_state.numel() // out.last_hidden_state.shape[-1] == HOST[name]
+        return
     feats = getattr(out, "pooler_output", out)
     rows = sum(int(t.numel()) for t in ([feats] if torch.is_tensor(feats) else feats))
     assert rows // model.get_input_embeddings().embedding_dim == HOST[name]
@@ -473,3 +479,72 @@ def test_a_tiled_vlms_image_size_is_its_class_and_prices_its_tokens():
         check_images(m, _replace(w, seq=50))
     with pytest.raises(ValueError, match=r"^image_size: t-llava_next's images are sized with --images N"):
         sized(m, Workload(image_size=64))
+
+
+# Llama-4 (Scout, Maverick): its vision tower on 336-px tiles (its processor cuts an image into up to 16 tiles and a
+# global one), each tile pixel-shuffled into 144 tokens and projected in the forward itself
+
+def test_llama4_with_images_equals_a_full_depth_trace():
+    _check(Workload(images=2), ((3, 100), (1, 40)), "llama4")
+
+
+@SLOW
+@pytest.mark.parametrize("workload, sizes", [
+    (Workload(images=1, method="lora"), ((2, 64),)),
+    (Workload(images=3, mode="infer", gen_tokens=4), ((2, 90),)),
+    (Workload(images=1, checkpointing="full"), ((3, 50),)),
+])
+def test_more_llama4_workloads_with_images_equal_full_depth_traces(workload, sizes):
+    _check(workload, sizes, "llama4")
+
+
+# Pixtral's tower (Mistral-3, LightOnOCR): each image its own grid of patches, two loops over the images (their 2D
+# positions, the patch merger's unfold) marked per iteration (tracer.vlm_loop), attention as FlashAttention-2's varlen
+
+def test_mistral3_with_an_image_equals_a_full_depth_trace():
+    _check(Workload(images=1, attention="flash"), ((3, 120), (1, 70)), "mistral3")
+
+
+def test_pixtral_under_sdpa_is_refused_in_one_line_and_its_sizes_are_checked():
+    from dataclasses import replace as _replace
+
+    from estimator.estimate import estimate
+    from estimator.model import from_hf_config
+    from estimator.vision import image_tokens, sized
+
+    m = from_hf_config(_config("mistral3"), "t-mistral3")
+    with pytest.raises(ValueError, match=r"^attention: under sdpa t-mistral3's vision tower masks every image's "
+                                         r"patches against every other's"):
+        estimate(m, Workload(images=1, seq=100))
+    w = sized(m, Workload(images=2, seq=100, attention="flash"))
+    assert w.image_size == 64 and image_tokens(m, w) == 2 * (16 + 4)   # 4 x 4 tokens and a break token per row
+    assert image_tokens(m, _replace(w, image_size=96)) == 2 * (36 + 6)
+    with pytest.raises(ValueError, match=r"^image_size: 70 is not a multiple of t-mistral3's 16-px merged patch"):
+        sized(m, _replace(w, image_size=70))
+    with pytest.raises(ValueError, match=r"^seq: 40 tokens cannot hold 2 image\(s\) of 16 tokens each"):
+        estimate(m, _replace(w, seq=40))
+
+
+def test_the_cli_prices_a_pixtral_model_under_flash_and_says_so():
+    from estimator.cli import grid_attention
+    from estimator.model import from_hf_config
+
+    m = from_hf_config(_config("mistral3"), "t-mistral3")
+    w, note = grid_attention(m, Workload(images=1, seq=100), given=False)
+    assert w.attention == "flash" and note.startswith("attention: flash") and "masks every image's patches" in note
+    assert grid_attention(m, Workload(images=1, seq=100), given=True) == (Workload(images=1, seq=100), None)
+    assert grid_attention(m, Workload(images=0, seq=100), given=False)[1] is None
+
+
+@SLOW
+@pytest.mark.parametrize("name, workload, sizes", [
+    ("lighton_ocr", Workload(images=1, attention="flash"), ((3, 120), (1, 70))),
+    ("mistral3", Workload(images=2, attention="flash", image_size=96), ((3, 200),)),
+    ("mistral3", Workload(images=1, attention="flash", method="lora"), ((2, 90),)),
+    ("mistral3", Workload(images=1, attention="flash", checkpointing="full"), ((3, 90),)),
+    ("mistral3", Workload(images=2, attention="flash", mode="infer", gen_tokens=3), ((3, 120),)),
+    ("lighton_ocr", Workload(images=1, attention="flash", image_size=32, method="lora",
+                             lora_targets=("q_proj", "v_proj")), ((4, 60),)),
+])
+def test_more_pixtral_workloads_equal_full_depth_traces(name, workload, sizes):
+    _check(workload, sizes, name)

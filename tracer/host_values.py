@@ -198,14 +198,23 @@ class HostValues(TorchDispatchMode):
 
 class TensorsOfValues(TorchFunctionMode):
     """`torch.tensor(data)` where data holds tensors with values: built from their values, as on a GPU (where it copies
-    each to the host). The fake `torch.tensor` would read the fake tensors' (absent) data directly."""
+    each to the host). The fake `torch.tensor` would read the fake tensors' (absent) data directly. A tensor made
+    from plain numbers (`torch.tensor` or `torch.as_tensor` of a list) carries them."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is torch.tensor and args:
             data = tree_map_only(FakeTensor, lambda t: value_of(t).tolist() if value_of(t) is not None else t, args[0])
             args = (data, *args[1:])
-        return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        if func in (torch.tensor, torch.as_tensor) and args and isinstance(out, FakeTensor) and value_of(out) is None \
+                and isinstance(args[0], (list, tuple)) and out.numel() <= SMALL:
+            # plain numbers (Mistral-3's image sizes, `torch.as_tensor(image_sizes)`): the host has them
+            with unset_fake_temporarily():
+                real = torch.tensor(args[0], dtype=out.dtype, device="cpu")
+            if tuple(real.shape) == tuple(out.shape):
+                known(out, real)
+        return out
 
 
 @contextlib.contextmanager

@@ -30,7 +30,8 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from estimator.families import HOST_VALUE_TYPES, VLM_TYPES
 from estimator.spec import Workload
 from tracer import serialized
-from tracer import host_values, recipes, seq2seq, vision, vlm, vlm_grid
+from estimator import vision as vision_sizes
+from tracer import host_values, recipes, seq2seq, vision, vlm, vlm_grid, vlm_loop
 from tracer.depth import reduce_depth
 from tracer.meta import DTYPES, hf_config, is_masked_lm, is_vision_model, model_class  # noqa: F401  (DTYPES, is_masked_lm: used by callers of the runner)
 
@@ -143,6 +144,11 @@ def build_model(config: dict, workload: Workload, device: str = "cpu", *, meta_t
                 model._willitfit_image_tokens = vlm.image_tokens(model, config, workload.image_size)
                 if vlm_grid.is_grid(top):   # its vision tower's one varlen call per layer (tracer.vlm_grid)
                     vlm_grid.check_attention(top, workload)
+                    vlm_grid.use_packed_attention(model)
+                elif vlm_loop.is_pixtral(top):   # Pixtral's: the same varlen call over every image's patches
+                    refused = vision_sizes.grid_refusal(top.model_type, workload, masked=True)
+                    if refused:
+                        raise ValueError(refused)
                     vlm_grid.use_packed_attention(model)
             if is_vision:  # tokens per image beyond the patches, read on the model as built (tracer.vision)
                 if vision.is_spatial(model.config):    # its grid unit: the total stride (x a window), read once

@@ -113,6 +113,8 @@ def image_kwargs(model, batch: int, images: int, device, image_size: int = 0) ->
                 "high_res_pixel_values": _pixels(model, (batch * images,), device, geometry)}
     if vlm_loop.is_loop(cfg):   # tiles per image and each image's size (tracer.vlm_loop)
         return vlm_loop.loop_kwargs(model, batch, images, device, image_size)
+    if vlm_loop.is_pixtral(cfg):   # each image at its own size, which the host knows
+        return vlm_loop.pixtral_kwargs(model, batch, images, device, image_size)
     if cfg.model_type not in STACKED_VLM_TYPES:
         return {"pixel_values": _pixels(model, (batch * images,), device)}
     size = image_geometry(cfg)[0]
@@ -143,7 +145,12 @@ def image_tokens(model, config: dict | None = None, image_size: int = 0) -> int:
     against its own forward by tests/test_vlm_grid.py)."""
     if is_grid(model.config):
         return grid_side(model.config, image_size) ** 2
-    if not vlm_loop.is_loop(model.config):   # only a tiled model's tokens depend on the image's size
+    if vlm_loop.is_pixtral(model.config):   # (side / (patch x merge))^2, checked against its forward (tests/test_vlm.py)
+        from estimator.vision import pixtral_tokens
+
+        size = image_size or int(model.config.vision_config.image_size)
+        return pixtral_tokens(model.config.model_type, vlm_loop.pixtral_geometry(model.config), size)
+    if not (vlm_loop.is_loop(model.config) or vlm_loop.is_pixtral(model.config)):   # whose tokens follow the size
         image_size = 0
     if config is not None:
         key = json.dumps([config, image_size], sort_keys=True, default=str)
@@ -155,6 +162,12 @@ def image_tokens(model, config: dict | None = None, image_size: int = 0) -> int:
     get = getattr(model, "get_image_features", None) or model.model.get_image_features
     with _valued(model), torch.no_grad():
         features = get(**image_kwargs(model, 1, 1, device, image_size))
+    if not torch.is_tensor(features) and getattr(features, "pooler_output", None) is None and \
+            getattr(features, "last_hidden_state", None) is not None:
+        # Llama-4: the tower's output rows (each tile's pixel-shuffled patches) are projected in the forward itself,
+        # one token each (vision_flat -> multi_modal_projector -> masked_scatter)
+        rows = features.last_hidden_state
+        return int(rows.numel() // rows.shape[-1])
     features = getattr(features, "pooler_output", features)
     parts = [features] if torch.is_tensor(features) else list(features)
     hidden = model.get_input_embeddings().embedding_dim
@@ -187,7 +200,8 @@ def vlm_inputs(model, workload, device: str, per_image: int, clone_labels: bool 
         input_ids = _indicated_ids(model.config, workload, device, per_image, min(tok, vocab))
     else:
         input_ids = torch.randint(0, max(1, min(tok, vocab)), (workload.batch, workload.seq), device=device)
-        input_ids[:, 1:1 + tokens] = tok
+        # Pixtral's break tokens after each row are text (fixed_layout counts them); where they sit changes nothing
+        input_ids[:, 1:1 + n * per_image if vlm_loop.is_pixtral(model.config) else 1 + tokens] = tok
     out = {"input_ids": input_ids, **image_kwargs(model, workload.batch, n, device, workload.image_size)}
     marks = TOKEN_TYPES.get(model.config.model_type)
     if marks is not None:   # what the model's processor hands over beside the ids: it changes the attention mask
@@ -251,11 +265,12 @@ def step_context(model, workload, counter=None):
     config = getattr(inner, "config", None)
     if getattr(config, "model_type", None) in HOST_VALUE_TYPES:   # a text model that reads its token ids
         return host_values.host_values()
-    if config is not None and vlm_loop.is_loop(config) and workload.images:
+    if config is not None and (vlm_loop.is_loop(config) or vlm_loop.is_pixtral(config)) and workload.images:
         stack = contextlib.ExitStack()
         stack.enter_context(host_values.host_values())
         if counter is not None:
-            stack.enter_context(vlm_loop.loop_step(inner, counter))
+            marks = vlm_loop.loop_step if vlm_loop.is_loop(config) else vlm_loop.pixtral_step
+            stack.enter_context(marks(inner, counter))
         return stack
     if config is not None and config.model_type in HOST_VLM_TYPES and workload.images:
         return host_values.host_values()
@@ -320,4 +335,5 @@ def info(model) -> dict:
     return {"image_size": size, "num_channels": channels, "image_tokens": int(model._willitfit_image_tokens),
             "image_token_id": image_token_id(model.config), "unreached": missed,
             **({"tiles": vlm_loop.geometry(model.config)} if vlm_loop.is_loop(model.config) else {}),
+            **({"pixtral": vlm_loop.pixtral_geometry(model.config)} if vlm_loop.is_pixtral(model.config) else {}),
             **({"grid": grid_geometry(model.config)} if is_grid(model.config) else {})}

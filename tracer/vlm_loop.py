@@ -30,12 +30,21 @@ import contextlib
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
-from estimator.families import LOOP_VLM_TYPES
+from estimator.families import LOOP_VLM_TYPES, PIXTRAL_VLM_TYPES
 from tracer import host_values
 
 
 def is_loop(cfg) -> bool:
     return getattr(cfg, "model_type", None) in LOOP_VLM_TYPES
+
+
+def is_pixtral(cfg) -> bool:
+    return getattr(cfg, "model_type", None) in PIXTRAL_VLM_TYPES
+
+
+def pixtral_geometry(cfg) -> dict:
+    """What the estimator needs to count one image's tokens at any size (estimator.vision.pixtral_tokens)."""
+    return {"patch": int(cfg.vision_config.patch_size), "merge": int(getattr(cfg, "spatial_merge_size", 1) or 1)}
 
 
 def tile_size(cfg) -> int:
@@ -130,3 +139,101 @@ def loop_step(model, counter):
     finally:
         for cls, fn in saved:
             setattr(cls, "pack_image_features", fn)
+
+
+# Pixtral's tower (Mistral-3, LightOnOCR): images of any size, each its own grid of patches, concatenated into one
+# sequence whose attention keeps the images apart (families.PIXTRAL_VLM_TYPES). Two loops run per image: the 2D
+# positions (`torch.meshgrid` per image in PixtralVisionModel.forward) and the patch merger's `unfold` per image
+# (Mistral3PatchMerger / LightOnOcrPatchMerger); `pixtral_step` marks their iterations the same way, at the call
+# that starts each (meshgrid, unfold) and, in backward, at the gradient of each image's unfolded grid.
+
+def pixtral_kwargs(model, batch: int, images: int, device, image_size: int = 0) -> dict:
+    """pixel_values (b x images, C, px, px) in the weights' dtype and image_sizes, [(px, px)] per image; px the vision
+    tower's image_size where `image_size` is 0.
+
+    image_sizes goes in as a list, not the processor's (b x images, 2) tensor: the tower and the merger each read
+    every image's size with a floor division of a 0-d tensor per side (`size[0] // patch_size`), two 8-byte
+    allocations per image freed at once, a loop before the tower's first layer whose ticks would change with the
+    batch; on a list the same arithmetic runs on the host. What that leaves out of the step is those transient
+    0-d tensors (and the (images, 2) copy `torch.as_tensor` then makes, freed after its `tolist()`), all before the
+    vision tower's first layer, where no stage peaks."""
+    vc = model.config.vision_config
+    px, n = image_size or int(vc.image_size), batch * images
+    dtype = next(model.parameters()).dtype
+    pixels = torch.empty(n, int(getattr(vc, "num_channels", 3) or 3), px, px, dtype=dtype, device=device)
+    return {"pixel_values": pixels, "image_sizes": [(px, px)] * n}
+
+
+def _split_node(t: torch.Tensor):
+    """The split backward node a per-image chunk's gradient flows into (a few views up from `t`), or None."""
+    node = t.grad_fn
+    for _ in range(8):
+        if node is None:
+            return None
+        if type(node).__name__.startswith("SplitWithSizesBackward"):
+            return node
+        node = node.next_functions[0][0] if node.next_functions else None
+    return None
+
+
+@contextlib.contextmanager
+def pixtral_step(model, counter):
+    """Inside: Pixtral's per-image position loop and its patch merger's per-image loop mark their iterations on
+    `counter` (forward, and the merger's in backward too)."""
+    import torch.nn.functional as F
+
+    towers = [m for m in model.modules() if type(m).__name__ == "PixtralVisionModel"]
+    mergers = [m for m in model.modules() if type(m).__name__.endswith("PatchMerger")]
+    real_meshgrid, real_unfold = torch.meshgrid, F.unfold
+    state = {"pos": 0, "k": 0, "grids": [], "split": False}
+
+    def meshgrid(*args, **kwargs):
+        counter.set_loop(state["pos"])
+        state["pos"] += 1
+        return real_meshgrid(*args, **kwargs)
+
+    def unfold(x, *args, **kwargs):
+        counter.set_loop(state["k"])
+        state["k"] += 1
+        out = real_unfold(x, *args, **kwargs)
+        if out.requires_grad:
+            i = len(state["grids"])
+            state["grids"].append(out)
+            out.register_hook(lambda g, i=i: counter.set_loop(state["n"] - 1 - i))
+            split = _split_node(x) if not state["split"] else None
+            if split is not None:
+                state["split"] = True
+                split.register_prehook(lambda grads: counter.set_loop(None))
+        return out
+
+    def tower_pre(module, args, kwargs):
+        state["pos"] = 0
+        torch.meshgrid = meshgrid
+
+    def positions_pre(module, args):
+        torch.meshgrid = real_meshgrid
+        counter.set_loop(None)
+
+    def merger_pre(module, args):
+        state.update(k=0, grids=[], split=False)
+        F.unfold = unfold
+
+    def merger_post(module, args, out):
+        F.unfold = real_unfold
+        state["n"] = len(state["grids"])
+        state["grids"] = []
+        counter.set_loop(None)
+
+    handles = []
+    try:
+        for t in towers:
+            handles.append(t.register_forward_pre_hook(tower_pre, with_kwargs=True))
+            handles.append(t.patch_positional_embedding.register_forward_pre_hook(positions_pre))
+        for m in mergers:
+            handles.append(m.register_forward_pre_hook(merger_pre))
+            handles.append(m.register_forward_hook(merger_post))
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+        torch.meshgrid, F.unfold = real_meshgrid, real_unfold
