@@ -186,7 +186,7 @@ def one(model_type: str) -> dict:
     # first that derives is the type's row; a refusal gives the default attention's reason
     first, other = model.default_attention, ("eager" if model.default_attention == "sdpa" else "sdpa")
     grid = vision.grid(model) is not None   # Qwen2-VL's family: its vision tower is priced under flash only
-    if grid:
+    if grid or vision.pixtral(model) is not None:   # so is Pixtral's (Mistral-3, LightOnOCR)
         first = other = "flash"
     first_err, errors = None, {}
     for attention, recipe in ((first, "pure"), (other, "pure"), (first, "fp32"), (other, "fp32")):

@@ -46,7 +46,7 @@ CASES = (
     ("llava-next-lora-b2-4096", "llava_next", "train", "lora", 2, 4096, 1),
     ("mistral-small-lora-b2-4096-1540px", "mistral-small-3.1-24b", "train", "lora", 2, 4096, 1, "none", 0, 1540),
     # Llama-4-Scout whole: its tower on 336-px tiles, 144 tokens each (--images counts tiles)
-    ("llama4-scout-lora-b1-2048-5tiles", "llama-4-scout", "train", "lora", 1, 2048, 5),
+    ("llama4-scout-lora-b2-2048", "llama-4-scout", "train", "lora", 2, 2048, 1),
 )
 
 
