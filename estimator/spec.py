@@ -142,10 +142,12 @@ class Workload:
                            "config's image_size (224 where a conv net's config has none). Qwen2-VL's family (with "
                            "--images): each image's side, a multiple of patch x merge (28 or 32 px), (side / (patch x "
                            "merge))^2 tokens each; 0: 448. LLaVA-NeXT's family (with --images): each image's side, "
-                           "cut into tiles of its vision tower's size as its processor does; 0: two tiles a side",
+                           "cut into tiles of its vision tower's size as its processor does; 0: two tiles a side. "
+                           "Mistral-3 and LightOnOCR (Pixtral's tower): a multiple of 28 px; 0: the config's",
                            lo=0, hi=MAX_IMAGE_SIZE, applies="image")
-    images: int = knob(0, "Images per sample", "vision-language models (LLaVA, PaliGemma, InternVL, Gemma-3; "
-                       "Qwen2-VL/2.5-VL/3-VL and LLaVA-NeXT/OneVision at --image-size): images per sample at the config's image size, each "
+    images: int = knob(0, "Images per sample", "vision-language models (LLaVA, PaliGemma, InternVL, Gemma-3, "
+                       "Llama-4 (its 336-px tiles); Qwen2-VL/2.5-VL/3-VL, LLaVA-NeXT/OneVision and Mistral-3 at "
+                       "--image-size): images per sample at the config's image size, each "
                        "one its image tokens inside --seq (the vision tower, the projector and the language model "
                        "run whole); 0: a text-only step",
                        lo=0, hi=MAX_IMAGES, applies="vlm")

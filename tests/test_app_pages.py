@@ -323,6 +323,24 @@ def test_fit_qwen_vl_takes_an_image_size_and_starts_under_flash_attention(env):
                "More settings" in e.value for e in at.error) and not at.exception
 
 
+def test_fit_prices_mistral_small_whole_with_a_pixtral_image_under_flash(env):
+    # Mistral-3 (Pixtral's tower): whole (24.0B), its first image at the config's 1540 px under flash, the shipped
+    # profile; an image side that is no multiple of 28 px, and SDPA, each get one line
+    at = app(query={"model": "mistral-small-3.1-24b", "seq": "4096"})
+    assert at.number_input(key="fit:images").value == 1 and at.selectbox(key="fit:attention").value == "flash"
+    model = the_model("mistral-small-3.1-24b")
+    est = estimate(model, Workload(images=1, attention="flash", seq=4096), Parallel(), ON_H100)
+    assert metric(at, "Peak per GPU") == gib(est.total_bytes) and not at.exception
+    assert any("1 image of 1540x1540 px (3,025 image tokens) per sample" in c.value for c in at.caption)
+    at.number_input(key="fit:image_size").set_value(1000).run()
+    assert any(e.value.startswith("image_size: 1000 is not a multiple of mistral-small-3.1-24b's 28-px merged patch")
+               for e in at.error) and not at.exception
+    at.number_input(key="fit:image_size").set_value(1540).run()
+    at.selectbox(key="fit:attention").set_value("sdpa").run()
+    assert any(e.value.startswith("attention: under sdpa mistral-small-3.1-24b's vision tower masks every image")
+               for e in at.error) and not at.exception
+
+
 def test_fit_prices_an_encoder_decoder_model_whole_with_its_target_length(env):
     at = app(query={"model": "t5-large", "seq": "512"})
     model = the_model("t5-large")
