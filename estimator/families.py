@@ -97,7 +97,8 @@ LOOP_VLM_TYPES = ("llava_next", "llava_next_video", "llava_onevision")
 # Pixtral's tower (Mistral-3, LightOnOCR) takes each image at its own size and loops over the images twice (their 2D
 # positions, the patch merger's unfold): marked per iteration too (tracer.vlm_loop), its attention under
 # FlashAttention-2's varlen call (under SDPA or eager it masks every image's patches against every other's: a mask
-# quadratic in the images). Each image's rows of tokens end with a break token ([IMG_BREAK], the last [IMG_END]).
+# quadratic in the images). Each image's rows of tokens end with a break token ([IMG_BREAK], the last [IMG_END]). LLaVA
+# with a Pixtral vision_config (Pixtral-12B) is priced the same way (tracer.vlm_loop.is_pixtral reads its config).
 PIXTRAL_VLM_TYPES = ("mistral3", "lighton_ocr")
 HOST_VLM_TYPES = ("blip-2", *STACKED_VLM_TYPES, *INDICATOR_TOKENS, *LOOP_VLM_TYPES, *PIXTRAL_VLM_TYPES)
 VLM_TYPES = ("llava", "vipllava", "video_llava", "paligemma", "internvl", "qianfan_ocr", "cohere2_vision", "aya_vision",

@@ -211,11 +211,12 @@ def grid_layout(images: int, per_image: int) -> int:
     return images * (per_image + 1)
 
 
-def fixed_layout(model_type: str, images: int, per_image: int) -> int:
+def fixed_layout(model_type: str, images: int, per_image: int, breaks: bool = False) -> int:
     """The tokens a fixed-size model's images take of a sample's seq: each image's tokens and, for Ovis2, the visual
-    indicator tokens around them (families.INDICATOR_TOKENS), for Pixtral's (families.PIXTRAL_VLM_TYPES) one break
-    token per row of a square image's tokens; the shortest seq is one more. Shared with the tracer (tracer.vlm)."""
-    if model_type in PIXTRAL_VLM_TYPES:
+    indicator tokens around them (families.INDICATOR_TOKENS), for Pixtral's tower (`breaks`: Mistral-3, LightOnOCR,
+    LLaVA with a Pixtral tower) one break token per row of a square image's tokens; the shortest seq is one more.
+    Shared with the tracer (tracer.vlm)."""
+    if breaks or model_type in PIXTRAL_VLM_TYPES:
         return images * (per_image + math.isqrt(per_image))
     return images * (per_image + INDICATOR_TOKENS.get(model_type, 0))
 
@@ -292,7 +293,8 @@ def image_tokens(model: Model, w: Workload) -> int:
     if not w.images or v is None:
         return 0
     per = _per_image(model, w)[1]
-    return grid_layout(w.images, per) if grid(model) is not None else fixed_layout(model.model_type, w.images, per)
+    return grid_layout(w.images, per) if grid(model) is not None else \
+        fixed_layout(model.model_type, w.images, per, breaks=pixtral(model) is not None)
 
 
 def check_images(model: Model, w: Workload) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from estimator.families import VLM_TYPES
 from estimator.model import from_hf_config
 from estimator.presets import load_config, preset_names
 
@@ -22,6 +23,10 @@ def _meta_params(cfg: dict) -> int:
     rest = {k: v for k, v in cfg.items() if k != "model_type" and not k.startswith("_")}
     hf_cfg = AutoConfig.for_model(cfg["model_type"], **rest)
     cls = AutoModelForMaskedLM if cfg["model_type"] == "bert" else AutoModelForCausalLM  # bert: the MLM head
+    if cfg["model_type"] in VLM_TYPES:   # priced whole with its images (tracer/vlm.py): Llama-4, Mistral-3, LLaVA...
+        from transformers import AutoModelForImageTextToText
+
+        cls = AutoModelForImageTextToText
     if getattr(hf_cfg, "is_encoder_decoder", False):   # built whole: the seq2seq class (Whisper's speech one)
         from transformers import AutoModelForSeq2SeqLM, AutoModelForSpeechSeq2Seq
 
@@ -33,14 +38,16 @@ def _meta_params(cfg: dict) -> int:
 
 def _builds_at_top_level(name: str) -> bool:
     """True unless the preset is a nested multimodal config whose top-level type transformers cannot build as a
-    causal LM (mistral3). The inventory builds those from their text_config (tracer/meta.py
-    model_class), test_shipped_inventory_is_what_transformers_builds_today below checks that inventory, and
+    causal LM and willitfit does not price whole (none now: Mistral-3 is priced whole with its images). The
+    inventory builds those from their text_config (tracer/meta.py model_class),
+    test_shipped_inventory_is_what_transformers_builds_today below checks that inventory, and
     tests/test_presets_data.py checks their text model's parameter count."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
 
     cfg = load_config(name)[1]
     cls = type(AutoConfig.for_model(cfg["model_type"]))
-    return cls in AutoModelForCausalLM._model_mapping or cls in AutoModelForMaskedLM._model_mapping
+    return cls in AutoModelForCausalLM._model_mapping or cls in AutoModelForMaskedLM._model_mapping or \
+        cfg["model_type"] in VLM_TYPES
 
 
 @pytest.mark.parametrize("name", [n for n in preset_names() if _builds_at_top_level(n)])

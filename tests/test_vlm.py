@@ -262,7 +262,8 @@ def test_cli_names_the_images_and_refuses_a_short_seq(tmp_path):
 # Llama-4: a 32-px tile of 4 x 4 patches pixel-shuffled by 0.5 -> 4 tokens (its CLS row dropped); Pixtral's towers
 # (Mistral-3, LightOnOCR): a 64-px image of 8 x 8 patches merged 2 x 2 -> 16
 HOST = {"smolvlm": 4, "idefics2": 8, "blip2": 8, "ovis2": 4, "llava_next": 88, "llava_next_video": 88,
-        "llava_onevision": 88, "llama4": 4, "mistral3": 16, "lighton_ocr": 16}   # tiny config -> tokens per image
+        "llava_onevision": 88, "llama4": 4, "mistral3": 16, "lighton_ocr": 16,
+        "llava_pixtral": 16}   # tiny config -> tokens per image (LLaVA with Pixtral's tower: 4 x 4 16-px patches)
 
 
 @pytest.mark.parametrize("name", sorted(HOST))
@@ -539,6 +540,8 @@ def test_the_cli_prices_a_pixtral_model_under_flash_and_says_so():
 @SLOW
 @pytest.mark.parametrize("name, workload, sizes", [
     ("lighton_ocr", Workload(images=1, attention="flash"), ((3, 120), (1, 70))),
+    # LLaVA with Pixtral's tower (Pixtral-12B's checkpoints): the positions loop alone, no patch merger
+    ("llava_pixtral", Workload(images=2, attention="flash"), ((3, 120), (1, 70))),
     ("mistral3", Workload(images=2, attention="flash", image_size=96), ((3, 200),)),
     ("mistral3", Workload(images=1, attention="flash", method="lora"), ((2, 90),)),
     ("mistral3", Workload(images=1, attention="flash", checkpointing="full"), ((3, 90),)),

@@ -40,7 +40,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
 from estimator.families import (GRID_IMAGE_SIZE, HOST_VALUE_TYPES, HOST_VLM_TYPES, INDICATOR_TOKENS, STACKED_VLM_TYPES,
                                 VLM_TYPES)
-from estimator.vision import fixed_layout, grid_layout
+from estimator.vision import fixed_layout, grid_layout, pixtral_tokens
 from tracer import host_values, vlm_grid, vlm_loop
 from tracer.vlm_grid import grid_geometry, grid_side, is_grid
 
@@ -146,8 +146,6 @@ def image_tokens(model, config: dict | None = None, image_size: int = 0) -> int:
     if is_grid(model.config):
         return grid_side(model.config, image_size) ** 2
     if vlm_loop.is_pixtral(model.config):   # (side / (patch x merge))^2, checked against its forward (tests/test_vlm.py)
-        from estimator.vision import pixtral_tokens
-
         size = image_size or int(model.config.vision_config.image_size)
         return pixtral_tokens(model.config.model_type, vlm_loop.pixtral_geometry(model.config), size)
     if not (vlm_loop.is_loop(model.config) or vlm_loop.is_pixtral(model.config)):   # whose tokens follow the size
@@ -190,7 +188,7 @@ def vlm_inputs(model, workload, device: str, per_image: int, clone_labels: bool 
         return vlm_grid.grid_inputs(model, workload, device, per_image, image_token_id(model.config), clone_labels)
     n = workload.images
     wrap = INDICATOR_TOKENS.get(model.config.model_type, 0)
-    tokens = fixed_layout(model.config.model_type, n, per_image)
+    tokens = fixed_layout(model.config.model_type, n, per_image, breaks=vlm_loop.is_pixtral(model.config))
     if workload.seq <= tokens and not _FITTING.get():
         raise ValueError(f"seq: {workload.seq} tokens cannot hold {n} image(s) of {per_image + wrap} tokens each; use a "
                          f"seq over {tokens}")

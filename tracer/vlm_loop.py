@@ -39,7 +39,11 @@ def is_loop(cfg) -> bool:
 
 
 def is_pixtral(cfg) -> bool:
-    return getattr(cfg, "model_type", None) in PIXTRAL_VLM_TYPES
+    """Pixtral's tower: Mistral-3, LightOnOCR, and LLaVA with a Pixtral vision_config (Pixtral-12B's checkpoints)."""
+    if getattr(cfg, "model_type", None) in PIXTRAL_VLM_TYPES:
+        return True
+    return getattr(cfg, "model_type", None) == "llava" and \
+        getattr(getattr(cfg, "vision_config", None), "model_type", None) == "pixtral"
 
 
 def pixtral_geometry(cfg) -> dict:
