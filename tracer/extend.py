@@ -156,8 +156,9 @@ def fit_variant(traces: dict[tuple, Ticks], fsdp: bool, one_batch: bool = False,
         if got != ref:
             diff = next((i for i, (a, b) in enumerate(zip(ref, got)) if a != b), min(len(ref), len(got)))
             raise ValueError(f"fit: the step runs other operations at (b, s, n, r) = {pts[0]} and {p} (from tick "
-                             f"{diff}: {len(ref)} vs {len(got)} ticks), as a loop over sequence chunks or time "
-                             "steps does (linear attention, recurrent or state-space scans, block-sparse attention); "
+                             f"{diff}: {len(ref)} vs {len(got)} ticks), as a loop over sequence chunks, time "
+                             "steps or images does (linear attention, recurrent or state-space scans, block-sparse "
+                             "attention, a vision tower that runs per image); "
                              "its memory is not one polynomial in the sizes and no exact profile can be derived; "
                              "trace it (`python -m bench trace`)")
     keys = list(dict.fromkeys(k for k, _ in ref))
