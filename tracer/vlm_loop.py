@@ -1,7 +1,7 @@
 """Vision-language models whose forward loops over the images: LLaVA-NeXT's any-resolution tiles
-(estimator.families.LOOP_VLM_TYPES).
+(estimator.families.LOOP_VLM_TYPES) and Pixtral's tower (PIXTRAL_VLM_TYPES, and LLaVA with a Pixtral tower: below).
 
-    kwargs = loop_kwargs(model, batch, images, "cpu", image_size=672)   # pixel_values (b x images, tiles, C, S, S), image_sizes
+    kwargs = loop_kwargs(model, batch, images, "cpu", image_size=672)   # pixel_values (n, tiles, C, S, S), sizes
     with loop_step(model, counter): ...                                  # the loop's ticks keyed per iteration
 
 LLaVA-NeXT, LLaVA-NeXT-Video and LLaVA-OneVision cut an image into tiles of the vision tower's image size (the
@@ -119,7 +119,8 @@ def _marking(pack, counter):
         if grads:
             n = len(out)
             for i, t in enumerate(out):   # backward: the last image's chain runs first
-                t.register_hook(lambda g, i=i: counter.set_loop(n - 1 - i))
+                if t.requires_grad:
+                    t.register_hook(lambda g, i=i: counter.set_loop(n - 1 - i))
             split = image_features[0].grad_fn
             if split is not None:
                 split.register_prehook(lambda grads: counter.set_loop(None))
@@ -159,8 +160,9 @@ def pixtral_kwargs(model, batch: int, images: int, device, image_size: int = 0) 
     every image's size with a floor division of a 0-d tensor per side (`size[0] // patch_size`), two 8-byte
     allocations per image freed at once, a loop before the tower's first layer whose ticks would change with the
     batch; on a list the same arithmetic runs on the host. What that leaves out of the step is those transient
-    0-d tensors (and the (images, 2) copy `torch.as_tensor` then makes, freed after its `tolist()`), all before the
-    vision tower's first layer, where no stage peaks."""
+    0-d tensors; what it adds is the (images, 2) int64 tensor Mistral-3's `torch.as_tensor(image_sizes)` makes from
+    the list (of the processor's device tensor it makes none), freed after its `tolist()`: all of it transient, after
+    the vision tower and before the language model, where no stage peaks."""
     vc = model.config.vision_config
     px, n = image_size or int(vc.image_size), batch * images
     dtype = next(model.parameters()).dtype
