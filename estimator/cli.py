@@ -440,8 +440,8 @@ def model_lora_targets(model: Model, w: Workload) -> tuple[Workload, str | None]
 
 
 def grid_attention(model: Model, w: Workload, given: bool) -> tuple[Workload, str | None]:
-    """A Qwen2-VL-family or Pixtral-towered model with images and --attention left at its default: priced under flash (its vision
-    tower's one varlen call per layer, the attention it is priced under: estimator.vision.check_images), said in a
+    """A Qwen2-VL-family or Pixtral-towered model with images and --attention left at its default: priced under flash
+    (its vision tower's one varlen call per layer, the attention it is priced under: estimator.vision.check_images), said in a
     note, as the app starts it. An --attention given on the command line is kept (SDPA and eager are refused)."""
     packed = vision.grid(model) is not None or vision.pixtral(model) is not None
     if given or not w.images or not packed or w.attention != Workload().attention:

@@ -102,13 +102,14 @@ LOOP_VLM_TYPES = ("llava_next", "llava_next_video", "llava_onevision")
 PIXTRAL_VLM_TYPES = ("mistral3", "lighton_ocr")
 HOST_VLM_TYPES = ("blip-2", *STACKED_VLM_TYPES, *INDICATOR_TOKENS, *LOOP_VLM_TYPES, *PIXTRAL_VLM_TYPES)
 VLM_TYPES = ("llava", "vipllava", "video_llava", "paligemma", "internvl", "qianfan_ocr", "cohere2_vision", "aya_vision",
-             "llama4", "gemma3", "pp_chart2table", "deepseek_vl", "janus", "deepseek_vl_hybrid", *GRID_VLM_TYPES, *HOST_VLM_TYPES)
+             "llama4", "gemma3", "pp_chart2table", "deepseek_vl", "janus", "deepseek_vl_hybrid", *GRID_VLM_TYPES,
+             *HOST_VLM_TYPES)
 
 
 def vlm_route(model_type: str) -> str:
     """How this version builds a vision-language model's images ("grid", "stacked", "loop", "pixtral", "host",
-    "fixed"; "" for any other type): an inventory records it, and one cached under another route is read again (estimator.store), since
-    whether its images are priced, and how, follows the route."""
+    "fixed"; "" for any other type): an inventory records it, and one cached under another route is read again
+    (estimator.store), since whether its images are priced, and how, follows the route."""
     if model_type not in VLM_TYPES:
         return ""
     if model_type in GRID_VLM_TYPES:

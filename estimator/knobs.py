@@ -58,8 +58,8 @@ def applies(d: Declared, mode: str, method: str, vision: bool = False, vlm: bool
             seq2seq: bool = False, grid: bool = False) -> bool:
     """Whether field `d` means something for this mode and method, on a text model or a vision encoder (`vision`:
     sized by image_size, not seq; it generates nothing), a vision-language model (`vlm`: it takes images; `grid`: of
-    any size, Qwen2-VL's and LLaVA-NeXT's families) or an encoder-decoder model (`seq2seq`: its decoder's tokens in training); others
-    keep their defaults."""
+    any size, Qwen2-VL's, LLaVA-NeXT's and Pixtral's families) or an encoder-decoder model (`seq2seq`: its decoder's
+    tokens in training); others keep their defaults."""
     if vision and d.name == "gen_tokens":
         return False
     return {"all": True, "train": mode == "train", "infer": mode == "infer",

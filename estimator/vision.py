@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from estimator.families import GRID_IMAGE_SIZE, INDICATOR_TOKENS, PIXTRAL_VLM_TYPES, VLM_TYPES
+from estimator.families import GRID_IMAGE_SIZE, INDICATOR_TOKENS, VLM_TYPES
 from estimator.model import Model
 from estimator.spec import Workload
 
@@ -96,31 +96,19 @@ def sized(model: Model, w: Workload) -> Workload:
     square image they make (0 for a rectangle of patches, as `python -m bench trace --seq` may trace). A text model
     keeps its seq and refuses an image size."""
     v = geometry(model)
-    if v is None and (tiled(model) is not None or pixtral(model) is not None):
+    if v is None and sizable(model):   # a VLM whose images' size is the user's (its class's): resolved, checked
         if not w.images:
             if w.image_size:
                 raise ValueError(f"image_size: {model.name}'s images are sized with --images N (0 images: a "
                                  "text-only step has no image size)")
             return w
-        size = w.image_size or int(images_of(model)["image_size"])
-        if tiled(model) is not None:
-            tiled_tokens(model.name, tiled(model), size)   # a size that is none: one line
-        else:
-            pixtral_tokens(model.name, pixtral(model), size)
-        return replace(w, image_size=size)
-    if v is None and grid(model) is not None:
-        if not w.images:
-            if w.image_size:
-                raise ValueError(f"image_size: {model.name}'s images are sized with --images N (0 images: a "
-                                 "text-only step has no image size)")
-            return w
-        size = w.image_size or GRID_IMAGE_SIZE
-        grid_tokens(model, size)   # a size its processor would not make: one line
+        size = w.image_size or (GRID_IMAGE_SIZE if grid(model) is not None else int(images_of(model)["image_size"]))
+        _per_image(model, replace(w, image_size=size))   # a size its processor would not make: one line
         return replace(w, image_size=size)
     if v is None:
         if w.image_size:
-            raise ValueError(f"image_size: applies to vision encoders and to Qwen2-VL's and LLaVA-NeXT's families "
-                             f"with --images; {model.name} ({model.model_type}) is sized by seq")
+            raise ValueError(f"image_size: applies to vision encoders and to Qwen2-VL's, LLaVA-NeXT's and Pixtral's "
+                             f"families with --images; {model.name} ({model.model_type}) is sized by seq")
         return w
     if w.image_size == 0 and w.seq != SEQ_UNSET and by_side(model):
         return replace(w, image_size=w.seq * int(v["patch_size"]))
@@ -140,6 +128,12 @@ def images_of(model: Model) -> dict | None:
     the inventory's `vlm` part (tracer.vlm.info)."""
     v = model.inventory.extra.get("vlm")
     return v if isinstance(v, dict) else None
+
+
+def sizable(model: Model) -> bool:
+    """A vision-language model whose images are any size the user picks (`--image-size`): Qwen2-VL's family (grid),
+    LLaVA-NeXT's (tiled) and Pixtral's tower (pixtral); the others' images are their config's size."""
+    return any(f(model) is not None for f in (grid, tiled, pixtral))
 
 
 def tiled(model: Model) -> dict | None:
@@ -216,7 +210,7 @@ def fixed_layout(model_type: str, images: int, per_image: int, breaks: bool = Fa
     indicator tokens around them (families.INDICATOR_TOKENS), for Pixtral's tower (`breaks`: Mistral-3, LightOnOCR,
     LLaVA with a Pixtral tower) one break token per row of a square image's tokens; the shortest seq is one more.
     Shared with the tracer (tracer.vlm)."""
-    if breaks or model_type in PIXTRAL_VLM_TYPES:
+    if breaks:
         return images * (per_image + math.isqrt(per_image))
     return images * (per_image + INDICATOR_TOKENS.get(model_type, 0))
 
@@ -230,12 +224,7 @@ def pixtral(model: Model) -> dict | None:
 def pixtral_tokens(name: str, p: dict, image_size: int) -> int:
     """Tokens one square `image_size`-px image becomes on a Pixtral tower with its patch merger: (side / (patch x
     merge))^2; ValueError naming image_size where the side is no multiple of patch x merge."""
-    unit = p["patch"] * p["merge"]
-    if image_size < unit or image_size % unit:
-        lo, hi = max(unit, image_size - image_size % unit), image_size - image_size % unit + unit
-        raise ValueError(f"image_size: {image_size} is not a multiple of {name}'s {unit}-px merged patch ({p['patch']} "
-                         f"px x {p['merge']}); use {lo} or {hi}")
-    return (image_size // unit) ** 2
+    return grid_side(name, p["patch"], p["merge"], image_size) ** 2
 
 
 def grid_refusal(name: str, w: Workload, masked: bool = False) -> str | None:

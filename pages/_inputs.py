@@ -8,7 +8,7 @@ from __future__ import annotations
 import streamlit as st
 from estimator import knobs, spec
 from estimator.seq2seq import seq2seq_of
-from estimator.vision import grid, images_of, is_vision, pixtral, tiled, traced_depths
+from estimator.vision import grid, images_of, is_vision, pixtral, sizable, traced_depths
 from estimator.gpus import gpu_names, load_gpus
 from estimator.model import Model
 from estimator.presets import default_lora_targets, preset_names
@@ -85,7 +85,7 @@ def kinds(model) -> dict:
     # a speech model's seq is its decoder's tokens already (its audio window is fixed): no target length to ask for
     return {"vision": is_vision(model), "vlm": images_of(model) is not None,
             "seq2seq": s2s is not None and s2s["kind"] == "text",
-            "grid": any(f(model) is not None for f in (grid, tiled, pixtral))}   # its images' size is asked for
+            "grid": sizable(model)}   # its images' size is asked for
 
 
 def shown_workload_fields(mode: str, method: str, advanced: bool = False, vision: bool = False,
@@ -116,9 +116,11 @@ def workload_from_dict(values: dict, vision: bool = False, vlm: bool = False, se
 def default_images(page: str, model) -> None:
     """The first vision-language model of a session starts with one image per sample (its images are what sets it
     apart; 0 prices a text-only step), unless the link or the user set the number. The first of Qwen2-VL's family
-    (and a Pixtral-towered one) also starts under FlashAttention-2, the one attention its vision tower is priced under."""
+    (and a Pixtral-towered one) also starts under FlashAttention-2, the one attention its vision tower is priced
+    under."""
     vlm = images_of(model) is not None
-    if (grid(model) is not None or pixtral(model) is not None) and not st.session_state.get(f"{page}:flash_defaulted"):
+    packed = grid(model) is not None or pixtral(model) is not None
+    if packed and not st.session_state.get(f"{page}:flash_defaulted"):
         st.session_state[f"{page}:flash_defaulted"] = True
         if "attention" not in st.query_params:
             st.session_state[state_key(page, "attention")] = "flash"

@@ -97,8 +97,8 @@ def test_a_text_model_refuses_an_image_size():
 
     llama = from_hf_config(_config("llama"), "t-llama")
     assert vision.sized(llama, Workload(seq=100)).seq == 100
-    with pytest.raises(ValueError, match=r"^image_size: applies to vision encoders and to Qwen2-VL.s and LLaVA-NeXT.s "
-                                         r"families with --images; t-llama \(llama\) is sized by seq"):
+    with pytest.raises(ValueError, match=r"^image_size: applies to vision encoders and to Qwen2-VL.s, LLaVA-NeXT.s and "
+                                         r"Pixtral.s families with --images; t-llama \(llama\) is sized by seq"):
         vision.sized(llama, Workload(image_size=224))
 
 

@@ -103,8 +103,8 @@ def image_kwargs(model, batch: int, images: int, device, image_size: int = 0) ->
     """The pixel inputs of `images` images per sample: pixel_values (b x images, C, H, W); a model of
     families.STACKED_VLM_TYPES gets them as (b, images, C, H, W) with an all-true pixel_attention_mask (b, images, H,
     W), pixels the host knows are nonzero (real images: none of the all-zero padding ones their processors add, which
-    their forward drops by a boolean index of its own). A tiled model's (tracer.vlm_loop) images are `image_size` px
-    square (0: its default)."""
+    their forward drops by a boolean index of its own). A tiled or Pixtral-towered model's (tracer.vlm_loop) images
+    are `image_size` px square (0: its default)."""
     cfg = model.config
     hi = getattr(cfg, "high_res_vision_config", None)
     if hi is not None:   # DeepSeek-VL-Hybrid: each image also at its SAM tower's high resolution, as its processor does
@@ -148,7 +148,7 @@ def image_tokens(model, config: dict | None = None, image_size: int = 0) -> int:
     if vlm_loop.is_pixtral(model.config):   # (side / (patch x merge))^2, checked against its forward (tests/test_vlm.py)
         size = image_size or int(model.config.vision_config.image_size)
         return pixtral_tokens(model.config.model_type, vlm_loop.pixtral_geometry(model.config), size)
-    if not (vlm_loop.is_loop(model.config) or vlm_loop.is_pixtral(model.config)):   # whose tokens follow the size
+    if not vlm_loop.is_loop(model.config):   # only a tiled model's tokens (read below) follow the image's size
         image_size = 0
     if config is not None:
         key = json.dumps([config, image_size], sort_keys=True, default=str)
