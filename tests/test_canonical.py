@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from estimator import knobs, store
-from estimator.estimate import traced_class
+from estimator.estimate import Options, estimate, traced_class
+from estimator.model import from_hf_config
+from estimator.presets import load_config
 from estimator.profile.profile import RANK_MARK
 from estimator.spec import Parallel, Workload
 
@@ -222,3 +224,30 @@ def test_lora_target_order_changes_no_traced_byte():
     # PEFT matches module names against the set of targets: the same adapters in the same modules, whatever the order
     w = Workload(method="lora", lora_targets=("v_proj", "q_proj", "down_proj"), batch=2, seq=48)
     assert _peaks(_config(**SHALLOW), w) == _peaks(_config(**SHALLOW), replace(w, lora_targets=tuple(sorted(w.lora_targets))))
+
+
+def test_flash_on_a_text_step_is_sdpas_traced_class():
+    # FlashAttention-2 is traced as SDPA on the CPU: a text step (no images) shares SDPA's profile, derived or shipped
+    for w in (Workload(attention="flash"), Workload(mode="infer", attention="flash", kv_dtype="fp8"),
+              Workload(method="lora", attention="flash", checkpointing="selective")):
+        tw, tp, notes = traced_class(w, Parallel())
+        assert (tw, tp, notes) == traced_class(replace(w, attention="sdpa"), Parallel())
+        assert tw.attention == "sdpa" and store.canonical_class(tw) == tw
+    # a VLM's images keep it: its vision tower's packed varlen call is flash's alone (tracer.vlm_grid)
+    assert traced_class(Workload(attention="flash", images=1), Parallel())[0].attention == "flash"
+
+
+@pytest.mark.parametrize("w", [Workload(batch=2, seq=40), Workload(mode="infer", batch=2, seq=40, gen_tokens=2),
+                               Workload(method="lora", batch=1, seq=33, checkpointing="selective")],
+                         ids=["full", "infer", "lora-selective"])
+def test_a_flash_trace_equals_an_sdpa_trace(w):
+    # what the folding above assumes, checked: the same step to the byte
+    assert _peaks(_config(**SHALLOW), replace(w, attention="flash")) == _peaks(_config(**SHALLOW), w)
+
+
+def test_a_flash_estimate_is_read_from_the_shipped_sdpa_profile():
+    m = from_hf_config(load_config("llama-3.1-8b")[1], "llama-3.1-8b", derive=False)
+    w = Workload(mode="infer", batch=1, seq=126976, gen_tokens=4096, kv_dtype="fp8")
+    sdpa = estimate(m, w, Parallel(), Options(derive=False))   # nothing derived: both from the shipped file
+    flash = estimate(m, replace(w, attention="flash"), Parallel(), Options(derive=False))
+    assert flash.stages == sdpa.stages and flash.allocated_bytes == sdpa.allocated_bytes > 0
