@@ -142,3 +142,17 @@ def test_building_the_hf_config_leaves_the_callers_config_untouched():
     before = copy.deepcopy(cfg)
     runner._hf_config(cfg)
     assert cfg == before and config_hash(cfg) == config_hash(before)
+
+
+def test_selective_checkpointing_of_a_model_with_its_own_attention_table_is_refused_in_one_line():
+    # Falcon picks its attention class from FALCON_ATTENTION_CLASSES, never transformers' AttentionInterface, where
+    # selective checkpointing registers its wrapped attention: one line naming the field, not a KeyError
+    import json
+    from pathlib import Path
+
+    cfg = json.loads((Path(__file__).parent / "data" / "tiny" / "t-falcon.json").read_text())
+    with pytest.raises(ValueError, match=r"^checkpointing: selective checkpointing wraps transformers' attention "
+                                         r"interface, which falcon's attention does not call .*; use none, full or "
+                                         r"op-sac$"):
+        runner.build_model(cfg, Workload(checkpointing="selective"), meta_then_empty=True)
+    runner.build_model(cfg, Workload(checkpointing="full"), meta_then_empty=True)   # the others build

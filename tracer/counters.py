@@ -250,8 +250,10 @@ class StorageCounter(TorchDispatchMode):
 
     def set_loop(self, iteration: int | None) -> None:
         """Record that the ticks after now are iteration `iteration` (0, 1, ...) of a loop the model's code runs once
-        per image, or (None) that the loop ended (tracer.vlm_loop): the loop's ticks are keyed by their place in
-        their iteration, so a step with more images has the same keys (tracer.ticks._candidates)."""
+        per image (tracer.vlm_loop) or per time step (tracer.time_loop), or (None) that the loop ended: the loop's
+        ticks are keyed by their place in their iteration, so a step with more images (a longer sequence) has the
+        same keys (tracer.ticks._candidates). `tracer.time_loop.SKIP`: the ticks after now are dropped (iterations
+        that hold less than the first one, which is kept)."""
         self.loops.append((self._now, iteration))
 
     def timeline(self) -> Timeline:

@@ -179,6 +179,14 @@ def _from_config(cls, hf_config, dtype: torch.dtype, attn: str):
         first = str(e).split(". ")[0]
         field = "attention" if "attention implementation" in str(e) else "config"
         raise ValueError(f"{field}: {first} (attn_implementation={attn!r})") from None
+    except KeyError as e:
+        if attn.startswith("willitfit_selective_") and attn in str(e):
+            # the model picks its attention from a table of its own (Falcon's FALCON_ATTENTION_CLASSES), not from
+            # transformers' AttentionInterface, where selective checkpointing registers its wrapped attention
+            raise ValueError(f"checkpointing: selective checkpointing wraps transformers' attention interface, which "
+                             f"{getattr(hf_config, 'model_type', 'this model')}'s attention does not call (it picks "
+                             "its attention from a table of its own); use none, full or op-sac") from None
+        raise
 
 
 def _materialize(model: torch.nn.Module, device: str) -> None:

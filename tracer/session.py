@@ -38,7 +38,7 @@ from estimator.spec import Parallel, Workload
 from estimator.parallel import TRACED_SHARDING, pp_microbatches, shard_group
 from tracer import serialized
 from tracer import kernels as kernels_mod
-from tracer import cp, pp, recipes, runner, tp, vlm
+from tracer import cp, pp, recipes, runner, time_loop, tp, vlm
 from tracer.counters import StageLog, StorageCounter, memtracker_peak_bytes
 from tracer.depth import layer_stacks
 
@@ -282,7 +282,8 @@ def _run(case: _Case, steps: int, observe_layers: bool = False,
         counter.mark_stage(stage)
 
     on_stage("load")
-    with counter, case.context(), vlm.host_checks_skipped(), vlm.step_context(case.model, case.workload, counter):
+    with counter, case.context(), vlm.host_checks_skipped(), vlm.step_context(case.model, case.workload, counter), \
+            time_loop.marks(case.model, counter):
         if primed is not None:
             _prime_optimizer(case, primed)
             on_stage("optimizer")

@@ -12,7 +12,7 @@ import numpy as np
 from estimator.profile.profile import CATEGORIES
 from estimator.spec import Parallel, Workload
 from tracer import kernels as kernels_mod
-from tracer import kernels_sdpa, losses, session, vision, vlm, vlm_grid
+from tracer import kernels_sdpa, losses, session, time_loop, vision, vlm, vlm_grid
 from tracer.extend import OPTIONAL, STEP_MAX, TRACER_CATEGORIES, Ticks, tick_row
 
 
@@ -61,6 +61,9 @@ def prime_names(config: dict, workload: Workload, parallel: Parallel, layers: li
 # a per-image loop's ticks are keyed LOOP_INDEX x (the loop's ordinal in its window + 1) + their place in their
 # iteration: apart from every other tick's index, and the same however many images (iterations) the step has
 LOOP_INDEX = 1 << 40
+# a pinned iteration's ticks (tracer.time_loop.PINNED: the first iterations backward runs of a loop over time) are
+# keyed apart from each other: PINNED_INDEX x (the iteration + 1) + their place in it, inside their loop's range
+PINNED_INDEX = 1 << 30
 MAX_OPTIMIZER_TICKS = 32   # an optimizer step with at most this many ticks keys each (tracer.extend.optional)
 
 
@@ -129,6 +132,8 @@ def _candidates(tl, train: bool, per_window: bool = False) -> Ticks:
             counts[stage] = (0, None, {})
         seg, prev_block, local = counts[stage]
         loop, prev_it = -1, -1   # the per-image loops of this window, counted; the previous tick's iteration
+        kept_max, skipped_max = {}, {}   # per pinned loop: the largest total of its kept ticks, of its dropped ones
+        iter_max: dict = {}   # per loop kept by its last iteration: each iteration's largest total
         for t in ticks:
             b = None if block[t] < 0 else int(block[t])
             if b is None and prev_block is not None:
@@ -136,10 +141,27 @@ def _candidates(tl, train: bool, per_window: bool = False) -> Ticks:
             prev_block = b
             group = (stage, seg if b is None else 0, b)
             i = int(it[t])
+            if i == time_loop.SKIP:   # an iteration after the first to run of a loop whose first holds the most
+                skipped_max[loop] = max(skipped_max.get(loop, 0), int(live[:, t].sum()))
+                continue
+            if i >= time_loop.PINNED:   # a pinned iteration (0, 1, ... to run): keyed by itself and its place in it
+                j = i - time_loop.PINNED
+                if j == 0 and prev_it != i:
+                    loop += 1
+                prev_it = i
+                kept_max[loop] = max(kept_max.get(loop, 0), int(live[:, t].sum()))
+                inner = (*group, "loop", loop, i)
+                local[inner] = local.get(inner, -1) + 1
+                keys.append((*group, LOOP_INDEX * (loop + 1) + PINNED_INDEX * (j + 1) + local[inner]))
+                gs.append(g)
+                rows.append(tick_row(live[:, t], 0))
+                continue
             if i >= 0:   # a loop's ticks: keyed by their place in their iteration (the last iteration's are kept)
                 if i == 0 and prev_it != 0:
                     loop += 1
                 prev_it = i
+                total = int(live[:, t].sum())
+                iter_max.setdefault(loop, {})[i] = max(iter_max.get(loop, {}).get(i, 0), total)
                 inner = (*group, "loop", loop, i)
                 local[inner] = local.get(inner, -1) + 1
                 keys.append((*group, LOOP_INDEX * (loop + 1) + local[inner]))
@@ -151,6 +173,17 @@ def _candidates(tl, train: bool, per_window: bool = False) -> Ticks:
             keys.append((*group, local[group]))
             gs.append(g)
             rows.append(tick_row(live[:, t], 0))
+        for k, per in iter_max.items():   # the last iteration, which the profile keeps, holds the most
+            last = max(per)
+            if max(per.values()) > per[last]:
+                raise ValueError(f"fit: an earlier iteration of a loop in {stage} holds {max(per.values())} B, more than "
+                                 f"its last ({per[last]} B), which the profile keeps (tracer.ticks); its memory is not "
+                                 "priced")
+        for k, most in skipped_max.items():
+            if most > kept_max.get(k, 0):
+                raise ValueError(f"fit: a later iteration of a loop over time steps in {stage} holds {most} B, more than "
+                                 f"the first iteration to run ({kept_max.get(k, 0)} B), which the profile keeps "
+                                 "(tracer.time_loop); its memory is not priced")
         counts[stage] = (seg + 1 if per_window else seg, None, local)
     keys, gs, rows = _last_iterations(keys, gs, rows)
     return Ticks(keys, gs, np.array(rows, dtype=np.int64).reshape(len(rows), len(CATEGORIES)))
