@@ -36,14 +36,9 @@ import sys
 
 import torch
 
-TIME_LOOP_TYPES = ("recurrent_gemma",)
 SKIP = -2   # a loop iteration whose ticks are dropped (tracer.ticks): backward's iterations after the second to run
 PINNED = 1 << 20   # PINNED + j: the j-th iteration to run, keyed as itself (tracer.ticks), not as the loop's last
 _SCAN_CLASS = "RecurrentGemmaRglru"
-
-
-def is_time_loop(cfg) -> bool:
-    return getattr(cfg, "model_type", None) in TIME_LOOP_TYPES
 
 
 def _scan_modules(model) -> list:
@@ -64,7 +59,8 @@ def _marked_range(counter):
 
 
 def _backward_marks(out: torch.Tensor, inputs: tuple, counter) -> None:
-    """Pre-hooks on the scan's graph: the first iteration backward runs is marked 0, the rest SKIP, the end None."""
+    """Pre-hooks on the scan's graph: the first two iterations backward runs marked PINNED + 0 and + 1, the rest
+    SKIP, the loop's end (the scan's first node, the oldest that is newer than its inputs') None."""
     node = out.grad_fn
     if node is None:
         return
