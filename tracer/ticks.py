@@ -58,7 +58,7 @@ def prime_names(config: dict, workload: Workload, parallel: Parallel, layers: li
     return None
 
 
-# a per-image loop's ticks are keyed LOOP_INDEX x (the loop's ordinal in its window + 1) + their place in their
+# a loop's ticks are keyed LOOP_INDEX x (the loop's ordinal in its group + 1) + their place in their
 # iteration: apart from every other tick's index, and the same however many images (iterations) the step has
 LOOP_INDEX = 1 << 40
 # a pinned iteration's ticks (tracer.time_loop.PINNED: the first iterations backward runs of a loop over time) are
@@ -131,7 +131,8 @@ def _candidates(tl, train: bool, per_window: bool = False) -> Ticks:
         if not per_window or stage not in counts:
             counts[stage] = (0, None, {})
         seg, prev_block, local = counts[stage]
-        loop, prev_it = -1, -1   # the per-image loops of this window, counted; the previous tick's iteration
+        loops: dict = {}   # per group (a decoder layer's block, or a segment outside them): its loops, counted
+        prev_it = -1   # the previous tick's iteration
         kept_max, skipped_max = {}, {}   # per pinned loop: the largest total of its kept ticks, of its dropped ones
         iter_max: dict = {}   # per loop kept by its last iteration: each iteration's largest total
         for t in ticks:
@@ -141,30 +142,33 @@ def _candidates(tl, train: bool, per_window: bool = False) -> Ticks:
             prev_block = b
             group = (stage, seg if b is None else 0, b)
             i = int(it[t])
-            if i == time_loop.SKIP:   # an iteration after the first to run of a loop whose first holds the most
+            if i == time_loop.SKIP:   # an iteration after the second to run of a loop whose first two hold the most
+                loop = (group, loops.get(group, -1))
                 skipped_max[loop] = max(skipped_max.get(loop, 0), int(live[:, t].sum()))
                 continue
             if i >= time_loop.PINNED:   # a pinned iteration (0, 1, ... to run): keyed by itself and its place in it
                 j = i - time_loop.PINNED
                 if j == 0 and prev_it != i:
-                    loop += 1
+                    loops[group] = loops.get(group, -1) + 1
                 prev_it = i
-                kept_max[loop] = max(kept_max.get(loop, 0), int(live[:, t].sum()))
-                inner = (*group, "loop", loop, i)
+                n = loops.get(group, 0)
+                kept_max[(group, n)] = max(kept_max.get((group, n), 0), int(live[:, t].sum()))
+                inner = (*group, "loop", n, i)
                 local[inner] = local.get(inner, -1) + 1
-                keys.append((*group, LOOP_INDEX * (loop + 1) + PINNED_INDEX * (j + 1) + local[inner]))
+                keys.append((*group, LOOP_INDEX * (n + 1) + PINNED_INDEX * (j + 1) + local[inner]))
                 gs.append(g)
                 rows.append(tick_row(live[:, t], 0))
                 continue
             if i >= 0:   # a loop's ticks: keyed by their place in their iteration (the last iteration's are kept)
                 if i == 0 and prev_it != 0:
-                    loop += 1
+                    loops[group] = loops.get(group, -1) + 1
                 prev_it = i
+                n = loops.get(group, 0)
                 total = int(live[:, t].sum())
-                iter_max.setdefault(loop, {})[i] = max(iter_max.get(loop, {}).get(i, 0), total)
-                inner = (*group, "loop", loop, i)
+                iter_max.setdefault((group, n), {})[i] = max(iter_max.get((group, n), {}).get(i, 0), total)
+                inner = (*group, "loop", n, i)
                 local[inner] = local.get(inner, -1) + 1
-                keys.append((*group, LOOP_INDEX * (loop + 1) + local[inner]))
+                keys.append((*group, LOOP_INDEX * (n + 1) + local[inner]))
                 gs.append(g)
                 rows.append(tick_row(live[:, t], 0))
                 continue
