@@ -76,7 +76,7 @@ FSDP_WORLD = (2, 4, 8)              # fit at 2 (all sizes) and 4 (one size), ver
 # Config keys whose values are attention windows: memory bends in s there (a sliding-window mask or cache, chunked
 # attention). Data, not code per family: a key that changes nothing only splits the fit in two exact pieces.
 WINDOW_KEYS = ("sliding_window", "sliding_window_size", "attention_chunk_size", "window_size", "local_window_size",
-               "attention_window")
+               "attention_window", "attention_window_size")   # the last: RecurrentGemma's local attention
 
 
 # ------------------------------------------------------------------------------------------------- plan
