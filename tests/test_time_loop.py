@@ -87,3 +87,16 @@ def test_the_marks_are_gone_after_the_step():
 def test_recurrent_gemma_equals_a_full_depth_trace(w, sizes):
     # 7 layers (recurrent, recurrent, attention, ...), traced at 4-5; a 48-token window: past it at these sizes
     assert_equals_trace(_config(num_hidden_layers=7), "t-recurrent_gemma", w, sizes)
+
+
+def test_a_reduced_recurrent_gemma_keeps_each_layers_own_type():
+    # its layer types are block_types cycled over the layers: a reduced model's must be the kept layers' own, or its
+    # inference cache gives a recurrent layer an attention layer's cache ('LinearAttentionLayer' has no 'update')
+    from tracer.depth import reduce_depth
+    from tracer.runner import build_model
+
+    model = build_model(_config(num_hidden_layers=7), Workload(), meta_then_empty=True)
+    reduce_depth(model, [0, 1, 1, 2, 6])
+    kinds = [type(layer.temporal_block).__name__ for layer in model.model.layers]
+    assert [k == "RecurrentGemmaRecurrentBlock" for k in kinds] == [True, True, True, False, True]
+    assert model.config.layer_types == ["linear_attention"] * 3 + ["sliding_attention", "linear_attention"]

@@ -151,6 +151,12 @@ def reduce_depth(model: torch.nn.Module, keep: list[int]) -> None:
         if getattr(cfg, "num_hidden_layers", None) == n:
             for key, values in per_layer_lists(cfg, n).items():
                 setattr(cfg, key, [values[i] for i in keep])
+            pattern = vars(cfg).get("block_types")
+            if isinstance(pattern, list) and 0 < len(pattern) < n:
+                # RecurrentGemma's layer types are its block_types cycled over the layers (layers_block_type): the
+                # kept layers' own, so its inference cache gives each kept layer the cache of its type
+                full = (pattern * (n // len(pattern) + 1))[:n]
+                cfg.block_types = [full[i] for i in keep]
             overrides = per_layer_overrides(cfg)
             if overrides:  # heterogeneous config: the kept layers keep their own overrides at their new index
                 cfg.__dict__["_heterogeneity_spec"].per_layer_overrides = {
