@@ -167,14 +167,10 @@ def traced_class(w: Workload, p: Parallel) -> tuple[Workload, Parallel, tuple[st
     """The traceable (workload, parallel) whose profile stands for this one, and what is priced analytically.
     It starts from the canonical class (store.canonical_class: knobs that do not apply at their defaults, every
     grad_accum >= 2 as 2), the same one the store keys and derives, so no note speaks of an unused knob."""
-    notes, asked = [], w   # a pipeline's micro-batches default to the grad_accum asked, before canonical_class
-    w = store.canonical_class(w)
+    notes, asked, w = [], w, store.canonical_class(w)   # a pipeline's micro-batches: the grad_accum asked
     tw = replace(w, batch=1, seq=1, gen_tokens=0, kv_dtype="auto")
-    if w.attention == "flash" and not w.images:
-        # FlashAttention-2 is traced as SDPA (tracer.runner.attn_implementation: no flash_attn on the CPU), whose
-        # flash kernel keeps what it keeps (out + logsumexp); only a VLM's images change the trace (its vision
-        # tower's one packed varlen call, tracer.vlm_grid), so a text step shares SDPA's profile, derived or shipped
-        tw = replace(tw, attention="sdpa")
+    if w.attention == "flash" and not w.images:   # traced as SDPA (tracer.runner.attn_implementation); only images
+        tw = replace(tw, attention="sdpa")          # change the trace (tracer.vlm_grid): one profile, SDPA's
     if w.method == "qlora":
         tw = replace(tw, method="lora", weight_format="auto", quantize_scope="all", double_quant=True)
         notes.append("qlora: traced with bf16 base weights; the 4-bit base and its dequantization are priced "
