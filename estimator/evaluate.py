@@ -13,10 +13,11 @@ import numpy as np
 
 from estimator import components as comp
 from estimator.breakdown import Breakdown
-from estimator.parallel import FSDP_FAMILY, Share, composed, pp_microbatches, shard_group, tp_activation_scale
+from estimator.parallel import (FSDP_FAMILY, Share, composed, pp_in_flight, pp_microbatches, shard_group,
+                                tp_activation_scale)
 from estimator.profile.poly import exponents, rank_degree, s_factor, s_factor_array, seq_degree
 from estimator.profile.profile import CATEGORIES, Piece, Profile
-from estimator.spec import SIZE_FIELDS, Parallel, Workload
+from estimator.spec import PP_STAGES_PER_RANK, SIZE_FIELDS, Parallel, Workload
 from estimator.units import dtype_bytes
 
 C = {c: i for i, c in enumerate(CATEGORIES)}
@@ -97,12 +98,7 @@ class Swap:
             (1.0 if tp_rank else sh.layers_local / max(1, inv.layers) / p.tp_size)
         # micro-batches whose activations a stage holds at once: the schedule decides (estimator.spec.PP_SCHEDULES)
         micro = pp_microbatches(w, p)
-        if p.pp_size == 1:
-            in_flight = 1
-        elif p.pp_schedule == "gpipe":
-            in_flight = micro
-        else:
-            in_flight = min(p.pp_size - sh.pp_rank, micro)   # 1F1B: rank r runs pp - r forwards first
+        in_flight = pp_in_flight(p.pp_schedule, p.pp_size, sh.pp_rank, micro) if p.pp_size > 1 else 1
         self.act_layers = sh.layers_local / max(1, inv.layers) * in_flight if p.pp_size > 1 and not tp_rank else 1.0
         self.tp_lin, self.tp_sq = (1.0, 1.0) if tp_rank else tp_activation_scale(p.tp_size, p.sequence_parallel)
         self.k_form = None  # the seeds' form: k * b*s*h*L*bytes, i.e. a b*s monomial with this coefficient
@@ -118,7 +114,8 @@ class Swap:
         # (PipelineStage.backward_maybe_with_nosync): docs/parallel.md, "Traced pipeline parallelism"
         self.pp_buffers, self.pp_weights, self.pp_grads, self.pp_fwd_grads = 0.0, 0, 0, False
         if p.pp_size > 1 and not tp_rank and w.mode == "train":
-            n_buf = (sh.pp_rank > 0) + (sh.pp_rank < p.pp_size - 1)
+            v = PP_STAGES_PER_RANK[p.pp_schedule]   # each of the rank's stages: an input and an output-gradient buffer
+            n_buf = sum((i > 0) + (i < p.pp_size * v - 1) for i in range(sh.pp_rank, p.pp_size * v, p.pp_size))
             # the hidden states between stages are whole on every TP rank, split over it only with sequence parallelism
             self.pp_buffers = micro * n_buf * inv.hidden * dtype_bytes(comp.float_dtype(w)) / \
                 (p.tp_size if p.sequence_parallel else 1)
@@ -127,7 +124,7 @@ class Swap:
                 self.pp_weights = int(whole * dtype_bytes(comp.float_dtype(w)))
                 self.pp_grads = int(whole * trainable / inv.params * dtype_bytes(rd.grad))
                 # 1F1B runs a backward before rank r's last forwards where there are more than pp - r micro-batches
-                self.pp_fwd_grads = p.pp_schedule == "1f1b" and micro > p.pp_size - sh.pp_rank
+                self.pp_fwd_grads = p.pp_schedule != "gpipe" and in_flight < micro
         self.exact = not self.composed and not self.pp_buffers and \
             (self.local, self.grad, self.state_ratio, self.kv, self.act_layers, self.tp_lin) == (1,) * 6
 

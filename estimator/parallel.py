@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from estimator.inventory import Inventory
-from estimator.spec import Parallel, Workload
+from estimator.spec import PP_STAGES_PER_RANK, Parallel, Workload
 
 SHARD_STATES = ("zero1", "zero2", "zero3", "fsdp", "fsdp-grad-op", "hsdp")
 SHARD_GRADS = ("zero2", "zero3", "fsdp", "fsdp-grad-op", "hsdp")
@@ -111,7 +111,8 @@ def _shares(inv: Inventory, par: Parallel) -> tuple[Share, ...]:
     largest = int(max(layer, default=0))
     full = max(inv.layer_params, default=0)
     gathered = max(layer, default=0) / full if full else 1.0
-    split = [len(pp_stage_layers(inv.layers, pp, r)) for r in range(pp)] if pp > 1 else [inv.layers]
+    split = [sum(map(len, pp_rank_layers(inv.layers, pp, r, par.pp_schedule))) for r in range(pp)] if pp > 1 \
+        else [inv.layers]
     per_layer = sum(layer) / max(1, inv.layers)
     # FSDP on a TP/PP/EP mesh shards the rank's TP slice of its stage; EP borrows its ranks from the FSDP
     # dimension (torchtitan: dp_shard = dp_shard_mod_ep x ep), so that slice is spread over dp x ep ranks
@@ -161,7 +162,7 @@ def tp_untraced(w: Workload, p: Parallel) -> str | None:
     return None
 
 
-PP_TRACED_SCHEDULES = ("1f1b", "gpipe")  # single-stage schedules of torch.distributed.pipelining, traced per rank
+PP_TRACED_SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b")  # torch.distributed.pipelining schedules traced per rank
 PP_FIRST_LESS = PP_LAST_LESS = 1          # torchtitan pipeline_parallel_{first,last}_stage_less_layers (defaults)
 
 
@@ -187,6 +188,33 @@ def pp_stage_layers(n_layers: int, pp: int, stage: int, first_less: int = PP_FIR
             return range(start, start + count)
         start += count
     raise AssertionError("unreachable")
+
+
+def pp_rank_layers(n_layers: int, pp: int, rank: int, schedule: str = "1f1b") -> tuple[range, ...]:
+    """The decoder layers pipeline rank `rank` holds, one range per stage it runs: one stage (`pp_stage_layers`)
+    under a single-stage schedule; under a looped one (interleaved 1F1B) PP_STAGES_PER_RANK stages of pp x that many,
+    rank r holding stages r, r + pp, ... (torch.distributed.pipelining's `stage_index = pp_rank + i * pp`, torchtitan's
+    `stage_ids_this_rank` with style "loop"); torchtitan's split is over all those stages."""
+    v = PP_STAGES_PER_RANK[schedule]
+    if not 0 <= rank < pp:
+        raise ValueError(f"pp_rank: pipeline rank {rank} does not exist; allowed 0..{pp - 1}")
+    return tuple(pp_stage_layers(n_layers, pp * v, rank + k * pp) for k in range(v))
+
+
+def pp_in_flight(schedule: str, pp: int, rank: int, micro: int) -> float:
+    """Micro-batches of the rank's layers whose activations it holds at once (the analytic rule): 1F1B's rank r runs
+    min(pp - r, micro) forwards before its first backward, GPipe every forward first; interleaved 1F1B's rank runs
+    `_get_warmup_ops` chunk forwards first ((v - 1) x micro-batches per round + 2 x (pp - 1 - r), at most v x micro)
+    and one more before the first backward frees any, each of 1/v of its layers (torch.distributed.pipelining
+    schedules.py `_get_warmup_ops`, `ScheduleInterleaved1F1B`)."""
+    if schedule == "gpipe":
+        return float(micro)
+    if schedule == "1f1b":
+        return float(min(pp - rank, micro))
+    v = PP_STAGES_PER_RANK[schedule]
+    per_round = micro // max(1, micro // pp)
+    warmup = min((v - 1) * per_round + 2 * (pp - 1 - rank), micro * v)
+    return min(warmup + 1, micro * v) / v
 
 
 def pp_microbatches(w: Workload, p: Parallel) -> int:
@@ -220,6 +248,10 @@ def pp_untraced(w: Workload, p: Parallel) -> str | None:
     if p.pp_schedule == "1f1b" and pp_microbatches(w, p) < p.pp_size:
         return (f"microbatches: 1F1B needs at least as many micro-batches as stages (torch.distributed.pipelining "
                 f"Schedule1F1B); got {pp_microbatches(w, p)} for pp {p.pp_size}")
+    if p.pp_schedule == "interleaved-1f1b" and pp_microbatches(w, p) % max(1, pp_microbatches(w, p) // p.pp_size):
+        return (f"microbatches: interleaved 1F1B runs rounds of micro-batches (max(1, micro-batches // pp) of them) "
+                f"and needs their count to divide the micro-batches (torch.distributed.pipelining "
+                f"ScheduleInterleaved1F1B); got {pp_microbatches(w, p)} for pp {p.pp_size}")
     if p.microbatches and w.grad_accum > 1:
         return ("grad_accum: a traced pipeline step is one schedule step over its micro-batches; give the "
                 "micro-batches or grad_accum, not both")
@@ -248,7 +280,7 @@ def pp_rank_shares(inv: Inventory, par: Parallel) -> tuple[Share, ...]:
     head = inv.params - sum(inv.layer_params) - embed
     out = []
     for r in range(pp):
-        held = pp_stage_layers(inv.layers, pp, r)
+        held = [i for chunk in pp_rank_layers(inv.layers, pp, r, par.pp_schedule) for i in chunk]
         params = sum(inv.layer_params[i] for i in held) + (embed if r == 0 else 0) + (head if r == pp - 1 else 0)
         name = "first" if r == 0 else "last" if r == pp - 1 else f"middle (rank {r})"
         largest = max((inv.layer_params[i] for i in held), default=0)

@@ -37,8 +37,12 @@ STRATEGIES = ("single", "ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp-grad-op"
 OFFLOADS = ("none", "optimizer", "optimizer+params")
 # Pipeline schedules (torch.distributed.pipelining, torchtitan's pipeline_parallel_schedule): in 1F1B stage i keeps
 # min(pp - i, microbatches) micro-batches of activations (the first stage the most); GPipe runs every forward first,
-# so each stage keeps all of them.
-PP_SCHEDULES = ("1f1b", "gpipe")
+# so each stage keeps all of them; interleaved 1F1B (ScheduleInterleaved1F1B, torchtitan's "Interleaved1F1B") gives
+# each rank PP_STAGES_PER_RANK stages (rank r: stages r, r + pp, ...) and runs chunk forwards depth first.
+PP_SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b")
+# Stages per rank: torchtitan's default for a multi-stage schedule without pipeline_parallel_layers_per_stage
+# (torchtitan/distributed/pipeline_parallel.py `_get_pipeline_metadata`: 1 for single-stage schedules, else 2).
+PP_STAGES_PER_RANK = {"1f1b": 1, "gpipe": 1, "interleaved-1f1b": 2}
 # What the training loop keeps alive: HF Trainer and torchtune keep only the loss; seed 000's harness and
 # litgpt's loops keep the model output (logits) through backward and the optimizer step.
 LOOPS = ("loss-only", "keep-output")

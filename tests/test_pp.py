@@ -14,9 +14,9 @@ import torch
 from estimator.estimate import Options, ensure_profile, estimate, profile_where, resolve, traced_class
 from estimator.evaluate import stage_breakdowns, world
 from estimator.model import from_hf_config
-from estimator.parallel import pp_rank_shares, pp_stage_layers, pp_untraced
+from estimator.parallel import pp_in_flight, pp_rank_layers, pp_rank_shares, pp_stage_layers, pp_untraced
 from estimator.presets import load_config
-from estimator.spec import Parallel, Workload
+from estimator.spec import PP_STAGES_PER_RANK, Parallel, Workload
 from estimator.store import parallel_class, profile_key
 from scripts.parallel_check import main as parallel_check
 from tracer.session import run_traced
@@ -250,3 +250,80 @@ def test_optimizer_step_whose_largest_tick_changes_with_depth_is_exact(tmp_path,
     step = max(sum(m.bytes_at(2, 64).values()) for m in prof.piece_for(2, 64).moments if m.stage == "optimizer")
     trace = run_traced(config, w, p, rank=0)
     assert step == next(st.peak_bytes for st in trace.log.stages if st.stage == "optimizer")
+
+
+# ------------------------------------------------------------------------------------- interleaved 1F1B (looped)
+SIX = {**TINY, "num_hidden_layers": 6}
+INTERLEAVED = "interleaved-1f1b"
+
+
+@pytest.mark.parametrize("layers, pp", [(6, 2), (16, 4), (32, 4), (126, 8), (80, 8), (61, 4)])
+def test_a_looped_rank_holds_stages_r_and_r_plus_pp_of_torchtitans_split(layers, pp):
+    # torchtitan splits the layers over pp x 2 stages (its default for a multi-stage schedule) and gives rank r the
+    # stages r, r + pp (stage_ids_this_rank, style "loop"); every layer on exactly one rank
+    held = [pp_rank_layers(layers, pp, r, INTERLEAVED) for r in range(pp)]
+    assert all(len(h) == PP_STAGES_PER_RANK[INTERLEAVED] == 2 for h in held)
+    for r, (a, b) in enumerate(held):
+        assert a == pp_stage_layers(layers, 2 * pp, r) and b == pp_stage_layers(layers, 2 * pp, r + pp)
+    assert sorted(i for h in held for chunk in h for i in chunk) == list(range(layers))
+    assert pp_rank_layers(layers, pp, 1) == (pp_stage_layers(layers, pp, 1),)   # 1F1B: one stage
+
+
+@pytest.mark.parametrize("pp, micro", [(2, 2), (2, 4), (4, 4), (4, 8), (4, 12), (8, 8), (4, 3), (4, 10)])
+def test_the_analytic_interleaved_rule_counts_torchs_warmup(pp, micro):
+    # the rule's micro-batches in flight: torch's own warm-up count of chunk forwards, plus the one before the first
+    # backward, over the rank's two stages
+    from torch.distributed.pipelining.schedules import _get_warmup_ops
+
+    for r in range(pp):
+        warm = _get_warmup_ops(r, 2, micro // max(1, micro // pp), pp, micro)
+        assert pp_in_flight(INTERLEAVED, pp, r, micro) == min(warm + 1, 2 * micro) / 2
+        assert pp_in_flight("1f1b", pp, r, micro) == min(pp - r, micro)
+    assert pp_in_flight(INTERLEAVED, pp, 0, micro) >= pp_in_flight("1f1b", pp, 0, micro) or micro < pp
+
+
+def test_interleaved_micro_batches_must_fill_its_rounds():
+    # ScheduleInterleaved1F1B: max(1, micro // pp) rounds, which must divide the micro-batches (9 over pp 4: 2 rounds)
+    w = Workload()
+    why = pp_untraced(w, Parallel("pp", gpus=4, microbatches=9, pp_schedule=INTERLEAVED))
+    assert why.startswith("microbatches: interleaved 1F1B") and "\n" not in why
+    assert pp_untraced(w, Parallel("pp", gpus=4, microbatches=10, pp_schedule=INTERLEAVED)) is None
+    assert pp_untraced(w, Parallel("pp", gpus=4, microbatches=3, pp_schedule=INTERLEAVED)) is None
+    with pytest.raises(ValueError, match="^microbatches:"):
+        run_traced(SIX, Workload(batch=1, seq=8), Parallel("pp", gpus=2, microbatches=5, pp_schedule=INTERLEAVED))
+
+
+def test_a_looped_rank_holds_both_its_stages_and_more_in_flight_than_1f1b():
+    # 6 layers over 4 stages (1, 2, 2, 1): rank 0 runs stage 0 (embedding, layer 0) and stage 2 (layers 3-4); rank 1
+    # stage 1 (layers 1-2) and stage 3 (layer 5, the norm, the head)
+    w = Workload(batch=1, seq=32)
+    p = Parallel("pp", gpus=2, microbatches=4, pp_schedule=INTERLEAVED)
+    first, last = (run_traced(SIX, w, p, rank=r) for r in (0, 1))
+    assert first.log.stages[0].breakdown["weights"] == (8_192 + 3 * LAYER) * BF16
+    assert last.log.stages[0].breakdown["weights"] == (3 * LAYER + 64 + 8_192) * BF16
+    assert any("pp rank 0 of 2" in n and INTERLEAVED in n for n in first.notes)
+    one = run_traced(SIX, w, Parallel("pp", gpus=2, microbatches=4), rank=0)
+    fwd = [next(s.breakdown["activations"] for s in t.log.stages if s.stage == "forward") for t in (first, one)]
+    assert fwd[0] > fwd[1]   # rank 0 runs 2 + 2 x 1 = 4 chunk forwards first, 1F1B's rank 0 two micro-batches
+    assert not torch.distributed.is_initialized()
+
+
+def test_every_interleaved_rank_estimate_equals_its_full_depth_trace(tmp_path, monkeypatch):
+    # each rank's two stages traced whole (tracer.derive.LOOPED_WHOLE), fit, and estimated at sizes no fit traced
+    monkeypatch.setenv("WILLITFIT_CACHE", str(tmp_path))
+    model = from_hf_config(SIX, "pp-six", derive=True)
+    p = Parallel("pp", gpus=2, microbatches=4, pp_schedule=INTERLEAVED)
+    ensure_profile(model, Workload(batch=1, seq=64), p, tp_rank=True)
+    for w in (Workload(batch=5, seq=100), Workload(batch=1, seq=130)):
+        tw, _, _, pairs = resolve(model, w, p, Options())
+        assert [sh.stage for sh, _ in pairs] == ["first", "last"]
+        for rank, (sh, prof) in enumerate(pairs):
+            assert prof.parallel_class == {"strategy": "pp", "pp": 2, "schedule": INTERLEAVED, "microbatches": 4,
+                                           "rank": rank}
+            assert "traced_whole" in prof.provenance
+            ours = stage_breakdowns(model, prof, w, p, tw, sh, Options())
+            trace = run_traced(SIX, w, p, rank=rank)
+            for peak in trace.log.stages:
+                assert ours[peak.stage][1].tensor_bytes == sum(peak.breakdown.values()), (w, rank, peak.stage)
+    est = estimate(model, Workload(batch=5, seq=100), p)
+    assert any(n.startswith(f"pp: every rank of pp 2 traced ({INTERLEAVED}, 4 micro-batches") for n in est.notes)

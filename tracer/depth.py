@@ -58,7 +58,11 @@ def decoder_layer_list(model: torch.nn.Module) -> tuple[torch.nn.Module, str, to
 
 def layer_stacks(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str, torch.nn.ModuleList]]:
     """The model's layer stacks in the order a step runs them: an encoder-decoder model's encoder layers, then its
-    decoder layers (each `decoder_layer_list` of `get_encoder()` / `get_decoder()`); any other model's one stack."""
+    decoder layers (each `decoder_layer_list` of `get_encoder()` / `get_decoder()`); a pipeline rank's stages under a
+    looped schedule (tracer.pp.RankStages) one stack each, in stage order; any other model's one stack."""
+    parts = getattr(model, "pipeline_parts", None)
+    if parts is not None:
+        return [decoder_layer_list(part) for part in parts]
     if getattr(getattr(model, "config", None), "is_encoder_decoder", False):
         inner = getattr(model, "base_model", model)   # PEFT's wrapper
         inner = getattr(inner, "model", inner) if not hasattr(inner, "get_encoder") else inner

@@ -41,9 +41,9 @@ from estimator import cp as estimator_cp
 from estimator.profile import poly
 from estimator.profile.profile import Piece, Profile
 from estimator.scans import chunked_scan, scan_path
-from estimator.spec import Parallel, Workload
+from estimator.spec import PP_STAGES_PER_RANK, Parallel, Workload
 from estimator.store import parallel_class, workload_class
-from estimator.parallel import TRACED_SHARDING, pp_stage_layers
+from estimator.parallel import TRACED_SHARDING, pp_rank_layers
 from tracer import forked, serialized
 from tracer import kernels as kernels_mod
 from tracer import losses, offload, runner, session, vision, vlm
@@ -237,6 +237,23 @@ def _signatures(config: dict, workload: Workload) -> tuple[list[str], object, bo
     return sigs, model.config, is_masked_lm(model) or is_vision_model(model), shared
 
 
+# Why a rank of a looped pipeline schedule is traced whole (its stages' layers at full depth, every size): the
+# extension adds one more layer's effect on ticks outside it per stage of the step (tracer.extend._stage_effects),
+# measured in the first micro-batch's window, and under interleaved 1F1B a rank's stages hold different numbers of
+# micro-batches in flight at each of its windows. Cut to reduced depth, a tiny 16-layer Llama's second rank (pp 2,
+# 4 micro-batches) read 1.8 MB (8%) low in forward at batch 5, seq 100.
+LOOPED_WHOLE = ("a rank of a looped pipeline schedule runs several stages, each holding its own number of "
+                "micro-batches in flight, which the reduced-depth extension does not measure; traced whole")
+
+
+def _rank_signatures(sigs: list[str], parallel: Parallel, pp_rank: int) -> tuple[list[str], list[int]]:
+    """(signatures, the model's index) of the layers pipeline rank `pp_rank` holds (estimator.parallel.pp_rank_layers),
+    its stages' in order: one range under a single-stage schedule, several under a looped one (traced whole:
+    LOOPED_WHOLE)."""
+    held = [i for chunk in pp_rank_layers(len(sigs), parallel.pp_size, pp_rank, parallel.pp_schedule) for i in chunk]
+    return [sigs[i] for i in held], held
+
+
 def _frozen_prefix(model, targets, sigs: list[str]) -> list[str]:
     """The signatures with the layers before the first one holding a LoRA target told apart: their input needs no
     gradient, so autograd saves nothing in them, while a layer of the same type after it saves its activations.
@@ -290,10 +307,9 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
                          f"{scan[1]}); a profile prices it on the GPU's kernels only (mamba_ssm, flash-linear-attention "
                          "and causal_conv1d installed: kernels cuda)")
     sigs, hf_config, masked, shared = _signatures(config, w0)
-    offset = 0
-    if parallel.pp_size > 1:  # a pipeline rank: its stage's layers are the model the reduced depths cut
-        held = pp_stage_layers(len(sigs), parallel.pp_size, pp_rank)
-        sigs, offset = sigs[held.start:held.stop], held.start
+    held = None
+    if parallel.pp_size > 1:  # a pipeline rank: its stages' layers are the model the reduced depths cut
+        sigs, held = _rank_signatures(sigs, parallel, pp_rank)
     elif pp_rank and not 0 < pp_rank < parallel.cp:
         raise ValueError(f"pp_rank: only a pipeline's or a context-parallel group's ranks are traced apart; got rank "
                          f"{pp_rank}")
@@ -309,11 +325,13 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
     pieces = pieces_for(hf_config, max_positions(hf_config), infer, step, multiple, units, vlm.seq_floor(hf_config, w0))
     fit_world = world[:2] if fsdp else world
     reduced_refused = traced_whole(hf_config, w0, shared)   # one more layer does not add what the extension assumes
+    if parallel.pp_size > 1 and PP_STAGES_PER_RANK[parallel.pp_schedule] > 1:
+        reduced_refused = reduced_refused or LOOPED_WHOLE
     if reduced_refused and not plan.full:
         plan = Plan(plan.n_layers, plan.types, (tuple(range(plan.n_layers)),), (None,), True)
     try:
         out_pieces, n_jobs, padding = _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp,
-                                                     kernels, progress, scan_extra, step, ranks, (pp_rank, offset), multiple)
+                                                     kernels, progress, scan_extra, step, ranks, (pp_rank, held), multiple)
     except _ReducedDepthFailed as e:
         # The model's code outside its layer stack depends on the layer count (Gemma-3n / Gemma-4 per-layer
         # embeddings: one table num_hidden_layers x width wide, reshaped by the config's count), so a model cut in
@@ -321,7 +339,7 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
         reduced_refused = f"the reduced-depth model failed: {e.reason}"
         plan = Plan(plan.n_layers, plan.types, (tuple(range(plan.n_layers)),), (None,), True)
         out_pieces, n_jobs, padding = _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp,
-                                                     kernels, progress, scan_extra, step, ranks, (pp_rank, offset), multiple)
+                                                     kernels, progress, scan_extra, step, ranks, (pp_rank, held), multiple)
     jobs = range(n_jobs)
     if progress:
         progress(len(jobs), len(jobs), "done")
@@ -367,13 +385,13 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
     with a mask, the piece is split by s's alignment (the mask is copied on unaligned s only). `scan_extra`: the
     monomials in q of a chunked state-space scan (poly.scan_monomials; its chunk tensors are sized by the chunk
     count), fit on every piece with seqs that tell q from s. `ranks`: (the LoRA ranks fit, the rank verified); with
-    two fit ranks the rank is a variable. `stage`: (pipeline rank, its first layer): the plan's layers are counted
-    from that one. A reduced plan whose first trace fails in the model's code raises _ReducedDepthFailed (the
+    two fit ranks the rank is a variable. `stage`: (pipeline rank, the model's layer index of each of the plan's
+    layers, or None: the plan's layers are the model's). A reduced plan whose first trace fails in the model's code raises _ReducedDepthFailed (the
     caller traces the model whole)."""
 
     fit_ranks, vrank = ranks
     ranked = len(fit_ranks) > 1
-    pp_rank, offset = stage
+    pp_rank, held = stage
 
     def jobs(fseqs) -> int:
         return sum(len(size_points(r[0], fseqs, fit_world, fit_ranks)) + 1 for r in BATCH_REGIONS) * \
@@ -386,7 +404,8 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
     def what(pt, v) -> str:
         keep = plan.variants[v]
         b, s, n, r = pt
-        return (("tracing the whole model" if keep is None or plan.full else
+        whole = "the whole model" if held is None else f"pipeline rank {pp_rank}'s {plan.n_layers} layers"
+        return ((f"tracing {whole}" if keep is None or plan.full else
                  f"tracing {len(keep)} of {plan.n_layers} layers") + f" at batch {b}, seq {s}"
                 + (f", {n} GPUs" if n > 1 else "") + (f", LoRA rank {r}" if ranked else ""))
 
@@ -395,7 +414,7 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
         v, (b, s, n, r) = job
         keep = plan.variants[v]
         return (config, replace(w0, batch=b, seq=s, lora_rank=r), _at_world(parallel, n),
-                None if keep is None else [offset + i for i in keep], kernels)
+                None if keep is None else [i if held is None else held[i] for i in keep], kernels)
 
     def trace(job):
         return trace_ticks(*args(job), pp_rank=pp_rank)

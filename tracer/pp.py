@@ -39,8 +39,8 @@ import contextlib
 
 import torch
 
-from estimator.parallel import FSDP_FAMILY, pp_microbatches, pp_stage_layers, pp_untraced
-from estimator.spec import Parallel, Workload
+from estimator.parallel import FSDP_FAMILY, pp_microbatches, pp_rank_layers, pp_untraced
+from estimator.spec import PP_STAGES_PER_RANK, Parallel, Workload
 from tracer import runner, tp
 from tracer.depth import decoder_layer_list
 
@@ -90,6 +90,24 @@ class StageModule(torch.nn.Module):
         return out
 
 
+class RankStages(torch.nn.Module):
+    """The stages one rank runs under a looped schedule (interleaved 1F1B: stages r, r + pp, ...), in stage order:
+    the rank's model for the optimizer (every stage's parameters) and for tracer.depth, which reads each stage's
+    decoder layers as one stack (`layer_stacks`), so ticks are tagged with the rank's layers in stage order."""
+
+    def __init__(self, stages: list[StageModule]):
+        super().__init__()
+        self.stages = torch.nn.ModuleList(stages)
+
+    @property
+    def config(self):
+        return self.stages[0].config
+
+    @property
+    def pipeline_parts(self) -> list[StageModule]:
+        return list(self.stages)
+
+
 def _child_owner(root: torch.nn.Module, target: torch.nn.Module) -> tuple[torch.nn.Module, str]:
     for module in root.modules():
         for name, child in module.named_children():
@@ -122,25 +140,33 @@ def _text_config(lm):
 
 @contextlib.contextmanager
 def pp_case(config: dict, workload: Workload, parallel: Parallel, rank: int = 0, layers: list[int] | None = None):
-    """Yield (stage module, inputs, step) for pipeline rank `rank` inside a fake world of pp ranks, with fake
-    parameters; `step(on_stage)` runs one schedule step (every micro-batch's forward and backward), calling
-    on_stage("forward") after each micro-batch's forward (and, on the last stage, its loss),
-    on_stage("backward") after each backward and once more when the schedule's step returns. `layers` overrides the
-    stage's layers (reduced depth)."""
+    """Yield (the rank's model, inputs, step) for pipeline rank `rank` inside a fake world of pp ranks, with fake
+    parameters: its stage module under a single-stage schedule, a `RankStages` of its stages under a looped one.
+    `step(on_stage)` runs one schedule step (every micro-batch's forward and backward on each of the rank's stages),
+    calling on_stage("forward") after each forward (and, on the last stage, its loss), on_stage("backward") after
+    each backward and once more when the schedule's step returns. `layers` overrides the rank's layers (reduced
+    depth: global layer indices, each kept in the stage whose range holds it)."""
     import torch.distributed as dist
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
+                                              ScheduleInterleaved1F1B)
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     check(workload, parallel)
     pp, m = parallel.pp_size, pp_microbatches(workload, parallel)
+    v = PP_STAGES_PER_RANK[parallel.pp_schedule]
+    n_stages = pp * v
+    ids_here = [rank + k * pp for k in range(v)]   # torch.distributed.pipelining's stage indices of this rank
     fsdp = parallel.strategy in FSDP_FAMILY   # FSDP2 (HSDP: on a 2-D dp mesh) over the dp ranks of each stage
     dp, tp_n = parallel.dp_size if fsdp else 1, parallel.tp_size
     sp = parallel.sequence_parallel
-    first, last = rank == 0, rank == pp - 1
     hf = runner._hf_config(config)
     n_layers = int(getattr(hf.get_text_config() if hasattr(hf, "get_text_config") else hf, "num_hidden_layers"))
-    keep = list(pp_stage_layers(n_layers, pp, rank)) if layers is None else list(layers)
+    chunks = pp_rank_layers(n_layers, pp, rank, parallel.pp_schedule)
+    keeps = [list(c) if layers is None else [i for i in layers if i in c] for c in chunks]
+    if v > 1 and not all(keeps):
+        raise ValueError(f"pp: rank {rank}'s stages {ids_here} would be traced without a layer in one of them "
+                         f"(layers {layers}); each stage keeps at least one")
     if dist.is_initialized():
         raise RuntimeError("a process group is already initialised; pipeline tracing needs its own fake one")
     # torchtitan's mesh puts pp outermost, then dp, then tp: stage r's ranks are r * dp * tp ..; the first is traced
@@ -152,7 +178,8 @@ def pp_case(config: dict, workload: Workload, parallel: Parallel, rank: int = 0,
             group = mesh["pp"].get_group()
         on_meta = fsdp or tp_n > 1   # DTensor's and FSDP2's meta-device init: parallelise, then to_empty
 
-        def stage_module():
+        def stage_module(index: int, keep: list[int]):
+            first, last = index == 0, index == n_stages - 1
             lm = runner.build_model(config, workload, "meta" if on_meta else "cpu", meta_then_empty=not on_meta,
                                     layers=keep)
             vocab, hidden = int(lm.get_input_embeddings().num_embeddings), int(_text_config(lm).hidden_size)
@@ -165,6 +192,9 @@ def pp_case(config: dict, workload: Workload, parallel: Parallel, rank: int = 0,
                 _shard(module, dp_mesh)
             return lm, module, vocab, hidden, out_meta
 
+        def stage_modules():
+            return [stage_module(index, keep) for index, keep in zip(ids_here, keeps)]
+
         b, s = workload.batch, workload.seq
         stream = runner.weight_dtype(workload)  # the residual stream between stages: the weights' dtype
         logits = runner.DTYPES[workload.precision] if workload.recipe == "amp" else stream
@@ -173,25 +203,34 @@ def pp_case(config: dict, workload: Workload, parallel: Parallel, rank: int = 0,
                              f"({s})")
         # parallelised on the meta device outside fake mode (the device mesh's own bookkeeping runs real ops), as
         # session._fsdp_model and tp.tp_model do; given fake storage by to_empty inside it
-        built = stage_module() if on_meta else None
+        built = stage_modules() if on_meta else None
         with FakeTensorMode(allow_non_fake_inputs=True):
-            lm, module, vocab, hidden, out_meta = built or stage_module()
+            parts = built or stage_modules()
             if on_meta:
-                module.to_empty(device="cpu")
+                for part in parts:
+                    part[1].to_empty(device="cpu")
+            vocab = parts[0][2]
             ids = torch.randint(0, vocab, (b * m, s))
             labels = ids.clone()  # a data collator's copy (DataCollatorForLanguageModeling)
-            in_arg = ids[:b] if first else torch.empty(b, s // tp_n if sp else s, hidden, dtype=stream,
-                                                       requires_grad=True)
-            out_arg = torch.empty(*out_meta[0], dtype=out_meta[1], requires_grad=not last)
-            stage = PipelineStage(module, rank, pp, torch.device("cpu"), input_args=(in_arg,), output_args=(out_arg,),
-                                  group=group)
-            del in_arg, out_arg
+            stages = []
+            for index, (_, module, _, hidden, out_meta) in zip(ids_here, parts):
+                in_arg = ids[:b] if index == 0 else torch.empty(b, s // tp_n if sp else s, hidden, dtype=stream,
+                                                                requires_grad=True)
+                out_arg = torch.empty(*out_meta[0], dtype=out_meta[1], requires_grad=index != n_stages - 1)
+                stages.append(PipelineStage(module, index, n_stages, torch.device("cpu"), input_args=(in_arg,),
+                                            output_args=(out_arg,), group=group))
+                del in_arg, out_arg
+            lm_last = parts[-1][0]
+            first, last = ids_here[0] == 0, ids_here[-1] == n_stages - 1
 
             def loss_fn(out, target):
-                return lm.loss_function(logits=out, labels=target, vocab_size=out.shape[-1])
+                return lm_last.loss_function(logits=out, labels=target, vocab_size=out.shape[-1])
 
-            cls = Schedule1F1B if parallel.pp_schedule == "1f1b" else ScheduleGPipe
-            schedule = cls(stage, n_microbatches=m, loss_fn=loss_fn)
+            if v > 1:
+                schedule = ScheduleInterleaved1F1B(stages, n_microbatches=m, loss_fn=loss_fn)
+            else:
+                cls = Schedule1F1B if parallel.pp_schedule == "1f1b" else ScheduleGPipe
+                schedule = cls(stages[0], n_microbatches=m, loss_fn=loss_fn)
             _static_warmup(schedule)
             inputs = {"input_ids": ids} if first else {}
             if last:
@@ -199,32 +238,40 @@ def pp_case(config: dict, workload: Workload, parallel: Parallel, rank: int = 0,
             del ids, labels
 
             def step(on_stage) -> None:
-                compute_loss, backward = schedule._maybe_compute_loss, stage.backward_one_chunk
+                compute_loss = schedule._maybe_compute_loss
+                backwards = [stage.backward_one_chunk for stage in stages]
 
                 def after_forward(*args, **kwargs):
                     compute_loss(*args, **kwargs)
                     on_stage("forward")
 
-                def after_backward(*args, **kwargs):
-                    out = backward(*args, **kwargs)
-                    on_stage("backward")
-                    return out
+                def after_backward(backward):
+                    def run(*args, **kwargs):
+                        out = backward(*args, **kwargs)
+                        on_stage("backward")
+                        return out
+                    return run
 
-                schedule._maybe_compute_loss, stage.backward_one_chunk = after_forward, after_backward
+                schedule._maybe_compute_loss = after_forward
+                for stage, backward in zip(stages, backwards):
+                    stage.backward_one_chunk = after_backward(backward)
                 try:
                     args = (inputs["input_ids"],) if first else ()
                     kw = {"target": inputs["labels"], "losses": []} if last else {}
                     # torchtitan's train_context: loss_parallel around the step under TP (the logits stay sharded)
-                    with runner._autocast(workload, lm), (tp.loss_context(workload) if tp_n > 1
-                                                          else contextlib.nullcontext()):
+                    with runner._autocast(workload, lm_last), (tp.loss_context(workload) if tp_n > 1
+                                                               else contextlib.nullcontext()):
                         schedule.step(*args, **kw, return_outputs=False)  # torchtitan: return_outputs=False
                 finally:
-                    del schedule._maybe_compute_loss, stage.backward_one_chunk
+                    del schedule._maybe_compute_loss
+                    for stage in stages:
+                        del stage.backward_one_chunk
                 # the schedule's own end of step (gradients scaled, its caches of the last micro-batches dropped)
                 # closes the backward stage, so that the optimizer's stage starts from what the step leaves
                 on_stage("backward")
 
-            yield module, inputs, step
+            model = parts[0][1] if v == 1 else RankStages([part[1] for part in parts])
+            yield model, inputs, step
     finally:
         dist.destroy_process_group()
         tp.forget_meshes()
