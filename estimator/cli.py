@@ -73,8 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
            "--dp-replicate for HSDP) and a seq that is a multiple of 2 x N; training only")
     a("--sequence-parallel", action="store_true", help="Megatron sequence parallelism (needs tensor parallelism)")
     a("--pp-schedule", choices=PP_SCHEDULES, default="1f1b",
-      help="pipeline schedule: 1f1b (the first stage keeps min(pp, micro-batches) of activations) or gpipe (every "
-           "stage keeps all of them); needs --pp")
+      help="pipeline schedule: 1f1b (the first stage keeps min(pp, micro-batches) of activations), gpipe (every "
+           "stage keeps all of them) or interleaved-1f1b (torchtitan's Interleaved1F1B: two stages per rank, rank r "
+           "holding stages r and r + pp); needs --pp")
     a("--microbatches", type=int, default=0, metavar="N",
       help="micro-batches per step through the pipeline (default: --grad-accum); needs --pp")
     a("--dp-shard", type=int, default=0, metavar="N",

@@ -70,9 +70,10 @@ def _divisors(n: int) -> list[int]:
 
 
 def layouts(model: Model, workload: Workload, gpus: int, gpu_bytes: int,
-            options: Options = Options()) -> tuple[Layout, ...]:
+            options: Options = Options(), pp_schedule: str = "1f1b", microbatches: int = 0) -> tuple[Layout, ...]:
     """Every valid (dp, tp, pp) with dp * tp * pp = gpus, the fitting ones first, then by the worst rank's device
-    bytes. A degree the model cannot take (TP not dividing the heads, PP past the layers) is left out. FSDP x CP (x
+    bytes; the layouts with pp > 1 run `pp_schedule` over `microbatches` (0: the workload's grad_accum). A degree the
+    model cannot take (TP not dividing the heads, PP past the layers or its stages) is left out. FSDP x CP (x
     TP) layouts (dp * cp * tp = gpus) join where both derived CP ranks' profiles are on disk already: ranking never
     starts a CP derivation (two of a minute or more each; the Multi-GPU page derives one degree on request)."""
     if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= MAX_GPUS:
@@ -80,7 +81,8 @@ def layouts(model: Model, workload: Workload, gpus: int, gpu_bytes: int,
     out = []
     for tp in _divisors(gpus):
         for pp in _divisors(gpus // tp):
-            par = Parallel() if gpus == 1 else Parallel(strategy="fsdp", gpus=gpus, tp=tp, pp=pp)
+            piped = dict(pp_schedule=pp_schedule, microbatches=microbatches) if pp > 1 else {}
+            par = Parallel() if gpus == 1 else Parallel(strategy="fsdp", gpus=gpus, tp=tp, pp=pp, **piped)
             lay = _priced(model, workload, par, gpu_bytes, options)
             out += [lay] if lay is not None else []
         for cp in _divisors(gpus // tp)[1:] if workload.training else ():

@@ -17,7 +17,7 @@ Sources:
   micro-batches of activations, under GPipe every rank all of them (the analytic rule: the single-GPU step's
   activations scaled by the stage's share of the layers; the first, the last and rank 1 for the middle ones).
   Traced instead where every rank's profile is on disk (tracer.pp, `pp_untraced`: strategy pp over all the GPUs,
-  or FSDP2 over each stage's dp ranks; 1F1B or GPipe, full fine-tuning): each rank holds torchtitan's split of the layers (`pp_stage_layers`), and the
+  or FSDP2 over each stage's dp ranks; 1F1B, GPipe or interleaved 1F1B, full fine-tuning): each rank holds torchtitan's split of the layers (`pp_stage_layers`), and the
   estimate takes each rank's categories as they are, the worst rank deciding (`pp_rank_shares`).
 - Expert parallelism: the routed experts are sharded over ep.
 - Composed (docs/parallel.md): an FSDP-family strategy with tp, pp or ep > 1 shards over the data-parallel group
@@ -226,9 +226,10 @@ def pp_untraced(w: Workload, p: Parallel) -> str | None:
     """Why the ranks of this pipeline are not traced one by one (tracer.pp: torch.distributed.pipelining on a fake
     process group, torchtitan's split), naming the field, or None when they are: strategy 'pp' over all the GPUs
     (gpus = pp, or pp x tp with tensor parallelism inside each stage), or fsdp / zero3 / fsdp-grad-op over each
-    stage's dp ranks (gpus = dp x tp x pp; no ep), 1F1B (with at least pp micro-batches) or GPipe, training with full
-    fine-tuning and the model's full loss, eager, the optimizer stepped after the schedule, no activation offload,
-    recipe pure, mixed or amp; with tp, what traced TP runs too (`tp_untraced`'s rules for training)."""
+    stage's dp ranks (gpus = dp x tp x pp; no ep), 1F1B (with at least pp micro-batches), GPipe or interleaved 1F1B
+    (its rounds dividing the micro-batches), training with full fine-tuning and the model's full loss, eager, the
+    optimizer stepped after the schedule, no activation offload, recipe pure, mixed or amp; with tp, what traced TP
+    runs too (`tp_untraced`'s rules for training)."""
     if p.pp_size < 2 or p.ep_size > 1 or p.strategy not in ("pp", *FSDP_FAMILY) \
             or (p.strategy == "pp" and p.dp_size > 1):
         return ("pp: traced pipelines are strategy 'pp' over all the GPUs (gpus = pp x tp), or fsdp / zero3 / "

@@ -17,7 +17,7 @@ from estimator.estimate import Options, estimate
 from estimator.gpus import get_gpu
 from estimator.layouts import layouts
 from estimator.presets import load_config
-from estimator.spec import STRATEGIES, Parallel
+from estimator.spec import PP_SCHEDULES, STRATEGIES, Parallel
 from estimator.units import GB, GiB, fmt_bytes
 from estimator.seq2seq import seq2seq_of
 from estimator.vision import check_images, sized
@@ -50,6 +50,15 @@ def fields() -> dict[str, state.Field]:
                               help="Second strategy of the side-by-side comparison.")
     f["layout_n"] = state.Field("layout_n", "int", 8, lo=1, hi=MAX_SEARCH_GPUS, label="GPUs to lay out",
                                 help="World size whose FSDP x TP x PP layouts are ranked (torchtitan's mesh).")
+    f["pp_schedule"] = state.Field("pp_schedule", "choice", "1f1b", PP_SCHEDULES, label="Pipeline schedule",
+                                   help="How the layouts with PP > 1 run their micro-batches (torch.distributed."
+                                        "pipelining, torchtitan's pipeline_parallel_schedule): 1f1b keeps at most pp "
+                                        "of them on the first stage, gpipe every one on every stage, "
+                                        "interleaved-1f1b gives each rank two stages (r and r + pp).")
+    f["microbatches"] = state.Field("microbatches", "int", 0, lo=0, hi=4096, label="Pipeline micro-batches",
+                                    help="Micro-batches per step through the pipeline, each of the batch size above "
+                                         "(torchtitan: local batch / microbatch size). 0: the gradient "
+                                         "accumulation steps. 1F1B needs at least pp of them.")
     f["cp"] = state.Field("cp", "int", 1, lo=1, hi=64, label="Context-parallel degree",
                           help="torchtitan's context_parallel_degree: each sequence split over this many ranks (ring "
                                "attention), FSDP over the rest x cp. 1: off. It must divide the GPUs to lay out, and "
@@ -112,8 +121,11 @@ def layouts_section(model, w, gpu, f) -> int:
     """Every FSDP x TP x PP layout of N GPUs (estimator.layouts), the worst rank of each, one drawn stage by stage.
     Returns N."""
     st.subheader("Layouts: FSDP x TP x PP on N GPUs")
-    n = state.widget(PAGE, f["layout_n"], st)
-    rows = layouts(model, w, n, capacity_bytes(gpu), priced(gpu))
+    c1, c2, c3 = st.columns(3)
+    n = state.widget(PAGE, f["layout_n"], c1)
+    schedule = state.widget(PAGE, f["pp_schedule"], c2)
+    micro = state.widget(PAGE, f["microbatches"], c3)
+    rows = layouts(model, w, n, capacity_bytes(gpu), priced(gpu), pp_schedule=schedule, microbatches=micro)
     if not rows:
         st.info(f"No FSDP x TP x PP layout of {n} GPUs suits {model.name} (TP must divide its heads, PP its layers).")
         return n
@@ -250,7 +262,8 @@ def main() -> None:
         context_parallel_section(model, w, gpu, f, layouts_section(model, w, gpu, f))
         compare(model, w, gpu, f)
     finally:
-        state.write_url(PAGE, list(f.values()), {"model", "gpu", "compare_a", "compare_b", "compare_n", "layout_n", "cp", *shown})
+        state.write_url(PAGE, list(f.values()), {"model", "gpu", "compare_a", "compare_b", "compare_n", "layout_n", "pp_schedule", "microbatches",
+                                                 "cp", *shown})
 
 
 state.run_page(main)

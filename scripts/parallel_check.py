@@ -19,7 +19,9 @@ and 1 layers) and pp 4 1F1B over 4 micro-batches of an 8-layer model (mixed: fp3
 FSDP2 over each stage's dp ranks: FSDP 16 x PP 2 (1F1B, the 12-layer model) and FSDP 8 x PP 4 (GPipe, mixed, the
 8-layer model), at a dp no fit used; TP inside every stage on torchtitan's (pp, dp, tp) mesh: pp 2 x tp 2 (1F1B, the
 12-layer model), pp 2 x tp 4 with sequence parallelism (GPipe over 3 micro-batches, mixed, the 8-layer model) and
-FSDP 16 x TP 2 x PP 2 (1F1B, the 12-layer model, 64 ranks); context parallelism (tracer.cp, every CP rank
+FSDP 16 x TP 2 x PP 2 (1F1B, the 12-layer model, 64 ranks); interleaved 1F1B (two stages per rank, each rank's
+stages traced whole) of the 12-layer model: pp 2 over 4 micro-batches, pp 4 over 8 (mixed), FSDP 16 x PP 2, and
+PP 2 x TP 2 with sequence parallelism; context parallelism (tracer.cp, every CP rank
 traced, the derived ones against their estimates): FSDP over dp_shard 8 x cp 2, dp_shard 8 x cp 4 with grouped
 KV heads, dp_shard 1 x cp 4 with the mixed recipe and full checkpointing, and with TP inside on torchtitan's
 (dp_shard, cp, tp) mesh: dp_shard 8 x cp 2 x tp 2, and dp_shard 8 x cp 4 x tp 2 with sequence parallelism (mixed); and llama-3.2-1b itself,
@@ -91,6 +93,17 @@ def cases() -> list[Case]:
                                 pp_schedule="gpipe"), {**CONFIG, "num_hidden_layers": 8}),
                   Case("fsdp16-tp2-pp2-1f1b-train", train, Parallel("fsdp", gpus=64, pp=2, tp=2, microbatches=4),
                        deep),
+                  # interleaved 1F1B (two stages per rank, each rank's stages traced whole): pp 2 over 4 and pp 4
+                  # over 8 micro-batches (mixed), FSDP 16 x PP 2, TP 2 inside every stage with sequence parallelism
+                  Case("pp2-interleaved-train", train, Parallel("pp", gpus=2, microbatches=4,
+                                                                pp_schedule="interleaved-1f1b"), deep),
+                  Case("pp4-interleaved-train-mixed", Workload(recipe="mixed", **CHECK_TRAIN),
+                       Parallel("pp", gpus=4, microbatches=8, pp_schedule="interleaved-1f1b"), deep),
+                  Case("fsdp16-pp2-interleaved-train", train, Parallel("fsdp", gpus=32, pp=2, microbatches=4,
+                                                                       pp_schedule="interleaved-1f1b"), deep),
+                  Case("pp2-tp2-sp-interleaved-train", train,
+                       Parallel("pp", gpus=4, pp=2, tp=2, sequence_parallel=True, microbatches=2,
+                                pp_schedule="interleaved-1f1b"), deep),
                   # context parallelism (tracer.cp): FSDP2 over dp_shard x cp, ring attention; the fit traces
                   # dp_shard 1 and 2 and checks 4, so dp_shard 8 is unused; seq a multiple of 2 x cp
                   Case("fsdp16-cp2-train", train, Parallel("fsdp", gpus=16, cp=2)),

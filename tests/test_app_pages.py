@@ -664,6 +664,16 @@ def test_multi_gpu_layouts_are_the_library_ranking(env):
     assert table["layout"].tolist() == [lay.label for lay in expected]
     assert table["worst rank (GiB)"].tolist() == [lay.device_bytes / GiB for lay in expected]
     assert table["why"].tolist() == [lay.why(capacity_bytes(gpu)) for lay in expected]
+    # the pipeline schedule and micro-batches of the PP layouts: interleaved 1F1B over 8 (rank r: stages r, r + pp)
+    at.selectbox(key="multi:pp_schedule").set_value("interleaved-1f1b").run()
+    at.number_input(key="multi:microbatches").set_value(8).run()
+    assert not at.exception
+    table = next(d.value for d in at.dataframe if "worst rank (GiB)" in d.value.columns)
+    looped = layouts(model, w, 8, capacity_bytes(gpu), ON_H100, pp_schedule="interleaved-1f1b", microbatches=8)
+    assert table["layout"].tolist() == [lay.label for lay in looped]
+    assert table["worst rank (GiB)"].tolist() == [lay.device_bytes / GiB for lay in looped]
+    assert any(lay.parallel.pp_schedule == "interleaved-1f1b" for lay in looped if lay.pp > 1)
+    assert table["worst rank (GiB)"].tolist() != [lay.device_bytes / GiB for lay in expected]
 
 
 def test_multi_gpu_context_parallel_is_the_library_estimate(env):

@@ -59,3 +59,22 @@ def test_one_gpu_is_one_layout_and_bad_counts_are_one_line(llama70b):
     assert [(r.dp, r.tp, r.pp) for r in layouts(llama70b, Workload(), 1, 80 * GiB, NO_TRACE)] == [(1, 1, 1)]
     with pytest.raises(ValueError, match="^gpus:"):
         layouts(llama70b, Workload(), 0, 80 * GiB, NO_TRACE)
+
+
+def test_pipeline_layouts_run_the_schedule_asked(llama70b):
+    # interleaved 1F1B over 8 micro-batches: every layout with pp > 1 runs it (two stages per rank); the others do
+    # not pipeline; a pp whose 2 x pp stages would leave one without a layer is no layout
+    w = Workload(batch=1, seq=4096)
+    rows = layouts(llama70b, w, 8, 80 * GiB, NO_TRACE, pp_schedule="interleaved-1f1b", microbatches=8)
+    for r in rows:
+        want = Parallel(strategy="fsdp", gpus=8, tp=r.tp, pp=r.pp,
+                        **(dict(pp_schedule="interleaved-1f1b", microbatches=8) if r.pp > 1 else {}))
+        assert r.parallel == want
+        assert r.device_bytes == estimate(llama70b, w, want, NO_TRACE).total_bytes
+    assert {r.pp for r in rows} == {1, 2, 4, 8}
+    # llama-3.2-1b's 16 layers + the embedding and the head over 2 x 16 stages: more stages than effective layers
+    # (torchtitan's _generate_llm_fqn_per_model_part refuses); over 2 x 8 the last stage holds the norm and head only
+    small = from_hf_config(load_config("llama-3.2-1b")[1], "llama-3.2-1b", derive=False)
+    pps = {r.pp for r in layouts(small, Workload(batch=1, seq=1024), 16, 80 * GiB, NO_TRACE,
+                                 pp_schedule="interleaved-1f1b", microbatches=16)}
+    assert pps == {1, 2, 4, 8}

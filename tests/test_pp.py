@@ -327,3 +327,11 @@ def test_every_interleaved_rank_estimate_equals_its_full_depth_trace(tmp_path, m
                 assert ours[peak.stage][1].tensor_bytes == sum(peak.breakdown.values()), (w, rank, peak.stage)
     est = estimate(model, Workload(batch=5, seq=100), p)
     assert any(n.startswith(f"pp: every rank of pp 2 traced ({INTERLEAVED}, 4 micro-batches") for n in est.notes)
+
+
+@pytest.mark.parametrize("p, rank, stage", [(Parallel("pp", gpus=6, microbatches=6), 0, 0),
+                                            (Parallel("pp", gpus=3, microbatches=3, pp_schedule=INTERLEAVED), 2, 5)])
+def test_a_stage_without_a_layer_is_one_line(p, rank, stage):
+    # 4 layers + 2 over 6 stages: one each, so the first holds the embedding alone, the last the norm and head alone
+    with pytest.raises(ValueError, match=f"^pp: pipeline stage {stage} of 6 holds no decoder layer"):
+        run_traced(TINY, Workload(batch=1, seq=8), p, rank=rank)

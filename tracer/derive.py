@@ -43,10 +43,10 @@ from estimator.profile.profile import Piece, Profile
 from estimator.scans import chunked_scan, scan_path
 from estimator.spec import PP_STAGES_PER_RANK, Parallel, Workload
 from estimator.store import parallel_class, workload_class
-from estimator.parallel import TRACED_SHARDING, pp_rank_layers
+from estimator.parallel import TRACED_SHARDING
 from tracer import forked, serialized
 from tracer import kernels as kernels_mod
-from tracer import losses, offload, runner, session, vision, vlm
+from tracer import losses, offload, pp, runner, session, vision, vlm
 from tracer.depth import all_layers, layer_infos, text_config, traced_whole
 from tracer.extend import (
     decode_ticks,
@@ -237,23 +237,6 @@ def _signatures(config: dict, workload: Workload) -> tuple[list[str], object, bo
     return sigs, model.config, is_masked_lm(model) or is_vision_model(model), shared
 
 
-# Why a rank of a looped pipeline schedule is traced whole (its stages' layers at full depth, every size): the
-# extension adds one more layer's effect on ticks outside it per stage of the step (tracer.extend._stage_effects),
-# measured in the first micro-batch's window, and under interleaved 1F1B a rank's stages hold different numbers of
-# micro-batches in flight at each of its windows. Cut to reduced depth, a tiny 16-layer Llama's second rank (pp 2,
-# 4 micro-batches) read 1.8 MB (8%) low in forward at batch 5, seq 100.
-LOOPED_WHOLE = ("a rank of a looped pipeline schedule runs several stages, each holding its own number of "
-                "micro-batches in flight, which the reduced-depth extension does not measure; traced whole")
-
-
-def _rank_signatures(sigs: list[str], parallel: Parallel, pp_rank: int) -> tuple[list[str], list[int]]:
-    """(signatures, the model's index) of the layers pipeline rank `pp_rank` holds (estimator.parallel.pp_rank_layers),
-    its stages' in order: one range under a single-stage schedule, several under a looped one (traced whole:
-    LOOPED_WHOLE)."""
-    held = [i for chunk in pp_rank_layers(len(sigs), parallel.pp_size, pp_rank, parallel.pp_schedule) for i in chunk]
-    return [sigs[i] for i in held], held
-
-
 def _frozen_prefix(model, targets, sigs: list[str]) -> list[str]:
     """The signatures with the layers before the first one holding a LoRA target told apart: their input needs no
     gradient, so autograd saves nothing in them, while a layer of the same type after it saves its activations.
@@ -307,9 +290,9 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
                          f"{scan[1]}); a profile prices it on the GPU's kernels only (mamba_ssm, flash-linear-attention "
                          "and causal_conv1d installed: kernels cuda)")
     sigs, hf_config, masked, shared = _signatures(config, w0)
-    held = None
-    if parallel.pp_size > 1:  # a pipeline rank: its stages' layers are the model the reduced depths cut
-        sigs, held = _rank_signatures(sigs, parallel, pp_rank)
+    held = None   # a pipeline rank: its stages' layers (the model's indices) are the model the reduced depths cut
+    if parallel.pp_size > 1:
+        sigs, held = pp.rank_signatures(sigs, parallel, pp_rank)
     elif pp_rank and not 0 < pp_rank < parallel.cp:
         raise ValueError(f"pp_rank: only a pipeline's or a context-parallel group's ranks are traced apart; got rank "
                          f"{pp_rank}")
@@ -324,9 +307,8 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
     units = (scan[1] // 2,) if scan and scan[1] > 2 * UNITS[0] else UNITS
     pieces = pieces_for(hf_config, max_positions(hf_config), infer, step, multiple, units, vlm.seq_floor(hf_config, w0))
     fit_world = world[:2] if fsdp else world
-    reduced_refused = traced_whole(hf_config, w0, shared)   # one more layer does not add what the extension assumes
-    if parallel.pp_size > 1 and PP_STAGES_PER_RANK[parallel.pp_schedule] > 1:
-        reduced_refused = reduced_refused or LOOPED_WHOLE
+    reduced_refused = traced_whole(hf_config, w0, shared) or \
+        (pp.LOOPED_WHOLE if PP_STAGES_PER_RANK[parallel.pp_schedule] > 1 else "")   # what the extension cannot add
     if reduced_refused and not plan.full:
         plan = Plan(plan.n_layers, plan.types, (tuple(range(plan.n_layers)),), (None,), True)
     try:
@@ -385,9 +367,8 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
     with a mask, the piece is split by s's alignment (the mask is copied on unaligned s only). `scan_extra`: the
     monomials in q of a chunked state-space scan (poly.scan_monomials; its chunk tensors are sized by the chunk
     count), fit on every piece with seqs that tell q from s. `ranks`: (the LoRA ranks fit, the rank verified); with
-    two fit ranks the rank is a variable. `stage`: (pipeline rank, the model's layer index of each of the plan's
-    layers, or None: the plan's layers are the model's). A reduced plan whose first trace fails in the model's code raises _ReducedDepthFailed (the
-    caller traces the model whole)."""
+    two fit ranks the rank is a variable. `stage`: (pipeline rank, the model's index of each of the plan's layers;
+    None: the same). A reduced plan whose first trace fails in the model's code raises _ReducedDepthFailed."""
 
     fit_ranks, vrank = ranks
     ranked = len(fit_ranks) > 1

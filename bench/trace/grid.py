@@ -65,8 +65,8 @@ HELP = {
     "float8": "torchao float8 training of the decoder Linears (tensorwise dynamic scaling; needs torchao)",
     "pp": "pipeline stages composed with an FSDP strategy (--strategy fsdp --gpus dp*tp*pp --pp pp; --strategy pp "
           "takes every GPU as a stage, or --gpus pp*tp --pp pp --tp tp for TP inside each stage)",
-    "pp_schedule": "pipeline schedule with --strategy pp (torch.distributed.pipelining; 1f1b and gpipe are traced "
-                   "per rank)",
+    "pp_schedule": "pipeline schedule with --strategy pp (torch.distributed.pipelining; 1f1b, gpipe and "
+                   "interleaved-1f1b are traced per rank)",
     "microbatches": "micro-batches per step through a pipeline (0: --grad-accum)",
     "tp": "tensor-parallel degree composed with FSDP or a pipeline (--strategy tp takes every GPU)",
     "sequence_parallel": "Megatron/torchtitan sequence parallelism over the tp ranks (training)",
