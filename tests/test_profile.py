@@ -363,6 +363,22 @@ def test_sliding_window_past_the_window_is_exact_at_every_alignment():
     assert {p.align for p in prof.pieces} == {None, "aligned", "unaligned"}
 
 
+def test_a_loss_in_16_chunks_past_a_window_prices_aligned_seqs_and_says_so_for_the_others():
+    # A loss in 16 chunks is exact where 16 divides s (its chunks whole: tracer.derive.chunk_step), and CUDA's
+    # attention copies a sliding-window mask on the other seqs: no seq both fits and keeps the chunks whole, which
+    # refused the whole derivation after its traces (gemma-3-12b, LoRA, 16 chunks: 318 s, then "fit: not exact").
+    # The piece past the window is derived on multiples of 16 alone; another seq there is one line.
+    from estimator.spec import Workload
+
+    cfg = _tiny("phi3", num_hidden_layers=5, sliding_window=257)
+    w = Workload(loss="chunked", loss_chunks=16)
+    prof = _check_against_trace(cfg, w, [(4, 592), (1, 400), (3, 720), (2, 112)])
+    assert {p.align for p in prof.pieces} == {None, "aligned"}
+    with pytest.raises(ValueError, match=r"^seq: 600 is not a multiple of 16, the only seqs .* use seq 608$"):
+        prof.piece_for(2, 600)
+    assert prof.piece_for(2, 100).align is None   # before the window: every seq, as before
+
+
 def test_memory_efficient_attention_logsumexp_rows_are_exact():
     # fp32 SDPA without GQA runs the memory-efficient kernel (flash takes half precision only): no mask, a
     # logsumexp of 32 * ceil(s / 32) rows saved for backward

@@ -469,9 +469,10 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
                              "memory-efficient kernel, whose padding follows each rank's chunk of the sequence; only "
                              "the flash kernel's ring (bf16 or fp16, head dim up to 256, no mask) is priced")
         lse = (poly.LSE_MONOMIALS if "lse" in seen else ()) + scan_extra
-        if "mask" in seen:  # a mask is copied on unaligned s only: two lists of ticks, two pieces
-            classes = [("aligned", lse, *choose_seqs(lo, unit, lse, "aligned", step, multiple)),
-                       ("unaligned", masks + lse, *choose_seqs(lo, unit, masks + lse, "unaligned", step, multiple))]
+        if "mask" in seen:  # a mask is copied on unaligned s only: two pieces (the aligned one alone where a loss's
+            # chunks are whole on multiples of 16 only, chunk_step: no unaligned seq keeps them whole)
+            classes = [(a, x, *choose_seqs(lo, unit, x, a, step, multiple)) for a, x in
+                       (("aligned", lse), ("unaligned", masks + lse))[:2 if step % poly.MASK_ALIGNMENT else 1]]
         else:
             classes = [(None, lse, *(choose_seqs(lo, unit, lse, step=step, multiple=multiple) if lse else (seqs, vseq)))]
         n_jobs += sum(jobs(c[2]) for c in classes) - jobs(seqs)

@@ -18,7 +18,7 @@ evaluated like any other profile.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 import numpy as np
@@ -207,6 +207,11 @@ class Profile:
         if ends and all(p.s_hi is not None for p in self.pieces) and s > max(ends):
             raise ValueError(f"seq: {s} is past {max(ends)}, where this profile ends (an attention window beyond the "
                              "model's context: memory past it was not derived); use seq <= " + str(max(ends)))
+        if any(p.align == "aligned" and replace(p, align=None).covers(b, s) for p in self.pieces):
+            up = -(-s // MASK_ALIGNMENT) * MASK_ALIGNMENT
+            raise ValueError(f"seq: {s} is not a multiple of {MASK_ALIGNMENT}, the only seqs this profile prices there "
+                             f"(its loss chunks are whole on them, and CUDA's attention copies its mask on the others; "
+                             f"docs/recipes.md); use seq {up}")
         raise ValueError(f"seq: batch {b}, seq {s} is outside every piece of this profile")
 
     @property
