@@ -20,8 +20,8 @@ FSDP2 over each stage's dp ranks: FSDP 16 x PP 2 (1F1B, the 12-layer model) and 
 8-layer model), at a dp no fit used; TP inside every stage on torchtitan's (pp, dp, tp) mesh: pp 2 x tp 2 (1F1B, the
 12-layer model), pp 2 x tp 4 with sequence parallelism (GPipe over 3 micro-batches, mixed, the 8-layer model) and
 FSDP 16 x TP 2 x PP 2 (1F1B, the 12-layer model, 64 ranks); interleaved 1F1B (two stages per rank, each rank's
-stages traced whole) of the 12-layer model: pp 2 over 4 micro-batches, pp 4 over 8 (mixed), FSDP 16 x PP 2, and
-PP 2 x TP 2 with sequence parallelism; context parallelism (tracer.cp, every CP rank
+stages traced whole) of the 12-layer model: pp 2 over 4 micro-batches, FSDP 16 x PP 2, and PP 2 x TP 2 with
+sequence parallelism, and of a 14-layer one pp 4 over 8 (mixed); context parallelism (tracer.cp, every CP rank
 traced, the derived ones against their estimates): FSDP over dp_shard 8 x cp 2, dp_shard 8 x cp 4 with grouped
 KV heads, dp_shard 1 x cp 4 with the mixed recipe and full checkpointing, and with TP inside on torchtitan's
 (dp_shard, cp, tp) mesh: dp_shard 8 x cp 2 x tp 2, and dp_shard 8 x cp 4 x tp 2 with sequence parallelism (mixed); and llama-3.2-1b itself,
@@ -98,7 +98,8 @@ def cases() -> list[Case]:
                   Case("pp2-interleaved-train", train, Parallel("pp", gpus=2, microbatches=4,
                                                                 pp_schedule="interleaved-1f1b"), deep),
                   Case("pp4-interleaved-train-mixed", Workload(recipe="mixed", **CHECK_TRAIN),
-                       Parallel("pp", gpus=4, microbatches=8, pp_schedule="interleaved-1f1b"), deep),
+                       Parallel("pp", gpus=4, microbatches=8, pp_schedule="interleaved-1f1b"),
+                       {**CONFIG, "num_hidden_layers": 14}),   # 8 stages: 12 layers would leave the last none
                   Case("fsdp16-pp2-interleaved-train", train, Parallel("fsdp", gpus=32, pp=2, microbatches=4,
                                                                        pp_schedule="interleaved-1f1b"), deep),
                   Case("pp2-tp2-sp-interleaved-train", train,
