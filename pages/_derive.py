@@ -186,15 +186,15 @@ def _watch_advice(job: AdviceJob) -> None:
                                     f"{eta}")
 
 
-def derive(model, w: Workload, par: Parallel, progress, started=None) -> None:
-    """What estimator.estimate.ensure_profile(model, w, par, progress) does, in a process of its own: `python -m
-    tracer.derive_job` derives the profile into the cache, reporting each trace to `progress` (which raises
-    Cancelled to stop it: the process is killed; `started(pid)` is told the process's id, whose group a job can kill
-    at once, Job.cancel, and `started(None)` once it is reaped). A refusal raises ValueError with the derivation's one line; a crash, RuntimeError with the
-    last line it wrote."""
-    if estimate_mod.profile_where(model, w, par) is not None:
+def derive(model, w: Workload, par: Parallel, progress, started=None, ranks: bool = False) -> None:
+    """What estimator.estimate.ensure_profile(model, w, par, progress, tp_rank=ranks) does, in a process of its own:
+    `python -m tracer.derive_job` derives the profile into the cache (`ranks`: every traced pipeline rank's),
+    reporting each trace to `progress` (which raises Cancelled to stop it: the process is killed; `started(pid)` is
+    told the process's id, whose group a job can kill at once, Job.cancel, and `started(None)` once it is reaped). A
+    refusal raises ValueError with the derivation's one line; a crash, RuntimeError with the last line it wrote."""
+    if not ranks and estimate_mod.profile_where(model, w, par) is not None:
         return
-    tw, tp = estimate_mod.evaluated_class(model, w, par, False)
+    tw, tp = estimate_mod.evaluated_class(model, w, par, ranks)
     job = json.dumps({"config": model.config, "name": model.name, "workload": spec_dict(tw),
                       "parallel": spec_dict(tp)})
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (ROOT, os.environ.get("PYTHONPATH"))))}
@@ -230,12 +230,12 @@ def derive(model, w: Workload, par: Parallel, progress, started=None) -> None:
             err.seek(0)
             last = ([ln for ln in err.read().splitlines() if ln.strip()] or [f"exit status {proc.returncode}"])[-1]
             raise RuntimeError(f"derivation: its process failed: {last.strip()[:300]}")
-    estimate_mod.ensure_profile(model, w, par)  # read from the cache it wrote
+    estimate_mod.ensure_profile(model, w, par, tp_rank=ranks)  # read from the cache it wrote
 
 
-def _run(job: Job, model, w: Workload, par: Parallel) -> None:
+def _run(job: Job, model, w: Workload, par: Parallel, ranks: bool = False) -> None:
     try:
-        derive(model, w, par, job.progress, job.started)
+        derive(model, w, par, job.progress, job.started, ranks)
     except Exception as e:  # noqa: BLE001 - the page shows it in one line; the thread must not die silently
         if not job.cancelled:   # cancelled: finished without an error (the page's next run starts it again)
             job.error = " ".join(str(e).split()) or type(e).__name__
@@ -243,13 +243,15 @@ def _run(job: Job, model, w: Workload, par: Parallel) -> None:
         job.finished = True
 
 
-def _job(page: str, model, w: Workload, par: Parallel) -> Job:
+def _job(page: str, model, w: Workload, par: Parallel, ranks: bool = False) -> Job:
     tw, tp, _ = estimate_mod.traced_class(w, par)
-    key = f"{page}:derive:{model.inventory.config_hash[:16]}:{profile_key(tw, tp)}"
+    key = f"{page}:derive:{model.inventory.config_hash[:16]}:{profile_key(tw, tp)}" + (":ranks" if ranks else "")
     job = st.session_state.get(key)
     if job is None or (job.finished and job.error is None):
-        job = Job(label=f"{model.name}, {w.mode} {w.method} {w.recipe}, {par.strategy}")
-        job.thread = threading.Thread(target=_run, args=(job, model, w, par), daemon=True, name=key)
+        label = f"{model.name}, {w.mode} {w.method} {w.recipe}, {par.strategy}" + (
+            f", its {tp.pp_size} pipeline ranks ({tp.pp_schedule}, {tp.microbatches} micro-batches)" if ranks else "")
+        job = Job(label=label)
+        job.thread = threading.Thread(target=_run, args=(job, model, w, par, ranks), daemon=True, name=key)
         job.thread.job = job  # tests/conftest.py cancels a job its test left running
         st.session_state[key] = job
         job.thread.start()
@@ -267,6 +269,29 @@ def profile_or_background(page: str, model, w: Workload, par: Parallel) -> dict 
     priced_at_once(model, w)
     _watch(job)
     return None
+
+
+def pipeline_ranks_in_background(page: str, model, w: Workload, par: Parallel) -> None:
+    """Derive every traced rank of the pipeline `par` (tracer.pp; `estimator.parallel.pp_untraced` is None) in the
+    background, asked for by a button (each rank is a derivation of its own: minutes), with its progress; the page
+    reruns when they are on disk and prices the layout from them. A refusal shows in one line."""
+    key = f"{page}:ranks-asked:{model.inventory.config_hash[:16]}:{profile_key(*estimate_mod.traced_class(w, par)[:2])}"
+    if not st.session_state.get(key):
+        if st.button(f"Derive the {par.pp_size} pipeline ranks of this layout exactly (in the background)",
+                     key=f"{page}:derive-ranks", help="Each rank's step is traced on fake tensors as torchtitan runs it "
+                     "(tracer.pp), a few minutes per rank; the layout is then priced from them, exact per rank."):
+            st.session_state[key] = True
+            st.rerun()
+        return
+    tw, tp, _ = estimate_mod.traced_class(w, par)
+    done = st.session_state.get(f"{page}:derive:{model.inventory.config_hash[:16]}:{profile_key(tw, tp)}:ranks")
+    if done is not None and done.finished and done.error is None:
+        return   # on disk now: the layouts above price it from them (a finished job is not started again)
+    job = _job(page, model, w, par, ranks=True)
+    if job.error:
+        st.error(job.error)
+        return
+    _watch(job)
 
 
 def priced_at_once(model, w: Workload) -> None:

@@ -21,7 +21,7 @@ from estimator.spec import PP_SCHEDULES, STRATEGIES, Parallel
 from estimator.units import GB, GiB, fmt_bytes
 from estimator.seq2seq import seq2seq_of
 from estimator.vision import check_images, sized
-from estimator.parallel import TRACED_SHARDING  # what `python -m bench trace` runs with FSDP2
+from estimator.parallel import TRACED_SHARDING, pp_untraced  # TRACED_SHARDING: what `python -m bench trace` runs
 from pages import _charts as charts
 from pages import _derive as derive
 from pages import _state as state, _data as reads, _inputs as ui
@@ -144,6 +144,12 @@ def layouts_section(model, w, gpu, f) -> int:
                "profiles are on disk (`python -m bench derive ... --pp P --tp T`) is priced from them exactly, the "
                "others by the analytic rule over the traced FSDP rank (docs/parallel.md). FSDP x CP layouts join the "
                "table once their two CP ranks' profiles are on disk (the next section derives one degree).")
+    if lay.pp > 1 and lay.priced == "analytic rule":   # its ranks can be traced: on request, in the background
+        why = pp_untraced(w, lay.parallel)
+        if why:
+            st.caption(f"Its pipeline ranks are not traced here: {why}.")
+        else:
+            derive.pipeline_ranks_in_background(PAGE, model, w, lay.parallel)
     return n
 
 

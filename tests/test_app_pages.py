@@ -676,6 +676,25 @@ def test_multi_gpu_layouts_are_the_library_ranking(env):
     assert table["worst rank (GiB)"].tolist() != [lay.device_bytes / GiB for lay in expected]
 
 
+def test_multi_gpu_derives_a_pipeline_layouts_ranks_on_request(env, tmp_path, monkeypatch):
+    """A PP layout priced by the analytic rule: why its ranks are not traced (1F1B over one micro-batch), then, with
+    enough micro-batches, a button that derives every rank in the background (started here, then cancelled)."""
+    monkeypatch.setenv("WILLITFIT_CACHE", str(tmp_path / "cache"))   # no traced rank on disk
+    at = app("pages/multi_gpu.py", query={"model": "llama-3.2-1b"})
+    at.number_input(key="multi:layout_n").set_value(2).run()
+    at.selectbox(key="multi:layout").set_value("FSDP 1 x TP 1 x PP 2").run()
+    assert any(c.value.startswith("Its pipeline ranks are not traced here: microbatches: 1F1B needs")
+               for c in at.caption)
+    at.number_input(key="multi:microbatches").set_value(4).run()
+    at.selectbox(key="multi:layout").set_value("FSDP 1 x TP 1 x PP 2").run()
+    assert not at.exception, [e.value for e in at.exception]
+    at.button(key="multi:derive-ranks").click().run()
+    jobs = [t for t in threading.enumerate() if t.name.startswith("multi:derive:") and t.name.endswith(":ranks")]
+    assert len(jobs) == 1 and "its 2 pipeline ranks (1f1b, 4 micro-batches)" in jobs[0].job.label
+    jobs[0].job.cancel()
+    jobs[0].join(timeout=60)
+
+
 def test_multi_gpu_context_parallel_is_the_library_estimate(env):
     """FSDP x CP on the layouts' GPUs: the worse derived CP rank (shipped profiles of llama-3.2-1b at cp 2), beside FSDP
     alone; a degree that does not divide the GPUs is one warning line."""

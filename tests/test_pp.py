@@ -335,3 +335,18 @@ def test_a_stage_without_a_layer_is_one_line(p, rank, stage):
     # 4 layers + 2 over 6 stages: one each, so the first holds the embedding alone, the last the norm and head alone
     with pytest.raises(ValueError, match=f"^pp: pipeline stage {stage} of 6 holds no decoder layer"):
         run_traced(TINY, Workload(batch=1, seq=8), p, rank=rank)
+
+
+def test_the_apps_background_job_derives_every_rank(tmp_path, monkeypatch):
+    # what the Multi-GPU page's button runs (pages/_derive.derive with ranks=True: `python -m tracer.derive_job` in a
+    # process of its own): every traced rank's profile lands in the cache, each trace reported with its rank
+    from pages._derive import derive
+
+    monkeypatch.setenv("WILLITFIT_CACHE", str(tmp_path))
+    model = from_hf_config(TINY, "pp-tiny", derive=True)
+    w, p = Workload(batch=2, seq=64), Parallel("pp", gpus=2, microbatches=3)
+    seen = []
+    derive(model, w, p, lambda done, total, message: seen.append(message), ranks=True)
+    assert {m.split(":")[0] for m in seen if m.startswith("pp rank")} == {"pp rank 0", "pp rank 1"}
+    est = estimate(model, w, p, options=Options(derive=False))
+    assert any(n.startswith("pp: every rank of pp 2 traced (1f1b, 3 micro-batches") for n in est.notes)

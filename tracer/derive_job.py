@@ -5,9 +5,10 @@ other thread a derivation's traces can fork (tracer.forked: W cores at once), to
 tracer's memory stay out of the server, and cancelling a derivation is ending its process.
 
 Reads one JSON object on stdin: {"config": {...}, "name": "...", "workload": {...}, "parallel": {...}}, the class
-`estimator.estimate.evaluated_class` names, each as `estimator.spec.spec_dict` writes it (with context parallelism,
-both derived CP ranks' profiles, one after the other: estimator.cp.ranks). Writes one JSON line on
-stdout per trace ({"done", "total", "message"}), then {"ok": true, "where": ...} when the profile is on disk, or
+`estimator.estimate.evaluated_class` names, each as `estimator.spec.spec_dict` writes it (with context parallelism
+both derived CP ranks' profiles, with a traced pipeline every rank's, one after the other: store.class_ranks).
+Writes one JSON line on stdout per trace ({"done", "total", "message"}), then {"ok": true, "where": ...} when the
+profile is on disk, or
 {"error": "..."}, the one line a refused derivation raises (ValueError). Anything else is a crash: its traceback on
 stderr, exit status 1.
 """
@@ -39,7 +40,7 @@ def main() -> int:
         p = Parallel(**job["parallel"])
         ranks = store.class_ranks(p)   # a pipeline's or a CP group's ranks: each a profile of its own
         for r in ranks:
-            label = f"cp rank {r}: " if len(ranks) > 1 else ""
+            label = f"{'cp' if p.cp > 1 else 'pp'} rank {r}: " if len(ranks) > 1 else ""
             store.profile(job["config"], w, p, name=str(job["name"]), derive=True, pp_rank=r,
                           progress=lambda done, total, message, label=label: _say(
                               {"done": done, "total": total, "message": label + message}))
