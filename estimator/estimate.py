@@ -22,7 +22,7 @@ from estimator.model import Model
 from estimator.parallel import (check_model, compile_untraced, pp_microbatches, pp_rank_shares, pp_traced_parallel,
                                 pp_untraced, shares, tp_untraced)
 from estimator.reserved import workload_class
-from estimator.spec import PAGED_OPTIMIZERS, SIZE_FIELDS, Parallel, Workload
+from estimator.spec import PAGED_OPTIMIZERS, PP_TRACED_ONLY, SIZE_FIELDS, Parallel, Workload
 from estimator.evaluate import stage_breakdowns, traced_rank
 from estimator.reserved import alloc_mode
 from estimator.reserved import fit_for_class
@@ -299,9 +299,8 @@ def resolve(model: Model, w: Workload, p: Parallel, options: Options):
 
 
 def _traced_pp_or_analytic(model: Model, w: Workload, tw: Workload, tp: Parallel, notes: tuple, options: Options):
-    """(every rank's profile, traced workload, parallel class, notes) where all the ranks' profiles are on disk;
-    else None and the single-GPU class of the analytic rule, with a note naming the command that derives them (an
-    estimate never starts a pipeline derivation itself: every rank is a derivation of its own)."""
+    """(every rank's profile, traced workload, parallel class, notes) with every rank's on disk; else None and the
+    analytic rule's single-GPU class, noting the command that derives them (an estimate never derives a pipeline)."""
     try:
         if options.analytic_pp:
             raise store.ProfileMissing("analytic asked")
@@ -313,9 +312,12 @@ def _traced_pp_or_analytic(model: Model, w: Workload, tw: Workload, tp: Parallel
                + (f"--tp {tp.tp_size} " if tp.tp_size > 1 else "")
                + ("--sequence-parallel true " if tp.sequence_parallel else "")
                + f"--pp-schedule {tp.pp_schedule} --microbatches {tp.microbatches}` with the same workload flags")
+        if tp.pp_schedule in PP_TRACED_ONLY:   # no rule prices a zero-bubble schedule
+            raise ValueError(f"pp_schedule: {tp.pp_schedule} is priced from traced ranks only; derive them: {how}") \
+                from None
         note = "pp: priced by the analytic rule (Options.analytic_pp)" if options.analytic_pp else \
-            f"pp: no traced profiles of the {tp.pp_size} pipeline ranks on disk; priced by the analytic rule (derive " \
-            f"the exact ones: {how})"
+            f"pp: no traced profiles of the {tp.pp_size} pipeline ranks on disk; priced by the analytic rule " \
+            f"(derive the exact ones: {how})"
         tw = replace(tw, grad_accum=store.canonical_class(w).grad_accum)
         kept = tuple(n for n in notes if not n.startswith(("pp: every rank", "tp: each stage")))
         return None, tw, analytic_class(tp), kept + (note,)
@@ -483,10 +485,8 @@ def device_options(options: Options) -> Options:
 
 def clear_caches(tables: bool = True) -> None:
     """Empty every memo the estimator keeps (loaded profiles and inventories, lru_caches): a cold call.
-
     tables=False keeps the process-wide data tables (data/gpus.json, cuda_context.json, cuda_capacity.json,
-    allocator_fit.json: read once per process, whatever the config): what the first estimate of a config never
-    asked before costs in a running app."""
+    allocator_fit.json: read once per process): what the first estimate of a config costs in a running app."""
     store.clear_memo()
     _CLASSES.clear()
     evaluate.clear_plans()

@@ -98,8 +98,9 @@ class Swap:
             (1.0 if tp_rank else sh.layers_local / max(1, inv.layers) / p.tp_size)
         # micro-batches whose activations a stage holds at once: the schedule decides (estimator.spec.PP_SCHEDULES)
         micro = pp_microbatches(w, p)
-        in_flight = pp_in_flight(p.pp_schedule, p.pp_size, sh.pp_rank, micro) if p.pp_size > 1 else 1
-        self.act_layers = sh.layers_local / max(1, inv.layers) * in_flight if p.pp_size > 1 and not tp_rank else 1.0
+        ruled = p.pp_size > 1 and not tp_rank   # a traced rank holds what its schedule keeps already
+        in_flight = pp_in_flight(p.pp_schedule, p.pp_size, sh.pp_rank, micro) if ruled else 1
+        self.act_layers = sh.layers_local / max(1, inv.layers) * in_flight if ruled else 1.0
         self.tp_lin, self.tp_sq = (1.0, 1.0) if tp_rank else tp_activation_scale(p.tp_size, p.sequence_parallel)
         self.k_form = None  # the seeds' form: k * b*s*h*L*bytes, i.e. a b*s monomial with this coefficient
         if activation_k is not None and w.mode == "train":

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from estimator.inventory import Inventory
-from estimator.spec import PP_STAGES_PER_RANK, Parallel, Workload
+from estimator.spec import PP_STAGES_PER_RANK, PP_TRACED_ONLY, Parallel, Workload
 
 SHARD_STATES = ("zero1", "zero2", "zero3", "fsdp", "fsdp-grad-op", "hsdp")
 SHARD_GRADS = ("zero2", "zero3", "fsdp", "fsdp-grad-op", "hsdp")
@@ -162,7 +162,6 @@ def tp_untraced(w: Workload, p: Parallel) -> str | None:
     return None
 
 
-PP_TRACED_SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b")  # torch.distributed.pipelining schedules traced per rank
 PP_FIRST_LESS = PP_LAST_LESS = 1          # torchtitan pipeline_parallel_{first,last}_stage_less_layers (defaults)
 
 
@@ -198,7 +197,14 @@ def pp_rank_layers(n_layers: int, pp: int, rank: int, schedule: str = "1f1b") ->
     v = PP_STAGES_PER_RANK[schedule]
     if not 0 <= rank < pp:
         raise ValueError(f"pp_rank: pipeline rank {rank} does not exist; allowed 0..{pp - 1}")
-    return tuple(pp_stage_layers(n_layers, pp * v, rank + k * pp) for k in range(v))
+    return tuple(pp_stage_layers(n_layers, pp * v, i) for i in pp_rank_stages(pp, rank, schedule))
+
+
+def pp_rank_stages(pp: int, rank: int, schedule: str) -> tuple[int, ...]:
+    """The stage indices rank `rank` runs: r, r + pp, ... ("loop": torch's and torchtitan's looped schedules), or for
+    ZBV the V r, 2 pp - 1 - r (torch `generate_stage_to_rank_mapping(style="v")`, torchtitan `stage_ids_this_rank`)."""
+    v = PP_STAGES_PER_RANK[schedule]
+    return (rank, 2 * pp - 1 - rank) if schedule == "zbv" else tuple(rank + k * pp for k in range(v))
 
 
 def pp_in_flight(schedule: str, pp: int, rank: int, micro: int) -> float:
@@ -207,6 +213,9 @@ def pp_in_flight(schedule: str, pp: int, rank: int, micro: int) -> float:
     `_get_warmup_ops` chunk forwards first ((v - 1) x micro-batches per round + 2 x (pp - 1 - r), at most v x micro)
     and one more before the first backward frees any, each of 1/v of its layers (torch.distributed.pipelining
     schedules.py `_get_warmup_ops`, `ScheduleInterleaved1F1B`)."""
+    if schedule in PP_TRACED_ONLY:
+        raise ValueError(f"pp_schedule: {schedule} is priced from its traced ranks only (its weight gradients wait "
+                         "for a later step of the schedule, which no rule here counts); derive them first")
     if schedule == "gpipe":
         return float(micro)
     if schedule == "1f1b":
@@ -237,8 +246,6 @@ def pp_untraced(w: Workload, p: Parallel) -> str | None:
     if p.tp_size > 1 and (w.float8 or w.checkpointing == "op-sac" or p.offload != "none"):
         return ("tp: traced TP inside pipeline stages runs without float8, op-sac and offload (traced TP's rules, "
                 "estimator.parallel.tp_untraced)")
-    if p.pp_schedule not in PP_TRACED_SCHEDULES:
-        return f"pp_schedule: traced schedules are {', '.join(PP_TRACED_SCHEDULES)}, not {p.pp_schedule!r}"
     if w.mode != "train":
         return "mode: pipelines are traced in training (torchtitan's pipelines train)"
     if w.method != "full":
@@ -249,10 +256,11 @@ def pp_untraced(w: Workload, p: Parallel) -> str | None:
     if p.pp_schedule == "1f1b" and pp_microbatches(w, p) < p.pp_size:
         return (f"microbatches: 1F1B needs at least as many micro-batches as stages (torch.distributed.pipelining "
                 f"Schedule1F1B); got {pp_microbatches(w, p)} for pp {p.pp_size}")
-    if p.pp_schedule == "interleaved-1f1b" and pp_microbatches(w, p) % max(1, pp_microbatches(w, p) // p.pp_size):
-        return (f"microbatches: interleaved 1F1B runs rounds of micro-batches (max(1, micro-batches // pp) of them) "
+    m = pp_microbatches(w, p)
+    if p.pp_schedule in ("interleaved-1f1b", "interleaved-zb") and m % max(1, m // p.pp_size):
+        return (f"microbatches: {p.pp_schedule} runs rounds of micro-batches (max(1, micro-batches // pp) of them) "
                 f"and needs their count to divide the micro-batches (torch.distributed.pipelining "
-                f"ScheduleInterleaved1F1B); got {pp_microbatches(w, p)} for pp {p.pp_size}")
+                f"ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble); got {m} for pp {p.pp_size}")
     if p.microbatches and w.grad_accum > 1:
         return ("grad_accum: a traced pipeline step is one schedule step over its micro-batches; give the "
                 "micro-batches or grad_accum, not both")

@@ -7,6 +7,7 @@ the other strategies' valid sizes one by one.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields, replace
 
 from estimator import cp, vision
@@ -14,7 +15,9 @@ from estimator.estimate import Options, estimate
 from estimator.model import Model
 from estimator.presets import default_lora_targets
 from estimator.store import ProfileMissing
-from estimator.spec import CP_STRATEGIES, MAX_BATCH, MAX_SEQ, STRATEGIES, Parallel, Workload, spec_dict
+from estimator.profile.poly import MASK_ALIGNMENT
+from estimator.spec import (CP_STRATEGIES, MAX_BATCH, MAX_SEQ, STRATEGIES, Parallel, Workload, loss_seq_step,
+                           spec_dict)
 from estimator.alloc_conf import parse_alloc_conf
 
 # Strategies whose per-GPU memory never grows with the world size once it is >= 2 (the shard fraction 1/n
@@ -55,14 +58,23 @@ def max_seq(model: Model, workload: Workload, parallel: Parallel, gpu_bytes: int
     """Longest sequence (prompt, for inference) that fits, up to `limit` (0 if seq 1 does not). Memory only:
     the model's own context length (Model.max_positions) is a separate limit the caller may pass. With context
     parallelism, a multiple of 2 x cp (the load balancer's chunks: estimator.cp.check_seq). A vision-language model's
-    images take a fixed share of every sequence: the search starts past their tokens (0 if the shortest fails)."""
-    m = cp.seq_multiple(parallel)
+    images take a fixed share of every sequence: the search starts past their tokens (0 if the shortest fails). A
+    loss in 16 chunks or more: a multiple of them (`seq_step`)."""
+    m = seq_step(model, workload, parallel)
     first = vision.image_tokens(model, workload) // m + 1   # a VLM's seq holds its images' tokens and some text
     if limit < first * m:
         return 0
     k = _largest(lambda j: _fits(model, replace(workload, seq=(first + j - 1) * m), parallel, gpu_bytes, options),
                  limit // m - first + 1)
     return (first + k - 1) * m if k else 0
+
+
+def seq_step(model: Model, workload: Workload, parallel: Parallel) -> int:
+    """What the seqs a search proposes are multiples of: context parallelism's 2 x cp chunks, and a loss split in 16
+    chunks or more (estimator.spec.loss_seq_step), which is exact on its multiples and, past a window where CUDA's
+    attention copies a mask, priced on them alone (profile.Profile.piece_for)."""
+    step = loss_seq_step(workload, model.inventory.vocab, model.inventory.hidden)
+    return math.lcm(cp.seq_multiple(parallel), step if step % MASK_ALIGNMENT == 0 else 1)
 
 
 def valid_world_sizes(model: Model, strategy: str, max_gpus: int = 1024) -> list[int]:
@@ -164,7 +176,8 @@ def _candidates(model: Model, w: Workload, p: Parallel, gpu_bytes: int, options:
     out = []
     if w.seq > 1:  # never past the model's context (Model.max_positions, less the generated tokens)
         limit = max(1, min(w.seq - 1, model.max_positions - w.gen_tokens))
-        s = max_seq(model, w, p, gpu_bytes, options, limit=limit) or min(w.seq // 2, limit) or 1
+        m = seq_step(model, w, p)
+        s = max_seq(model, w, p, gpu_bytes, options, limit=limit) or min(w.seq // 2, limit) // m * m or m
         if s > vision.image_tokens(model, w):   # a VLM: no shorter seq than its images' tokens and one text token
             out.append((f"Cut the sequence length to {s}", {"seq": s}, {},
                         "The first lever: activations and KV cache grow with seq (eager attention as seq^2). "

@@ -38,11 +38,15 @@ OFFLOADS = ("none", "optimizer", "optimizer+params")
 # Pipeline schedules (torch.distributed.pipelining, torchtitan's pipeline_parallel_schedule): in 1F1B stage i keeps
 # min(pp - i, microbatches) micro-batches of activations (the first stage the most); GPipe runs every forward first,
 # so each stage keeps all of them; interleaved 1F1B (ScheduleInterleaved1F1B, torchtitan's "Interleaved1F1B") gives
-# each rank PP_STAGES_PER_RANK stages (rank r: stages r, r + pp, ...) and runs chunk forwards depth first.
-PP_SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b")
+# each rank PP_STAGES_PER_RANK stages (rank r: stages r, r + pp, ...) and runs chunk forwards depth first; the zero-
+# bubble schedules split each backward into its input and weight gradients and run the latter later: interleaved-zb
+# (ScheduleInterleavedZeroBubble, "InterleavedZeroBubble": stages r, r + pp) and zbv (ScheduleZBVZeroBubble,
+# "ZBVZeroBubble": stages r and 2 pp - 1 - r, a V). The zero-bubble ones are priced from traced ranks only.
+PP_SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b", "interleaved-zb", "zbv")
 # Stages per rank: torchtitan's default for a multi-stage schedule without pipeline_parallel_layers_per_stage
 # (torchtitan/distributed/pipeline_parallel.py `_get_pipeline_metadata`: 1 for single-stage schedules, else 2).
-PP_STAGES_PER_RANK = {"1f1b": 1, "gpipe": 1, "interleaved-1f1b": 2}
+PP_STAGES_PER_RANK = {"1f1b": 1, "gpipe": 1, "interleaved-1f1b": 2, "interleaved-zb": 2, "zbv": 2}
+PP_TRACED_ONLY = ("interleaved-zb", "zbv")   # no analytic rule: their weight gradients wait, which no rule counts
 # What the training loop keeps alive: HF Trainer and torchtune keep only the loss; seed 000's harness and
 # litgpt's loops keep the model output (logits) through backward and the optimizer step.
 LOOPS = ("loss-only", "keep-output")
@@ -54,6 +58,28 @@ LOSSES = ("full", "chunked", "fused-linear")
 # as litgpt and PEFT load them) or only the Linears that carry LoRA adapters (torchtune lora_*_qlora builders).
 QUANTIZE_SCOPES = ("all", "adapted")
 MAX_LOSS_CHUNKS = 4096
+
+
+def fused_chunk_count(vocab: int, hidden: int) -> int:
+    """k of the fused-linear loss's bounding chunks (tracer.losses.bounding_chunk_rows): the largest power of two at
+    most half of Liger's inc_factor = cdiv(V, H)."""
+    inc_factor = -(-vocab // hidden)
+    return 1 << max(0, (max(1, inc_factor // 2)).bit_length() - 1)
+
+
+def loss_seq_step(w: "Workload", vocab: int | None, hidden: int | None) -> int:
+    """What seqs a profile is derived and verified on multiples of (tracer.derive), and the searches step by where it
+    is 16 or more (estimator.search.max_seq): a chunked loss splits the sequence into loss_chunks slices, the
+    fused-linear bound into k chunks of B*T rows (`fused_chunk_count`); where they do not divide, one chunk is
+    ceil(s / chunks) long, a step no polynomial follows (under by less than one row of one chunk's logits; past a
+    window with a mask, only multiples of 16 are priced: docs/recipes.md). Otherwise 8."""
+    if w.mode != "train":
+        return 8
+    if w.loss == "chunked":
+        return max(8, w.loss_chunks)
+    if w.loss == "fused-linear" and isinstance(vocab, int) and isinstance(hidden, int) and hidden > 0:
+        return max(8, fused_chunk_count(vocab, hidden))
+    return 8
 
 # Bounds keep sweeps and contributed rows sane; they are far above any real run.
 MAX_BATCH = 1 << 20

@@ -17,7 +17,7 @@ from estimator.estimate import Options, estimate
 from estimator.gpus import get_gpu
 from estimator.layouts import layouts
 from estimator.presets import load_config
-from estimator.spec import PP_SCHEDULES, STRATEGIES, Parallel
+from estimator.spec import PP_SCHEDULES, PP_TRACED_ONLY, STRATEGIES, Parallel
 from estimator.units import GB, GiB, fmt_bytes
 from estimator.seq2seq import seq2seq_of
 from estimator.vision import check_images, sized
@@ -37,6 +37,7 @@ PAGE = "multi"
 MULTI = tuple(s for s in STRATEGIES if s != "single")
 DEFAULT_STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp", "tp", "pp")
 GPU_COUNTS = (1, 2, 4, 8, 16, 32, 64)
+RULED_SCHEDULES = tuple(s for s in PP_SCHEDULES if s not in PP_TRACED_ONLY)   # every layout of N GPUs is priced
 MAX_SEARCH_GPUS = 1024
 
 
@@ -50,11 +51,13 @@ def fields() -> dict[str, state.Field]:
                               help="Second strategy of the side-by-side comparison.")
     f["layout_n"] = state.Field("layout_n", "int", 8, lo=1, hi=MAX_SEARCH_GPUS, label="GPUs to lay out",
                                 help="World size whose FSDP x TP x PP layouts are ranked (torchtitan's mesh).")
-    f["pp_schedule"] = state.Field("pp_schedule", "choice", "1f1b", PP_SCHEDULES, label="Pipeline schedule",
+    f["pp_schedule"] = state.Field("pp_schedule", "choice", "1f1b", RULED_SCHEDULES, label="Pipeline schedule",
                                    help="How the layouts with PP > 1 run their micro-batches (torch.distributed."
                                         "pipelining, torchtitan's pipeline_parallel_schedule): 1f1b keeps at most pp "
                                         "of them on the first stage, gpipe every one on every stage, "
-                                        "interleaved-1f1b gives each rank two stages (r and r + pp).")
+                                        "interleaved-1f1b gives each rank two stages (r and r + pp). The zero-bubble "
+                                        "schedules are priced from traced ranks only: `python -m estimator "
+                                        "--pp-schedule zbv` names the command that derives them.")
     f["microbatches"] = state.Field("microbatches", "int", 0, lo=0, hi=4096, label="Pipeline micro-batches",
                                     help="Micro-batches per step through the pipeline, each of the batch size above "
                                          "(torchtitan: local batch / microbatch size). 0: the gradient "

@@ -286,7 +286,7 @@ def test_interleaved_micro_batches_must_fill_its_rounds():
     # ScheduleInterleaved1F1B: max(1, micro // pp) rounds, which must divide the micro-batches (9 over pp 4: 2 rounds)
     w = Workload()
     why = pp_untraced(w, Parallel("pp", gpus=4, microbatches=9, pp_schedule=INTERLEAVED))
-    assert why.startswith("microbatches: interleaved 1F1B") and "\n" not in why
+    assert why.startswith("microbatches: interleaved-1f1b runs rounds") and "\n" not in why
     assert pp_untraced(w, Parallel("pp", gpus=4, microbatches=10, pp_schedule=INTERLEAVED)) is None
     assert pp_untraced(w, Parallel("pp", gpus=4, microbatches=3, pp_schedule=INTERLEAVED)) is None
     with pytest.raises(ValueError, match="^microbatches:"):
@@ -308,17 +308,19 @@ def test_a_looped_rank_holds_both_its_stages_and_more_in_flight_than_1f1b():
     assert not torch.distributed.is_initialized()
 
 
-def test_every_interleaved_rank_estimate_equals_its_full_depth_trace(tmp_path, monkeypatch):
-    # each rank's two stages traced whole (tracer.derive.LOOPED_WHOLE), fit, and estimated at sizes no fit traced
+@pytest.mark.parametrize("schedule", [INTERLEAVED, "zbv"])
+def test_every_interleaved_rank_estimate_equals_its_full_depth_trace(tmp_path, monkeypatch, schedule):
+    # each rank's two stages traced whole (tracer.pp.LOOPED_WHOLE), fit, and estimated at sizes no fit traced;
+    # ZBV (zero bubble, the backward's weight gradients apart and later) on its V: rank 0 runs stages 0 and 3
     monkeypatch.setenv("WILLITFIT_CACHE", str(tmp_path))
     model = from_hf_config(SIX, "pp-six", derive=True)
-    p = Parallel("pp", gpus=2, microbatches=4, pp_schedule=INTERLEAVED)
+    p = Parallel("pp", gpus=2, microbatches=4, pp_schedule=schedule)
     ensure_profile(model, Workload(batch=1, seq=64), p, tp_rank=True)
     for w in (Workload(batch=5, seq=100), Workload(batch=1, seq=130)):
         tw, _, _, pairs = resolve(model, w, p, Options())
         assert [sh.stage for sh, _ in pairs] == ["first", "last"]
         for rank, (sh, prof) in enumerate(pairs):
-            assert prof.parallel_class == {"strategy": "pp", "pp": 2, "schedule": INTERLEAVED, "microbatches": 4,
+            assert prof.parallel_class == {"strategy": "pp", "pp": 2, "schedule": schedule, "microbatches": 4,
                                            "rank": rank}
             assert "traced_whole" in prof.provenance
             ours = stage_breakdowns(model, prof, w, p, tw, sh, Options())
@@ -326,7 +328,7 @@ def test_every_interleaved_rank_estimate_equals_its_full_depth_trace(tmp_path, m
             for peak in trace.log.stages:
                 assert ours[peak.stage][1].tensor_bytes == sum(peak.breakdown.values()), (w, rank, peak.stage)
     est = estimate(model, Workload(batch=5, seq=100), p)
-    assert any(n.startswith(f"pp: every rank of pp 2 traced ({INTERLEAVED}, 4 micro-batches") for n in est.notes)
+    assert any(n.startswith(f"pp: every rank of pp 2 traced ({schedule}, 4 micro-batches") for n in est.notes)
 
 
 @pytest.mark.parametrize("p, rank, stage", [(Parallel("pp", gpus=6, microbatches=6), 0, 0),
@@ -350,3 +352,21 @@ def test_the_apps_background_job_derives_every_rank(tmp_path, monkeypatch):
     assert {m.split(":")[0] for m in seen if m.startswith("pp rank")} == {"pp rank 0", "pp rank 1"}
     est = estimate(model, w, p, options=Options(derive=False))
     assert any(n.startswith("pp: every rank of pp 2 traced (1f1b, 3 micro-batches") for n in est.notes)
+
+
+def test_zero_bubble_schedules_are_priced_from_traced_ranks_only(tmp_path, monkeypatch):
+    # no rule counts weight gradients that wait: without the ranks on disk, one line naming the command
+    monkeypatch.setenv("WILLITFIT_CACHE", str(tmp_path))
+    name = "llama-3.2-1b"
+    model = from_hf_config(load_config(name)[1], name, derive=False)
+    for schedule in ("interleaved-zb", "zbv"):
+        with pytest.raises(ValueError, match=f"^pp_schedule: {schedule} is priced from traced ranks only; derive them: "
+                                             f"`python -m bench derive --model {name} --strategy pp --gpus 4 "
+                                             f"--pp-schedule {schedule} --microbatches 8`"):
+            estimate(model, Workload(batch=1, seq=512), Parallel("pp", gpus=4, microbatches=8, pp_schedule=schedule),
+                     options=Options(derive=False))
+    # ZBV's V: rank r runs stages r and 2 pp - 1 - r (torchtitan stage_ids_this_rank, style "v")
+    assert pp_rank_layers(16, 4, 0, "zbv") == (pp_stage_layers(16, 8, 0), pp_stage_layers(16, 8, 7))
+    assert pp_rank_layers(16, 4, 3, "zbv") == (pp_stage_layers(16, 8, 3), pp_stage_layers(16, 8, 4))
+    assert pp_untraced(Workload(), Parallel("pp", gpus=4, microbatches=9, pp_schedule="interleaved-zb")) \
+        .startswith("microbatches: interleaved-zb runs rounds")

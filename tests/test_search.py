@@ -271,3 +271,24 @@ def test_why_no_fit_names_activations_as_the_cause_and_prices_checkpointing():
     text = why_no_fit(m, w, "fsdp", cap, options=Options(derive=False))
     assert text.startswith("does not fit on up to 1024 GPUs: at 1024, activations alone are")
     assert "not activations" in text and f"with activation checkpointing (full) it fits on {fix}" in text
+
+
+def test_sequence_searches_step_by_a_loss_split_in_16_chunks_or_more(monkeypatch):
+    # a loss in 16+ chunks is exact on multiples of them, and past a window with a mask priced on those alone
+    # (Profile.piece_for refuses the others): the searches propose only such seqs
+    from estimator.search import seq_step
+
+    m = model("qwen2.5-7b")   # fused-linear's bound: 152,064 / 3,584 -> inc_factor 43, k = 16
+    assert seq_step(m, Workload(loss="chunked", loss_chunks=16), Parallel()) == 16
+    assert seq_step(m, Workload(loss="chunked", loss_chunks=32), Parallel()) == 32
+    assert seq_step(m, Workload(loss="chunked", loss_chunks=8), Parallel()) == 1    # every seq, as before
+    assert seq_step(m, Workload(loss="fused-linear"), Parallel()) == 16
+    assert seq_step(m, Workload(loss="chunked", loss_chunks=16), Parallel("fsdp", gpus=8, cp=4)) == 16
+    assert seq_step(m, Workload(), Parallel("fsdp", gpus=8, cp=4)) == 8   # ring attention's 2 x cp chunks
+    import estimator.search as search
+
+    asked = []
+    monkeypatch.setattr(search, "_fits", lambda model, w, p, cap, o: asked.append(w.seq) or w.seq <= 3000)
+    w = Workload(loss="chunked", loss_chunks=16, batch=2, seq=4096)
+    assert max_seq(m, w, Parallel(), 30 * GiB) == 2992   # the largest multiple of 16 up to 3000
+    assert asked and all(x % 16 == 0 for x in asked)

@@ -41,7 +41,7 @@ from estimator import cp as estimator_cp
 from estimator.profile import poly
 from estimator.profile.profile import Piece, Profile
 from estimator.scans import chunked_scan, scan_path
-from estimator.spec import PP_STAGES_PER_RANK, Parallel, Workload
+from estimator.spec import PP_STAGES_PER_RANK, Parallel, Workload, loss_seq_step
 from estimator.store import parallel_class, workload_class
 from estimator.parallel import TRACED_SHARDING
 from tracer import forked, serialized
@@ -163,20 +163,9 @@ def choose_seqs(lo: int, unit: int, extra: tuple = (), align: str | None = None,
 
 
 def chunk_step(workload: Workload, hf_config) -> int:
-    """What the verify seq should be a multiple of: a chunked loss splits the sequence into loss_chunks slices, and
-    the fused-linear bound into k chunks of B*T rows (tracer.losses.bounding_chunk_count); where they do not divide,
-    one chunk is ceil(s / chunks) long, a step that no polynomial follows (under by less than one row of one chunk's
-    logits: docs/recipes.md). Other steps: 8."""
-    if workload.mode != "train":
-        return 8
-    if workload.loss == "chunked":
-        return max(8, workload.loss_chunks)
-    if workload.loss == "fused-linear":
-        cfg = text_config(hf_config)
-        vocab, hidden = getattr(cfg, "vocab_size", None), getattr(cfg, "hidden_size", None)
-        if isinstance(vocab, int) and isinstance(hidden, int) and hidden > 0:
-            return max(8, losses.bounding_chunk_count(vocab, hidden))
-    return 8
+    """What the verify seq should be a multiple of (estimator.spec.loss_seq_step, on the config's text sizes)."""
+    cfg = text_config(hf_config)
+    return loss_seq_step(workload, getattr(cfg, "vocab_size", None), getattr(cfg, "hidden_size", None))
 
 
 def _rank(rows: list[list[Fraction]]) -> int:

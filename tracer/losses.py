@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
+from estimator.spec import fused_chunk_count
+
 IGNORE_INDEX = -100
 
 
@@ -138,11 +140,10 @@ def bounding_chunk_rows(bt: int, vocab: int, hidden: int) -> int:
 
 
 def bounding_chunk_count(vocab: int, hidden: int) -> int:
-    """k of `bounding_chunk_rows`: the largest power of two at most half of Liger's inc_factor = cdiv(V, H). Where
-    k does not divide B*T the chunks are ceil(B*T / k) rows, a step no polynomial follows: the derivation fits and
-    verifies on seqs that k divides (tracer.derive `chunk_step`)."""
-    inc_factor = -(-vocab // hidden)
-    return 1 << max(0, (max(1, inc_factor // 2)).bit_length() - 1)
+    """k of `bounding_chunk_rows` (estimator.spec.fused_chunk_count). Where k does not divide B*T the chunks are
+    ceil(B*T / k) rows, a step no polynomial follows: the derivation fits and verifies on seqs that k divides
+    (tracer.derive `chunk_step`)."""
+    return fused_chunk_count(vocab, hidden)
 
 
 _CHUNK_RULE = [liger_chunk_rows]

@@ -39,7 +39,7 @@ import contextlib
 
 import torch
 
-from estimator.parallel import FSDP_FAMILY, pp_microbatches, pp_rank_layers, pp_untraced
+from estimator.parallel import FSDP_FAMILY, pp_microbatches, pp_rank_layers, pp_rank_stages, pp_untraced
 from estimator.spec import PP_STAGES_PER_RANK, Parallel, Workload
 from tracer import runner, tp
 from tracer.depth import decoder_layer_list
@@ -165,15 +165,15 @@ def pp_case(config: dict, workload: Workload, parallel: Parallel, rank: int = 0,
     depth: global layer indices, each kept in the stage whose range holds it)."""
     import torch.distributed as dist
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
-                                              ScheduleInterleaved1F1B)
+    from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B,
+                                              ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble)
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     check(workload, parallel)
     pp, m = parallel.pp_size, pp_microbatches(workload, parallel)
     v = PP_STAGES_PER_RANK[parallel.pp_schedule]
     n_stages = pp * v
-    ids_here = [rank + k * pp for k in range(v)]   # torch.distributed.pipelining's stage indices of this rank
+    ids_here = list(pp_rank_stages(pp, rank, parallel.pp_schedule))   # its stage indices, in order
     fsdp = parallel.strategy in FSDP_FAMILY   # FSDP2 (HSDP: on a 2-D dp mesh) over the dp ranks of each stage
     dp, tp_n = parallel.dp_size if fsdp else 1, parallel.tp_size
     sp = parallel.sequence_parallel
@@ -247,7 +247,9 @@ def pp_case(config: dict, workload: Workload, parallel: Parallel, rank: int = 0,
                 return lm_last.loss_function(logits=out, labels=target, vocab_size=out.shape[-1])
 
             if v > 1:
-                schedule = ScheduleInterleaved1F1B(stages, n_microbatches=m, loss_fn=loss_fn)
+                cls = {"interleaved-1f1b": ScheduleInterleaved1F1B, "interleaved-zb": ScheduleInterleavedZeroBubble,
+                       "zbv": ScheduleZBVZeroBubble}[parallel.pp_schedule]
+                schedule = cls(stages, n_microbatches=m, loss_fn=loss_fn)
             else:
                 cls = Schedule1F1B if parallel.pp_schedule == "1f1b" else ScheduleGPipe
                 schedule = cls(stages[0], n_microbatches=m, loss_fn=loss_fn)
@@ -260,6 +262,7 @@ def pp_case(config: dict, workload: Workload, parallel: Parallel, rank: int = 0,
             def step(on_stage) -> None:
                 compute_loss = schedule._maybe_compute_loss
                 backwards = [stage.backward_one_chunk for stage in stages]
+                weight_backwards = [stage.backward_weight_one_chunk for stage in stages]
 
                 def after_forward(*args, **kwargs):
                     compute_loss(*args, **kwargs)
@@ -273,8 +276,10 @@ def pp_case(config: dict, workload: Workload, parallel: Parallel, rank: int = 0,
                     return run
 
                 schedule._maybe_compute_loss = after_forward
-                for stage, backward in zip(stages, backwards):
+                for stage, backward, weights in zip(stages, backwards, weight_backwards):
                     stage.backward_one_chunk = after_backward(backward)
+                    # a zero-bubble schedule's weight gradients, run apart from (after) the input gradients
+                    stage.backward_weight_one_chunk = after_backward(weights)
                 try:
                     args = (inputs["input_ids"],) if first else ()
                     kw = {"target": inputs["labels"], "losses": []} if last else {}
@@ -285,7 +290,7 @@ def pp_case(config: dict, workload: Workload, parallel: Parallel, rank: int = 0,
                 finally:
                     del schedule._maybe_compute_loss
                     for stage in stages:
-                        del stage.backward_one_chunk
+                        del stage.backward_one_chunk, stage.backward_weight_one_chunk
                 # the schedule's own end of step (gradients scaled, its caches of the last micro-batches dropped)
                 # closes the backward stage, so that the optimizer's stage starts from what the step leaves
                 on_stage("backward")
