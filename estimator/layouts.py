@@ -20,7 +20,7 @@ from estimator.store import ProfileMissing
 from estimator.units import fmt_bytes
 
 RANKS = {"only": "every rank", "first": "the first pipeline stage", "last": "the last pipeline stage",
-         "middle": "a middle pipeline stage"}
+         "first and last": "the rank holding the first and the last pipeline stage", "middle": "a middle pipeline stage"}
 
 
 @dataclass(frozen=True)

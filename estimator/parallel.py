@@ -282,16 +282,20 @@ def pp_traced_parallel(p: Parallel, microbatches: int) -> Parallel:
 
 def pp_rank_shares(inv: Inventory, par: Parallel) -> tuple[Share, ...]:
     """One Share per pipeline rank, for ranks traced one by one (each profile holds its rank's states and
-    activations as they are): its stage's parameters (the embedding on the first, the norm and head on the last)
-    and layers. Named 'first', 'last', or 'middle (rank r)' in between."""
+    activations as they are): its stages' parameters (the embedding with the first stage, the norm and head with the
+    last) and layers. Named by the pipeline's ends it holds: 'first', 'last' (ZBV's V gives rank 0 both: 'first and
+    last'), or 'middle (rank r)'."""
     pp = par.pp_size
     embed = inv.embedding_params
     head = inv.params - sum(inv.layer_params) - embed
+    last_stage = pp * PP_STAGES_PER_RANK[par.pp_schedule] - 1
     out = []
     for r in range(pp):
         held = [i for chunk in pp_rank_layers(inv.layers, pp, r, par.pp_schedule) for i in chunk]
-        params = sum(inv.layer_params[i] for i in held) + (embed if r == 0 else 0) + (head if r == pp - 1 else 0)
-        name = "first" if r == 0 else "last" if r == pp - 1 else f"middle (rank {r})"
+        stages = pp_rank_stages(pp, r, par.pp_schedule)
+        first, last = 0 in stages, last_stage in stages
+        params = sum(inv.layer_params[i] for i in held) + (embed if first else 0) + (head if last else 0)
+        name = " and ".join(n for n, on in (("first", first), ("last", last)) if on) or f"middle (rank {r})"
         largest = max((inv.layer_params[i] for i in held), default=0)
         # under TP a rank holds its slice of the stage (the norms whole: about 1/tp); only a recipe swapped in for
         # the traced one reads this count (the master copy), equal recipes cancel to the byte (evaluate.Swap)

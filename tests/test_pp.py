@@ -318,7 +318,8 @@ def test_every_interleaved_rank_estimate_equals_its_full_depth_trace(tmp_path, m
     ensure_profile(model, Workload(batch=1, seq=64), p, tp_rank=True)
     for w in (Workload(batch=5, seq=100), Workload(batch=1, seq=130)):
         tw, _, _, pairs = resolve(model, w, p, Options())
-        assert [sh.stage for sh, _ in pairs] == ["first", "last"]
+        ends = ["first", "last"] if schedule == INTERLEAVED else ["first and last", "middle (rank 1)"]   # ZBV's V
+        assert [sh.stage for sh, _ in pairs] == ends
         for rank, (sh, prof) in enumerate(pairs):
             assert prof.parallel_class == {"strategy": "pp", "pp": 2, "schedule": schedule, "microbatches": 4,
                                            "rank": rank}
@@ -368,5 +369,9 @@ def test_zero_bubble_schedules_are_priced_from_traced_ranks_only(tmp_path, monke
     # ZBV's V: rank r runs stages r and 2 pp - 1 - r (torchtitan stage_ids_this_rank, style "v")
     assert pp_rank_layers(16, 4, 0, "zbv") == (pp_stage_layers(16, 8, 0), pp_stage_layers(16, 8, 7))
     assert pp_rank_layers(16, 4, 3, "zbv") == (pp_stage_layers(16, 8, 3), pp_stage_layers(16, 8, 4))
+    inv = from_hf_config(load_config(name)[1], name, derive=False).inventory
+    sh = pp_rank_shares(inv, Parallel("pp", gpus=4, microbatches=8, pp_schedule="zbv"))
+    assert [s.stage for s in sh] == ["first and last", "middle (rank 1)", "middle (rank 2)", "middle (rank 3)"]
+    assert sum(s.params_local for s in sh) == inv.params and sh[0].params_local > sh[3].params_local
     assert pp_untraced(Workload(), Parallel("pp", gpus=4, microbatches=9, pp_schedule="interleaved-zb")) \
         .startswith("microbatches: interleaved-zb runs rounds")

@@ -13,7 +13,9 @@ them with torch.distributed.pipelining:
 - **a stage's module** (`pipeline_module_split`): a copy of the whole model with the other stages' layers deleted and
   the embedding, norm and head of the other stages replaced by Identity (here: deleted, or Identity for the norm, so
   that the model's own forward runs unchanged: a stage after the first passes its input as `inputs_embeds`);
-- **the schedule**: one `PipelineStage` per rank (single-stage schedules: 1F1B, GPipe), `n_microbatches` micro-batches
+- **the schedule**: one `PipelineStage` per rank under 1F1B and GPipe, one per stage the rank runs under the
+  multi-stage ones (interleaved 1F1B, interleaved zero bubble, ZBV: two, `estimator.parallel.pp_rank_stages`; the
+  rank's model is then a `RankStages`, traced whole: `LOOPED_WHOLE`), `n_microbatches` micro-batches
   of `workload.batch` sequences each (torchtitan's local batch / `pipeline_parallel_microbatch_size`), the loss
   computed on the last stage by the model's own loss function, gradients scaled by 1 / n_microbatches
   (`scale_grads`, the schedule's default), `return_outputs=False` (torchtitan's trainer);
@@ -91,7 +93,8 @@ class StageModule(torch.nn.Module):
 
 
 class RankStages(torch.nn.Module):
-    """The stages one rank runs under a looped schedule (interleaved 1F1B: stages r, r + pp, ...), in stage order:
+    """The stages one rank runs under a multi-stage schedule (interleaved 1F1B and zero bubble: stages r and r + pp;
+    ZBV: r and 2 pp - 1 - r), in stage order:
     the rank's model for the optimizer (every stage's parameters) and for tracer.depth, which reads each stage's
     decoder layers as one stack (`layer_stacks`), so ticks are tagged with the rank's layers in stage order."""
 
@@ -108,18 +111,18 @@ class RankStages(torch.nn.Module):
         return list(self.stages)
 
 
-# Why a rank of a looped pipeline schedule is traced whole (its stages' layers at full depth, every size): the
+# Why a rank of a multi-stage pipeline schedule is traced whole (its stages' layers at full depth, every size): the
 # extension adds one more layer's effect on ticks outside it per stage of the step (tracer.extend._stage_effects),
 # measured in the first micro-batch's window, and under interleaved 1F1B a rank's stages hold different numbers of
 # micro-batches in flight at each of its windows. Cut to reduced depth, a tiny 16-layer Llama's second rank (pp 2,
 # 4 micro-batches) read 1.8 MB (8%) low in forward at batch 5, seq 100.
-LOOPED_WHOLE = ("a rank of a looped pipeline schedule runs several stages, each holding its own number of "
+LOOPED_WHOLE = ("a rank of a multi-stage pipeline schedule runs several stages, each holding its own number of "
                 "micro-batches in flight, which the reduced-depth extension does not measure; traced whole")
 
 
 def rank_signatures(sigs: list[str], parallel: Parallel, pp_rank: int) -> tuple[list[str], list[int]]:
     """(signatures, the model's index) of the layers pipeline rank `pp_rank` holds (estimator.parallel.pp_rank_layers),
-    its stages' in order: one range under a single-stage schedule, several under a looped one (traced whole:
+    its stages' in order: one range under a single-stage schedule, several under a multi-stage one (traced whole:
     LOOPED_WHOLE)."""
     held = [i for chunk in pp_rank_layers(len(sigs), parallel.pp_size, pp_rank, parallel.pp_schedule) for i in chunk]
     return [sigs[i] for i in held], held
