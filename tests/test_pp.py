@@ -235,6 +235,14 @@ def test_parallel_check_pipeline_cases_are_exact(tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.slow
+def test_parallel_check_multi_stage_cases_are_exact(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("WILLITFIT_CACHE", str(tmp_path))
+    assert parallel_check(["--case", "pp2-interleaved-train", "--case", "pp2-interleaved-zb-train", "--case",
+                           "pp4-zbv-train-mixed", "--case", "fsdp16-pp2-interleaved-train", "--quiet"]) == 0
+    assert "4 of 4 cases exact" in capsys.readouterr().out
+
+
+@pytest.mark.slow
 def test_optimizer_step_whose_largest_tick_changes_with_depth_is_exact(tmp_path, monkeypatch):
     # A large vocabulary over narrow layers, PP 2 x TP 2: the first stage's AdamW step on DTensors holds two
     # embedding-sized temporaries first and the all-parameter sqrt last. At the 3 and 4 layers a derivation traces,
