@@ -13,8 +13,8 @@ import numpy as np
 
 from estimator import components as comp
 from estimator.breakdown import Breakdown
-from estimator.parallel import (FSDP_FAMILY, Share, composed, pp_in_flight, pp_microbatches, shard_group,
-                                tp_activation_scale)
+from estimator.parallel import (FSDP_FAMILY, Share, composed, pp_in_flight, pp_microbatches, pp_rank_stages,
+                                shard_group, tp_activation_scale)
 from estimator.profile.poly import exponents, rank_degree, s_factor, s_factor_array, seq_degree
 from estimator.profile.profile import CATEGORIES, Piece, Profile
 from estimator.spec import PP_STAGES_PER_RANK, SIZE_FIELDS, Parallel, Workload
@@ -115,8 +115,9 @@ class Swap:
         # (PipelineStage.backward_maybe_with_nosync): docs/parallel.md, "Traced pipeline parallelism"
         self.pp_buffers, self.pp_weights, self.pp_grads, self.pp_fwd_grads = 0.0, 0, 0, False
         if p.pp_size > 1 and not tp_rank and w.mode == "train":
-            v = PP_STAGES_PER_RANK[p.pp_schedule]   # each of the rank's stages: an input and an output-gradient buffer
-            n_buf = sum((i > 0) + (i < p.pp_size * v - 1) for i in range(sh.pp_rank, p.pp_size * v, p.pp_size))
+            # each stage the rank runs: a buffer for its input (after the first stage), one for its output's gradient
+            last = p.pp_size * PP_STAGES_PER_RANK[p.pp_schedule] - 1
+            n_buf = sum((i > 0) + (i < last) for i in pp_rank_stages(p.pp_size, sh.pp_rank, p.pp_schedule))
             # the hidden states between stages are whole on every TP rank, split over it only with sequence parallelism
             self.pp_buffers = micro * n_buf * inv.hidden * dtype_bytes(comp.float_dtype(w)) / \
                 (p.tp_size if p.sequence_parallel else 1)

@@ -17,8 +17,9 @@ Sources:
   micro-batches of activations, under GPipe every rank all of them (the analytic rule: the single-GPU step's
   activations scaled by the stage's share of the layers; the first, the last and rank 1 for the middle ones).
   Traced instead where every rank's profile is on disk (tracer.pp, `pp_untraced`: strategy pp over all the GPUs,
-  or FSDP2 over each stage's dp ranks; 1F1B, GPipe or interleaved 1F1B, full fine-tuning): each rank holds torchtitan's split of the layers (`pp_stage_layers`), and the
-  estimate takes each rank's categories as they are, the worst rank deciding (`pp_rank_shares`).
+  or FSDP2 over each stage's dp ranks; every schedule of PP_SCHEDULES, full fine-tuning): each rank holds
+  torchtitan's split of the layers over its stages (`pp_rank_layers`), and the estimate takes each rank's
+  categories as they are, the worst rank deciding (`pp_rank_shares`); the zero-bubble schedules have no rule.
 - Expert parallelism: the routed experts are sharded over ep.
 - Composed (docs/parallel.md): an FSDP-family strategy with tp, pp or ep > 1 shards over the data-parallel group
   dp = gpus / (tp*pp*ep) what TP/PP/EP leave on the rank (torchtitan's order: TP on the innermost mesh dimension,
@@ -191,9 +192,8 @@ def pp_stage_layers(n_layers: int, pp: int, stage: int, first_less: int = PP_FIR
 
 def pp_rank_layers(n_layers: int, pp: int, rank: int, schedule: str = "1f1b") -> tuple[range, ...]:
     """The decoder layers pipeline rank `rank` holds, one range per stage it runs: one stage (`pp_stage_layers`)
-    under a single-stage schedule; under a looped one (interleaved 1F1B) PP_STAGES_PER_RANK stages of pp x that many,
-    rank r holding stages r, r + pp, ... (torch.distributed.pipelining's `stage_index = pp_rank + i * pp`, torchtitan's
-    `stage_ids_this_rank` with style "loop"); torchtitan's split is over all those stages."""
+    under a single-stage schedule; under a multi-stage one PP_STAGES_PER_RANK stages of pp x that many
+    (`pp_rank_stages`: r, r + pp, ... or ZBV's V), torchtitan's split being over all those stages."""
     v = PP_STAGES_PER_RANK[schedule]
     if not 0 <= rank < pp:
         raise ValueError(f"pp_rank: pipeline rank {rank} does not exist; allowed 0..{pp - 1}")
