@@ -75,8 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--pp-schedule", choices=PP_SCHEDULES, default="1f1b",
       help="pipeline schedule: 1f1b (the first stage keeps min(pp, micro-batches) of activations), gpipe (every "
            "stage keeps all of them), interleaved-1f1b (torchtitan's Interleaved1F1B: two stages per rank, rank r "
-           "holding stages r and r + pp), or the zero-bubble interleaved-zb (stages r and r + pp) and zbv (stages r "
-           "and 2 pp - 1 - r), priced from traced ranks only; needs --pp")
+           "holding stages r and r + pp), or the zero-bubble interleaved-zb (stages r and r + pp), zbv and "
+           "dualpipev (stages r and 2 pp - 1 - r), priced from traced ranks only; needs --pp")
     a("--microbatches", type=int, default=0, metavar="N",
       help="micro-batches per step through the pipeline (default: --grad-accum); needs --pp")
     a("--dp-shard", type=int, default=0, metavar="N",

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from estimator.inventory import Inventory
-from estimator.spec import PP_STAGES_PER_RANK, PP_TRACED_ONLY, Parallel, Workload
+from estimator.spec import PP_STAGES_PER_RANK, PP_TRACED_ONLY, PP_V_SCHEDULES, Parallel, Workload
 
 SHARD_STATES = ("zero1", "zero2", "zero3", "fsdp", "fsdp-grad-op", "hsdp")
 SHARD_GRADS = ("zero2", "zero3", "fsdp", "fsdp-grad-op", "hsdp")
@@ -204,7 +204,7 @@ def pp_rank_stages(pp: int, rank: int, schedule: str) -> tuple[int, ...]:
     """The stage indices rank `rank` runs: r, r + pp, ... ("loop": torch's and torchtitan's looped schedules), or for
     ZBV the V r, 2 pp - 1 - r (torch `generate_stage_to_rank_mapping(style="v")`, torchtitan `stage_ids_this_rank`)."""
     v = PP_STAGES_PER_RANK[schedule]
-    return (rank, 2 * pp - 1 - rank) if schedule == "zbv" else tuple(rank + k * pp for k in range(v))
+    return (rank, 2 * pp - 1 - rank) if schedule in PP_V_SCHEDULES else tuple(rank + k * pp for k in range(v))
 
 
 def pp_in_flight(schedule: str, pp: int, rank: int, micro: int) -> float:
@@ -253,6 +253,9 @@ def pp_untraced(w: Workload, p: Parallel) -> str | None:
     if w.loss != "full" or w.compile or w.optimizer_in_backward or w.activation_offload or w.recipe == "fsdp-mp":
         return ("loss: traced pipelines run the model's full loss, eager, the optimizer stepped after the schedule, "
                 "no activation offload and no fsdp-mp")
+    if p.pp_schedule == "dualpipev" and pp_microbatches(w, p) < 2 * p.pp_size:
+        return (f"microbatches: DualPipeV needs at least as many micro-batches as stages (torch.distributed.pipelining "
+                f"ScheduleDualPipeV: 2 x pp); got {pp_microbatches(w, p)} for pp {p.pp_size}")
     if p.pp_schedule == "1f1b" and pp_microbatches(w, p) < p.pp_size:
         return (f"microbatches: 1F1B needs at least as many micro-batches as stages (torch.distributed.pipelining "
                 f"Schedule1F1B); got {pp_microbatches(w, p)} for pp {p.pp_size}")

@@ -40,13 +40,15 @@ OFFLOADS = ("none", "optimizer", "optimizer+params")
 # so each stage keeps all of them; interleaved 1F1B (ScheduleInterleaved1F1B, torchtitan's "Interleaved1F1B") gives
 # each rank PP_STAGES_PER_RANK stages (rank r: stages r, r + pp, ...) and runs chunk forwards depth first; the zero-
 # bubble schedules split each backward into its input and weight gradients and run the latter later: interleaved-zb
-# (ScheduleInterleavedZeroBubble, "InterleavedZeroBubble": stages r, r + pp) and zbv (ScheduleZBVZeroBubble,
-# "ZBVZeroBubble": stages r and 2 pp - 1 - r, a V). The zero-bubble ones are priced from traced ranks only.
-PP_SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b", "interleaved-zb", "zbv")
+# (ScheduleInterleavedZeroBubble, "InterleavedZeroBubble": stages r, r + pp), zbv (ScheduleZBVZeroBubble,
+# "ZBVZeroBubble": stages r and 2 pp - 1 - r, a V) and dualpipev (ScheduleDualPipeV, "DualPipeV": the V, a forward
+# and a backward of two micro-batches overlapped). The zero-bubble ones are priced from traced ranks only.
+PP_SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b", "interleaved-zb", "zbv", "dualpipev")
 # Stages per rank: torchtitan's default for a multi-stage schedule without pipeline_parallel_layers_per_stage
 # (torchtitan/distributed/pipeline_parallel.py `_get_pipeline_metadata`: 1 for single-stage schedules, else 2).
-PP_STAGES_PER_RANK = {"1f1b": 1, "gpipe": 1, "interleaved-1f1b": 2, "interleaved-zb": 2, "zbv": 2}
-PP_TRACED_ONLY = ("interleaved-zb", "zbv")   # no analytic rule: their weight gradients wait, which no rule counts
+PP_STAGES_PER_RANK = {"1f1b": 1, "gpipe": 1, "interleaved-1f1b": 2, "interleaved-zb": 2, "zbv": 2, "dualpipev": 2}
+PP_TRACED_ONLY = ("interleaved-zb", "zbv", "dualpipev")   # no analytic rule: weight gradients that wait
+PP_V_SCHEDULES = ("zbv", "dualpipev")   # rank r runs stages r and 2 pp - 1 - r (torchtitan's style "v")
 # What the training loop keeps alive: HF Trainer and torchtune keep only the loss; seed 000's harness and
 # litgpt's loops keep the model output (logits) through backward and the optimizer step.
 LOOPS = ("loss-only", "keep-output")

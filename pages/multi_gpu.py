@@ -56,8 +56,9 @@ def fields() -> dict[str, state.Field]:
                                         "pipelining, torchtitan's pipeline_parallel_schedule): 1f1b keeps at most pp "
                                         "of them on the first stage, gpipe every one on every stage, "
                                         "interleaved-1f1b gives each rank two stages (r and r + pp). The zero-bubble "
-                                        "schedules are priced from traced ranks only: `python -m estimator "
-                                        "--pp-schedule zbv` names the command that derives them.")
+                                        "schedules (interleaved-zb, zbv, dualpipev) are priced from traced ranks "
+                                        "only: `python -m estimator --pp-schedule zbv` names the command that "
+                                        "derives them.")
     f["microbatches"] = state.Field("microbatches", "int", 0, lo=0, hi=4096, label="Pipeline micro-batches",
                                     help="Micro-batches per step through the pipeline, each of the batch size above "
                                          "(torchtitan: local batch / microbatch size). 0: the gradient "

@@ -238,8 +238,9 @@ def test_parallel_check_pipeline_cases_are_exact(tmp_path, monkeypatch, capsys):
 def test_parallel_check_multi_stage_cases_are_exact(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("WILLITFIT_CACHE", str(tmp_path))
     assert parallel_check(["--case", "pp2-interleaved-train", "--case", "pp2-interleaved-zb-train", "--case",
-                           "pp4-zbv-train-mixed", "--case", "fsdp16-pp2-interleaved-train", "--quiet"]) == 0
-    assert "4 of 4 cases exact" in capsys.readouterr().out
+                           "pp4-zbv-train-mixed", "--case", "fsdp16-pp2-interleaved-train", "--case",
+                           "pp2-dualpipev-train", "--quiet"]) == 0
+    assert "5 of 5 cases exact" in capsys.readouterr().out
 
 
 @pytest.mark.slow
@@ -368,7 +369,7 @@ def test_zero_bubble_schedules_are_priced_from_traced_ranks_only(tmp_path, monke
     monkeypatch.setenv("WILLITFIT_CACHE", str(tmp_path))
     name = "llama-3.2-1b"
     model = from_hf_config(load_config(name)[1], name, derive=False)
-    for schedule in ("interleaved-zb", "zbv"):
+    for schedule in ("interleaved-zb", "zbv", "dualpipev"):
         with pytest.raises(ValueError, match=f"^pp_schedule: {schedule} is priced from traced ranks only; derive them: "
                                              f"`python -m bench derive --model {name} --strategy pp --gpus 4 "
                                              f"--pp-schedule {schedule} --microbatches 8`"):
@@ -383,3 +384,8 @@ def test_zero_bubble_schedules_are_priced_from_traced_ranks_only(tmp_path, monke
     assert sum(s.params_local for s in sh) == inv.params and sh[0].params_local > sh[3].params_local
     assert pp_untraced(Workload(), Parallel("pp", gpus=4, microbatches=9, pp_schedule="interleaved-zb")) \
         .startswith("microbatches: interleaved-zb runs rounds")
+    # DualPipeV: the same V, at least as many micro-batches as stages (torch's ScheduleDualPipeV refuses fewer)
+    assert pp_rank_layers(16, 4, 1, "dualpipev") == pp_rank_layers(16, 4, 1, "zbv")
+    assert pp_untraced(Workload(), Parallel("pp", gpus=4, microbatches=7, pp_schedule="dualpipev")) \
+        .startswith("microbatches: DualPipeV needs at least as many micro-batches as stages")
+    assert pp_untraced(Workload(), Parallel("pp", gpus=4, microbatches=8, pp_schedule="dualpipev")) is None

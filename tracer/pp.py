@@ -14,9 +14,9 @@ them with torch.distributed.pipelining:
   the embedding, norm and head of the other stages replaced by Identity (here: deleted, or Identity for the norm, so
   that the model's own forward runs unchanged: a stage after the first passes its input as `inputs_embeds`);
 - **the schedule**: one `PipelineStage` per rank under 1F1B and GPipe, one per stage the rank runs under the
-  multi-stage ones (interleaved 1F1B, interleaved zero bubble, ZBV: two, `estimator.parallel.pp_rank_stages`; the
-  rank's model is then a `RankStages`, traced whole: `LOOPED_WHOLE`), `n_microbatches` micro-batches
-  of `workload.batch` sequences each (torchtitan's local batch / `pipeline_parallel_microbatch_size`), the loss
+  multi-stage ones (interleaved 1F1B, interleaved zero bubble, ZBV, DualPipeV: two,
+  `estimator.parallel.pp_rank_stages`; the rank's model is then a `RankStages`, traced whole: `LOOPED_WHOLE`),
+  `n_microbatches` micro-batches of `workload.batch` sequences each (torchtitan's local batch / `pipeline_parallel_microbatch_size`), the loss
   computed on the last stage by the model's own loss function, gradients scaled by 1 / n_microbatches
   (`scale_grads`, the schedule's default), `return_outputs=False` (torchtitan's trainer);
 - **FSDP2 x PP** (fsdp, zero3, fsdp-grad-op with pp > 1): the (pp, dp) mesh with pp outermost, `fully_shard` per
@@ -168,8 +168,9 @@ def pp_case(config: dict, workload: Workload, parallel: Parallel, rank: int = 0,
     depth: global layer indices, each kept in the stage whose range holds it)."""
     import torch.distributed as dist
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B,
-                                              ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble)
+    from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleDualPipeV, ScheduleGPipe,
+                                              ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble,
+                                              ScheduleZBVZeroBubble)
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     check(workload, parallel)
@@ -251,7 +252,7 @@ def pp_case(config: dict, workload: Workload, parallel: Parallel, rank: int = 0,
 
             if v > 1:
                 cls = {"interleaved-1f1b": ScheduleInterleaved1F1B, "interleaved-zb": ScheduleInterleavedZeroBubble,
-                       "zbv": ScheduleZBVZeroBubble}[parallel.pp_schedule]
+                       "zbv": ScheduleZBVZeroBubble, "dualpipev": ScheduleDualPipeV}[parallel.pp_schedule]
                 schedule = cls(stages, n_microbatches=m, loss_fn=loss_fn)
             else:
                 cls = Schedule1F1B if parallel.pp_schedule == "1f1b" else ScheduleGPipe
