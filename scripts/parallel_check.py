@@ -22,7 +22,8 @@ FSDP2 over each stage's dp ranks: FSDP 16 x PP 2 (1F1B, the 12-layer model) and 
 FSDP 16 x TP 2 x PP 2 (1F1B, the 12-layer model, 64 ranks); interleaved 1F1B (two stages per rank, each rank's
 stages traced whole) of the 12-layer model: pp 2 over 4 micro-batches, FSDP 16 x PP 2, and PP 2 x TP 2 with
 sequence parallelism, and of a 14-layer one pp 4 over 8 (mixed); the zero-bubble schedules: interleaved-zb on pp 2
-(12 layers), zbv on pp 4 (14 layers, mixed), FSDP 16 x PP 2 zbv and DualPipeV on pp 2; context parallelism (tracer.cp, every CP rank
+(12 layers), zbv on pp 4 (14 layers, mixed), FSDP 16 x PP 2 zbv and DualPipeV on pp 2; FSDP 16 x TP 2 x PP 2
+interleaved 1F1B (64 ranks); context parallelism (tracer.cp, every CP rank
 traced, the derived ones against their estimates): FSDP over dp_shard 8 x cp 2, dp_shard 8 x cp 4 with grouped
 KV heads, dp_shard 1 x cp 4 with the mixed recipe and full checkpointing, and with TP inside on torchtitan's
 (dp_shard, cp, tp) mesh: dp_shard 8 x cp 2 x tp 2, and dp_shard 8 x cp 4 x tp 2 with sequence parallelism (mixed); and llama-3.2-1b itself,
@@ -115,6 +116,8 @@ def cases() -> list[Case]:
                                                                pp_schedule="zbv"), deep),
                   Case("pp2-dualpipev-train", train, Parallel("pp", gpus=2, microbatches=4, pp_schedule="dualpipev"),
                        deep),
+                  Case("fsdp16-tp2-pp2-interleaved-train", train,
+                       Parallel("fsdp", gpus=64, pp=2, tp=2, microbatches=4, pp_schedule="interleaved-1f1b"), deep),
                   # context parallelism (tracer.cp): FSDP2 over dp_shard x cp, ring attention; the fit traces
                   # dp_shard 1 and 2 and checks 4, so dp_shard 8 is unused; seq a multiple of 2 x cp
                   Case("fsdp16-cp2-train", train, Parallel("fsdp", gpus=16, cp=2)),
