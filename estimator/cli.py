@@ -93,6 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--price-advice", action="store_true",
       help="price every row of 'What would help': derive the profile of each change not priced yet (a few minutes "
            "of CPU each, once; cached after), then answer; without it such rows are listed without a number")
+    a("--derive-ranks", action="store_true",
+      help="with tp, pp or cp: derive every traced rank's profile first (each pipeline rank, the TP rank, the CP "
+           "ranks: minutes each, progress on stderr; cached after), then answer from them, exact per rank; without "
+           "it such a layout is priced by the analytic rule and a note names the command")
     a("--calibrated", action="store_true",
       help="use the family's fitted k from data/calibration.json (env WILLITFIT_CALIBRATION) and report a "
            "95%% prediction interval")
@@ -420,6 +424,8 @@ def run(args) -> dict | str:
     options, cal = _options(args, model, w)
     # an encoder-decoder model's encoder reads seq; its decoder's positions are checked by seq2seq.check
     beyond = check_context(model, w.seq, 0 if seq2seq.seq2seq_of(model) else w.gen_tokens, args.allow_beyond_context)
+    if args.derive_ranks and not args.no_derive:
+        estimate_module.ensure_profile(model, w, p, _progress, tp_rank=True)   # every traced rank: tracer.pp, tp, cp
     out = report(model, estimate(model, w, p, options), gpu, options, cal, price_advice=args.price_advice)
     out["notes"][:0] = [n for n in (defaults_note(model, defaulted) if defaulted else None, beyond, targets_note,
                                     attention_note) if n]

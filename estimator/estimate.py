@@ -235,8 +235,7 @@ def traced_class(w: Workload, p: Parallel) -> tuple[Workload, Parallel, tuple[st
         tp = Parallel(strategy=tp.strategy, gpus=2 * p.tp_size, tp=p.tp_size, sequence_parallel=sp) if fsdp else \
             Parallel(strategy="tp", gpus=p.gpus, sequence_parallel=sp)
     if p.pp_size > 1 and pp_untraced(asked, p) is None:
-        # every pipeline rank traced (tracer.pp), each profile fit at this degree, schedule and micro-batch count;
-        # where they are not all on disk, `resolve` falls back to the analytic rule over the single-GPU profile
+        # every rank traced (tracer.pp) at this degree, schedule and micro-batches; else `resolve`'s analytic rule
         m = pp_microbatches(asked, p)
         notes = [n for n in notes if not n.startswith(f"{p.strategy}: sharding priced")]
         notes.append(f"pp: every rank of pp {p.pp_size} traced ({p.pp_schedule}, {m} micro-batches of "
@@ -311,7 +310,8 @@ def _traced_pp_or_analytic(model: Model, w: Workload, tw: Workload, tp: Parallel
                + (f"--pp {tp.pp_size} " if tp.strategy != "pp" or tp.tp_size > 1 else "")
                + (f"--tp {tp.tp_size} " if tp.tp_size > 1 else "")
                + ("--sequence-parallel true " if tp.sequence_parallel else "")
-               + f"--pp-schedule {tp.pp_schedule} --microbatches {tp.microbatches}` with the same workload flags")
+               + f"--pp-schedule {tp.pp_schedule} --microbatches {tp.microbatches}` with the same workload flags, "
+                 "or `python -m estimator ... --derive-ranks`")
         if tp.pp_schedule in PP_TRACED_ONLY:   # no rule prices a zero-bubble schedule
             raise ValueError(f"pp_schedule: {tp.pp_schedule} is priced from traced ranks only; derive them: {how}") \
                 from None
@@ -333,8 +333,8 @@ def _traced_tp_or_analytic(model: Model, tw: Workload, tp: Parallel, notes: tupl
         return store.profile(model.config, tw, tp, name=model.name, derive=False), tp, notes
     except store.ProfileMissing:
         how = (f"`python -m bench derive --model {model.name} --strategy tp --gpus {tp.gpus}` with the same workload "
-               "flags" if tp.strategy == "tp" and not tp.sequence_parallel else
-               "estimator.estimate.ensure_profile(..., tp_rank=True) with this workload and layout")
+               "flags, or" if tp.strategy == "tp" and not tp.sequence_parallel else "") + \
+            " `python -m estimator ... --derive-ranks` (ensure_profile(..., tp_rank=True))"
         note = "tp: priced by the analytic split (Options.analytic_tp)" if options.analytic_tp else \
             (f"tp: no traced profile of one rank at tp={tp.tp_size} on disk; priced by the analytic split (derive "
              f"the exact one: {how})")

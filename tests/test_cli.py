@@ -487,3 +487,28 @@ def test_price_advice_derives_each_unpriced_row_then_answers(capsys, monkeypatch
     assert asked == [(w_, p_) for _, w_, p_ in todo]
     assert out.err.count("not priced: stand-in refusal") == len(todo)
     assert all(f"pricing {i}/{len(todo)}: {t}" in out.err for i, (t, _, _) in enumerate(todo, 1))
+
+
+def test_derive_ranks_derives_every_traced_rank_first(capsys, monkeypatch, tmp_path):
+    """--derive-ranks derives the layout's traced ranks (estimate.ensure_profile with tp_rank=True) before answering;
+    without it a pipeline whose ranks are not on disk is the analytic rule, its note naming both ways. The derivation
+    is a stand-in that refuses (a real one takes minutes): the test checks what was asked."""
+    from estimator import estimate as estimate_mod
+    from estimator.spec import Parallel
+
+    asked = []
+
+    def derivation(model, w, p, progress=None, **kw):
+        asked.append((p, kw))
+        raise ValueError("pp: stand-in refusal")
+
+    monkeypatch.setattr(estimate_mod, "ensure_profile", derivation)
+    monkeypatch.setenv("WILLITFIT_CACHE", str(tmp_path))   # no traced rank on disk
+    args = ("--model", "llama-3.2-1b", "--strategy", "pp", "--gpus", "4", "--pp-schedule", "interleaved-1f1b",
+            "--microbatches", "8")
+    assert cli.main([*args]) == 0
+    out = capsys.readouterr().out
+    assert "priced by the analytic rule" in out and "--derive-ranks" in out and not asked
+    assert cli.main([*args, "--derive-ranks"]) == 2
+    assert asked == [(Parallel("pp", gpus=4, microbatches=8, pp_schedule="interleaved-1f1b"), {"tp_rank": True})]
+    assert capsys.readouterr().err.strip().endswith("pp: stand-in refusal")
