@@ -278,7 +278,8 @@ def read_inventory(config: dict) -> dict:
     buffers = sum(b.numel() * b.element_size() for b in model.buffers())
     # a multimodal model built whole: the parameters outside its language model and output head (vision tower,
     # projector), which a text-only step never reaches (no gradient, no optimizer state)
-    lm = getattr(getattr(model, "model", None), "language_model", None)
+    # (under its base model, or, as Llama4ForConditionalGeneration holds it, on the top model itself)
+    lm = getattr(getattr(model, "model", None), "language_model", None) or getattr(model, "language_model", None)
     image_side: Counter = Counter()
     if lm is not None:
         head = model.get_output_embeddings()
