@@ -14,7 +14,7 @@ import numpy as np
 from estimator import components as comp
 from estimator.breakdown import Breakdown
 from estimator.parallel import (FSDP_FAMILY, Share, composed, pp_in_flight, pp_microbatches, pp_rank_stages,
-                                shard_group, tp_activation_scale)
+                                pp_untraced, shard_group, tp_activation_scale)
 from estimator.profile.poly import exponents, rank_degree, s_factor, s_factor_array, seq_degree
 from estimator.profile.profile import CATEGORIES, Piece, Profile
 from estimator.spec import PP_STAGES_PER_RANK, SIZE_FIELDS, Parallel, Workload
@@ -99,7 +99,7 @@ class Swap:
         # micro-batches whose activations a stage holds at once: the schedule decides (estimator.spec.PP_SCHEDULES)
         micro = pp_microbatches(w, p)
         ruled = p.pp_size > 1 and not tp_rank   # a traced rank holds what its schedule keeps already
-        in_flight = pp_in_flight(p.pp_schedule, p.pp_size, sh.pp_rank, micro) if ruled else 1
+        in_flight = pp_in_flight(p.pp_schedule, p.pp_size, sh.pp_rank, micro, pp_untraced(w, p)) if ruled else 1
         self.act_layers = sh.layers_local / max(1, inv.layers) * in_flight if ruled else 1.0
         self.tp_lin, self.tp_sq = (1.0, 1.0) if tp_rank else tp_activation_scale(p.tp_size, p.sequence_parallel)
         self.k_form = None  # the seeds' form: k * b*s*h*L*bytes, i.e. a b*s monomial with this coefficient

@@ -207,15 +207,17 @@ def pp_rank_stages(pp: int, rank: int, schedule: str) -> tuple[int, ...]:
     return (rank, 2 * pp - 1 - rank) if schedule in PP_V_SCHEDULES else tuple(rank + k * pp for k in range(v))
 
 
-def pp_in_flight(schedule: str, pp: int, rank: int, micro: int) -> float:
+def pp_in_flight(schedule: str, pp: int, rank: int, micro: int, untraced: str | None = None) -> float:
     """Micro-batches of the rank's layers whose activations it holds at once (the analytic rule): 1F1B's rank r runs
     min(pp - r, micro) forwards before its first backward, GPipe every forward first; interleaved 1F1B's rank runs
     `_get_warmup_ops` chunk forwards first ((v - 1) x micro-batches per round + 2 x (pp - 1 - r), at most v x micro)
     and one more before the first backward frees any, each of 1/v of its layers (torch.distributed.pipelining
-    schedules.py `_get_warmup_ops`, `ScheduleInterleaved1F1B`)."""
+    schedules.py `_get_warmup_ops`, `ScheduleInterleaved1F1B`). A zero-bubble schedule has no rule: one line, naming
+    why its ranks cannot be traced where `untraced` (`pp_untraced`'s reason) says so."""
     if schedule in PP_TRACED_ONLY:
-        raise ValueError(f"pp_schedule: {schedule} is priced from its traced ranks only (its weight gradients wait "
-                         "for a later step of the schedule, which no rule here counts); derive them first")
+        raise ValueError((f"{untraced}; and {schedule}" if untraced else f"pp_schedule: {schedule}")
+                         + " is priced from its traced ranks only (its weight gradients wait for a later step of the "
+                           "schedule, which no rule here counts)" + ("" if untraced else "; derive them first"))
     if schedule == "gpipe":
         return float(micro)
     if schedule == "1f1b":

@@ -243,9 +243,14 @@ def _run(job: Job, model, w: Workload, par: Parallel, ranks: bool = False) -> No
         job.finished = True
 
 
-def _job(page: str, model, w: Workload, par: Parallel, ranks: bool = False) -> Job:
+def _job_key(page: str, model, w: Workload, par: Parallel, ranks: bool = False) -> str:
     tw, tp, _ = estimate_mod.traced_class(w, par)
-    key = f"{page}:derive:{model.inventory.config_hash[:16]}:{profile_key(tw, tp)}" + (":ranks" if ranks else "")
+    return f"{page}:derive:{model.inventory.config_hash[:16]}:{profile_key(tw, tp)}" + (":ranks" if ranks else "")
+
+
+def _job(page: str, model, w: Workload, par: Parallel, ranks: bool = False) -> Job:
+    tp = estimate_mod.traced_class(w, par)[1]
+    key = _job_key(page, model, w, par, ranks)
     job = st.session_state.get(key)
     if job is None or (job.finished and job.error is None):
         label = f"{model.name}, {w.mode} {w.method} {w.recipe}, {par.strategy}" + (
@@ -275,16 +280,15 @@ def pipeline_ranks_in_background(page: str, model, w: Workload, par: Parallel) -
     """Derive every traced rank of the pipeline `par` (tracer.pp; `estimator.parallel.pp_untraced` is None) in the
     background, asked for by a button (each rank is a derivation of its own: minutes), with its progress; the page
     reruns when they are on disk and prices the layout from them. A refusal shows in one line."""
-    key = f"{page}:ranks-asked:{model.inventory.config_hash[:16]}:{profile_key(*estimate_mod.traced_class(w, par)[:2])}"
-    if not st.session_state.get(key):
+    key = _job_key(page, model, w, par, ranks=True)
+    if not st.session_state.get(f"{key}:asked"):
         if st.button(f"Derive the {par.pp_size} pipeline ranks of this layout exactly (in the background)",
                      key=f"{page}:derive-ranks", help="Each rank's step is traced on fake tensors as torchtitan runs it "
                      "(tracer.pp), a few minutes per rank; the layout is then priced from them, exact per rank."):
-            st.session_state[key] = True
+            st.session_state[f"{key}:asked"] = True
             st.rerun()
         return
-    tw, tp, _ = estimate_mod.traced_class(w, par)
-    done = st.session_state.get(f"{page}:derive:{model.inventory.config_hash[:16]}:{profile_key(tw, tp)}:ranks")
+    done = st.session_state.get(key)
     if done is not None and done.finished and done.error is None:
         return   # on disk now: the layouts above price it from them (a finished job is not started again)
     job = _job(page, model, w, par, ranks=True)

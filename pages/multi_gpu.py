@@ -272,8 +272,8 @@ def main() -> None:
         context_parallel_section(model, w, gpu, f, layouts_section(model, w, gpu, f))
         compare(model, w, gpu, f)
     finally:
-        state.write_url(PAGE, list(f.values()), {"model", "gpu", "compare_a", "compare_b", "compare_n", "layout_n", "pp_schedule", "microbatches",
-                                                 "cp", *shown})
+        state.write_url(PAGE, list(f.values()), {"model", "gpu", "compare_a", "compare_b", "compare_n", "layout_n",
+                                                 "pp_schedule", "microbatches", "cp", *shown})
 
 
 state.run_page(main)

@@ -226,21 +226,16 @@ def test_every_rank_estimate_equals_its_full_depth_trace(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_parallel_check_pipeline_cases_are_exact(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("cases", [
+    ("pp2-1f1b-train", "pp4-gpipe-train", "fsdp16-pp2-1f1b-train", "pp2-tp4-sp-gpipe-train-mixed",
+     "fsdp16-tp2-pp2-1f1b-train"),
+    ("pp2-interleaved-train", "pp2-interleaved-zb-train", "pp4-zbv-train-mixed", "fsdp16-pp2-interleaved-train",
+     "pp2-dualpipev-train"),
+], ids=["single-stage", "multi-stage"])
+def test_parallel_check_pipeline_cases_are_exact(tmp_path, monkeypatch, capsys, cases):
     monkeypatch.setenv("WILLITFIT_CACHE", str(tmp_path))
-    assert parallel_check(["--case", "pp2-1f1b-train", "--case", "pp4-gpipe-train", "--case",
-                           "fsdp16-pp2-1f1b-train", "--case", "pp2-tp4-sp-gpipe-train-mixed", "--case",
-                           "fsdp16-tp2-pp2-1f1b-train", "--quiet"]) == 0
-    assert "5 of 5 cases exact" in capsys.readouterr().out
-
-
-@pytest.mark.slow
-def test_parallel_check_multi_stage_cases_are_exact(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("WILLITFIT_CACHE", str(tmp_path))
-    assert parallel_check(["--case", "pp2-interleaved-train", "--case", "pp2-interleaved-zb-train", "--case",
-                           "pp4-zbv-train-mixed", "--case", "fsdp16-pp2-interleaved-train", "--case",
-                           "pp2-dualpipev-train", "--quiet"]) == 0
-    assert "5 of 5 cases exact" in capsys.readouterr().out
+    assert parallel_check([arg for case in cases for arg in ("--case", case)] + ["--quiet"]) == 0
+    assert f"{len(cases)} of {len(cases)} cases exact" in capsys.readouterr().out
 
 
 @pytest.mark.slow
@@ -375,6 +370,11 @@ def test_zero_bubble_schedules_are_priced_from_traced_ranks_only(tmp_path, monke
                                              f"--pp-schedule {schedule} --microbatches 8`"):
             estimate(model, Workload(batch=1, seq=512), Parallel("pp", gpus=4, microbatches=8, pp_schedule=schedule),
                      options=Options(derive=False))
+    # a zero-bubble pipeline that cannot be traced says why, not "derive them"
+    with pytest.raises(ValueError, match="^method: traced pipelines train method 'full'.*; and zbv is priced from its "
+                                         "traced ranks only"):
+        estimate(model, Workload(method="lora", batch=1, seq=512),
+                 Parallel("pp", gpus=4, microbatches=8, pp_schedule="zbv"), options=Options(derive=False))
     # ZBV's V: rank r runs stages r and 2 pp - 1 - r (torchtitan stage_ids_this_rank, style "v")
     assert pp_rank_layers(16, 4, 0, "zbv") == (pp_stage_layers(16, 8, 0), pp_stage_layers(16, 8, 7))
     assert pp_rank_layers(16, 4, 3, "zbv") == (pp_stage_layers(16, 8, 3), pp_stage_layers(16, 8, 4))

@@ -265,8 +265,6 @@ def pp_case(config: dict, workload: Workload, parallel: Parallel, rank: int = 0,
 
             def step(on_stage) -> None:
                 compute_loss = schedule._maybe_compute_loss
-                backwards = [stage.backward_one_chunk for stage in stages]
-                weight_backwards = [stage.backward_weight_one_chunk for stage in stages]
 
                 def after_forward(*args, **kwargs):
                     compute_loss(*args, **kwargs)
@@ -280,10 +278,10 @@ def pp_case(config: dict, workload: Workload, parallel: Parallel, rank: int = 0,
                     return run
 
                 schedule._maybe_compute_loss = after_forward
-                for stage, backward, weights in zip(stages, backwards, weight_backwards):
-                    stage.backward_one_chunk = after_backward(backward)
+                for stage in stages:   # the instance attributes shadow the class's methods until deleted below
+                    stage.backward_one_chunk = after_backward(stage.backward_one_chunk)
                     # a zero-bubble schedule's weight gradients, run apart from (after) the input gradients
-                    stage.backward_weight_one_chunk = after_backward(weights)
+                    stage.backward_weight_one_chunk = after_backward(stage.backward_weight_one_chunk)
                 try:
                     args = (inputs["input_ids"],) if first else ()
                     kw = {"target": inputs["labels"], "losses": []} if last else {}
