@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from estimator import components as comp
-from estimator import cp, knobs, seq2seq, vision
+from estimator import audio, cp, knobs, seq2seq, vision
 from estimator.calibration_file import SEED_K
 from estimator.calibration_file import CalibrationEntry, entry_for
 from estimator.breakdown import COMPONENTS
@@ -215,6 +215,7 @@ def report(model: Model, est: Estimate, gpu: GPU | None, options: Options,
         "model": model.name, "model_type": model.model_type, "family": model.family,
         **({"image_seq": vision.size_words(model, est.workload.seq)} if vision.is_vision(model) else {}),
         **({"images": vision.image_words(model, est.workload)} if est.workload.images else {}),
+        **({"audio": audio.audio_words(model, est.workload)} if est.workload.audios else {}),
         **({"lengths": seq2seq.words(model, est.workload)} if seq2seq.seq2seq_of(model) else {}),
         "params": est.params, "active_params": est.params if vision.is_vision(model) else model.active_params,
         "trainable_params": est.trainable_params,

@@ -105,6 +105,22 @@ VLM_TYPES = ("llava", "vipllava", "video_llava", "paligemma", "internvl", "qianf
              "llama4", "gemma3", "pp_chart2table", "deepseek_vl", "janus", "deepseek_vl_hybrid", *GRID_VLM_TYPES,
              *HOST_VLM_TYPES)
 
+# Audio-language models priced whole with their audio (tracer.audio): the audio encoder, its projector and the language
+# model run `audios` clips per sample, each one window of log-mel features as the model's feature extractor hands it
+# over (16 kHz audio, a 10 ms hop, every frame valid), each a fixed number of audio tokens inside the sequence where
+# the model scatters its audio features (the audio token id). Whisper's feature extractor (30-s windows: 3000 frames,
+# twice a Whisper-style encoder's max_source_positions) serves Qwen2-Audio, Qwen2.5-Omni's thinker, Voxtral, Audio
+# Flamingo 3, Music Flamingo and GLM-ASR; Nemotron-3.5-Transcribe's (Parakeet's: the same hop) hands over (frames,
+# mels); Fun-ASR-Nano's stacks num_stacked_frames (7) frames of 80 bins every 6th (low frame rate: 500 frames of 560
+# per 30 s, feature_extraction_fun_asr_nano); Granite-Speech's stacks 2 (1500 of 160). Qwen3-ASR takes Whisper's
+# features, but its default config's audio output (3584 wide) does not match its text model (2048): refused there, a
+# checkpoint's config.json matches them. Granite-Speech's default projector does not take its encoder's width (its own
+# forward fails on its defaults).
+AUDIO_TYPES = ("qwen2_audio", "qwen2_5_omni_thinker", "voxtral", "audioflamingo3", "musicflamingo", "glmasr",
+               "nemo_speechlm", "fun_asr_nano", "qwen3_asr", "granite_speech", "granite_speech_plus")
+# (frames per 30-s clip, frames first) where a clip is not Whisper's (mels, 3000)
+AUDIO_FEATURES = {"nemo_speechlm": (3000, True), "fun_asr_nano": (500, True), "granite_speech": (1500, True),
+                  "granite_speech_plus": (1500, True)}
 
 def vlm_route(model_type: str) -> str:
     """How this version builds a vision-language model's images ("grid", "stacked", "loop", "pixtral", "host",

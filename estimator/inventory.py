@@ -70,6 +70,12 @@ class Inventory:
         return "vlm" in self.extra
 
     @property
+    def takes_audio(self) -> bool:
+        """An audio-language model priced with its audio (tracer.audio): PEFT's target names reach its audio
+        encoder's Linears too."""
+        return "audio" in self.extra
+
+    @property
     def is_moe(self) -> bool:
         return self.n_experts > 0
 
@@ -110,7 +116,7 @@ class Inventory:
         wanted = {t.split(".")[-1] for t in targets}
         # a vision-language model: PEFT adapts its vision tower's Linears of the name too (`layers_only`: those of the
         # language model's layers, the ones a text-only step trains)
-        anywhere = self.takes_images and not layers_only
+        anywhere = (self.takes_images or self.takes_audio) and not layers_only
         out = tuple((n, fi, fo) for name, fi, fo, _, role, in_layer, n in self.linears
                     if name in wanted and role == "linear" and (in_layer or anywhere))
         if not out:
@@ -135,9 +141,12 @@ class Inventory:
         """(copies, rows, cols) of every trainable tensor (vectors: cols == 1); drives per-tensor optimizer terms."""
         if w.mode == "infer":
             return ()
-        text_only = "image_side" in self.extra and not w.images   # a multimodal model's step without images
-        # with images, what the step still leaves without a gradient (tracer.vlm.unreached: LLaVA's last CLIP layer)
-        missed = ((self.extra.get("vlm") or {}).get("unreached") or []) if w.images else []
+        # a multimodal model's step without its images or audio
+        text_only = "image_side" in self.extra and not (w.images or w.audios)
+        # with images (audio), what the step still leaves without a gradient (tracer.vlm.unreached: LLaVA's last CLIP
+        # layer; tracer.audio.unreached)
+        missed = ((self.extra.get("vlm") or {}).get("unreached") or []) if w.images else \
+            ((self.extra.get("audio") or {}).get("unreached") or []) if w.audios else []
         if w.method != "full":
             wanted = {t.split(".")[-1] for t in w.lora_targets}
             skip: Counter = Counter()   # (in, out) of the targeted Linears no gradient reaches: their adapters neither

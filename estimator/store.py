@@ -25,7 +25,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from estimator import bank, cp, knobs
-from estimator.families import VLM_TYPES, vlm_route
+from estimator.families import AUDIO_TYPES, VLM_TYPES, vlm_route
 from estimator.inventory import Inventory
 from estimator.parallel import TRACED_SHARDING
 from estimator.presets import DATA_DIR, config_hash
@@ -74,9 +74,10 @@ def canonical_class(w: Workload) -> Workload:
     gen_tokens) are left as they are."""
     change = {}
     for d in knobs.declared():
-        # images, target_seq: whether the model takes them is the model's, not the class's; others' are refused earlier
+        # images, audios, target_seq: whether the model takes them is the model's, not the class's; others' are
+        # refused earlier
         if d.name in SIZE_FIELDS or d.name == "weight_format" or knobs.applies(d, w.mode, w.method, vlm=True,
-                                                                                seq2seq=True):
+                                                                                seq2seq=True, audio=True):
             continue
         if getattr(w, d.name) != d.default:
             change[d.name] = d.default
@@ -94,7 +95,7 @@ def workload_class(w: Workload, rank_variable: bool | None = None) -> dict:
     rank (its class says "lora_rank": "r", profile.RANK_MARK); `rank_variable=False` gives the class of a profile
     derived for this one rank only (every LoRA profile written before the rank was a variable)."""
     out = {k: v for k, v in spec_dict(canonical_class(w)).items() if k not in SIZE_FIELDS}
-    for name in ("images", "target_seq"):   # 0: the class every profile written before these existed names
+    for name in ("images", "audios", "target_seq"):   # 0: the class every profile written before these existed names
         if not out.get(name):
             out.pop(name, None)
     if w.images and w.image_size:   # a grid VLM's images (estimator.vision.sized): their size is the class's
@@ -213,6 +214,9 @@ def _stale(config: dict, data: dict) -> bool:
     images, tracer.vlm, or the reason they are refused; the parameters its steps leave without a gradient)."""
     if any(k not in data for k in INVENTORY_KEYS):
         return True
+    if config.get("model_type") in AUDIO_TYPES:   # its audio, or why it is refused (tracer.audio)
+        return "image_side" not in data or ("unreached" not in data["audio"] if "audio" in data else
+                                            "audio_refused" not in data)
     if config.get("model_type") not in VLM_TYPES:
         return False
     if data.get("vlm_route") != vlm_route(config["model_type"]):   # built another way (or priced text-only) then

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from estimator import audio
 from estimator.families import GRID_IMAGE_SIZE, INDICATOR_TOKENS, VLM_TYPES
 from estimator.model import Model
 from estimator.spec import Workload
@@ -288,7 +289,8 @@ def image_tokens(model: Model, w: Workload) -> int:
 
 def check_images(model: Model, w: Workload) -> None:
     """One line before any slow work: images for a model that takes none here, or a seq too short for their
-    tokens."""
+    tokens; an audio-language model's audio clips alike (estimator.audio.check_audio)."""
+    audio.check_audio(model, w)
     if not w.images:
         return
     v = images_of(model)
@@ -344,6 +346,9 @@ def scope_notes(model: Model, w: Workload = Workload()) -> tuple[str, ...]:
     whole holds the tower's weights; a vision-language model priced with images (families.VLM_TYPES) says so when
     the step has none."""
     inv = model.inventory
+    heard = audio.scope_notes(model, w)   # an audio-language model's (estimator.audio)
+    if heard is not None:
+        return heard
     text_type = inv.extra.get("text_model_type", inv.model_type)
     if text_type == inv.model_type:
         return ()

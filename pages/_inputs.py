@@ -8,6 +8,7 @@ from __future__ import annotations
 import streamlit as st
 from estimator import knobs, spec
 from estimator.seq2seq import seq2seq_of
+from estimator.audio import audio_of
 from estimator.vision import grid, images_of, is_vision, pixtral, sizable, traced_depths
 from estimator.gpus import gpu_names, load_gpus
 from estimator.model import Model
@@ -85,28 +86,30 @@ def kinds(model) -> dict:
     # a speech model's seq is its decoder's tokens already (its audio window is fixed): no target length to ask for
     return {"vision": is_vision(model), "vlm": images_of(model) is not None,
             "seq2seq": s2s is not None and s2s["kind"] == "text",
-            "grid": sizable(model)}   # its images' size is asked for
+            "grid": sizable(model),   # its images' size is asked for
+            "audio": audio_of(model) is not None}   # audio clips per sample (estimator.audio)
 
 
 def shown_workload_fields(mode: str, method: str, advanced: bool = False, vision: bool = False,
-                          vlm: bool = False, seq2seq: bool = False, grid: bool = False) -> list[str]:
+                          vlm: bool = False, seq2seq: bool = False, grid: bool = False,
+                          audio: bool = False) -> list[str]:
     """Which workload inputs apply (from each field's declaration): inference has no optimizer or LoRA, training
     no generated tokens, a vision encoder an image size instead of a sequence length (`vision`), a vision-language
     model its images per sample (`vlm`). advanced=True adds the recipe knobs the sidebar folds under "More
     settings"."""
-    return [d.name for d in knobs.declared() if knobs.applies(d, mode, method, vision, vlm, seq2seq, grid)
+    return [d.name for d in knobs.declared() if knobs.applies(d, mode, method, vision, vlm, seq2seq, grid, audio)
             and (advanced or not d.knob.advanced)]
 
 
 def workload_from_dict(values: dict, vision: bool = False, vlm: bool = False, seq2seq: bool = False,
-                       grid: bool = False) -> spec.Workload:
+                       grid: bool = False, audio: bool = False) -> spec.Workload:
     """A Workload from input values; inputs that do not apply to the mode/method (and the model: `vision`) keep the
     spec defaults.
 
     Raises ValueError (naming the field) for a contradictory combination, which the page shows.
     """
     shown = shown_workload_fields(values.get("mode", _W.mode), values.get("method", _W.method), advanced=True,
-                                  vision=vision, vlm=vlm, seq2seq=seq2seq, grid=grid)
+                                  vision=vision, vlm=vlm, seq2seq=seq2seq, grid=grid, audio=audio)
     kwargs = {k: values[k] for k in shown if k in values}
     if "lora_targets" in kwargs:
         kwargs["lora_targets"] = tuple(kwargs["lora_targets"])
@@ -115,7 +118,8 @@ def workload_from_dict(values: dict, vision: bool = False, vlm: bool = False, se
 
 def default_images(page: str, model) -> None:
     """The first vision-language model of a session starts with one image per sample (its images are what sets it
-    apart; 0 prices a text-only step), unless the link or the user set the number. The first of Qwen2-VL's family
+    apart; 0 prices a text-only step), and the first audio-language model with one audio clip, unless the link or the
+    user set the number. The first of Qwen2-VL's family
     (and a Pixtral-towered one) also starts under FlashAttention-2, the one attention its vision tower is priced
     under."""
     vlm = images_of(model) is not None
@@ -124,20 +128,23 @@ def default_images(page: str, model) -> None:
         st.session_state[f"{page}:flash_defaulted"] = True
         if "attention" not in st.query_params:
             st.session_state[state_key(page, "attention")] = "flash"
-    flag = f"{page}:images_defaulted"
-    if not vlm or st.session_state.get(flag):
-        return
-    st.session_state[flag] = True
-    key = state_key(page, "images")
-    if not st.session_state.get(key) and "images" not in st.query_params:
-        st.session_state[key] = 1
+    for field, takes in (("images", vlm), ("audios", audio_of(model) is not None)):   # an audio-language model's
+        flag = f"{page}:{field}_defaulted"                                            # first: one clip per sample
+        if not takes or st.session_state.get(flag):
+            continue
+        st.session_state[flag] = True
+        key = state_key(page, field)
+        if not st.session_state.get(key) and field not in st.query_params:
+            st.session_state[key] = 1
 
 
 def images_error(e: ValueError) -> str:
     """A refused image setting (estimator.vision.check_images) with where to change it."""
     field = str(e).split(":", 1)[0]
     where = {"attention": "the attention kernel (under More settings)", "checkpointing": "the checkpointing",
-             "image_size": "the image size"}.get(field, "the sequence length or the images per sample")
+             "image_size": "the image size", "audios": "the audio clips per sample"}.get(
+        field, "the sequence length or the audio clips per sample" if "audio clip" in str(e) else
+        "the sequence length or the images per sample")
     return f"{e}. Change {where} in the sidebar."
 
 
@@ -154,13 +161,15 @@ def prepare_lora_targets(page: str, options: list[str], model_type: str = "") ->
 
 
 def workload_inputs(page: str, fields: dict[str, Field], container, vision: bool = False,
-                    vlm: bool = False, seq2seq: bool = False, grid: bool = False) -> tuple[dict, list[str]]:
+                    vlm: bool = False, seq2seq: bool = False, grid: bool = False,
+                    audio: bool = False) -> tuple[dict, list[str]]:
     """Draw the workload widgets that apply (a vision encoder's image size instead of a sequence length: `vision`; a
     vision-language model's images per sample: `vlm`), the advanced ones folded; returns (values, names shown)."""
     mode = widget(page, fields["mode"], container)
     method = widget(page, fields["method"], container) if mode == "train" else _W.method
-    shown = shown_workload_fields(mode, method, advanced=True, vision=vision, vlm=vlm, seq2seq=seq2seq, grid=grid)
-    core = set(shown_workload_fields(mode, method, vision=vision, vlm=vlm, seq2seq=seq2seq, grid=grid))
+    kind = {"vision": vision, "vlm": vlm, "seq2seq": seq2seq, "grid": grid, "audio": audio}
+    shown = shown_workload_fields(mode, method, advanced=True, **kind)
+    core = set(shown_workload_fields(mode, method, **kind))
     values = {"mode": mode, "method": method}
     more = container.expander("More settings (loop, loss, recipe knobs)")
     for name in shown:

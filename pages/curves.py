@@ -141,8 +141,8 @@ def main() -> None:
     cap = f"{gpu.display_name}: {fmt_bytes(usable, 'GiB')} usable"
     options = replace(NO_TRACE, alloc_conf=alloc, gpu=gpu.name)
 
-    # stored runs are text-only steps (a run row has no images column): none sits on a curve with images
-    pts = state.or_error(lambda: pd.DataFrame() if w.images or reads.empty_db_notice()
+    # stored runs are text-only steps (a run row has no images or audio column): none sits on a curve with them
+    pts = state.or_error(lambda: pd.DataFrame() if w.images or w.audios or reads.empty_db_notice()
                       else reads.points(config, name, w.batch, w.seq, match_filters(w, par)), pd.DataFrame())
     model.inventory.trainable_params(w)  # a LoRA target the model lacks: one line, before any trace
     prov = derive.profile_or_background(PAGE, model, w, par)

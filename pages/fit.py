@@ -24,6 +24,7 @@ from estimator.spec import Parallel
 from estimator.units import GB, GiB, fmt_bytes
 from estimator.seq2seq import check as seq2seq_check, words as seq2seq_words
 from estimator.vision import check_images, image_words, is_vision, size_words, sized
+from estimator.audio import audio_words
 from pages import _charts as charts
 from pages import _derive as derive
 from pages import _state as state, _data as reads, _inputs as ui
@@ -402,6 +403,7 @@ def body(f: dict[str, state.Field], shown: set[str]) -> None:
                f"{est.trainable_params:,} trainable. {w.mode} · batch {w.batch} · "
                + (f"{w.image_size} x {w.image_size} px images ({size_words(model, w.seq)}) · " if is_vision(model) else
                   f"seq {w.seq:,} · ") + (f"{image_words(model, w)} · " if w.images else "")
+               + (f"{audio_words(model, w)} · " if w.audios else "")
                + (f"{seq2seq_words(model, w)} · " if seq2seq_words(model, w) else "")
                + f"{par.strategy} on {par.gpus} GPU(s).")
     st.caption(ui.provenance_caption(prov) + (" " + " ".join(f"Note: {n}." for n in est.notes) if est.notes else ""))

@@ -21,7 +21,8 @@ The types only the seq2seq, speech seq2seq or image-text-to-text classes list (k
 "image-text") get their inventory only (a vision- or audio-language model is priced as its language model alone:
 status "text only", not counted), except the vision-language models priced whole with their images
 (estimator.families.VLM_TYPES), which run the three steps above with one image per sample, checked at the image's
-tokens plus a text length the fit did not use, and the encoder-decoder models (tracer.seq2seq), which run them with
+tokens plus a text length the fit did not use, the audio-language models (estimator.families.AUDIO_TYPES), alike with
+one 30-s audio clip per sample, and the encoder-decoder models (tracer.seq2seq), which run them with
 the decoder as long as the encoder (Whisper: the decoder's tokens, on its fixed audio window).
 docs/architectures.md gets one row per type (status, parameters, error, times, reason).
 """
@@ -37,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from estimator.families import GRID_IMAGE_SIZE, VLM_TYPES  # noqa: E402  (no torch: the table of types priced with their images)
+from estimator.families import AUDIO_TYPES, GRID_IMAGE_SIZE, VLM_TYPES  # noqa: E402  (no torch: the types priced with their images or audio)
 
 OUT = ROOT / "build" / "coverage.jsonl"
 DOC = ROOT / "docs" / "architectures.md"
@@ -85,6 +86,11 @@ def independent_params(model_type: str) -> int:
             AutoModelForSeq2SeqLM
         with torch.device("meta"):
             return sum(p.numel() for p in cls.from_config(cfg).parameters())
+    if model_type in AUDIO_TYPES:   # priced whole with its audio: the class transformers lists it under
+        from tracer.audio import audio_class
+
+        with torch.device("meta"):
+            return sum(p.numel() for p in audio_class(model_type).from_config(cfg).parameters())
     if model_type in VLM_TYPES:   # priced whole with its images: the image-text-to-text model
         from transformers import AutoModelForImageTextToText
 
@@ -155,7 +161,7 @@ def one(model_type: str) -> dict:
     """Everything for one type (runs in the child process)."""
     from dataclasses import replace
 
-    from estimator import vision
+    from estimator import audio, vision
     from estimator.model import from_hf_config
     from tracer.derive import derive_profile, pieces_for, max_positions
     from estimator.spec import Parallel, Workload
@@ -180,6 +186,11 @@ def one(model_type: str) -> dict:
         return {**row, "status": "refused", "stage": "images",
                 "reason": f"its image path fails on its own config's defaults ({refused}); only a text-only step "
                           "would be priced"}
+    refused = model.inventory.extra.get("audio_refused")
+    if refused is not None:   # its audio path fails on its defaults: a text-only step is no row
+        return {**row, "status": "refused", "stage": "audio",
+                "reason": f"its audio path fails on its own config's defaults ({refused}); only a text-only step "
+                          "would be priced"}
     prof, err = None, None
     # pure bf16 with the attention transformers runs by default (SDPA where the model has it, else eager), then the
     # other one; fp32 where the model's code cannot run in bf16 (FNet's FFT, DeBERTa's disentangled attention): the
@@ -196,6 +207,7 @@ def one(model_type: str) -> dict:
             continue
         w = Workload(attention=attention, recipe=recipe, precision="fp32" if recipe == "fp32" else "bf16",
                      images=1 if vision.images_of(model) is not None else 0,   # a vision-language model: one image
+                     audios=1 if audio.audio_of(model) is not None else 0,   # an audio-language model: one clip
                      image_size=GRID_IMAGE_SIZE if grid else 0)
         t = time.perf_counter()
         try:
@@ -223,6 +235,7 @@ def one(model_type: str) -> dict:
         b, s = 3, (seqs[0] + seqs[1]) // 2
         if w.images:   # the image's tokens and that much text
             s += vision.image_tokens(model, w)
+        s += audio.audio_tokens(model, w)   # a clip's tokens and that much text
     w = replace(w, batch=b, seq=s)
     t = time.perf_counter()
     try:
@@ -470,7 +483,7 @@ def main(argv=None) -> int:
         OUT.write_text("".join(x + "\n" for x in keep))
     if args.child:
         row = text_only(args.child, args.child_kind) if args.child_kind in WHOLE_MODEL_KINDS and \
-            args.child not in VLM_TYPES and not _encoder_decoder(args.child) else one(args.child)
+            args.child not in VLM_TYPES + AUDIO_TYPES and not _encoder_decoder(args.child) else one(args.child)
         print(json.dumps({**row, "revision": _revision()}))
         return 0
     if not args.report:

@@ -238,6 +238,11 @@ def test_cpu_kernels_profile_equals_a_cpu_kernels_trace(case):
     except ValueError as e:
         refused(e)
         return
+    except (RuntimeError, NotImplementedError) as e:
+        # the model's own code fails under this workload on fake tensors (transformers' grouped_mm experts take bf16
+        # only: a Mixtral under amp): what estimate() says in one line (estimator.store.stored_profile), refused too
+        refused(ValueError(f"trace: {(str(e).strip().splitlines() or [''])[0]}"))
+        return
     got = profile_stage_peaks(prof, w)
     with bounded(w):
         row = trace_case(cfg, "tiny", w, steps=2, kernels="cpu")

@@ -24,7 +24,7 @@ import torch
 from tracer.vision import is_vision, vision_config
 
 LAYER_INDEX_ATTRS = ("layer_idx", "layer_id", "layer_number")
-VISION_PATH_WORDS = ("vision", "visual")   # a module path inside a multimodal model's vision tower
+VISION_PATH_WORDS = ("vision", "visual", "audio")   # a module path inside a multimodal model's vision (audio) tower
 
 
 def _gc_layer_class():

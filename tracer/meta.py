@@ -26,7 +26,7 @@ import torch
 from estimator.families import vlm_route
 from tracer import serialized
 import tracer  # noqa: F401  (quiets torchao's import-time logging before transformers loads it)
-from tracer import seq2seq, vision, vlm
+from tracer import audio, seq2seq, vision, vlm
 from tracer.depth import layer_infos, layer_stacks, text_config
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -121,6 +121,8 @@ def model_class(cfg, mode: str = "train"):
         from transformers import AutoModelForImageTextToText
 
         return AutoModelForImageTextToText, cfg
+    if audio.is_audio(cfg):   # the whole audio-language model: a step with audio runs its audio encoder (tracer.audio)
+        return audio.audio_class(mt), cfg
     if mt in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not getattr(cfg, "is_decoder", False):
         return AutoModelForMaskedLM, cfg  # encoders (BERT, RoBERTa...) are also listed as causal LMs with is_decoder
     if mt in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
@@ -222,6 +224,13 @@ def read_inventory(config: dict) -> dict:
             from None
     finally:
         torch.set_default_dtype(old)
+    audio_refused = None
+    if audio.is_audio(cfg):
+        try:
+            audio.audio_token_id(model.config)   # its forward finds the clips' places by it
+            model._willitfit_audio_tokens = audio.audio_tokens(model)
+        except (RuntimeError, ValueError, TypeError, IndexError, AttributeError) as e:   # its own audio path fails
+            audio_refused = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
     images_refused = None
     if vlm.is_vlm(cfg):
         try:
@@ -329,5 +338,7 @@ def read_inventory(config: dict) -> dict:
         **({"vlm": vlm.info(model)} if vlm.is_vlm(cfg) and images_refused is None else {}),
         **({"vlm_refused": images_refused} if images_refused is not None else {}),
         **({"vlm_route": vlm_route(cfg.model_type)} if vlm.is_vlm(cfg) else {}),
+        **({"audio": audio.info(model)} if audio.is_audio(cfg) and audio_refused is None else {}),
+        **({"audio_refused": audio_refused} if audio_refused is not None else {}),
         **({"image_side": [[list(k), n] for k, n in sorted(image_side.items())]} if image_side else {}),
     }

@@ -27,11 +27,11 @@ from collections.abc import Callable
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from estimator.families import HOST_VALUE_TYPES, VLM_TYPES
+from estimator.families import AUDIO_TYPES, HOST_VALUE_TYPES, VLM_TYPES
 from estimator.spec import Workload
 from tracer import serialized
 from estimator import vision as vision_sizes
-from tracer import host_values, recipes, seq2seq, vision, vlm, vlm_grid, vlm_loop
+from tracer import audio, host_values, recipes, seq2seq, vision, vlm, vlm_grid, vlm_loop
 from tracer.depth import reduce_depth
 from tracer.meta import DTYPES, hf_config, is_masked_lm, is_vision_model, model_class  # noqa: F401  (DTYPES, is_masked_lm: used by callers of the runner)
 
@@ -150,6 +150,8 @@ def build_model(config: dict, workload: Workload, device: str = "cpu", *, meta_t
                     if refused:
                         raise ValueError(refused)
                     vlm_grid.use_packed_attention(model)
+            if audio.is_audio(top) and workload.audios:  # the tokens one clip becomes, read once per config
+                model._willitfit_audio_tokens = audio.audio_tokens(model, config)
             if is_vision:  # tokens per image beyond the patches, read on the model as built (tracer.vision)
                 if vision.is_spatial(model.config):    # its grid unit: the total stride (x a window), read once
                     model._willitfit_unit = vision.grid_unit(model)
@@ -321,6 +323,12 @@ def make_inputs(config: dict, workload: Workload, device: str, model=None, clone
     if workload.target_seq:
         raise ValueError(f"target_seq: {config.get('model_type')!r} is no encoder-decoder model; its --seq is every "
                          "token of a step")
+    if workload.audios:
+        tokens = getattr(inner, "_willitfit_audio_tokens", None)   # PEFT's wrapper hands the attribute through
+        if tokens is None:
+            raise ValueError(f"audios: {config.get('model_type')!r} takes no audio in willitfit; the audio-language "
+                             "models priced with audio are " + ", ".join(AUDIO_TYPES))
+        return audio.audio_inputs(inner, workload, device, tokens, clone_labels=clone_labels)
     if workload.images:
         tokens = getattr(inner, "_willitfit_image_tokens", None)   # PEFT's wrapper hands the attribute through
         if tokens is None:

@@ -313,15 +313,16 @@ def grad_names(config: dict, workload: Workload, parallel: Parallel, layers: lis
 
     # not the LoRA rank: which parameters get gradients does not depend on it (a derivation traces three ranks)
     key = (json.dumps(config, sort_keys=True, default=str), workload.method, workload.lora_targets, workload.loss,
-           workload.compile, workload.recipe, workload.checkpointing, workload.images,
+           workload.compile, workload.recipe, workload.checkpointing, workload.images, workload.audios,
            parallel.strategy, parallel.tp_size, tuple(layers) if layers is not None else None, kernels)
     if key not in _GRAD_NAMES:
         if len(_GRAD_NAMES) > 256:
             _GRAD_NAMES.clear()
         from dataclasses import replace
 
-        # images: the sequence must hold their tokens (tracer.vlm)
-        small = replace(workload, batch=1, seq=workload.seq if workload.images else min(workload.seq, 64), gen_tokens=0)
+        # images, audio: the sequence must hold their tokens (tracer.vlm, tracer.audio)
+        small = replace(workload, batch=1, seq=workload.seq if workload.images or workload.audios else
+                        min(workload.seq, 64), gen_tokens=0)
         with kernels_mod.emulate(kernels), _prepared(config, small, parallel, layers, kernels=kernels) as case:
             with case.context(), vlm.host_checks_skipped(), vlm.step_context(case.model, case.workload):
                 _GRAD_NAMES[key] = runner.params_with_grads(case.model, case.workload, case.inputs)

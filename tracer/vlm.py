@@ -38,8 +38,8 @@ import torch
 
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
-from estimator.families import (GRID_IMAGE_SIZE, HOST_VALUE_TYPES, HOST_VLM_TYPES, INDICATOR_TOKENS, STACKED_VLM_TYPES,
-                                VLM_TYPES)
+from estimator.families import (AUDIO_TYPES, GRID_IMAGE_SIZE, HOST_VALUE_TYPES, HOST_VLM_TYPES, INDICATOR_TOKENS,
+                                STACKED_VLM_TYPES, VLM_TYPES)
 from estimator.vision import fixed_layout, grid_layout, pixtral_tokens
 from tracer import host_values, vlm_grid, vlm_loop
 from tracer.vlm_grid import grid_geometry, grid_side, is_grid
@@ -246,6 +246,12 @@ def fitting():
         _FITTING.reset(token)
 
 
+def in_fitting() -> bool:
+    """Whether this trace is a derivation's (inside `fitting`): its seq may be shorter than the images' (or an
+    audio-language model's clips': tracer.audio) tokens."""
+    return _FITTING.get()
+
+
 def seq_floor(cfg, workload) -> int:
     """The shortest seq minus one a grid model's step with images can run (its images' tokens, each followed by a
     text token): a derivation fits above it (tracer.derive.pieces_for), since its 3D positions and Qwen3-VL's
@@ -263,6 +269,8 @@ def step_context(model, workload, counter=None):
     config = getattr(inner, "config", None)
     if getattr(config, "model_type", None) in HOST_VALUE_TYPES:   # a text model that reads its token ids
         return host_values.host_values()
+    if getattr(config, "model_type", None) in AUDIO_TYPES and getattr(workload, "audios", 0):
+        return host_values.host_values()   # its mask and ids are read on the host (tracer.audio)
     if config is not None and (vlm_loop.is_loop(config) or vlm_loop.is_pixtral(config)) and workload.images:
         stack = contextlib.ExitStack()
         stack.enter_context(host_values.host_values())

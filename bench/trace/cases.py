@@ -56,11 +56,15 @@ def unstorable(parallel: Parallel, workload: Workload | None = None) -> str | No
     """Why a run row cannot tell this case from another, or None: a row names the strategy and the world size, no
     mesh degrees (bench.store.rows.COLUMNS), so an FSDP x TP / PP / CP rank, sequence parallelism or a pipeline's own
     schedule would be stored, and found again, as the plain strategy on as many GPUs; and it has no column for a
-    vision-language model's images or an encoder-decoder model's target length (bench.store.rows.NOT_COLUMNS), so such
-    a step would be stored as text-only, or as a decoder as long as its encoder."""
+    vision-language model's images, an audio-language model's clips or an encoder-decoder model's target length
+    (bench.store.rows.NOT_COLUMNS), so such a step would be stored as text-only, or as a decoder as long as its
+    encoder."""
     if workload is not None and workload.images:
         return (f"out: a run row has no images column, so a step with {workload.images} image(s) per sample would be "
                 "stored as a text-only one; trace it without --out / --ingest (the table is printed)")
+    if workload is not None and workload.audios:
+        return (f"out: a run row has no audios column, so a step with {workload.audios} audio clip(s) per sample would "
+                "be stored as a text-only one; trace it without --out / --ingest (the table is printed)")
     if workload is not None and workload.target_seq:
         return (f"out: a run row has no target_seq column, so a step whose decoder reads {workload.target_seq} tokens "
                 "would be stored as one whose decoder reads seq; trace it without --out / --ingest (the table is "
