@@ -337,6 +337,10 @@ REFUSAL_KINDS = (  # (what the reason says, how the summary names it); first mat
                                              "lacks: natten's kernels, NaFlex inputs, a VLM classifier)"),
     ("host per image grid", "an option whose memory lives on the host (relative position bias index): refused"),
     ("takes no labels", "image model whose classification class returns no loss: no training step to price"),
+    ("states no audio token id", "audio-language model whose default config states no audio token id (a "
+                                 "checkpoint's config.json states it): refused with audio"),
+    ("audio features are", "audio-language model whose default config's audio features are not as wide as its text "
+                           "model (a checkpoint's config.json matches them): refused with audio"),
 )
 
 
@@ -354,6 +358,7 @@ def refusal_kind(reason: str) -> str:
 VISION_SECTION = (ROOT / "scripts" / "coverage_vision.md").read_text()
 VLM_SECTION = (ROOT / "scripts" / "coverage_vlm.md").read_text()   # likewise: tests/test_vlm.py, scripts/vlm_check.py
 SEQ2SEQ_SECTION = (ROOT / "scripts" / "coverage_seq2seq.md").read_text()   # likewise: tests/test_seq2seq.py
+AUDIO_SECTION = (ROOT / "scripts" / "coverage_audio.md").read_text()   # likewise: tests/test_audio.py
 
 
 def report() -> None:
@@ -420,7 +425,8 @@ def report() -> None:
                      f"{r.get('layers', '')} ({r.get('layer_types', '')}) | {prof} | "
                      f"{r.get('check_batch', '')}, {r.get('check_seq', '')} | {err} | {r.get('revision', 'pre-kernels')} | "
                      f"{r.get('reason', '').replace('|', '/')} |")
-    DOC.write_text("\n".join(lines) + "\n\n" + VISION_SECTION + "\n" + VLM_SECTION + "\n" + SEQ2SEQ_SECTION)
+    DOC.write_text("\n".join(lines) + "\n\n" + VISION_SECTION + "\n" + VLM_SECTION + "\n" + AUDIO_SECTION + "\n"
+                   + SEQ2SEQ_SECTION)
     print(f"wrote {DOC} ({len(rows)} types, {good} exact and within 1%)")
 
 
