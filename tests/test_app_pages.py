@@ -356,6 +356,43 @@ def test_fit_prices_an_encoder_decoder_model_whole_with_its_target_length(env):
     assert any("3,000 mel frames (30 s of audio), decoder 448 transcript tokens" in c.value for c in speech.caption)
 
 
+def test_fit_audio_language_model_starts_with_one_clip_and_refuses_a_short_seq(env):
+    """A pasted GLM-ASR config (an audio-language model): the page asks for audio clips per sample, starts at one,
+    and refuses a sequence too short for the clip's 375 tokens in one line, before any derivation."""
+    cfg = json.loads((Path(__file__).parent / "data" / "tiny" / "t-glmasr.json").read_text())
+    at = app()
+    at.selectbox(key="fit:source").set_value("paste").run()
+    at.text_area(key="fit:paste").set_value(json.dumps(cfg)).run()
+    assert at.number_input(key="fit:audios").value == 1 and not [n for n in at.number_input if n.key == "fit:images"]
+    at.number_input(key="fit:seq").set_value(300).run()
+    assert [e.value for e in at.error] == ["seq: 300 tokens cannot hold 1 audio clip(s) of 375 tokens each (30 s); use "
+                                           "a seq over 375. Change the sequence length or the audio clips per sample "
+                                           "in the sidebar."]
+    assert not at.exception
+
+
+@pytest.mark.slow  # a derivation in the page's background thread: half a minute
+def test_fit_prices_a_pasted_audio_language_model_whole(env):
+    cfg = json.loads((Path(__file__).parent / "data" / "tiny" / "t-glmasr.json").read_text())
+    at = app()
+    at.selectbox(key="fit:source").set_value("paste").run()
+    at.text_area(key="fit:paste").set_value(json.dumps(cfg)).run()
+    at.number_input(key="fit:batch").set_value(2).run()
+    at.number_input(key="fit:seq").set_value(800).run()
+    finish_derivations("fit")
+    at.run()
+    assert not at.exception
+    assert any("1 audio clip of 30 s (375 audio tokens) per sample" in c.value for c in at.caption)
+    from estimator.model import from_hf_config
+
+    est = estimate(from_hf_config(cfg, "pasted"), Workload(batch=2, seq=800, audios=1), Parallel(), ON_H100)
+    assert metric(at, "Peak per GPU") == gib(est.total_bytes)
+    at.number_input(key="fit:audios").set_value(0).run()             # text only: the scope note says how to price
+    finish_derivations("fit")
+    at.run()
+    assert any("--audios N prices N 30-s audio clips" in c.value for c in at.caption) and not at.exception
+
+
 @pytest.mark.slow  # a derivation in the page's background thread: half a minute
 def test_fit_prices_a_pasted_conv_net_in_grid_units(env):
     """A pasted ResNet config (no patch tokens): the page asks for the image size, derives the profile (traced whole)
