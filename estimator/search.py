@@ -58,10 +58,10 @@ def max_seq(model: Model, workload: Workload, parallel: Parallel, gpu_bytes: int
     """Longest sequence (prompt, for inference) that fits, up to `limit` (0 if seq 1 does not). Memory only:
     the model's own context length (Model.max_positions) is a separate limit the caller may pass. With context
     parallelism, a multiple of 2 x cp (the load balancer's chunks: estimator.cp.check_seq). A vision-language model's
-    images take a fixed share of every sequence: the search starts past their tokens (0 if the shortest fails). A
+    images (an audio-language model's clips) take a fixed share of every sequence: the search starts past their tokens (0 if the shortest fails). A
     loss in 16 chunks or more: a multiple of them (`seq_step`)."""
     m = seq_step(model, workload, parallel)
-    first = vision.image_tokens(model, workload) // m + 1   # a VLM's seq holds its images' tokens and some text
+    first = vision.media_tokens(model, workload) // m + 1   # a VLM's seq holds its images' tokens and some text
     if limit < first * m:
         return 0
     k = _largest(lambda j: _fits(model, replace(workload, seq=(first + j - 1) * m), parallel, gpu_bytes, options),
@@ -178,7 +178,7 @@ def _candidates(model: Model, w: Workload, p: Parallel, gpu_bytes: int, options:
         limit = max(1, min(w.seq - 1, model.max_positions - w.gen_tokens))
         m = seq_step(model, w, p)
         s = max_seq(model, w, p, gpu_bytes, options, limit=limit) or min(w.seq // 2, limit) // m * m or m
-        if s > vision.image_tokens(model, w):   # a VLM: no shorter seq than its images' tokens and one text token
+        if s > vision.media_tokens(model, w):   # a VLM: no shorter seq than its images' (audio's) tokens and a text one
             out.append((f"Cut the sequence length to {s}", {"seq": s}, {},
                         "The first lever: activations and KV cache grow with seq (eager attention as seq^2). "
                         "Longer documents must then be truncated or chunked."))

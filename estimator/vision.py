@@ -287,6 +287,12 @@ def image_tokens(model: Model, w: Workload) -> int:
         fixed_layout(model.model_type, w.images, per, breaks=pixtral(model) is not None)
 
 
+def media_tokens(model: Model, w: Workload) -> int:
+    """The tokens a step's images and audio clips take of each sample's seq (`image_tokens` and
+    estimator.audio.audio_tokens): the shortest seq is one more."""
+    return image_tokens(model, w) + audio.audio_tokens(model, w)
+
+
 def check_images(model: Model, w: Workload) -> None:
     """One line before any slow work: images for a model that takes none here, or a seq too short for their
     tokens; an audio-language model's audio clips alike (estimator.audio.check_audio)."""

@@ -20,7 +20,7 @@ from estimator.presets import load_config
 from estimator.spec import MAX_BATCH, MAX_SEQ, Parallel
 from estimator.units import GB, GiB, fmt_bytes
 from estimator.seq2seq import check as seq2seq_check, seq_limit
-from estimator.vision import check_images, image_tokens, sized
+from estimator.vision import check_images, media_tokens, sized
 from pages import _charts as charts
 from pages import _derive as derive
 from pages import _state as state, _data as reads, _inputs as ui
@@ -167,7 +167,7 @@ def main() -> None:
                                        on_b, "batch", "Micro-batch size (sequences per GPU)", usable, cap))
     st.subheader(f"Peak vs sequence length (batch {w.batch})")
     on_s = stored(pts[pts["batch"] == w.batch], "seq") if len(pts) else pts
-    first = max(128, image_tokens(model, w) + 1)   # a VLM's sequence holds its images' tokens and some text
+    first = max(128, media_tokens(model, w) + 1)   # a VLM's sequence holds its images' (audio's) tokens and text
     charts.show(charts.curve_chart(analytic(model, w, par, axis(first, min(max(top_s, 2 * first), MAX_SEQ)), "seq",
                                             options),
                                        on_s, "seq", "Sequence length (tokens)", usable, cap))

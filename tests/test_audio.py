@@ -89,6 +89,14 @@ def test_the_tokens_are_what_the_models_own_forward_counts(name):
 def test_glmasr_estimate_with_audio_equals_a_full_depth_trace():
     # one 30-s clip (375 tokens) at sizes the fit never used
     assert_equals_trace(_config("glmasr"), "t-glmasr", Workload(audios=1), [(3, 787)])
+    # the longest seq that fits starts past the clip's tokens (a shorter one cannot hold them)
+    from estimator import search
+    from estimator.estimate import estimate
+
+    m, w = _model("glmasr"), Workload(audios=1, batch=3)
+    at = {s: estimate(m, Workload(audios=1, batch=3, seq=s), Parallel()).total_bytes for s in (376, 400)}
+    assert search.max_seq(m, w, Parallel(), at[400], limit=2048) >= 400
+    assert search.max_seq(m, w, Parallel(), at[376] - 1, limit=2048) == 0
 
 
 @SLOW
