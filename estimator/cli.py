@@ -298,6 +298,7 @@ def render_text(r: dict) -> str:
              + (f"batch {w['batch']} x {w['image_size']}x{w['image_size']} px images ({r.get('image_seq', '')})"
                 if w.get("image_size") and not w.get("images") else f"batch {w['batch']} x seq {w['seq']}")
              + (f" with {r['images']}" if r.get("images") else "")
+             + (f" with {r['audio']}" if r.get("audio") else "")
              + (f" ({r['lengths']})" if r.get("lengths") else "")
              + (f" + {w['gen_tokens']} generated" if w["gen_tokens"] else "")
              + (f", {w['optimizer']} ({w['optimizer_impl']}), grad_accum {w['grad_accum']}, checkpointing "

@@ -86,7 +86,7 @@ def test_the_tokens_are_what_the_models_own_forward_counts(name):
                 model(**short)
 
 
-def test_glmasr_estimate_with_audio_equals_a_full_depth_trace():
+def test_glmasr_estimate_with_audio_equals_a_full_depth_trace(capsys):
     # one 30-s clip (375 tokens) at sizes the fit never used
     assert_equals_trace(_config("glmasr"), "t-glmasr", Workload(audios=1), [(3, 787)])
     # the longest seq that fits starts past the clip's tokens (a shorter one cannot hold them)
@@ -97,6 +97,11 @@ def test_glmasr_estimate_with_audio_equals_a_full_depth_trace():
     at = {s: estimate(m, Workload(audios=1, batch=3, seq=s), Parallel()).total_bytes for s in (376, 400)}
     assert search.max_seq(m, w, Parallel(), at[400], limit=2048) >= 400
     assert search.max_seq(m, w, Parallel(), at[376] - 1, limit=2048) == 0
+    # the CLI's text view names the clips (the profile derived above, in this process's cache)
+    from estimator.cli import main
+
+    assert main(["--model", str(TINY / "t-glmasr.json"), "--audios", "1", "--batch", "3", "--seq", "787"]) == 0
+    assert "batch 3 x seq 787 with 1 audio clip of 30 s (375 audio tokens) per sample" in capsys.readouterr().out
 
 
 @SLOW
@@ -153,3 +158,6 @@ def test_cli_names_the_audio_and_refuses_a_short_seq():
     assert out.returncode == 2
     assert out.stderr.strip().splitlines()[-1] == ("python -m estimator: error: seq: 60 tokens cannot hold 4 audio "
                                                    "clip(s) of 32 tokens each (1.28 s); use a seq over 128")
+    assert "--audios N" in subprocess.run([sys.executable, "-m", "estimator", "--help"], capture_output=True, text=True,
+                                          cwd=ROOT, timeout=600).stdout
+
