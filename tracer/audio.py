@@ -139,9 +139,13 @@ def audio_tokens(model, config: dict | None = None) -> int:
     if get is None or "input_ids" in inspect.signature(get).parameters:
         return _from_tower(model)
     device = next(model.parameters()).device
+    # the method's own parameters (the top model's may hand *args through to its inner model's): Granite-Speech's
+    # takes the features alone
+    own = getattr(getattr(model, "model", None), "get_audio_features", None) or get
+    masked = any(k in inspect.signature(own).parameters for k in MASK_KEYS)
     with _valued(), torch.no_grad():   # inputs made inside: fake tensors, which carry the mask's values
         kwargs = audio_kwargs(model, 1, device)
-        features = get(kwargs["input_features"], kwargs[mask_key(model)])
+        features = get(kwargs["input_features"], *([kwargs[mask_key(model)]] if masked else []))
     features = getattr(features, "pooler_output", features)
     hidden = model.get_input_embeddings().embedding_dim
     if features.shape[-1] != hidden:

@@ -174,6 +174,8 @@ class HostValues(TorchDispatchMode):
             if kwargs.get("dtype", torch.int64 if arange else torch.float32) not in _INTEGRAL and not _small(func, args):
                 return None   # a float factory past SMALL elements: its values are never needed on the host
             kwargs = {**kwargs, "device": "cpu"}
+        if "device" in kwargs:   # values live on the host, whatever device the fake op names (`.to(meta_tensor.device)`)
+            kwargs = {**kwargs, "device": "cpu"}
         with unset_fake_temporarily(), no_dispatch():
             try:
                 real = func(*tree_map(_real, args), **tree_map(_real, kwargs))
