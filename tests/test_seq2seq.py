@@ -97,6 +97,18 @@ def _check(name: str, workload: Workload, sizes, parallel: Parallel = Parallel()
     assert_equals_trace(_config(name), f"t-{name}", workload, sizes, parallel)
 
 
+def test_speech2text_equals_full_depth_traces():
+    """Speech2Text: (frames, bins) features of a 30-s window with their mask, its conv subsampler, eager attention (its
+    only one): training (full and LoRA) and inference at sizes no fit used."""
+    m = _model("speech_to_text")
+    info = m.inventory.extra["seq2seq"]
+    assert (info["kind"], info["mel_bins"], info["frames"], m.layers) == ("speech", 16, 3000, 8)
+    assert m.inventory.built_as == "Speech2TextForConditionalGeneration"
+    _check("speech_to_text", Workload(attention="eager"), [(5, 77)])
+    _check("speech_to_text", Workload(attention="eager", method="lora", lora_targets=("q_proj", "v_proj")), [(2, 120)])
+    _check("speech_to_text", Workload(attention="eager", mode="infer", gen_tokens=20), [(3, 4)])
+
+
 def test_whisper_inference_equals_a_full_depth_trace():
     """The encoder once on the 30 s window, the decoder's prompt, then 5 tokens with an EncoderDecoderCache."""
     _check("whisper", Workload(mode="infer", gen_tokens=5), [(3, 301), (1, 77)])

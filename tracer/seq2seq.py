@@ -28,8 +28,12 @@ from estimator.families import HOST_VALUE_TYPES
 from estimator.seq2seq import target_len
 from tracer import host_values
 
-# Whisper-like speech encoders: mel features of a fixed window in, one decoder over text tokens out
-SPEECH_TYPES = ("whisper",)
+# Speech encoders: mel features of a fixed window in, one decoder over text tokens out. Whisper's window is its
+# encoder's (2 x max_source_positions frames); Speech2Text takes any length, (frames, bins) with a mask as its feature
+# extractor hands them over (Speech2TextFeatureExtractor: 80 filterbank bins, a 10 ms hop), priced on a 30-s window
+# (FRAMES_FIRST: 3000 frames, every one valid) like Whisper's
+SPEECH_TYPES = ("whisper", "speech_to_text")
+FRAMES_FIRST = {"speech_to_text": 3000}
 # Encoder-decoder types whose steps are not one polynomial per class or do not run on fake tensors, with why
 REFUSED = {
     "bigbird_pegasus": "its encoder's block-sparse attention loops over blocks of the sequence (its ops change "
@@ -81,7 +85,16 @@ def model_class(cfg):
 
 
 def audio_frames(cfg) -> tuple[int, int]:
-    """(mel bins, frames) of a speech model's fixed input window (Whisper: 80 or 128 bins x 3000 frames)."""
+    """(mel bins, frames) of a speech model's fixed input window (Whisper: 80 or 128 bins x 3000 frames;
+    Speech2Text: its input_feat_per_channel x input_channels bins x 3000 frames, FRAMES_FIRST)."""
+    if cfg.model_type in FRAMES_FIRST:
+        bins = int(getattr(cfg, "input_feat_per_channel", 0) or 0) * int(getattr(cfg, "input_channels", 1) or 1)
+        frames = FRAMES_FIRST[cfg.model_type]
+        # its conv subsampler halves the frames per layer; the encoder's positions must hold what is left
+        if bins < 1 or -(-frames // 2 ** int(getattr(cfg, "num_conv_layers", 2))) > cfg.max_source_positions:
+            raise ValueError(f"model_type: {cfg.model_type!r}'s encoder takes fewer positions than a 30-s window "
+                             "makes, or states no input_feat_per_channel")
+        return bins, frames
     bins = getattr(cfg, "num_mel_bins", None)
     positions = getattr(cfg, "max_source_positions", None)
     if not (isinstance(bins, int) and isinstance(positions, int) and bins > 0 and positions > 0):
@@ -124,7 +137,11 @@ def seq2seq_inputs(model, workload, device: str) -> dict:
     if is_speech(cfg):
         bins, frames = audio_frames(cfg)
         dtype = next(model.parameters()).dtype
-        out = {"input_features": torch.randn(b, bins, frames, device=device, dtype=dtype)}
+        if cfg.model_type in FRAMES_FIRST:   # (b, frames, bins) and the mask its feature extractor returns (all valid)
+            mask = torch.ones(b, frames, dtype=torch.int32, device=device)
+            out = {"input_features": torch.randn(b, frames, bins, device=device, dtype=dtype), "attention_mask": mask}
+        else:
+            out = {"input_features": torch.randn(b, bins, frames, device=device, dtype=dtype)}
         if workload.mode == "train":
             out["labels"] = torch.randint(0, vocab, (b, s), device=device)
         else:   # the decoder's prompt: seq tokens (Whisper's start, language and task tokens)
