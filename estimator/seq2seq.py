@@ -46,9 +46,10 @@ def words(model: Model, w: Workload) -> str:
     if v is None:
         return ""
     if v["kind"] == "speech":
-        secs = v["frames"] // 100   # Whisper's feature extractor: 10 ms hop, 100 frames per second
+        secs = v.get("seconds", v["frames"] // 100)   # Whisper's feature extractor: 10 ms hop, 100 frames a second
         what = "transcript" if w.mode == "train" else "prompt"
-        return f"encoder {v['frames']:,} mel frames ({secs} s of audio), decoder {w.seq:,} {what} tokens"
+        unit = "audio samples" if v.get("samples") else "mel frames"   # Moonshine reads the waveform at 16 kHz
+        return f"encoder {v['frames']:,} {unit} ({secs} s of audio), decoder {w.seq:,} {what} tokens"
     if w.mode == "infer":
         return f"encoder {w.seq:,} tokens, decoder from its start token"
     return f"encoder {w.seq:,} tokens, decoder {target_len(w):,} tokens"

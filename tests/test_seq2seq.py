@@ -99,14 +99,25 @@ def _check(name: str, workload: Workload, sizes, parallel: Parallel = Parallel()
 
 def test_speech2text_equals_full_depth_traces():
     """Speech2Text: (frames, bins) features of a 30-s window with their mask, its conv subsampler, eager attention (its
-    only one): training (full and LoRA) and inference at sizes no fit used."""
+    only one), at a size no fit used."""
     m = _model("speech_to_text")
     info = m.inventory.extra["seq2seq"]
     assert (info["kind"], info["mel_bins"], info["frames"], m.layers) == ("speech", 16, 3000, 8)
     assert m.inventory.built_as == "Speech2TextForConditionalGeneration"
-    _check("speech_to_text", Workload(attention="eager"), [(5, 77)])
-    _check("speech_to_text", Workload(attention="eager", method="lora", lora_targets=("q_proj", "v_proj")), [(2, 120)])
-    _check("speech_to_text", Workload(attention="eager", mode="infer", gen_tokens=20), [(3, 4)])
+    _check("speech_to_text", Workload(attention="eager"), [(5, 77)])   # LoRA and inference: the slow tier, below
+
+
+def test_moonshine_equals_full_depth_traces():
+    """Moonshine: the raw 16 kHz waveform of a 30-s clip (480,000 samples) through its conv stack; its config sets no
+    pad token, which its training step's label shift reads (its start token stands in): training (full and LoRA) and
+    inference at sizes no fit used."""
+    m = _model("moonshine")
+    info = m.inventory.extra["seq2seq"]
+    assert (info["kind"], info["frames"], info["seconds"], info["samples"]) == ("speech", 480_000, 30, True)
+    _check("moonshine", Workload(), [(5, 77)])   # LoRA and inference: the slow tier, below
+    from estimator.seq2seq import words
+
+    assert words(m, Workload(seq=77)) == "encoder 480,000 audio samples (30 s of audio), decoder 77 transcript tokens"
 
 
 def test_whisper_inference_equals_a_full_depth_trace():
@@ -125,6 +136,10 @@ def test_whisper_inference_equals_a_full_depth_trace():
     ("whisper", Workload(), [(3, 301)]),
     ("whisper", Workload(checkpointing="full"), [(2, 301)]),
     ("whisper", Workload(method="lora"), [(2, 301)]),        # the plain PeftModel: Whisper takes no input_ids
+    ("speech_to_text", Workload(attention="eager", method="lora", lora_targets=("q_proj", "v_proj")), [(2, 120)]),
+    ("speech_to_text", Workload(attention="eager", mode="infer", gen_tokens=20), [(3, 4)]),
+    ("moonshine", Workload(method="lora", lora_targets=("q_proj", "v_proj")), [(2, 120)]),
+    ("moonshine", Workload(mode="infer", gen_tokens=20), [(3, 4)]),
 ])
 def test_training_and_inference_equal_full_depth_traces(name, workload, sizes):
     _check(name, workload, sizes)

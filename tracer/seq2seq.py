@@ -32,8 +32,11 @@ from tracer import host_values
 # encoder's (2 x max_source_positions frames); Speech2Text takes any length, (frames, bins) with a mask as its feature
 # extractor hands them over (Speech2TextFeatureExtractor: 80 filterbank bins, a 10 ms hop), priced on a 30-s window
 # (FRAMES_FIRST: 3000 frames, every one valid) like Whisper's
-SPEECH_TYPES = ("whisper", "speech_to_text")
+SPEECH_TYPES = ("whisper", "speech_to_text", "moonshine")
 FRAMES_FIRST = {"speech_to_text": 3000}
+# Moonshine reads the raw waveform, input_values (b, samples) at 16 kHz: priced on 30 s (480,000 samples) without the
+# mask its feature extractor may add (transformers' own examples hand generate() the values alone)
+RAW_SAMPLES = {"moonshine": 16000 * 30}
 # Encoder-decoder types whose steps are not one polynomial per class or do not run on fake tensors, with why
 REFUSED = {
     "bigbird_pegasus": "its encoder's block-sparse attention loops over blocks of the sequence (its ops change "
@@ -87,6 +90,8 @@ def model_class(cfg):
 def audio_frames(cfg) -> tuple[int, int]:
     """(mel bins, frames) of a speech model's fixed input window (Whisper: 80 or 128 bins x 3000 frames;
     Speech2Text: its input_feat_per_channel x input_channels bins x 3000 frames, FRAMES_FIRST)."""
+    if cfg.model_type in RAW_SAMPLES:   # one channel of samples
+        return 1, RAW_SAMPLES[cfg.model_type]
     if cfg.model_type in FRAMES_FIRST:
         bins = int(getattr(cfg, "input_feat_per_channel", 0) or 0) * int(getattr(cfg, "input_channels", 1) or 1)
         frames = FRAMES_FIRST[cfg.model_type]
@@ -114,9 +119,13 @@ def max_target(cfg) -> int:
 def start_token_stated(cfg) -> None:
     """T5's config class states no decoder_start_token_id (its released checkpoints' config.json do: 0, the pad
     token), and its training step reads it (`_shift_right`): a config without one gets its pad token, as those
-    checkpoints state. A token id changes no tensor's size."""
+    checkpoints state; Moonshine's gets a pad token (its start token) likewise. A token id changes no tensor's size."""
     if is_encoder_decoder(cfg) and getattr(cfg, "decoder_start_token_id", None) is None:
         cfg.decoder_start_token_id = getattr(cfg, "pad_token_id", None) or 0
+    if is_encoder_decoder(cfg) and getattr(cfg, "pad_token_id", None) is None and cfg.model_type in RAW_SAMPLES:
+        # Moonshine's training step shifts the labels right with its pad token in place of -100
+        # (`shift_tokens_right`), which its config class leaves unset: its start token, as for T5's above
+        cfg.pad_token_id = cfg.decoder_start_token_id
 
 
 def decoder_start(cfg) -> int:
@@ -137,7 +146,9 @@ def seq2seq_inputs(model, workload, device: str) -> dict:
     if is_speech(cfg):
         bins, frames = audio_frames(cfg)
         dtype = next(model.parameters()).dtype
-        if cfg.model_type in FRAMES_FIRST:   # (b, frames, bins) and the mask its feature extractor returns (all valid)
+        if cfg.model_type in RAW_SAMPLES:   # the waveform itself
+            out = {"input_values": torch.randn(b, frames, device=device, dtype=dtype)}
+        elif cfg.model_type in FRAMES_FIRST:   # (b, frames, bins) and the mask its feature extractor returns (all valid)
             mask = torch.ones(b, frames, dtype=torch.int32, device=device)
             out = {"input_features": torch.randn(b, frames, bins, device=device, dtype=dtype), "attention_mask": mask}
         else:
@@ -185,5 +196,8 @@ def info(model) -> dict:
            "encoder_layers": 0, "decoder_layers": 0}
     if is_speech(cfg):
         out["mel_bins"], out["frames"] = audio_frames(cfg)
-        out["encoder_positions"] = int(cfg.max_source_positions)
+        out["seconds"] = RAW_SAMPLES[cfg.model_type] // 16000 if cfg.model_type in RAW_SAMPLES else out["frames"] // 100
+        if cfg.model_type in RAW_SAMPLES:
+            out["samples"] = True
+        out["encoder_positions"] = int(getattr(cfg, "max_source_positions", 0) or 0)
     return out
