@@ -140,6 +140,9 @@ def test_whisper_inference_equals_a_full_depth_trace():
     ("speech_to_text", Workload(attention="eager", mode="infer", gen_tokens=20), [(3, 4)]),
     ("moonshine", Workload(method="lora", lora_targets=("q_proj", "v_proj")), [(2, 120)]),
     ("moonshine", Workload(mode="infer", gen_tokens=20), [(3, 4)]),
+    ("moonshine_streaming", Workload(), [(5, 77)]),          # its waveform in 5-ms frames, sliding-window encoder
+    ("moonshine_streaming", Workload(method="lora", lora_targets=("q_proj", "v_proj")), [(2, 120)]),
+    ("moonshine_streaming", Workload(mode="infer", gen_tokens=20), [(3, 4)]),
 ])
 def test_training_and_inference_equal_full_depth_traces(name, workload, sizes):
     _check(name, workload, sizes)

@@ -32,11 +32,11 @@ from tracer import host_values
 # encoder's (2 x max_source_positions frames); Speech2Text takes any length, (frames, bins) with a mask as its feature
 # extractor hands them over (Speech2TextFeatureExtractor: 80 filterbank bins, a 10 ms hop), priced on a 30-s window
 # (FRAMES_FIRST: 3000 frames, every one valid) like Whisper's
-SPEECH_TYPES = ("whisper", "speech_to_text", "moonshine")
+SPEECH_TYPES = ("whisper", "speech_to_text", "moonshine", "moonshine_streaming")
 FRAMES_FIRST = {"speech_to_text": 3000}
 # Moonshine reads the raw waveform, input_values (b, samples) at 16 kHz: priced on 30 s (480,000 samples) without the
 # mask its feature extractor may add (transformers' own examples hand generate() the values alone)
-RAW_SAMPLES = {"moonshine": 16000 * 30}
+RAW_SAMPLES = {"moonshine": 16000 * 30, "moonshine_streaming": 16000 * 30}
 # Encoder-decoder types whose steps are not one polynomial per class or do not run on fake tensors, with why
 REFUSED = {
     "bigbird_pegasus": "its encoder's block-sparse attention loops over blocks of the sequence (its ops change "
