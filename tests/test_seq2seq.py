@@ -120,6 +120,15 @@ def test_moonshine_equals_full_depth_traces():
     assert words(m, Workload(seq=77)) == "encoder 480,000 audio samples (30 s of audio), decoder 77 transcript tokens"
 
 
+def test_canary_equals_a_full_depth_trace():
+    """Canary: a Parakeet (FastConformer) encoder on (frames, 16) features of a 30-s window, dropout 0.1 (CUDA's masks)
+    and its encoder's LayerDrop (0.1, nested in encoder_config) priced with every layer run; the decoder's positions
+    read from its decoder_config."""
+    m = _model("canary")
+    assert m.inventory.extra["seq2seq"]["max_target"] == 256
+    _check("canary", Workload(), [(5, 77)])
+
+
 def test_whisper_inference_equals_a_full_depth_trace():
     """The encoder once on the 30 s window, the decoder's prompt, then 5 tokens with an EncoderDecoderCache."""
     _check("whisper", Workload(mode="infer", gen_tokens=5), [(3, 301), (1, 77)])
@@ -143,6 +152,11 @@ def test_whisper_inference_equals_a_full_depth_trace():
     ("moonshine_streaming", Workload(), [(5, 77)]),          # its waveform in 5-ms frames, sliding-window encoder
     ("moonshine_streaming", Workload(method="lora", lora_targets=("q_proj", "v_proj")), [(2, 120)]),
     ("moonshine_streaming", Workload(mode="infer", gen_tokens=20), [(3, 4)]),
+    ("canary", Workload(method="lora", lora_targets=("q_proj", "v_proj")), [(2, 120)]),
+    ("canary", Workload(mode="infer", gen_tokens=20), [(3, 4)]),
+    ("cohere_asr", Workload(), [(5, 77)]),
+    ("cohere_asr", Workload(method="lora", lora_targets=("q_proj", "v_proj")), [(2, 120)]),
+    ("cohere_asr", Workload(mode="infer", gen_tokens=20), [(3, 4)]),
 ])
 def test_training_and_inference_equal_full_depth_traces(name, workload, sizes):
     _check(name, workload, sizes)

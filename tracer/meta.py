@@ -80,7 +80,8 @@ def _every_layer_runs(cfg) -> None:
     with that probability, drawn on the host (`torch.rand([]) < layerdrop`, which a fake tensor cannot answer): the
     step is priced with every layer run, the most a step holds. Set on transformers' config object, never on the
     config.json (whose hash keys the profiles)."""
-    for c in (cfg, *(getattr(cfg, k, None) for k in ("text_config", "encoder", "decoder"))):
+    # the config and each config nested in it (text_config, encoder_config: Canary's Parakeet encoder, ...)
+    for c in (cfg, *(v for v in vars(cfg).values() if hasattr(v, "to_dict") and hasattr(v, "__dict__"))):
         for key, value in list(vars(c).items()) if c is not None and hasattr(c, "__dict__") else ():
             if key.endswith("layerdrop") and isinstance(value, (int, float)) and not isinstance(value, bool) and value:
                 setattr(c, key, 0.0)

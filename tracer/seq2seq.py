@@ -29,11 +29,11 @@ from estimator.seq2seq import target_len
 from tracer import host_values
 
 # Speech encoders: mel features of a fixed window in, one decoder over text tokens out. Whisper's window is its
-# encoder's (2 x max_source_positions frames); Speech2Text takes any length, (frames, bins) with a mask as its feature
-# extractor hands them over (Speech2TextFeatureExtractor: 80 filterbank bins, a 10 ms hop), priced on a 30-s window
-# (FRAMES_FIRST: 3000 frames, every one valid) like Whisper's
-SPEECH_TYPES = ("whisper", "speech_to_text", "moonshine", "moonshine_streaming")
-FRAMES_FIRST = {"speech_to_text": 3000}
+# encoder's (2 x max_source_positions frames); Speech2Text, Canary and Cohere-ASR (Parakeet's encoder) take any length,
+# (frames, bins) with a mask as their feature extractors hand them over (a 10 ms hop; the mask int32, all valid), priced
+# on a 30-s window (FRAMES_FIRST: 3000 frames) like Whisper's
+SPEECH_TYPES = ("whisper", "speech_to_text", "moonshine", "moonshine_streaming", "canary", "cohere_asr")
+FRAMES_FIRST = {"speech_to_text": 3000, "canary": 3000, "cohere_asr": 3000}
 # Moonshine reads the raw waveform, input_values (b, samples) at 16 kHz: priced on 30 s (480,000 samples) without the
 # mask its feature extractor may add (transformers' own examples hand generate() the values alone)
 RAW_SAMPLES = {"moonshine": 16000 * 30, "moonshine_streaming": 16000 * 30}
@@ -92,13 +92,16 @@ def audio_frames(cfg) -> tuple[int, int]:
     Speech2Text: its input_feat_per_channel x input_channels bins x 3000 frames, FRAMES_FIRST)."""
     if cfg.model_type in RAW_SAMPLES:   # one channel of samples
         return 1, RAW_SAMPLES[cfg.model_type]
-    if cfg.model_type in FRAMES_FIRST:
-        bins = int(getattr(cfg, "input_feat_per_channel", 0) or 0) * int(getattr(cfg, "input_channels", 1) or 1)
+    if cfg.model_type in FRAMES_FIRST:   # Speech2Text's bins, or a Parakeet-style encoder's (Canary, Cohere-ASR)
+        enc = getattr(cfg, "encoder_config", None)
+        bins = int(getattr(cfg, "input_feat_per_channel", 0) or getattr(enc, "num_mel_bins", 0) or 0) * \
+            int(getattr(cfg, "input_channels", 1) or 1)
         frames = FRAMES_FIRST[cfg.model_type]
-        # its conv subsampler halves the frames per layer; the encoder's positions must hold what is left
-        if bins < 1 or -(-frames // 2 ** int(getattr(cfg, "num_conv_layers", 2))) > cfg.max_source_positions:
+        # Speech2Text's conv subsampler halves the frames per layer; its encoder's positions must hold what is left
+        positions = getattr(cfg, "max_source_positions", None)
+        if bins < 1 or (positions and -(-frames // 2 ** int(getattr(cfg, "num_conv_layers", 2))) > positions):
             raise ValueError(f"model_type: {cfg.model_type!r}'s encoder takes fewer positions than a 30-s window "
-                             "makes, or states no input_feat_per_channel")
+                             "makes, or states no feature bins")
         return bins, frames
     bins = getattr(cfg, "num_mel_bins", None)
     positions = getattr(cfg, "max_source_positions", None)
@@ -108,11 +111,13 @@ def audio_frames(cfg) -> tuple[int, int]:
 
 
 def max_target(cfg) -> int:
-    """The most decoder positions the model has (0: no limit of its own, as T5's relative positions)."""
-    for key in ("max_target_positions", "max_position_embeddings"):
-        v = getattr(cfg, key, None)
-        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
-            return v
+    """The most decoder positions the model has (0: no limit of its own, as T5's relative positions); Canary's
+    decoder states them in its decoder_config."""
+    for c in (cfg, getattr(cfg, "decoder_config", None)):
+        for key in ("max_target_positions", "max_position_embeddings"):
+            v = getattr(c, key, None)
+            if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+                return v
     return 0
 
 
