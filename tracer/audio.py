@@ -107,9 +107,16 @@ def audio_kwargs(model, clips: int, device) -> dict:
 @contextlib.contextmanager
 def _valued():
     """Where the model runs on the meta device (its audio tokens, its unreached parameters): a fake mode of its own
-    with host values, which answers the host reads meta tensors cannot (the meta parameters taken as they are)."""
-    with unset_fake_temporarily(), FakeTensorMode(allow_non_fake_inputs=True), host_values.host_values():
-        yield
+    with host values, which answers the host reads meta tensors cannot (the meta parameters taken as they are), under
+    torch's own default dtype, float32, as on a GPU (the runner builds under the weights' dtype: Qwen2.5-Omni's
+    `feature_lens / (n_window * 2)` in bf16 reads 3000 frames as 3008 and cuts one chunk too many)."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float32)
+    try:
+        with unset_fake_temporarily(), FakeTensorMode(allow_non_fake_inputs=True), host_values.host_values():
+            yield
+    finally:
+        torch.set_default_dtype(old)
 
 
 _TOKENS: dict[str, int] = {}   # per config (json), within a process: a derivation builds its model once per trace
