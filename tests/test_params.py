@@ -102,8 +102,8 @@ def test_deepseek_v3_active_params():
     # encoder-decoder models are priced whole (tracer.seq2seq), except those whose steps or inputs are not
     ({"model_type": "led"}, "^model_type: 'led' is an encoder-decoder model willitfit does not price: its encoder's "
                             "sliding-window attention"),
-    ({"model_type": "speech_to_text"}, "^model_type: 'speech_to_text' is an encoder-decoder model whose inputs "
-                                       "willitfit does not build"),
+    ({"model_type": "speecht5"}, "^model_type: 'speecht5' is an encoder-decoder model whose inputs "
+                                 "willitfit does not build"),
     ({"model_type": "llama", "num_attention_heads": 32, "num_key_value_heads": 5}, "^num_key_value_heads: 5 does not"),
     ({"model_type": "llama", "hidden_size": "big"}, "^hidden_size: must be a positive integer"),
     # transformers' own validation says what is wrong on its second line: that line is the one shown
