@@ -183,8 +183,8 @@ class Workload:
                        "one its image tokens inside --seq (the vision tower, the projector and the language model "
                        "run whole); 0: a text-only step",
                        lo=0, hi=MAX_IMAGES, applies="vlm")
-    audios: int = knob(0, "Audio clips per sample", "audio-language models (Qwen2-Audio, Qwen2.5-Omni, Voxtral, "
-                       "Audio Flamingo 3, Music Flamingo, GLM-ASR, Nemotron-3.5-Transcribe, Fun-ASR-Nano): 30-second "
+    audios: int = knob(0, "Audio clips per sample", "audio-language models (Qwen2-Audio, Voxtral, Audio Flamingo "
+                       "3, Music Flamingo, GLM-ASR, Nemotron-3.5-Transcribe, Fun-ASR-Nano): 30-second "
                        "windows of audio per sample (a longer recording is cut into such windows, as their "
                        "processors do), each one its audio tokens inside --seq (the audio encoder, the projector "
                        "and the language model run whole); 0: a text-only step",
