@@ -114,7 +114,7 @@ def test_glmasr_estimate_with_audio_equals_a_full_depth_trace(capsys):
     ("audioflamingo3", Workload(audios=1, checkpointing="full"), [(4, 900)]),
     ("glmasr", Workload(audios=1, method="lora", lora_rank=4), [(2, 1200)]),
     ("glmasr", Workload(audios=0), [(2, 1200)]),
-    ("voxtral", Workload(audios=2), [(3, 300)]),   # Voxtral: 4 frames merged per token by its projector's reshape
+    ("voxtral", Workload(audios=2), [(3, 300)]),   # its projector merges frames by intermediate / hidden size (2 here)
 ])
 def test_estimate_with_audio_equals_a_full_depth_trace(name, workload, sizes):
     assert_equals_trace(_config(name), f"t-{name}", workload, sizes)
