@@ -25,7 +25,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from estimator import bank, cp, knobs
-from estimator.families import AUDIO_TYPES, VLM_TYPES, vlm_route
+from estimator.families import AUDIO_ROUTE, AUDIO_TYPES, VLM_TYPES, vlm_route
 from estimator.inventory import Inventory
 from estimator.parallel import TRACED_SHARDING
 from estimator.presets import DATA_DIR, config_hash
@@ -214,9 +214,9 @@ def _stale(config: dict, data: dict) -> bool:
     images, tracer.vlm, or the reason they are refused; the parameters its steps leave without a gradient)."""
     if any(k not in data for k in INVENTORY_KEYS):
         return True
-    if config.get("model_type") in AUDIO_TYPES:   # its audio, or why it is refused (tracer.audio)
-        return "image_side" not in data or ("unreached" not in data["audio"] if "audio" in data else
-                                            "audio_refused" not in data)
+    if config.get("model_type") in AUDIO_TYPES:   # its audio, or why it is refused, by this version (tracer.audio)
+        return data.get("audio_route") != AUDIO_ROUTE or "image_side" not in data or (
+            "unreached" not in data["audio"] if "audio" in data else "audio_refused" not in data)
     if config.get("model_type") not in VLM_TYPES:
         return False
     if data.get("vlm_route") != vlm_route(config["model_type"]):   # built another way (or priced text-only) then

@@ -151,6 +151,26 @@ def test_a_config_whose_audio_path_fails_is_priced_text_only():
         estimate(m, Workload(audios=1, seq=500))
 
 
+def test_a_cached_inventory_of_another_audio_route_is_read_again(monkeypatch, tmp_path):
+    # a refusal cached by an older version of the audio path must not outlive its fix: the inventory says which
+    # version read it (families.AUDIO_ROUTE), and another one is read again from a meta-device build
+    from estimator import store
+
+    monkeypatch.setenv("WILLITFIT_CACHE", str(tmp_path))
+    store.clear_memo()
+    cfg = _config("glmasr")
+    assert store.inventory(cfg, "t-glmasr").extra["audio_route"]
+    path = tmp_path / store.config_hash(cfg)[:16] / "inventory.json"
+    data = json.loads(path.read_text())
+    data.pop("audio")
+    data.update(audio_refused="an older version's refusal", audio_route="0")
+    path.write_text(json.dumps(data))
+    store.clear_memo()
+    again = store.inventory(cfg, "t-glmasr")
+    assert again.extra["audio"]["audio_tokens"] == 375 and "audio_refused" not in again.extra
+    store.clear_memo()
+
+
 def test_cli_names_the_audio_and_refuses_a_short_seq():
     cfg = str(TINY / "t-qwen2_audio.json")
     _model("qwen2_audio")   # its inventory in this session's cache (the CLI inherits WILLITFIT_CACHE)

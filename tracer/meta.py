@@ -23,7 +23,7 @@ from collections import Counter
 
 import torch
 
-from estimator.families import vlm_route
+from estimator.families import AUDIO_ROUTE, vlm_route
 from tracer import serialized
 import tracer  # noqa: F401  (quiets torchao's import-time logging before transformers loads it)
 from tracer import audio, seq2seq, vision, vlm
@@ -341,5 +341,6 @@ def read_inventory(config: dict) -> dict:
         **({"vlm_route": vlm_route(cfg.model_type)} if vlm.is_vlm(cfg) else {}),
         **({"audio": audio.info(model)} if audio.is_audio(cfg) and audio_refused is None else {}),
         **({"audio_refused": audio_refused} if audio_refused is not None else {}),
+        **({"audio_route": AUDIO_ROUTE} if audio.is_audio(cfg) else {}),
         **({"image_side": [[list(k), n] for k, n in sorted(image_side.items())]} if image_side else {}),
     }
