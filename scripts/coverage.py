@@ -86,16 +86,13 @@ def independent_params(model_type: str) -> int:
             AutoModelForSeq2SeqLM
         with torch.device("meta"):
             return sum(p.numel() for p in cls.from_config(cfg).parameters())
-    if model_type in AUDIO_TYPES:   # priced whole with its audio: the class transformers lists it under
-        from tracer.audio import audio_class
-
-        with torch.device("meta"):
-            return sum(p.numel() for p in audio_class(model_type).from_config(cfg).parameters())
-    if model_type in VLM_TYPES:   # priced whole with its images: the image-text-to-text model
+    if model_type in VLM_TYPES + AUDIO_TYPES:   # priced whole with its images (audio): the image-text-to-text model
+        from tracer.audio import audio_class    # (the class transformers lists an audio-language type under)
         from transformers import AutoModelForImageTextToText
 
+        cls = audio_class(model_type) if model_type in AUDIO_TYPES else AutoModelForImageTextToText
         with torch.device("meta"):
-            return sum(p.numel() for p in AutoModelForImageTextToText.from_config(cfg).parameters())
+            return sum(p.numel() for p in cls.from_config(cfg).parameters())
     image = _image_class(model_type)
     if image is not None:   # the image-classification model a training step builds (the first class transformers
         with torch.device("meta"):                           # maps the type to: DeiT's without a teacher)
@@ -186,11 +183,9 @@ def one(model_type: str) -> dict:
         return {**row, "status": "refused", "stage": "images",
                 "reason": f"its image path fails on its own config's defaults ({refused}); only a text-only step "
                           "would be priced"}
-    refused = model.inventory.extra.get("audio_refused")
-    if refused is not None:   # its audio path fails on its defaults: a text-only step is no row
-        return {**row, "status": "refused", "stage": "audio",
-                "reason": f"its audio path fails on its own config's defaults ({refused}); only a text-only step "
-                          "would be priced"}
+    if model.inventory.extra.get("audio_refused") is not None:   # its audio path fails on its defaults: likewise
+        return {**row, "status": "refused", "stage": "audio", "reason": "its audio path fails on its own config's "
+                f"defaults ({model.inventory.extra['audio_refused']}); only a text-only step would be priced"}
     prof, err = None, None
     # pure bf16 with the attention transformers runs by default (SDPA where the model has it, else eager), then the
     # other one; fp32 where the model's code cannot run in bf16 (FNet's FFT, DeBERTa's disentangled attention): the
@@ -355,10 +350,9 @@ def refusal_kind(reason: str) -> str:
 # Vision models are also checked by tests/test_vision.py (tiny configs, to the byte, at image sizes no fit used) and
 # scripts/vision_check.py (default configs at full size); their section of the doc is kept as written
 # (scripts/coverage_vision.md) below the generated tables.
-VISION_SECTION = (ROOT / "scripts" / "coverage_vision.md").read_text()
-VLM_SECTION = (ROOT / "scripts" / "coverage_vlm.md").read_text()   # likewise: tests/test_vlm.py, scripts/vlm_check.py
-SEQ2SEQ_SECTION = (ROOT / "scripts" / "coverage_seq2seq.md").read_text()   # likewise: tests/test_seq2seq.py
-AUDIO_SECTION = (ROOT / "scripts" / "coverage_audio.md").read_text()   # likewise: tests/test_audio.py
+# likewise the sections on vision-language (tests/test_vlm.py, scripts/vlm_check.py), audio-language (tests/test_audio.py)
+# and encoder-decoder models (tests/test_seq2seq.py), in the doc's order
+SECTIONS = [(ROOT / "scripts" / f"coverage_{k}.md").read_text() for k in ("vision", "vlm", "audio", "seq2seq")]
 
 
 def report() -> None:
@@ -425,8 +419,7 @@ def report() -> None:
                      f"{r.get('layers', '')} ({r.get('layer_types', '')}) | {prof} | "
                      f"{r.get('check_batch', '')}, {r.get('check_seq', '')} | {err} | {r.get('revision', 'pre-kernels')} | "
                      f"{r.get('reason', '').replace('|', '/')} |")
-    DOC.write_text("\n".join(lines) + "\n\n" + VISION_SECTION + "\n" + VLM_SECTION + "\n" + AUDIO_SECTION + "\n"
-                   + SEQ2SEQ_SECTION)
+    DOC.write_text("\n".join(lines) + "\n\n" + "\n".join(SECTIONS))
     print(f"wrote {DOC} ({len(rows)} types, {good} exact and within 1%)")
 
 
