@@ -55,17 +55,18 @@ CLASS_FIELDS = tuple(d.name for d in declared() if d.name not in SIZE_FIELDS)
 
 
 def applies(d: Declared, mode: str, method: str, vision: bool = False, vlm: bool = False,
-            seq2seq: bool = False, grid: bool = False, audio: bool = False) -> bool:
+            seq2seq: bool = False, grid: bool = False, audio: bool = False, speech: bool = False) -> bool:
     """Whether field `d` means something for this mode and method, on a text model or a vision encoder (`vision`:
     sized by image_size, not seq; it generates nothing), a vision-language model (`vlm`: it takes images; `grid`: of
-    any size, Qwen2-VL's, LLaVA-NeXT's and Pixtral's families), an audio-language model (`audio`: it takes audio clips)
-    or an encoder-decoder model (`seq2seq`: its decoder's tokens in training); others keep their defaults."""
+    any size, Qwen2-VL's, LLaVA-NeXT's and Pixtral's families), an audio-language model (`audio`: it takes audio clips),
+    an encoder-decoder model (`seq2seq`: its decoder's tokens in training) or a speech one whose encoder takes any
+    length (`speech`: its audio's seconds); others keep their defaults."""
     if vision and d.name == "gen_tokens":
         return False
     return {"all": True, "train": mode == "train", "infer": mode == "infer",
             "adapter": mode == "train" and method != "full",
             "frozen": mode == "infer" or method != "full",
-            "text": not vision, "vision": vision, "vlm": vlm, "audio": audio, "image": vision or grid,
+            "text": not vision, "vision": vision, "vlm": vlm, "audio": audio, "speech": speech, "image": vision or grid,
             "seq2seq": seq2seq and mode == "train"}[d.knob.applies]
 
 

@@ -47,9 +47,12 @@ def words(model: Model, w: Workload) -> str:
         return ""
     if v["kind"] == "speech":
         secs = v.get("seconds", v["frames"] // 100)   # Whisper's feature extractor: 10 ms hop, 100 frames a second
+        frames = v["frames"]
+        if w.audio_seconds and v.get("any_length"):   # --audio-seconds: its frames (samples) scale with the seconds
+            frames, secs = frames * w.audio_seconds // secs, w.audio_seconds
         what = "transcript" if w.mode == "train" else "prompt"
         unit = "audio samples" if v.get("samples") else "mel frames"   # Moonshine reads the waveform at 16 kHz
-        return f"encoder {v['frames']:,} {unit} ({secs} s of audio), decoder {w.seq:,} {what} tokens"
+        return f"encoder {frames:,} {unit} ({secs} s of audio), decoder {w.seq:,} {what} tokens"
     if w.mode == "infer":
         return f"encoder {w.seq:,} tokens, decoder from its start token"
     return f"encoder {w.seq:,} tokens, decoder {target_len(w):,} tokens"
@@ -73,6 +76,11 @@ def check(model: Model, w: Workload, parallel: Parallel | None = None) -> None:
     """One line before any slow work: a target length for a model with no decoder of its own, a speech model's
     transcript past its decoder's positions, a knob or parallel layout the traced step does not run."""
     v = seq2seq_of(model)
+    if w.audio_seconds and (v is None or not v.get("any_length")):
+        raise ValueError(f"audio_seconds: {model.name} ({model.model_type}) " + (
+            "reads a fixed audio window (Whisper's encoder: 30 s, its feature extractor pads shorter audio to it)"
+            if v is not None and v["kind"] == "speech" else "takes no audio of a length to choose") +
+            "; use 0 (the speech encoder-decoders that take any length: Speech2Text, Canary, Cohere-ASR, Moonshine)")
     if v is None:
         if w.target_seq:
             raise ValueError(f"target_seq: {model.name} ({model.model_type}) is no encoder-decoder model; its --seq "

@@ -90,6 +90,7 @@ MAX_GPUS = 1 << 16
 MAX_LORA_RANK = 1 << 16
 MAX_IMAGE_SIZE = 1 << 16
 MAX_IMAGES = 1 << 10
+MAX_AUDIO_SECONDS = 3600
 # The workload's sizes: what a profile is evaluated at (a polynomial in batch, seq and gen_tokens; a vision
 # encoder's image_size resolves to its seq, estimator.vision); every other field is the profile's class.
 SIZE_FIELDS = ("batch", "seq", "gen_tokens", "image_size")
@@ -189,6 +190,11 @@ class Workload:
                        "processors do), each one its audio tokens inside --seq (the audio encoder, the projector "
                        "and the language model run whole); 0: a text-only step",
                        lo=0, hi=MAX_IMAGES, applies="audio")
+    audio_seconds: int = knob(0, "Audio length (seconds)", "speech encoder-decoders whose encoder takes any length "
+                              "(Speech2Text, Canary, Cohere-ASR, Moonshine, Moonshine-Streaming): each sample's audio "
+                              "in seconds, the batch padded to it as their feature extractors pad it; 0: 30 s "
+                              "(Whisper's encoder always reads its fixed 30-s window)", lo=0, hi=MAX_AUDIO_SECONDS,
+                              applies="speech")
     target_seq: int = knob(0, "Target length (tokens)", "encoder-decoder models (T5, BART, Marian...): the decoder's "
                            "tokens per sample in training (the labels), while --seq is the encoder's; 0: as many as "
                            "--seq. Whisper's --seq is its transcript's tokens (its audio is the config's 30 s window)",

@@ -77,7 +77,7 @@ def canonical_class(w: Workload) -> Workload:
         # images, audios, target_seq: whether the model takes them is the model's, not the class's; others' are
         # refused earlier
         if d.name in SIZE_FIELDS or d.name == "weight_format" or knobs.applies(d, w.mode, w.method, vlm=True,
-                                                                                seq2seq=True, audio=True):
+                                                                                seq2seq=True, audio=True, speech=True):
             continue
         if getattr(w, d.name) != d.default:
             change[d.name] = d.default
@@ -95,7 +95,8 @@ def workload_class(w: Workload, rank_variable: bool | None = None) -> dict:
     rank (its class says "lora_rank": "r", profile.RANK_MARK); `rank_variable=False` gives the class of a profile
     derived for this one rank only (every LoRA profile written before the rank was a variable)."""
     out = {k: v for k, v in spec_dict(canonical_class(w)).items() if k not in SIZE_FIELDS}
-    for name in ("images", "audios", "target_seq"):   # 0: the class every profile written before these existed names
+    # 0: the class every profile written before these existed names
+    for name in ("images", "audios", "audio_seconds", "target_seq"):
         if not out.get(name):
             out.pop(name, None)
     if w.images and w.image_size:   # a grid VLM's images (estimator.vision.sized): their size is the class's

@@ -87,29 +87,31 @@ def kinds(model) -> dict:
     return {"vision": is_vision(model), "vlm": images_of(model) is not None,
             "seq2seq": s2s is not None and s2s["kind"] == "text",
             "grid": sizable(model),   # its images' size is asked for
-            "audio": audio_of(model) is not None}   # audio clips per sample (estimator.audio)
+            "audio": audio_of(model) is not None,   # audio clips per sample (estimator.audio)
+            "speech": s2s is not None and bool(s2s.get("any_length"))}   # its audio's seconds
 
 
 def shown_workload_fields(mode: str, method: str, advanced: bool = False, vision: bool = False,
                           vlm: bool = False, seq2seq: bool = False, grid: bool = False,
-                          audio: bool = False) -> list[str]:
+                          audio: bool = False, speech: bool = False) -> list[str]:
     """Which workload inputs apply (from each field's declaration): inference has no optimizer or LoRA, training
     no generated tokens, a vision encoder an image size instead of a sequence length (`vision`), a vision-language
     model its images per sample (`vlm`). advanced=True adds the recipe knobs the sidebar folds under "More
     settings"."""
-    return [d.name for d in knobs.declared() if knobs.applies(d, mode, method, vision, vlm, seq2seq, grid, audio)
+    return [d.name for d in knobs.declared()
+            if knobs.applies(d, mode, method, vision, vlm, seq2seq, grid, audio, speech)
             and (advanced or not d.knob.advanced)]
 
 
 def workload_from_dict(values: dict, vision: bool = False, vlm: bool = False, seq2seq: bool = False,
-                       grid: bool = False, audio: bool = False) -> spec.Workload:
+                       grid: bool = False, audio: bool = False, speech: bool = False) -> spec.Workload:
     """A Workload from input values; inputs that do not apply to the mode/method (and the model: `vision`) keep the
     spec defaults.
 
     Raises ValueError (naming the field) for a contradictory combination, which the page shows.
     """
     shown = shown_workload_fields(values.get("mode", _W.mode), values.get("method", _W.method), advanced=True,
-                                  vision=vision, vlm=vlm, seq2seq=seq2seq, grid=grid, audio=audio)
+                                  vision=vision, vlm=vlm, seq2seq=seq2seq, grid=grid, audio=audio, speech=speech)
     kwargs = {k: values[k] for k in shown if k in values}
     if "lora_targets" in kwargs:
         kwargs["lora_targets"] = tuple(kwargs["lora_targets"])
@@ -162,12 +164,12 @@ def prepare_lora_targets(page: str, options: list[str], model_type: str = "") ->
 
 def workload_inputs(page: str, fields: dict[str, Field], container, vision: bool = False,
                     vlm: bool = False, seq2seq: bool = False, grid: bool = False,
-                    audio: bool = False) -> tuple[dict, list[str]]:
+                    audio: bool = False, speech: bool = False) -> tuple[dict, list[str]]:
     """Draw the workload widgets that apply (a vision encoder's image size instead of a sequence length: `vision`; a
     vision-language model's images per sample: `vlm`), the advanced ones folded; returns (values, names shown)."""
     mode = widget(page, fields["mode"], container)
     method = widget(page, fields["method"], container) if mode == "train" else _W.method
-    kind = {"vision": vision, "vlm": vlm, "seq2seq": seq2seq, "grid": grid, "audio": audio}
+    kind = {"vision": vision, "vlm": vlm, "seq2seq": seq2seq, "grid": grid, "audio": audio, "speech": speech}
     shown = shown_workload_fields(mode, method, advanced=True, **kind)
     core = set(shown_workload_fields(mode, method, **kind))
     values = {"mode": mode, "method": method}

@@ -371,6 +371,18 @@ def test_fit_audio_language_model_starts_with_one_clip_and_refuses_a_short_seq(e
     assert not at.exception
 
 
+def test_fit_asks_for_the_audio_length_where_the_speech_encoder_takes_any(env):
+    """A pasted Speech2Text config (its encoder takes any length): the page asks for the audio's seconds; Whisper's
+    (a fixed 30-s window) does not."""
+    cfg = json.loads((Path(__file__).parent / "data" / "tiny" / "t-speech_to_text.json").read_text())
+    at = app()
+    at.selectbox(key="fit:source").set_value("paste").run()
+    at.text_area(key="fit:paste").set_value(json.dumps(cfg)).run()
+    assert at.number_input(key="fit:audio_seconds").value == 0 and not at.exception
+    whisper = app(query={"model": "whisper-large-v3"})
+    assert not [n for n in whisper.number_input if n.key == "fit:audio_seconds"] and not whisper.exception
+
+
 @pytest.mark.slow  # a derivation in the page's background thread: half a minute
 def test_fit_prices_a_pasted_audio_language_model_whole(env):
     cfg = json.loads((Path(__file__).parent / "data" / "tiny" / "t-glmasr.json").read_text())

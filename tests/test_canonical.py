@@ -58,7 +58,7 @@ def test_a_knob_splits_the_class_exactly_when_it_applies(base):
                 continue  # not a workload this base allows
             seen += 1
             applies = knobs.applies(d, w.mode, w.method)
-            if d.name in ("images", "audios"):
+            if d.name in ("images", "audios", "audio_seconds"):
                 applies = True  # whether a model takes images (audio) is the model's: every class keeps them
             if d.name == "target_seq":
                 applies = w.mode == "train"   # an encoder-decoder model's decoder length: every training class

@@ -23,7 +23,7 @@ from strategies import model
 
 ROOT = Path(__file__).resolve().parent.parent
 FLAGS = {"--model", "--mode", "--method", "--lora-rank", "--lora-targets", "--recipe", "--precision",
-         "--weight-format", "--optimizer", "--optimizer-impl", "--batch", "--seq", "--image-size", "--images", "--audios", "--target-seq", "--gen-tokens", "--grad-accum",
+         "--weight-format", "--optimizer", "--optimizer-impl", "--batch", "--seq", "--image-size", "--images", "--audios", "--audio-seconds", "--target-seq", "--gen-tokens", "--grad-accum",
          "--checkpointing", "--attention", "--kv-dtype", "--gpu", "--gpus", "--strategy", "--tp", "--pp", "--ep",
          "--sequence-parallel", "--offload", "--activation-model", "--k", "--calibrated", "--json", "--list-models",
          "--list-gpus", "--loop", "--loss", "--loss-chunks", "--optimizer-in-backward", "--activation-offload",

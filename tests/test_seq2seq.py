@@ -131,6 +131,25 @@ def test_canary_runs_every_layer_and_reads_its_decoders_positions():
     assert _model("canary").inventory.extra["seq2seq"]["max_target"] == 256
 
 
+def test_audio_seconds_prices_a_shorter_clip_where_the_encoder_takes_any_length():
+    """--audio-seconds: Speech2Text's encoder takes any length (its feature extractor pads the batch to its longest),
+    so 7 s of audio is 700 frames, its own class, equal to a full-depth trace and below the 30-s window; Whisper's
+    encoder reads its fixed window only, and a text model takes no audio: both refused in one line."""
+    from estimator.estimate import estimate
+    from estimator.seq2seq import words
+
+    m = _model("speech_to_text")
+    w = Workload(attention="eager", audio_seconds=7)
+    assert words(m, replace(w, seq=41)) == "encoder 700 mel frames (7 s of audio), decoder 41 transcript tokens"
+    _check("speech_to_text", w, [(3, 41)])
+    short = estimate(m, replace(w, batch=3, seq=41), Parallel()).total_bytes
+    assert short < estimate(m, Workload(attention="eager", batch=3, seq=41), Parallel()).total_bytes
+    with pytest.raises(ValueError, match=r"^audio_seconds: t-whisper \(whisper\) reads a fixed audio window"):
+        estimate(_model("whisper"), Workload(audio_seconds=7, seq=41), Parallel())
+    with pytest.raises(ValueError, match=r"^audio_seconds: t-t5 \(t5\) takes no audio of a length to choose"):
+        estimate(_model("t5"), Workload(audio_seconds=7, seq=41), Parallel())
+
+
 def test_whisper_inference_equals_a_full_depth_trace():
     """The encoder once on the 30 s window, the decoder's prompt, then 5 tokens with an EncoderDecoderCache."""
     _check("whisper", Workload(mode="infer", gen_tokens=5), [(3, 301), (1, 77)])

@@ -87,21 +87,29 @@ def model_class(cfg):
                      "speech)")
 
 
-def audio_frames(cfg) -> tuple[int, int]:
-    """(mel bins, frames) of a speech model's fixed input window (Whisper: 80 or 128 bins x 3000 frames;
-    Speech2Text: its input_feat_per_channel x input_channels bins x 3000 frames, FRAMES_FIRST)."""
+def takes_any_length(cfg) -> bool:
+    """A speech model whose encoder takes audio of any length (its input padded to the batch's longest), priced at
+    `--audio-seconds` (workload.audio_seconds); Whisper's reads its fixed window only."""
+    return cfg.model_type in FRAMES_FIRST or cfg.model_type in RAW_SAMPLES
+
+
+def audio_frames(cfg, seconds: int = 0) -> tuple[int, int]:
+    """(mel bins, frames) of a speech model's input: Whisper's fixed window (80 or 128 bins x 3000 frames); a model
+    that takes any length (`takes_any_length`) at `seconds` of audio (0: 30), 100 frames a second (FRAMES_FIRST:
+    Speech2Text's input_feat_per_channel x input_channels bins, Canary's and Cohere-ASR's encoder's mels) or 16,000
+    samples (RAW_SAMPLES, one channel)."""
     if cfg.model_type in RAW_SAMPLES:   # one channel of samples
-        return 1, RAW_SAMPLES[cfg.model_type]
+        return 1, RAW_SAMPLES[cfg.model_type] * seconds // 30 if seconds else RAW_SAMPLES[cfg.model_type]
     if cfg.model_type in FRAMES_FIRST:   # Speech2Text's bins, or a Parakeet-style encoder's (Canary, Cohere-ASR)
         enc = getattr(cfg, "encoder_config", None)
         bins = int(getattr(cfg, "input_feat_per_channel", 0) or getattr(enc, "num_mel_bins", 0) or 0) * \
             int(getattr(cfg, "input_channels", 1) or 1)
-        frames = FRAMES_FIRST[cfg.model_type]
+        frames = FRAMES_FIRST[cfg.model_type] * seconds // 30 if seconds else FRAMES_FIRST[cfg.model_type]
         # Speech2Text's conv subsampler halves the frames per layer; its encoder's positions must hold what is left
         positions = getattr(cfg, "max_source_positions", None)
         if bins < 1 or (positions and -(-frames // 2 ** int(getattr(cfg, "num_conv_layers", 2))) > positions):
-            raise ValueError(f"model_type: {cfg.model_type!r}'s encoder takes fewer positions than a 30-s window "
-                             "makes, or states no feature bins")
+            raise ValueError(f"audio_seconds: {cfg.model_type!r}'s encoder takes fewer positions than "
+                             f"{seconds or 30} s of audio make, or states no feature bins")
         return bins, frames
     bins = getattr(cfg, "num_mel_bins", None)
     positions = getattr(cfg, "max_source_positions", None)
@@ -149,7 +157,7 @@ def seq2seq_inputs(model, workload, device: str) -> dict:
         raise ValueError("config: vocab_size must be a positive integer")
     b, s = workload.batch, workload.seq
     if is_speech(cfg):
-        bins, frames = audio_frames(cfg)
+        bins, frames = audio_frames(cfg, workload.audio_seconds)
         dtype = next(model.parameters()).dtype
         if cfg.model_type in RAW_SAMPLES:   # the waveform itself
             out = {"input_values": torch.randn(b, frames, device=device, dtype=dtype)}
@@ -204,5 +212,7 @@ def info(model) -> dict:
         out["seconds"] = RAW_SAMPLES[cfg.model_type] // 16000 if cfg.model_type in RAW_SAMPLES else out["frames"] // 100
         if cfg.model_type in RAW_SAMPLES:
             out["samples"] = True
+        if takes_any_length(cfg):   # priced at --audio-seconds (the window above: 0)
+            out["any_length"] = True
         out["encoder_positions"] = int(getattr(cfg, "max_source_positions", 0) or 0)
     return out
