@@ -31,7 +31,8 @@ def audio_words(model: Model, w: Workload) -> str:
     if not w.audios or a is None:
         return ""
     n = w.audios
-    return f"{n} audio clip{'s' if n > 1 else ''} of {_seconds(a)} s ({audio_tokens(model, w):,} audio tokens) per sample"
+    tokens = audio_tokens(model, w)
+    return f"{n} audio clip{'s' if n > 1 else ''} of {_seconds(a)} s ({tokens:,} audio tokens) per sample"
 
 
 def check_audio(model: Model, w: Workload) -> None:

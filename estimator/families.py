@@ -118,9 +118,9 @@ VLM_TYPES = ("llava", "vipllava", "video_llava", "paligemma", "internvl", "qianf
 # forward fails on its defaults).
 AUDIO_TYPES = ("qwen2_audio", "qwen2_5_omni_thinker", "voxtral", "audioflamingo3", "musicflamingo", "glmasr",
                "nemo_speechlm", "fun_asr_nano", "qwen3_asr", "granite_speech", "granite_speech_plus")
-# The version of the audio path an inventory was read with (its `audio_route`): a cached inventory of another one is read
-# again (estimator.store), so a refusal cached by an older version does not outlive the fix. Bump it when tracer.audio
-# changes what an inventory says.
+# The version of the audio path an inventory was read with (its `audio_route`): a cached inventory of another one is
+# read again (estimator.store), so a refusal cached by an older version does not outlive the fix. Bump it when
+# tracer.audio changes what an inventory says.
 AUDIO_ROUTE = "1"
 # (frames per 30-s clip, frames first) where a clip is not Whisper's (mels, 3000)
 AUDIO_FEATURES = {"nemo_speechlm": (3000, True), "fun_asr_nano": (500, True), "granite_speech": (1500, True),

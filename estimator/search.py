@@ -58,8 +58,8 @@ def max_seq(model: Model, workload: Workload, parallel: Parallel, gpu_bytes: int
     """Longest sequence (prompt, for inference) that fits, up to `limit` (0 if seq 1 does not). Memory only:
     the model's own context length (Model.max_positions) is a separate limit the caller may pass. With context
     parallelism, a multiple of 2 x cp (the load balancer's chunks: estimator.cp.check_seq). A vision-language model's
-    images (an audio-language model's clips) take a fixed share of every sequence: the search starts past their tokens (0 if the shortest fails). A
-    loss in 16 chunks or more: a multiple of them (`seq_step`)."""
+    images (an audio-language model's clips) take a fixed share of every sequence: the search starts past their
+    tokens (0 if the shortest fails). A loss in 16 chunks or more: a multiple of them (`seq_step`)."""
     m = seq_step(model, workload, parallel)
     first = vision.media_tokens(model, workload) // m + 1   # a VLM's seq holds its images' tokens and some text
     if limit < first * m:

@@ -38,7 +38,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from estimator.families import AUDIO_TYPES, GRID_IMAGE_SIZE, VLM_TYPES  # noqa: E402  (no torch: the types priced with their images or audio)
+# no torch: the types priced with their images or audio
+from estimator.families import AUDIO_TYPES, GRID_IMAGE_SIZE, VLM_TYPES  # noqa: E402
 
 OUT = ROOT / "build" / "coverage.jsonl"
 DOC = ROOT / "docs" / "architectures.md"
@@ -350,8 +351,8 @@ def refusal_kind(reason: str) -> str:
 # Vision models are also checked by tests/test_vision.py (tiny configs, to the byte, at image sizes no fit used) and
 # scripts/vision_check.py (default configs at full size); their section of the doc is kept as written
 # (scripts/coverage_vision.md) below the generated tables.
-# likewise the sections on vision-language (tests/test_vlm.py, scripts/vlm_check.py), audio-language (tests/test_audio.py)
-# and encoder-decoder models (tests/test_seq2seq.py), in the doc's order
+# likewise the sections on vision-language (tests/test_vlm.py, scripts/vlm_check.py), audio-language
+# (tests/test_audio.py) and encoder-decoder models (tests/test_seq2seq.py), in the doc's order
 SECTIONS = [(ROOT / "scripts" / f"coverage_{k}.md").read_text() for k in ("vision", "vlm", "audio", "seq2seq")]
 
 

@@ -197,13 +197,14 @@ def audio_class(model_type: str):
     raise ValueError(f"model_type: {model_type!r} is listed by no auto class that builds its audio encoder")
 
 
-def seq_floor(cfg, workload) -> int:
+def seq_floor(config: dict, cfg, workload) -> int:
     """The shortest seq minus one a step with audio can run (its clips' tokens): a derivation fits above it
     (tracer.derive.pieces_for), since these models check on the host that the ids hold one audio token per feature
-    (`inputs_embeds[mask].numel() == features.numel()`, with the ids' values known); 0 without audio."""
+    (`inputs_embeds[mask].numel() == features.numel()`, with the ids' values known); 0 without audio. The tokens are
+    memoised under the key the runner's builds read (`audio_tokens(model, config)`), so a derivation counts them once."""
     if not workload.audios or not is_audio(cfg):
         return 0
-    key = cfg.to_json_string()
+    key = json.dumps(config, sort_keys=True, default=str)
     if key not in _TOKENS:
         old = torch.get_default_dtype()
         torch.set_default_dtype(torch.bfloat16)

@@ -295,7 +295,7 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
     # a scan whose chunk is longer than the largest unit (Mamba-1's 2048) is fit on seqs that span chunks
     units = (scan[1] // 2,) if scan and scan[1] > 2 * UNITS[0] else UNITS
     pieces = pieces_for(hf_config, max_positions(hf_config), infer, step, multiple, units,
-                        max(vlm.seq_floor(hf_config, w0), audio.seq_floor(hf_config, w0)))
+                        max(vlm.seq_floor(hf_config, w0), audio.seq_floor(config, hf_config, w0)))
     fit_world = world[:2] if fsdp else world
     reduced_refused = traced_whole(hf_config, w0, shared) or \
         (pp.LOOPED_WHOLE if PP_STAGES_PER_RANK[parallel.pp_schedule] > 1 else "")   # what the extension cannot add

@@ -169,12 +169,13 @@ class HostValues(TorchDispatchMode):
 
     @staticmethod
     def _compute(func, args, kwargs):
-        if not any(isinstance(t, torch.Tensor) for t in tree_flatten((args, kwargs))[0]):
+        factory = not any(isinstance(t, torch.Tensor) for t in tree_flatten((args, kwargs))[0])
+        if factory:
             arange = func in (aten.arange.default, aten.arange.start, aten.arange.start_step)
             if kwargs.get("dtype", torch.int64 if arange else torch.float32) not in _INTEGRAL and not _small(func, args):
                 return None   # a float factory past SMALL elements: its values are never needed on the host
-            kwargs = {**kwargs, "device": "cpu"}
-        if "device" in kwargs:   # values live on the host, whatever device the fake op names (`.to(meta_tensor.device)`)
+        if factory or "device" in kwargs:
+            # values live on the host, whatever device the op names (a factory, `.to(meta_tensor.device)`)
             kwargs = {**kwargs, "device": "cpu"}
         with unset_fake_temporarily(), no_dispatch():
             try:

@@ -161,7 +161,7 @@ def seq2seq_inputs(model, workload, device: str) -> dict:
         dtype = next(model.parameters()).dtype
         if cfg.model_type in RAW_SAMPLES:   # the waveform itself
             out = {"input_values": torch.randn(b, frames, device=device, dtype=dtype)}
-        elif cfg.model_type in FRAMES_FIRST:   # (b, frames, bins) and the mask its feature extractor returns (all valid)
+        elif cfg.model_type in FRAMES_FIRST:   # (b, frames, bins) and the mask its extractor returns (all valid)
             mask = torch.ones(b, frames, dtype=torch.int32, device=device)
             out = {"input_features": torch.randn(b, frames, bins, device=device, dtype=dtype), "attention_mask": mask}
         else:

@@ -54,7 +54,8 @@ WORKLOAD_004 = ("loop", "loss", "loss_chunks", "optimizer_in_backward", "activat
 # a run's identity and every query stay on seq, and no migration is needed. A vision-language model's images per
 # sample (an audio-language model's clips, a speech model's seconds) have no column yet: a stored row is a text-only
 # step (bench.trace.cases.unstorable refuses to store one with images or audio, or audio of another length).
-NOT_COLUMNS = ("image_size", "images", "audios", "audio_seconds", "target_seq")   # target_seq: an encoder-decoder model's decoder length
+# target_seq: an encoder-decoder model's decoder length
+NOT_COLUMNS = ("image_size", "images", "audios", "audio_seconds", "target_seq")
 
 
 def workload_row(w) -> dict:

@@ -63,8 +63,9 @@ def unstorable(parallel: Parallel, workload: Workload | None = None) -> str | No
         return (f"out: a run row has no images column, so a step with {workload.images} image(s) per sample would be "
                 "stored as a text-only one; trace it without --out / --ingest (the table is printed)")
     if workload is not None and workload.audio_seconds:
-        return (f"out: a run row has no audio_seconds column, so a step on {workload.audio_seconds} s of audio would be "
-                "stored as one on the model's default window; trace it without --out / --ingest (the table is printed)")
+        return (f"out: a run row has no audio_seconds column, so a step on {workload.audio_seconds} s of audio would "
+                "be stored as one on the model's default window; trace it without --out / --ingest (the table is "
+                "printed)")
     if workload is not None and workload.audios:
         return (f"out: a run row has no audios column, so a step with {workload.audios} audio clip(s) per sample would "
                 "be stored as a text-only one; trace it without --out / --ingest (the table is printed)")
