@@ -112,8 +112,10 @@ def _candidates(tl, train: bool, per_window: bool = False) -> Ticks:
         ticks = [t for t in range(lo, hi + 1) if tl.kind[t] == 1 and
                  (t == hi or tl.kind[t + 1] == -1 or block[t + 1] != block[t])]
         if stage == "optimizer":  # the step's temporaries differ between its ticks by constants: keep the largest
+            # the stage's entry counts too, as the counter's stage peak does (counters.mark_stage): a step that
+            # allocates nothing (plain SGD) peaks there, its gradients still alive
             base = live[act, lo - 1]
-            t = max(ticks, key=lambda t: int(live[:, t].sum())) if ticks else hi
+            t = max([lo - 1, *ticks], key=lambda t: int(live[:, t].sum()))
             keys.append(STEP_MAX)
             gs.append(0)
             rows.append(tick_row(live[:, t], int(live[act, t] - base)))
