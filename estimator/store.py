@@ -310,8 +310,9 @@ def stored_profile(config: dict, w: Workload, p: Parallel, *, name: str = "model
                              f"{name}` with the same workload flags")
     key = keys[0]
     try:
-        prof = _derivation().derive_profile(config, w, p, progress=progress, config_hash=h,
-                                            **({"pp_rank": pp_rank} if pp_rank else {}))
+        # with it, where the tracer replays it from the same traces, the class of the other grad_accum (tracer.replay)
+        prof, *more = _derivation().derive_profiles(config, w, p, progress=progress, config_hash=h,
+                                                     **({"pp_rank": pp_rank} if pp_rank else {}))
     except (RuntimeError, NotImplementedError, KeyError, IndexError, AttributeError, TypeError) as e:
         # the model's own code failed under this workload on fake tensors (e.g. transformers' grouped_mm experts,
         # which take bf16 inputs only, under the amp or fp32 recipe; a KeyError of the whole model): one line
@@ -321,6 +322,10 @@ def stored_profile(config: dict, w: Workload, p: Parallel, *, name: str = "model
                          "be derived for it") from None
     _write((SHIPPED_DIR if ship else cache_dir()) / h[:16] / f"{key}.json", prof.to_json())
     _MEMO[("prof", h, key)] = prof
+    for other in more:   # kept where no file of its class is (a shipped or cached one is never replaced)
+        other_key = class_key(other.workload_class, other.parallel_class, other.provenance.get("kernels", "cuda"))
+        if not any((d / f"{other_key}.json").is_file() for d in _dirs(h)):
+            _write((SHIPPED_DIR if ship else cache_dir()) / h[:16] / f"{other_key}.json", other.to_json())
     return prof
 
 

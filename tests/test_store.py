@@ -101,7 +101,7 @@ def test_a_model_that_fails_on_fake_tensors_is_refused_in_one_line(monkeypatch, 
         raise RuntimeError("Expected inputs of BF16 type but got mat_a.dtype=torch.float32\nmore lines")
 
     monkeypatch.setenv("WILLITFIT_CACHE", str(tmp_path))
-    monkeypatch.setattr(derive, "derive_profile", fails)
+    monkeypatch.setattr(derive, "derive_profiles", fails)
     store.clear_memo()
     cfg = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
            "num_attention_heads": 4, "vocab_size": 128}

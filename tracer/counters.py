@@ -55,6 +55,7 @@ class _Record:
     t_alloc: int
     role: _Role
     t_free: float = NEVER_FREED
+    index: int = -1     # its place in the counter's records (Timeline.rec)
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,7 @@ class StorageCounter(TorchDispatchMode):
         self.marks: list[tuple[int, str]] = []       # (tick, stage) at every mark_stage: the stage that just ended
         self.blocks: list[tuple[int, object]] = []   # (tick, block) whenever the running decoder layer changes
         self.loops: list[tuple[int, int | None]] = []   # (tick, iteration or None) of a loop over images (set_loop)
+        self.accumulations: list[tuple[int, int, int]] = []   # (tick, handed, kept) per AccumulateGrad (watch_grads)
 
     # -- recording --------------------------------------------------------------------------------
     def _tick(self) -> int:
@@ -116,7 +118,7 @@ class StorageCounter(TorchDispatchMode):
         return self._now
 
     def _open(self, st: torch.UntypedStorage) -> _Record:
-        rec = _Record(st.nbytes(), self._tick(), _Role())
+        rec = _Record(st.nbytes(), self._tick(), _Role(), index=len(self._records))
         self._records.append(rec)
         key = id(st)
         self._live[key] = rec
@@ -153,7 +155,7 @@ class StorageCounter(TorchDispatchMode):
     def _resize(self, st: torch.UntypedStorage, rec: _Record) -> None:
         rec.t_free = self._tick()
         self.current_bytes -= rec.nbytes
-        new = _Record(st.nbytes(), self._tick(), rec.role)
+        new = _Record(st.nbytes(), self._tick(), rec.role, index=len(self._records))
         self._records.append(new)
         self._live[id(st)] = new
         # A second finalizer closes the new record; the first one will find its record closed already.
@@ -242,6 +244,29 @@ class StorageCounter(TorchDispatchMode):
         self.track((p.grad for p in params if p.grad is not None), "gradients")
         if optimizer is not None:
             self.track(optimizer_state_tensors(optimizer), "optimizer_states")
+
+    def watch_grads(self, params) -> list:
+        """Record each gradient accumulation into a parameter (torch's AccumulateGrad node) as (tick, record of the
+        gradient it was handed, record of `.grad` after it): the same record where it stole the tensor (a first
+        gradient), another where it copied it. What tracer.replay needs to turn a step into one that accumulates
+        onto gradients already there. Returns the hook handles (remove them after the run)."""
+        handles = []
+        for p in params:
+            if not p.requires_grad:
+                continue
+            handed: list = []
+
+            def pre(g, handed=handed):
+                rec = self._live.get(id(g.untyped_storage()))
+                handed.append(-1 if rec is None else rec.index)
+
+            def post(p, handed=handed):
+                rec = self._live.get(id(p.grad.untyped_storage()))
+                self.accumulations.append((self._now, handed.pop() if handed else -1, -1 if rec is None else rec.index))
+
+            handles.append(p.register_hook(pre))
+            handles.append(p.register_post_accumulate_grad_hook(post))
+        return handles
 
     # -- reading ----------------------------------------------------------------------------------
     def set_block(self, block) -> None:

@@ -26,7 +26,11 @@ The method, for one config and one workload class:
    type T at full position j sees the layers before and after it: c_R1 plus, per type T', the extra layers before
    j times the effect of one more T' layer before (measured where R2 puts it before) and likewise after. Every
    middle position is a candidate; dominated candidates are dropped.
-The result is a `Profile` (pure data, JSON) that `estimator.estimate` evaluates without torch.
+4. **Replayed classes.** Where tracer.replay allows it (one GPU, the optimizer after backward), every trace of a
+   grad_accum 1 step is also replayed as a step of grad_accum 2 and those ticks are fit, verified and extended the
+   same way: one derivation gives both classes (`derive_profiles`), whichever was asked for.
+The result is a `Profile` (pure data, JSON) that `estimator.estimate` evaluates without torch. Which sizes are traced:
+tracer.seqs.
 """
 from __future__ import annotations
 
@@ -35,19 +39,18 @@ import platform
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from fractions import Fraction
 
 from estimator import cp as estimator_cp
 from estimator.profile import poly
 from estimator.profile.profile import Piece, Profile
 from estimator.scans import chunked_scan, scan_path
-from estimator.spec import PP_STAGES_PER_RANK, Parallel, Workload, loss_seq_step
-from estimator.store import parallel_class, workload_class
+from estimator.spec import PP_STAGES_PER_RANK, Parallel, Workload
+from estimator.store import GRAD_ACCUM_CLASS, parallel_class, workload_class
 from estimator.parallel import TRACED_SHARDING
 from tracer import forked, serialized
 from tracer import kernels as kernels_mod
-from tracer import audio, losses, offload, pp, runner, session, vision, vlm
-from tracer.depth import all_layers, layer_infos, text_config, traced_whole
+from tracer import audio, losses, offload, pp, replay, runner, session, vision, vlm
+from tracer.depth import all_layers, layer_infos, traced_whole
 from tracer.extend import (
     decode_ticks,
     encode_ticks,
@@ -61,6 +64,7 @@ from tracer.extend import (
     verify,
 )
 from tracer.lora import derivation_ranks
+from tracer.seqs import GEN_TOKENS, UNITS, WINDOW_KEYS, choose_seqs, chunk_step, max_positions, pieces_for  # noqa: F401
 from tracer.ticks import prime_names, trace_ticks
 from tracer.meta import is_masked_lm, is_vision_model, read_inventory  # noqa: F401  (read_inventory: the store's other miss)
 
@@ -68,144 +72,13 @@ from tracer.meta import is_masked_lm, is_vision_model, read_inventory  # noqa: F
 # (1, s+1) label tensor is already contiguous, so the loss's .contiguous() copies nothing), so bytes at b = 1 are not
 # the b >= 2 polynomial's value. Each region: (batches fit, batch verified, b_lo, b_hi).
 BATCH_REGIONS = (((1,), 1, 1, 1), ((2, 3), 4, 2, None))
-# Decode windows traced per inference point. The first decoding step is its own stage ("decode1": a sliding-window
-# cache still holds the whole prompt then, and crops it); steps g >= 2 are fit in g from windows 2 and 3.
-GEN_TOKENS = 3
-UNITS = (256, 128, 64, 32, 16, 8)  # sequence steps tried, largest first (32 and up keep CUDA padded shapes exact)
 FSDP_WORLD = (2, 4, 8)              # fit at 2 (all sizes) and 4 (one size), verify at 8
-# Config keys whose values are attention windows: memory bends in s there (a sliding-window mask or cache, chunked
-# attention). Data, not code per family: a key that changes nothing only splits the fit in two exact pieces.
-WINDOW_KEYS = ("sliding_window", "sliding_window_size", "attention_chunk_size", "window_size", "local_window_size",
-               "attention_window", "attention_window_size")   # the last: RecurrentGemma's local attention
 
 
 # ------------------------------------------------------------------------------------------------- plan
 
 
-def pieces_for(hf_config, max_positions: int, infer: bool, step: int = 8, multiple: int = 1,
-               units: tuple[int, ...] = UNITS, floor: int = 0) -> list[tuple[int, int | None, tuple[int, ...], int]]:
-    """(s_lo, s_hi, fit seqs, verify seq) per piece of s, split at the config's attention window sizes (and, where
-    the step hands CUDA's memory-efficient attention a mask, at s's alignment: `_derive_pieces`); the verify seq a
-    multiple of `step` where one is free (`chunk_step`); every seq a multiple of `multiple` (context parallelism:
-    2 x cp); every seq above `floor` (a grid VLM's images and their end tokens: tracer.vlm.seq_floor)."""
-    # transformers keeps a sliding window's mask implicit while kv_length < window (masking_utils
-    # `_ignore_causal_mask_sdpa`): s = window is already the other side, so the cut is window - 1
-    cuts = sorted({v - 1 for v in _window_values(hf_config) if 1 < v < max_positions})
-    # a window past the context (EXAONE-4.5's default 4096 over 2048 positions): the profile ends before it
-    end = min((v - 1 for v in _window_values(hf_config) if v > max_positions), default=None)
-    # a piece too narrow to hold four sizes is merged into the next one (the verification says if that is exact)
-    gen = GEN_TOKENS if infer else 0
-    cuts = [c for c in cuts if c > floor]
-    cuts = [c for i, c in enumerate(cuts) if c - (cuts[i - 1] if i else floor) - gen >= 4 * UNITS[-1]]
-    bounds = [floor, *cuts]
-    out = []
-    for k, lo in enumerate(bounds):
-        hi = bounds[k + 1] if k + 1 < len(bounds) else end
-        cap = min(hi if hi is not None else max_positions, max_positions) - gen
-        unit = next((u for u in units if lo + 4 * u <= cap), None)
-        if unit is None:
-            raise ValueError(f"seq: the model's context ({max_positions} positions) is too short to derive a profile")
-        out.append((lo, hi, *choose_seqs(lo, unit, step=step, multiple=multiple)))
-    if not out:
-        raise ValueError(f"seq: the model's context ({max_positions} positions) is too short to derive a profile")
-    return out
-
-
-ALIGNS = {None: lambda s: True, "aligned": lambda s: s % poly.MASK_ALIGNMENT == 0,
-          "unaligned": lambda s: s % poly.MASK_ALIGNMENT != 0}
-
-
-def choose_seqs(lo: int, unit: int, extra: tuple = (), align: str | None = None,
-                step: int = 8, multiple: int = 1) -> tuple[tuple[int, ...], int]:
-    """(fit seqs, verify seq) of a piece starting above lo, for the monomials in s the fit solves for: 1, s, s^2 and
-    `extra` (s*m, l: CUDA's memory-efficient attention; q: a chunked scan; see estimator.profile.poly), on the
-    seqs of `align`.
-    Without extra: lo + u, 2u, 3u. With: the nearest seqs of the alignment at or below those, then more, downwards
-    from lo + 3u, each one that tells the monomials further apart. The verify seq lies past them, in (lo + 3u,
-    lo + 4u], with a remainder mod 32 that no fitted seq has (so a fit that holds on one alignment only is caught),
-    a multiple of `step` where one is free (a chunked loss splits s into `step` chunks: `chunk_step`), else of the
-    largest power of two below it that is; with a step above 8 the fit seqs are its multiples where they tell the
-    monomials apart. `multiple`: only seqs that are multiples of it (context parallelism's 2 x cp chunks)."""
-    aligned = ALIGNS[align]
-
-    def member(x):
-        return aligned(x) and x % multiple == 0
-    funcs = list(dict.fromkeys([(0, 0, 0, 0), (0, 1, 0, 0), (0, 2, 0, 0), *[(0, *m[1:]) for m in extra]]))
-
-    def row(s):
-        return [Fraction(poly.monomial_value(f, (1, s, 0, 1))) for f in funcs]
-
-    # a chunked loss's chunks are whole on multiples of step: fit there first (the unaligned class has none)
-    def prefer(x):
-        return member(x) and (step <= 8 or align == "unaligned" or x % step == 0)
-
-    first = [next((x for x in range(lo + k * unit, lo, -1) if prefer(x)), None) for k in (1, 2, 3)]
-    cands = [x for x in first if x is not None] + [x for x in range(lo + 3 * unit, lo, -1) if prefer(x)] + \
-        [x for x in range(lo + 3 * unit, lo, -1) if member(x)]
-    seqs, rows = [], []
-    for x in cands:
-        if x not in seqs and _rank(rows + [row(x)]) > len(rows):
-            seqs.append(x)
-            rows.append(row(x))
-            if len(seqs) == len(funcs):
-                break
-    if len(seqs) < len(funcs):
-        raise ValueError(f"seq: the piece of s above {lo} is too narrow to tell CUDA's attention padding apart; no "
-                         "exact profile can be derived")
-    seqs.sort()
-    used = {x % poly.LSE_ALIGNMENT for x in seqs}
-    whole = [x for x in range(lo + 4 * unit, max(seqs), -1) if member(x)]
-    free = [x for x in whole if x % poly.LSE_ALIGNMENT not in used] or whole
-    if step > 8 and not any(x % step == 0 for x in free):
-        free = whole  # a step of 32 or more: every multiple has remainder 0 mod 32, like the fitted seqs
-    steps = sorted({step, 8, 4, 2, 1}, reverse=True)
-    return tuple(seqs), next(x for st in steps for x in free if x % st == 0)
-
-
-def chunk_step(workload: Workload, hf_config) -> int:
-    """What the verify seq should be a multiple of (estimator.spec.loss_seq_step, on the config's text sizes)."""
-    cfg = text_config(hf_config)
-    return loss_seq_step(workload, getattr(cfg, "vocab_size", None), getattr(cfg, "hidden_size", None))
-
-
-def _rank(rows: list[list[Fraction]]) -> int:
-    rows = [r[:] for r in rows]
-    rank = 0
-    for col in range(len(rows[0]) if rows else 0):
-        pivot = next((r for r in range(rank, len(rows)) if rows[r][col] != 0), None)
-        if pivot is None:
-            continue
-        rows[rank], rows[pivot] = rows[pivot], rows[rank]
-        for r in range(rank + 1, len(rows)):
-            f = rows[r][col] / rows[rank][col]
-            rows[r] = [x - f * y for x, y in zip(rows[r], rows[rank])]
-        rank += 1
-    return rank
-
-
-def _window_values(cfg) -> list[int]:
-    vals = []
-    for c in (cfg, getattr(cfg, "text_config", None)):
-        if c is None:
-            continue
-        for k, v in vars(c).items():
-            if k in WINDOW_KEYS and isinstance(v, int) and not isinstance(v, bool):
-                vals.append(v)
-    return vals
-
-
 # ------------------------------------------------------------------------------------------------- driver
-
-def max_positions(hf_config) -> int:
-
-    cfg = text_config(hf_config)
-    # max_target_positions: a speech model's decoder (Whisper: 448), which its seq sizes (tracer.seq2seq)
-    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "max_target_positions"):
-        v = getattr(cfg, key, None)
-        if isinstance(v, int) and v > 0:
-            return v
-    return 1 << 17
-
 
 def _signatures(config: dict, workload: Workload) -> tuple[list[str], object, bool, bool]:
     """(layer type signatures, transformers config, built as an encoder: a masked LM or a vision encoder, whether
@@ -247,7 +120,18 @@ def _frozen_prefix(model, targets, sigs: list[str]) -> list[str]:
 @serialized
 def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parallel(),
                    progress: Callable[[int, int, str], None] | None = None, config_hash: str = "",
-                   kernels: str = "cuda", rank_variable: bool | None = None, pp_rank: int = 0) -> Profile:
+                   kernels: str = "cuda", rank_variable: bool | None = None, pp_rank: int = 0,
+                   replay_accumulation: bool = True) -> Profile:
+    """The profile of this class: the first of `derive_profiles`."""
+    return derive_profiles(config, workload, parallel, progress, config_hash, kernels, rank_variable, pp_rank,
+                           replay_accumulation)[0]
+
+
+@serialized
+def derive_profiles(config: dict, workload: Workload, parallel: Parallel = Parallel(),
+                    progress: Callable[[int, int, str], None] | None = None, config_hash: str = "",
+                    kernels: str = "cuda", rank_variable: bool | None = None, pp_rank: int = 0,
+                    replay_accumulation: bool = True) -> list[Profile]:
     """Trace the model at reduced depth and a few sizes, fit, verify and extend: see the module docstring.
 
     `workload` and `parallel` fix the class; their sizes (batch, seq, gen_tokens, gpus) are ignored; `kernels`
@@ -256,9 +140,18 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
     (strategy pp, or FSDP x PP) the profile is of rank `pp_rank`: its stage's layers
     (estimator.parallel.pp_stage_layers) are the model the reduced depths cut, and each traced size runs the whole
     schedule (tracer.pp). Raises ValueError (one line) when the case
-    cannot be traced or the fit is not exact."""
+    cannot be traced or the fit is not exact.
+
+    Gradient accumulation is replayed, not traced (tracer.replay), where `replay_accumulation` and the class allow
+    it: a class of grad_accum 1 and its class of grad_accum >= 2 come from the same traces, the one asked for first
+    in the list, the other after it (the store keeps both)."""
 
     start = time.perf_counter()
+    one = replace(workload, grad_accum=1)
+    accumulating = replay_accumulation and not replay.replayable(one, parallel)
+    asked_accumulating = workload.grad_accum > 1
+    if accumulating:
+        workload = one
     infer = workload.mode == "infer"
     fsdp = parallel.strategy in TRACED_SHARDING
     ranks = derivation_ranks(workload, fsdp, rank_variable)
@@ -303,7 +196,8 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
         plan = Plan(plan.n_layers, plan.types, (tuple(range(plan.n_layers)),), (None,), True)
     try:
         out_pieces, n_jobs, padding = _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp,
-                                                     kernels, progress, scan_extra, step, ranks, (pp_rank, held), multiple)
+                                                     kernels, progress, scan_extra, step, ranks, (pp_rank, held), multiple,
+                                                     accumulating)
     except _ReducedDepthFailed as e:
         # The model's code outside its layer stack depends on the layer count (Gemma-3n / Gemma-4 per-layer
         # embeddings: one table num_hidden_layers x width wide, reshaped by the config's count), so a model cut in
@@ -311,7 +205,8 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
         reduced_refused = f"the reduced-depth model failed: {e.reason}"
         plan = Plan(plan.n_layers, plan.types, (tuple(range(plan.n_layers)),), (None,), True)
         out_pieces, n_jobs, padding = _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp,
-                                                     kernels, progress, scan_extra, step, ranks, (pp_rank, held), multiple)
+                                                     kernels, progress, scan_extra, step, ranks, (pp_rank, held), multiple,
+                                                     accumulating)
     jobs = range(n_jobs)
     if progress:
         progress(len(jobs), len(jobs), "done")
@@ -327,8 +222,15 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
             **({"scan": scan_path(scan, not infer)} if scan else {}),
             "derived_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
-    return Profile(config_hash, str(config.get("model_type")), workload_class(workload, ranked),
-                   parallel_class(parallel, pp_rank), plan.n_layers, tuple(out_pieces), prov)
+    main, replayed = out_pieces
+    out = [Profile(config_hash, str(config.get("model_type")), workload_class(workload, ranked),
+                   parallel_class(parallel, pp_rank), plan.n_layers, tuple(main), prov)]
+    if accumulating:
+        out.append(Profile(config_hash, str(config.get("model_type")),
+                           workload_class(replace(workload, grad_accum=GRAD_ACCUM_CLASS), ranked),
+                           parallel_class(parallel, pp_rank), plan.n_layers, tuple(replayed),
+                           {**prov, "replayed": "grad_accum 2 from the traces of grad_accum 1 (tracer.replay)"}))
+    return out[::-1] if asked_accumulating and accumulating else out
 
 
 def _at_world(parallel: Parallel, n: int) -> Parallel:
@@ -350,7 +252,7 @@ class _ReducedDepthFailed(Exception):
 
 
 def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, kernels, progress, scan_extra=(),
-                   step=8, ranks=((8,), 8), stage=(0, 0), multiple=1):
+                   step=8, ranks=((8,), 8), stage=(0, 0), multiple=1, accumulating=False):
     """(fitted pieces, traces run, largest FSDP padding): every piece of s and batch region, every variant of
     `plan` traced, fit, verified and extended. Where the step calls CUDA's memory-efficient attention (seen on the
     piece's first trace) the fit gets its monomials in l and m and the seqs that determine them (`choose_seqs`);
@@ -358,7 +260,9 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
     monomials in q of a chunked state-space scan (poly.scan_monomials; its chunk tensors are sized by the chunk
     count), fit on every piece with seqs that tell q from s. `ranks`: (the LoRA ranks fit, the rank verified); with
     two fit ranks the rank is a variable. `stage`: (pipeline rank, the model's index of each of the plan's layers;
-    None: the same). A reduced plan whose first trace fails in the model's code raises _ReducedDepthFailed."""
+    None: the same). A reduced plan whose first trace fails in the model's code raises _ReducedDepthFailed.
+    `accumulating`: every trace also replays its step as one of grad_accum 2 (tracer.replay), and those ticks are fit
+    the same way: the fitted pieces are (this class's, the replayed class's or None)."""
 
     fit_ranks, vrank = ranks
     ranked = len(fit_ranks) > 1
@@ -388,7 +292,7 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
                 None if keep is None else [i if held is None else held[i] for i in keep], kernels)
 
     def trace(job):
-        return trace_ticks(*args(job), pp_rank=pp_rank)
+        return trace_ticks(*args(job), pp_rank=pp_rank, accumulating=accumulating)
 
     def run(pt, v):
         nonlocal done
@@ -470,21 +374,25 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
     prefetch([(v, pt) for _, classes in planned for _, _, fseqs, vs in classes
               for batches, vbatch, _, _ in BATCH_REGIONS for v in range(len(plan.variants))
               for pt in (*size_points(batches, fseqs, fit_world, fit_ranks), (vbatch, vs, world[-1], vrank))])
-    out_pieces = []
+    out_pieces = ([], [] if accumulating else None)
     for (lo, hi, seqs, _), (seen, classes) in zip(pieces, planned):
         for align, extra, fseqs, vs in classes:
             for batches, vbatch, b_lo, b_hi in BATCH_REGIONS:
                 vpoint = (vbatch, vs, world[-1], vrank)
-                fits = []
+                fits = ([], [])
                 for v in range(len(plan.variants)):
                     traces = {pt: run(pt, v) for pt in size_points(batches, fseqs, fit_world, fit_ranks)}
                     check = run(vpoint, v)
                     if any(tk.efficient - seen for tk in (*traces.values(), check)):
                         raise ValueError(f"fit: the step calls CUDA's memory-efficient attention differently at some "
                                          f"sizes of s > {lo} than at seq {seqs[0]}; no exact profile can be derived")
-                    fit = fit_variant(traces, fsdp, one_batch=len(batches) == 1, extra=extra, ranked=ranked)
-                    padding = max(padding, verify(fit, check, vpoint))
-                    fits.append(fit)
-                cands = prune(extend(plan, fits))
-                out_pieces.append(Piece.from_moments(lo, hi, [moment_of(c) for c in cands], b_lo, b_hi, align))
+                    for i in range(2 if accumulating else 1):
+                        pick = (lambda tk: tk) if i == 0 else (lambda tk: tk.accumulating)
+                        fit = fit_variant({pt: pick(tk) for pt, tk in traces.items()}, fsdp,
+                                          one_batch=len(batches) == 1, extra=extra, ranked=ranked)
+                        padding = max(padding, verify(fit, pick(check), vpoint))
+                        fits[i].append(fit)
+                for i in range(2 if accumulating else 1):
+                    cands = prune(extend(plan, fits[i]))
+                    out_pieces[i].append(Piece.from_moments(lo, hi, [moment_of(c) for c in cands], b_lo, b_hi, align))
     return out_pieces, n_jobs, padding

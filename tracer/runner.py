@@ -389,10 +389,11 @@ def _train(model, optimizer, workload, inputs, on_stage, steps, live: dict) -> N
                     loss = live["output"].loss
                 else:  # loss-only (HF Trainer, torchtune): the logits die here, not after backward
                     loss = recipes.forward(model, workload, inputs).loss
-                if workload.grad_accum > 1:
-                    loss = loss / workload.grad_accum
             on_stage("forward")
-            loss.backward()
+            # each micro-batch's loss counts 1/grad_accum: scaled through backward's seed gradient (a scalar as
+            # large as the ones_like that backward() makes itself), so a micro-batch makes the same tensors at any
+            # grad_accum, and one step of grad_accum 2 is a replay of one of grad_accum 1 (tracer.replay)
+            loss.backward(torch.full_like(loss, 1 / workload.grad_accum) if workload.grad_accum > 1 else None)
             del loss
             on_stage("backward")
         optimizer.step()

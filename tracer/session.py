@@ -257,12 +257,13 @@ def _fsdp_model(config: dict, workload: Workload, parallel: Parallel, layers: li
 
 
 def _run(case: _Case, steps: int, observe_layers: bool = False,
-         prime: set[str] | None = None) -> StorageCounter:
+         prime: set[str] | None = None, watch_grads: bool = False) -> StorageCounter:
     """Count the stages of a built case; roles are (re)assigned at every stage boundary. With
     `observe_layers` the counter also records which decoder layer runs at every tick (`_observe_layers`).
     With `prime` (training: the names of the parameters a step reaches, `grad_names`), the optimizer's states are
     created by one step on zero gradients of those parameters instead of a whole first training step, and
-    `steps - 1` steps run: the steady state without the cost of step 1."""
+    `steps - 1` steps run: the steady state without the cost of step 1. `watch_grads`: the counter records each
+    gradient accumulation (StorageCounter.watch_grads; tracer.replay)."""
     primed = prime if prime is not None and case.workload.mode == "train" and steps > 1 else None
     counter = StorageCounter()
     if observe_layers:
@@ -282,6 +283,7 @@ def _run(case: _Case, steps: int, observe_layers: bool = False,
         counter.mark_stage(stage)
 
     on_stage("load")
+    handles = counter.watch_grads(case.model.parameters()) if watch_grads else []
     with counter, case.context(), vlm.host_checks_skipped(), vlm.step_context(case.model, case.workload, counter), \
             time_loop.marks(case.model, counter):
         if primed is not None:
@@ -297,6 +299,8 @@ def _run(case: _Case, steps: int, observe_layers: bool = False,
                 case.optimizer.step()
                 case.optimizer.zero_grad(set_to_none=True)
                 on_stage("optimizer")
+    for h in handles:
+        h.remove()
     return counter
 
 

@@ -12,16 +12,17 @@ import numpy as np
 from estimator.profile.profile import CATEGORIES
 from estimator.spec import Parallel, Workload
 from tracer import kernels as kernels_mod
-from tracer import kernels_sdpa, losses, session, time_loop, vision, vlm, vlm_grid
+from tracer import kernels_sdpa, losses, replay, session, time_loop, vision, vlm, vlm_grid
 from tracer.extend import OPTIONAL, STEP_MAX, TRACER_CATEGORIES, Ticks, tick_row
 
 
 
 def trace_ticks(config: dict, workload: Workload, parallel: Parallel, layers: list[int] | None,
-                kernels: str = "cuda", pp_rank: int = 0) -> Ticks:
+                kernels: str = "cuda", pp_rank: int = 0, accumulating: bool = False) -> Ticks:
     """Trace one reduced model (or the whole one: layers None) at one size and keep the ticks that can be a peak
     (with the same kernels as session.run_traced, so a profile and a traced row agree). `pp_rank`: a pipeline's rank
-    (tracer.pp); `layers` are then its stage's layers that are kept."""
+    (tracer.pp); `layers` are then its stage's layers that are kept. `accumulating` (a grad_accum 1 step that
+    tracer.replay.replayable allows): the ticks of the same step replayed as one of grad_accum 2 come with them."""
 
     steps = 2 if workload.mode == "train" else 1
     calls_before = kernels_sdpa.efficient_calls()
@@ -32,12 +33,16 @@ def trace_ticks(config: dict, workload: Workload, parallel: Parallel, layers: li
         with kernels_mod.emulate(kernels), losses.bounding_chunks(), vision.interpolating(), vlm.fitting():
             prime = prime_names(config, workload, parallel, layers, kernels)
             with session._prepared(config, workload, parallel, layers, kernels=kernels, rank=pp_rank) as case:
-                counter = session._run(case, steps, observe_layers=layers is not None, prime=prime)
+                counter = session._run(case, steps, observe_layers=layers is not None, prime=prime,
+                                       watch_grads=accumulating)
             tl = counter.timeline()
     finally:
         gc.enable()
     ticks = _candidates(tl, workload.mode == "train", per_window=parallel.pp_size > 1)
     ticks.efficient = frozenset(k for k, v in kernels_sdpa.efficient_calls().items() if v > calls_before[k])
+    if accumulating:
+        ticks.accumulating = _candidates(replay.accumulating(tl, counter.accumulations), True)
+        ticks.accumulating.efficient = ticks.efficient
     return ticks
 
 

@@ -1,0 +1,108 @@
+"""tracer.replay: a step of grad_accum 2 replayed from the traced step of grad_accum 1, against its own trace."""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from estimator.spec import Parallel, Workload
+
+pytest.importorskip("torch")
+
+from estimator import store  # noqa: E402
+from estimator.estimate import Options, estimate  # noqa: E402
+from estimator.model import from_hf_config  # noqa: E402
+from estimator.profile.profile import TRAIN_STAGES  # noqa: E402
+from bench.trace.cases import trace_case  # noqa: E402
+from tracer import replay  # noqa: E402
+from tracer.ticks import trace_ticks  # noqa: E402
+
+TINY = Path(__file__).parent / "data" / "tiny"
+SLOW = pytest.mark.skipif(not os.environ.get("WILLITFIT_SLOW"), reason="slow tier: WILLITFIT_SLOW=1")
+
+
+def _config(family: str) -> dict:
+    return json.loads((TINY / f"t-{family}.json").read_text())
+
+
+def _by_key(ticks) -> dict:
+    """A trace's ticks as the fit reads them: a key repeated over micro-batches keeps its last value."""
+    return {(k, g): tuple(int(x) for x in v) for k, g, v in zip(ticks.keys, ticks.gs, ticks.values)}
+
+
+# what the replay must get right: a frozen embedding (the second micro-batch's embedding runs in layer 0's block),
+# tied weights, amp's fp32 gradients, recompute in backward, a chunked loss, routed experts, an encoder, the output
+# kept into the next forward, gradients AccumulateGrad copies instead of stealing (fused SGD reads them in place)
+CASES = [
+    ("llama", dict(method="lora", lora_targets=("q_proj", "v_proj"))),
+    ("gpt2", dict(recipe="amp", checkpointing="selective", loop="keep-output")),
+    ("mixtral", dict(loss="chunked", loss_chunks=4, checkpointing="full")),
+    ("bert", dict(recipe="amp")),
+]
+SLOW_CASES = [
+    ("llama", {}),
+    ("llama", dict(checkpointing="op-sac", loss="fused-linear")),
+    ("llama", dict(recipe="mixed", optimizer_impl="forloop")),
+    ("neox", dict(optimizer="sgd", optimizer_impl="fused")),
+    ("gemma2", dict(attention="eager", method="lora", lora_targets=("q_proj", "v_proj"))),
+    ("phi3", dict(method="lora", lora_targets=("qkv_proj",), loop="keep-output")),
+    ("opt", dict(checkpointing="full", recipe="amp")),
+    ("llava", dict(images=1)),
+    ("jamba", {}),
+    ("qwen3_next", dict(method="lora", lora_targets=("q_proj", "v_proj"))),
+]
+
+
+def _check(family: str, knobs: dict, b: int, s: int) -> None:
+    cfg = _config(family)
+    w = Workload(batch=b, seq=s, **knobs)
+    assert replay.replayable(w, Parallel()) == ""
+    layers = [0, 1, 2]
+    both = trace_ticks(cfg, w, Parallel(), layers, accumulating=True)
+    plain = trace_ticks(cfg, w, Parallel(), layers)
+    # watching the gradients changes nothing the fit reads
+    assert _by_key(both) == _by_key(plain)
+    traced = trace_ticks(cfg, replace(w, grad_accum=2), Parallel(), layers)
+    assert _by_key(both.accumulating) == _by_key(traced)
+
+
+@pytest.mark.parametrize("family, knobs", CASES, ids=[c[0] for c in CASES])
+def test_a_replayed_step_of_grad_accum_2_has_the_traced_ticks(family, knobs):
+    _check(family, knobs, 2, 37)
+
+
+@SLOW
+@pytest.mark.parametrize("family, knobs", SLOW_CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(SLOW_CASES)])
+def test_a_replayed_step_of_grad_accum_2_has_the_traced_ticks_everywhere(family, knobs):
+    for b, s in ((1, 64), (3, 29)):
+        _check(family, knobs, b, s)
+
+
+def test_what_is_not_replayed_says_why():
+    assert "fsdp" in replay.replayable(Workload(), Parallel(strategy="fsdp", gpus=2))
+    assert "optimizer_in_backward" in replay.replayable(Workload(optimizer_in_backward=True), Parallel())
+    assert "activation_offload" in replay.replayable(Workload(activation_offload=True), Parallel())
+    assert "compile" in replay.replayable(Workload(compile=True), Parallel())
+    assert "inference" in replay.replayable(Workload(mode="infer"), Parallel())
+
+
+def test_one_derivation_prices_both_grad_accum_classes_exactly(tmp_path, monkeypatch):
+    """A derivation of grad_accum 1 leaves the class of grad_accum >= 2 beside it: a later estimate at grad_accum 4
+    derives nothing (derive=False would raise) and equals a full-depth trace at grad_accum 4."""
+    monkeypatch.setenv("WILLITFIT_CACHE", str(tmp_path))
+    monkeypatch.setattr(store, "SHIPPED_DIR", tmp_path / "none")
+    store._MEMO.clear()
+    cfg = _config("llama")
+    model = from_hf_config(cfg, "tiny")
+    w = Workload(batch=3, seq=45, method="lora", lora_targets=("q_proj", "v_proj"), lora_rank=5)
+    one = estimate(model, w)
+    store._MEMO.clear()
+    four = estimate(model, replace(w, grad_accum=4), Parallel(), Options(derive=False))
+    for est, ga in ((one, 1), (four, 4)):
+        row = trace_case(cfg, "tiny", replace(w, grad_accum=ga), steps=2)
+        got = {name: b.tensor_bytes for name, b in est.stages if name in TRAIN_STAGES}
+        assert got == {name: row[f"{name}_peak_alloc_bytes"] for name in TRAIN_STAGES}, ga
+    assert "replayed" in four.profile and "replayed" not in one.profile
