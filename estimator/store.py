@@ -56,7 +56,8 @@ def _dirs(h: str) -> list[Path]:
 # optimizer peaks at (b, s) = (2, 64) and (1, 37) in all 20 cases tried: llama full, LoRA, amp, mixed, checkpointing
 # full/selective/op-sac, chunked and fused-linear losses, keep-output, activation offload, SGD, fused AdamW,
 # compile, FSDP and FSDP grad-op on 2 ranks; gpt2, mixtral (routed experts), bert, gemma2 eager. grad_accum 1 differs
-# (no gradients live through its forward), so it stays its own class.
+# (no gradients live through its forward), so it stays its own class. Where tracer.replay allows it, both classes come
+# from one derivation (docs/estimator.md, "Replayed classes").
 GRAD_ACCUM_CLASS = 2
 
 
