@@ -149,7 +149,7 @@ def derive_profiles(config: dict, workload: Workload, parallel: Parallel = Paral
     start = time.perf_counter()
     one = replace(workload, grad_accum=1)
     accumulating = replay_accumulation and not replay.replayable(one, parallel)
-    asked_accumulating = workload.grad_accum > 1
+    asked, asked_accumulating = workload, workload.grad_accum > 1
     if accumulating:
         workload = one
     infer = workload.mode == "infer"
@@ -223,6 +223,8 @@ def derive_profiles(config: dict, workload: Workload, parallel: Parallel = Paral
             "derived_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
     main, replayed = out_pieces
+    if isinstance(replayed, str) and accumulating:   # the replay missed its traced check: that class is not given
+        prov["replay_refused"], accumulating = replayed, False
     out = [Profile(config_hash, str(config.get("model_type")), workload_class(workload, ranked),
                    parallel_class(parallel, pp_rank), plan.n_layers, tuple(main), prov)]
     if accumulating:
@@ -230,6 +232,9 @@ def derive_profiles(config: dict, workload: Workload, parallel: Parallel = Paral
                            workload_class(replace(workload, grad_accum=GRAD_ACCUM_CLASS), ranked),
                            parallel_class(parallel, pp_rank), plan.n_layers, tuple(replayed),
                            {**prov, "replayed": "grad_accum 2 from the traces of grad_accum 1 (tracer.replay)"}))
+    if asked_accumulating and "replay_refused" in prov:   # traced after all, the class of grad_accum 1 kept beside it
+        return [derive_profiles(config, asked, parallel, progress, config_hash, kernels, rank_variable, pp_rank,
+                                False)[0], *out]
     return out[::-1] if asked_accumulating and accumulating else out
 
 
@@ -262,14 +267,15 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
     two fit ranks the rank is a variable. `stage`: (pipeline rank, the model's index of each of the plan's layers;
     None: the same). A reduced plan whose first trace fails in the model's code raises _ReducedDepthFailed.
     `accumulating`: every trace also replays its step as one of grad_accum 2 (tracer.replay), and those ticks are fit
-    the same way: the fitted pieces are (this class's, the replayed class's or None)."""
+    the same way, each fit checked against a traced step of grad_accum 2 at the size the class is verified at: the
+    fitted pieces are (this class's, the replayed class's, or None with why not where the replay was not exact)."""
 
     fit_ranks, vrank = ranks
     ranked = len(fit_ranks) > 1
     pp_rank, held = stage
 
     def jobs(fseqs) -> int:
-        return sum(len(size_points(r[0], fseqs, fit_world, fit_ranks)) + 1 for r in BATCH_REGIONS) * \
+        return sum(len(size_points(r[0], fseqs, fit_world, fit_ranks)) + 1 + accumulating for r in BATCH_REGIONS) * \
             len(plan.variants)
 
     n_jobs = sum(jobs(p[2]) for p in pieces)
@@ -285,18 +291,19 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
                 + (f", {n} GPUs" if n > 1 else "") + (f", LoRA rank {r}" if ranked else ""))
 
     def args(job) -> tuple:
-        """(config, workload, parallel, layers, kernels) of one trace job (variant, (b, s, n, r))."""
-        v, (b, s, n, r) = job
+        """(config, workload, parallel, layers, kernels) of one trace job (variant, (b, s, n, r)[, grad_accum])."""
+        v, (b, s, n, r) = job[:2]
         keep = plan.variants[v]
-        return (config, replace(w0, batch=b, seq=s, lora_rank=r), _at_world(parallel, n),
-                None if keep is None else [i if held is None else held[i] for i in keep], kernels)
+        return (config, replace(w0, batch=b, seq=s, lora_rank=r, grad_accum=job[2] if len(job) > 2 else w0.grad_accum),
+                _at_world(parallel, n), None if keep is None else [i if held is None else held[i] for i in keep], kernels)
 
     def trace(job):
-        return trace_ticks(*args(job), pp_rank=pp_rank, accumulating=accumulating)
+        return trace_ticks(*args(job), pp_rank=pp_rank, accumulating=accumulating and len(job) == 2)
 
-    def run(pt, v):
+    def run(pt, v, *accumulated):
+        """The ticks of variant v at pt (with `accumulated` (2,): a traced step of grad_accum 2, the replay's check)."""
         nonlocal done
-        hit = cache.get((v, pt))
+        hit = cache.get((v, pt, *accumulated))
         if isinstance(hit, Exception):  # a forked trace's failure, raised where one process would have met it
             raise hit
         if hit is not None:
@@ -304,7 +311,7 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
         if progress:
             progress(done, n_jobs, what(pt, v))
         try:
-            ticks = trace((v, pt))
+            ticks = trace((v, pt, *accumulated))
         except (RuntimeError, KeyError, IndexError, AttributeError, TypeError) as e:
             # the model's own code failing (Zamba2's shared blocks look their adapters up by the position of the
             # layer in the stack, which a reduced model renumbers: KeyError)
@@ -316,7 +323,7 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
             said = str(e) if isinstance(e, RuntimeError) else f"{type(e).__name__}: {e}"   # a bare KeyError says "2"
             raise _ReducedDepthFailed(" ".join(said.split())[:200]) from e
         done += 1
-        cache[(v, pt)] = ticks
+        cache[(v, pt, *accumulated)] = ticks
         return ticks
 
     def prefetch(points) -> None:
@@ -373,8 +380,11 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
         planned.append((seen, classes))
     prefetch([(v, pt) for _, classes in planned for _, _, fseqs, vs in classes
               for batches, vbatch, _, _ in BATCH_REGIONS for v in range(len(plan.variants))
-              for pt in (*size_points(batches, fseqs, fit_world, fit_ranks), (vbatch, vs, world[-1], vrank))])
-    out_pieces = ([], [] if accumulating else None)
+              for pt in (*size_points(batches, fseqs, fit_world, fit_ranks), (vbatch, vs, world[-1], vrank))] +
+             [(v, (vbatch, vs, world[-1], vrank), 2) for _, classes in planned for _, _, fseqs, vs in classes
+              for batches, vbatch, _, _ in BATCH_REGIONS for v in range(len(plan.variants)) if accumulating])
+    out_pieces = [[], [] if accumulating else None]
+    why_not = ""
     for (lo, hi, seqs, _), (seen, classes) in zip(pieces, planned):
         for align, extra, fseqs, vs in classes:
             for batches, vbatch, b_lo, b_hi in BATCH_REGIONS:
@@ -386,13 +396,19 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
                     if any(tk.efficient - seen for tk in (*traces.values(), check)):
                         raise ValueError(f"fit: the step calls CUDA's memory-efficient attention differently at some "
                                          f"sizes of s > {lo} than at seq {seqs[0]}; no exact profile can be derived")
-                    for i in range(2 if accumulating else 1):
-                        pick = (lambda tk: tk) if i == 0 else (lambda tk: tk.accumulating)
-                        fit = fit_variant({pt: pick(tk) for pt, tk in traces.items()}, fsdp,
-                                          one_batch=len(batches) == 1, extra=extra, ranked=ranked)
-                        padding = max(padding, verify(fit, pick(check), vpoint))
-                        fits[i].append(fit)
-                for i in range(2 if accumulating else 1):
-                    cands = prune(extend(plan, fits[i]))
-                    out_pieces[i].append(Piece.from_moments(lo, hi, [moment_of(c) for c in cands], b_lo, b_hi, align))
-    return out_pieces, n_jobs, padding
+                    fit = fit_variant(traces, fsdp, one_batch=len(batches) == 1, extra=extra, ranked=ranked)
+                    padding = max(padding, verify(fit, check, vpoint))
+                    fits[0].append(fit)
+                    if out_pieces[1] is not None:   # the replayed step, checked against a traced one
+                        try:
+                            fit = fit_variant({pt: tk.accumulating for pt, tk in traces.items()}, fsdp,
+                                              one_batch=len(batches) == 1, extra=extra, ranked=ranked)
+                            verify(fit, run(vpoint, v, 2), vpoint)
+                            fits[1].append(fit)
+                        except ValueError as e:
+                            out_pieces[1], why_not = None, str(e)
+                for i, pieces_i in enumerate(out_pieces):
+                    if pieces_i is not None:
+                        cands = prune(extend(plan, fits[i]))
+                        pieces_i.append(Piece.from_moments(lo, hi, [moment_of(c) for c in cands], b_lo, b_hi, align))
+    return (out_pieces[0], out_pieces[1] or why_not), n_jobs, padding
