@@ -75,10 +75,8 @@ BATCH_REGIONS = (((1,), 1, 1, 1), ((2, 3), 4, 2, None))
 FSDP_WORLD = (2, 4, 8)              # fit at 2 (all sizes) and 4 (one size), verify at 8
 
 
-# ------------------------------------------------------------------------------------------------- plan
-
-
 # ------------------------------------------------------------------------------------------------- driver
+
 
 def _signatures(config: dict, workload: Workload) -> tuple[list[str], object, bool, bool]:
     """(layer type signatures, transformers config, built as an encoder: a masked LM or a vision encoder, whether
