@@ -118,3 +118,14 @@ def test_a_replay_that_misses_its_traced_check_is_not_given(monkeypatch):
     asked, kept = derive.derive_profiles(_config("llama"), Workload(grad_accum=3))
     assert asked.workload_class["grad_accum"] == 2 and "replayed" not in asked.provenance
     assert kept.workload_class["grad_accum"] == 1 and kept.provenance["replay_refused"].startswith("fit: ")
+
+
+def test_a_replayed_step_the_guards_refuse_leaves_the_traced_class_alone():
+    """LLaVA-NeXT's per-image loop under grad_accum 2: an earlier image's backward iteration holds more than the last
+    (the gradients it hands AccumulateGrad die there), which the loop's guard refuses (tracer.ticks): the replayed
+    ticks say so, and the traced step's ticks are the ones a run without the replay has."""
+    cfg = _config("llava_next")
+    w = Workload(images=1, batch=2, seq=300)
+    both = trace_ticks(cfg, w, Parallel(), None, accumulating=True)
+    assert both.accumulating.refused.startswith("fit: an earlier iteration of a loop in backward holds")
+    assert _by_key(both) == _by_key(trace_ticks(cfg, w, Parallel(), None))

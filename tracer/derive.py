@@ -399,6 +399,10 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
                     fits[0].append(fit)
                     if out_pieces[1] is not None:   # the replayed step, checked against a traced one
                         try:
+                            refused = next((tk.accumulating.refused for tk in traces.values()
+                                            if tk.accumulating.refused), "")
+                            if refused:
+                                raise ValueError(refused)
                             fit = fit_variant({pt: tk.accumulating for pt, tk in traces.items()}, fsdp,
                                               one_batch=len(batches) == 1, extra=extra, ranked=ranked)
                             verify(fit, run(vpoint, v, 2), vpoint)

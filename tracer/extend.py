@@ -88,19 +88,20 @@ class Ticks:
     values: np.ndarray               # (len(keys), len(CATEGORIES)) int64
     efficient: frozenset = frozenset()   # "lse", "mask": how the step called memory-efficient attention (derive)
     accumulating: Ticks | None = None    # the same run replayed as a step of grad_accum 2 (tracer.replay)
+    refused: str = ""                    # why these ticks cannot be fit (a replayed step the tracer's guards refuse)
 
 
 def encode_ticks(t: Ticks) -> dict:
     """Ticks as JSON-able data (a forked trace's result on its pipe, tracer.forked); `decode_ticks` reads it."""
     return {"keys": [list(k) for k in t.keys], "gs": list(t.gs), "values": t.values.tolist(),
-            "efficient": sorted(t.efficient),
+            "efficient": sorted(t.efficient), "refused": t.refused,
             **({"accumulating": encode_ticks(t.accumulating)} if t.accumulating is not None else {})}
 
 
 def decode_ticks(d: dict) -> Ticks:
     values = np.array(d["values"], dtype=np.int64).reshape(len(d["keys"]), len(CATEGORIES))
     return Ticks([tuple(k) for k in d["keys"]], [int(g) for g in d["gs"]], values, frozenset(d["efficient"]),
-                 decode_ticks(d["accumulating"]) if "accumulating" in d else None)
+                 decode_ticks(d["accumulating"]) if "accumulating" in d else None, d.get("refused", ""))
 
 
 def tick_row(col, opt_step: int) -> list[int]:

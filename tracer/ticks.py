@@ -41,8 +41,12 @@ def trace_ticks(config: dict, workload: Workload, parallel: Parallel, layers: li
     ticks = _candidates(tl, workload.mode == "train", per_window=parallel.pp_size > 1)
     ticks.efficient = frozenset(k for k, v in kernels_sdpa.efficient_calls().items() if v > calls_before[k])
     if accumulating:
-        ticks.accumulating = _candidates(replay.accumulating(tl, counter.accumulations), True)
-        ticks.accumulating.efficient = ticks.efficient
+        try:
+            ticks.accumulating = _candidates(replay.accumulating(tl, counter.accumulations), True)
+            ticks.accumulating.efficient = ticks.efficient
+        except ValueError as e:   # the replayed step is one the guards refuse (as a traced one would be): that
+            # class is not given, this one is (tracer.derive)
+            ticks.accumulating = Ticks([], [], np.zeros((0, len(CATEGORIES)), dtype=np.int64), refused=str(e))
     return ticks
 
 
