@@ -109,15 +109,15 @@ def test_one_derivation_prices_both_grad_accum_classes_exactly(tmp_path, monkeyp
 
 
 def test_a_replay_that_misses_its_traced_check_is_not_given(monkeypatch):
-    """Each derivation checks the replayed class against a traced step of grad_accum 2 at its verify sizes: a wrong
-    replay (here: none at all, the step of grad_accum 1 as it was traced) gives no profile of that class, and one
-    asked for grad_accum 2 is then traced after all."""
+    """Each derivation checks the replay against one traced step of grad_accum 2, key by key: a wrong replay (here:
+    none at all, the step of grad_accum 1 as it was traced) gives no profile of that class, and one asked for
+    grad_accum 2 is then traced after all."""
     from tracer import derive
 
     monkeypatch.setattr(replay, "accumulating", lambda tl, accumulations: tl)
     asked, kept = derive.derive_profiles(_config("llama"), Workload(grad_accum=3))
     assert asked.workload_class["grad_accum"] == 2 and "replayed" not in asked.provenance
-    assert kept.workload_class["grad_accum"] == 1 and kept.provenance["replay_refused"].startswith("fit: ")
+    assert kept.workload_class["grad_accum"] == 1 and kept.provenance["replay_refused"].startswith("replay: at (b, s, n, r) = (4, ")
 
 
 def test_a_replayed_step_the_guards_refuse_leaves_the_traced_class_alone():

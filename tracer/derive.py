@@ -265,18 +265,18 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
     two fit ranks the rank is a variable. `stage`: (pipeline rank, the model's index of each of the plan's layers;
     None: the same). A reduced plan whose first trace fails in the model's code raises _ReducedDepthFailed.
     `accumulating`: every trace also replays its step as one of grad_accum 2 (tracer.replay), and those ticks are fit
-    the same way, each fit checked against a traced step of grad_accum 2 at the size the class is verified at: the
-    fitted pieces are (this class's, the replayed class's, or None with why not where the replay was not exact)."""
+    and verified the same way; one traced step of grad_accum 2 checks the replay itself (`replay.check`): the fitted
+    pieces are (this class's, the replayed class's, or why not where the replay was not exact)."""
 
     fit_ranks, vrank = ranks
     ranked = len(fit_ranks) > 1
     pp_rank, held = stage
 
     def jobs(fseqs) -> int:
-        return sum(len(size_points(r[0], fseqs, fit_world, fit_ranks)) + 1 + accumulating for r in BATCH_REGIONS) * \
+        return sum(len(size_points(r[0], fseqs, fit_world, fit_ranks)) + 1 for r in BATCH_REGIONS) * \
             len(plan.variants)
 
-    n_jobs = sum(jobs(p[2]) for p in pieces)
+    n_jobs = sum(jobs(p[2]) for p in pieces) + accumulating   # the replay's one traced check
     done, padding = 0, 0
     cache: dict = {}
 
@@ -376,11 +376,13 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
             classes = [(None, lse, *(choose_seqs(lo, unit, lse, step=step, multiple=multiple) if lse else (seqs, vseq)))]
         n_jobs += sum(jobs(c[2]) for c in classes) - jobs(seqs)
         planned.append((seen, classes))
+    # the replay's check: one traced step of grad_accum 2, at the first piece's verified size of b >= 2 on the deepest
+    # reduced model, against the replayed ticks there, key by key (the replay's surgery is the same at every size)
+    replayed_check = (len(plan.variants) - 1, (BATCH_REGIONS[-1][1], planned[0][1][0][3], world[-1], vrank), 2)
     prefetch([(v, pt) for _, classes in planned for _, _, fseqs, vs in classes
               for batches, vbatch, _, _ in BATCH_REGIONS for v in range(len(plan.variants))
               for pt in (*size_points(batches, fseqs, fit_world, fit_ranks), (vbatch, vs, world[-1], vrank))] +
-             [(v, (vbatch, vs, world[-1], vrank), 2) for _, classes in planned for _, _, fseqs, vs in classes
-              for batches, vbatch, _, _ in BATCH_REGIONS for v in range(len(plan.variants)) if accumulating])
+             ([replayed_check] if accumulating else []))
     out_pieces = [[], [] if accumulating else None]
     why_not = ""
     for (lo, hi, seqs, _), (seen, classes) in zip(pieces, planned):
@@ -401,11 +403,13 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
                         try:
                             refused = next((tk.accumulating.refused for tk in traces.values()
                                             if tk.accumulating.refused), "")
-                            if refused:
-                                raise ValueError(refused)
+                            if refused or check.accumulating.refused:
+                                raise ValueError(refused or check.accumulating.refused)
+                            if (v, vpoint, 2) == replayed_check:
+                                replay.check(check.accumulating, run(vpoint, v, 2), vpoint)
                             fit = fit_variant({pt: tk.accumulating for pt, tk in traces.items()}, fsdp,
                                               one_batch=len(batches) == 1, extra=extra, ranked=ranked)
-                            verify(fit, run(vpoint, v, 2), vpoint)
+                            verify(fit, check.accumulating, vpoint)
                             fits[1].append(fit)
                         except ValueError as e:
                             out_pieces[1], why_not = None, str(e)

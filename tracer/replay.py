@@ -135,3 +135,16 @@ def accumulating(tl: Timeline, accumulations: list[tuple[int, int, int]]) -> Tim
     shift = copy_end - bwd
     marks += [(m[0] + shift, m[1]) for m in tl.marks if m[0] > bwd]
     return Timeline(kind, nbytes, cat, rec, tuple(marks), _entries(blocks), _entries(loops))
+
+
+def check(replayed, traced, point: tuple) -> None:
+    """The replay against a traced step of grad_accum 2 (tracer.extend.Ticks of each), key by key as the fit reads
+    them (a key repeated over micro-batches keeps its last value); ValueError (one line) at the first that differs."""
+    def keyed(ticks) -> dict:
+        return {(k, g): tuple(int(x) for x in v) for k, g, v in zip(ticks.keys, ticks.gs, ticks.values)}
+
+    got, want = keyed(replayed), keyed(traced)
+    if got != want:
+        key = next(k for k in sorted(set(got) | set(want), key=str) if got.get(k) != want.get(k))
+        raise ValueError(f"replay: at (b, s, n, r) = {point} the replayed step of grad_accum 2 reads {got.get(key)} B "
+                         f"at {key[0]}, a traced one {want.get(key)} B; the replay is not exact here")
