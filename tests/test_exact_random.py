@@ -63,7 +63,9 @@ def tiny_config(family: str, layers: int, window: int | None = None) -> dict:
     cfg = json.loads((TINY / f"t-{family}.json").read_text())
     cfg.update(NO_DROPOUT.get(family, {}))
     cfg["n_layer" if "n_layer" in cfg else "num_hidden_layers"] = layers
-    cfg["n_positions" if family == "gpt2" else "max_position_embeddings"] = MAX_SEQ
+    cfg["max_position_embeddings"] = MAX_SEQ
+    if family == "gpt2":   # both keys: GPT2Config maps max_position_embeddings onto n_positions, the last one wins
+        cfg["n_positions"] = MAX_SEQ
     if window is not None:
         cfg["sliding_window"] = window
     return cfg
