@@ -28,11 +28,6 @@ def _config(family: str) -> dict:
     return json.loads((TINY / f"t-{family}.json").read_text())
 
 
-def _by_key(ticks) -> dict:
-    """A trace's ticks as the fit reads them: a key repeated over micro-batches keeps its last value."""
-    return {(k, g): tuple(int(x) for x in v) for k, g, v in zip(ticks.keys, ticks.gs, ticks.values)}
-
-
 # what the replay must get right: a frozen embedding (the second micro-batch's embedding runs in layer 0's block),
 # tied weights, amp's fp32 gradients, recompute in backward, a chunked loss, routed experts, the output kept into the
 # next forward; in the slow tier an encoder, fused SGD, sliding windows, an image, hybrids
@@ -64,9 +59,9 @@ def _check(family: str, knobs: dict, b: int, s: int) -> None:
     both = trace_ticks(cfg, w, Parallel(), layers, accumulating=True)
     plain = trace_ticks(cfg, w, Parallel(), layers)
     # watching the gradients changes nothing the fit reads
-    assert _by_key(both) == _by_key(plain)
+    assert replay.keyed(both) == replay.keyed(plain)
     traced = trace_ticks(cfg, replace(w, grad_accum=2), Parallel(), layers)
-    assert _by_key(both.accumulating) == _by_key(traced)
+    assert replay.keyed(both.accumulating) == replay.keyed(traced)
 
 
 @pytest.mark.parametrize("family, knobs", CASES, ids=[c[0] for c in CASES])
@@ -128,4 +123,4 @@ def test_a_replayed_step_the_guards_refuse_leaves_the_traced_class_alone():
     w = Workload(images=1, batch=2, seq=300)
     both = trace_ticks(cfg, w, Parallel(), None, accumulating=True)
     assert both.accumulating.refused.startswith("fit: an earlier iteration of a loop in backward holds")
-    assert _by_key(both) == _by_key(trace_ticks(cfg, w, Parallel(), None))
+    assert replay.keyed(both) == replay.keyed(trace_ticks(cfg, w, Parallel(), None))

@@ -344,6 +344,17 @@ class StorageCounter(TorchDispatchMode):
         return StageLog(stages, StagePeak("overall", self.peak_bytes, self.breakdown_at(self._peak_tick)))
 
 
+def per_tick(entries, n: int):
+    """The value ticks 0..n-1 run under, from (tick t, value) entries (Timeline.blocks, .loops): the last entry with
+    t below the tick, -1 for None or before any."""
+    import numpy as np
+
+    out = np.full(n, -1, dtype=np.int64)
+    for t, v in sorted(entries, key=lambda x: x[0]):
+        out[t + 1:] = -1 if v is None else int(v)
+    return out
+
+
 @dataclass(frozen=True)
 class Timeline:
     """A counted run tick by tick. Tick t (1..T) is one allocation (kind +1) or one free (kind -1) of

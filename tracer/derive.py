@@ -118,11 +118,11 @@ def _frozen_prefix(model, targets, sigs: list[str]) -> list[str]:
 @serialized
 def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parallel(),
                    progress: Callable[[int, int, str], None] | None = None, config_hash: str = "",
-                   kernels: str = "cuda", rank_variable: bool | None = None, pp_rank: int = 0,
-                   replay_accumulation: bool = True) -> Profile:
-    """The profile of this class: the first of `derive_profiles`."""
+                   kernels: str = "cuda", rank_variable: bool | None = None, pp_rank: int = 0) -> Profile:
+    """The profile of this class alone, traced (`derive_profiles` without the replay, which would add work for a
+    class nobody asked for)."""
     return derive_profiles(config, workload, parallel, progress, config_hash, kernels, rank_variable, pp_rank,
-                           replay_accumulation)[0]
+                           replay_accumulation=False)[0]
 
 
 @serialized

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from estimator.spec import Parallel, Workload
-from tracer.counters import CATEGORIES, Timeline
+from tracer.counters import CATEGORIES, Timeline, per_tick
 
 ACTIVATIONS = CATEGORIES.index("activations")
 
@@ -43,17 +43,9 @@ def replayable(workload: Workload, parallel: Parallel) -> str:
     return ""
 
 
-def _per_tick(entries: tuple, n: int) -> np.ndarray:
-    """The value each tick 0..n-1 runs under: the last entry (tick t, value) with t < the tick (-1 for None)."""
-    out = np.full(n + 1, -1, dtype=np.int64)
-    for t, v in sorted(entries, key=lambda x: x[0]):
-        out[t + 1:] = -1 if v is None else int(v)
-    return out[:n]
-
-
 def _carried(entries: tuple, T: int, start: int, bwd: int) -> tuple[np.ndarray, np.ndarray]:
     """(each tick's value as traced, each tick's value in the copy of ticks start+1..bwd run again after bwd)."""
-    traced = _per_tick(entries, T + 2)
+    traced = per_tick(entries, T + 2)
     again = traced.copy()
     first = min((t for t, _ in entries if start <= t <= bwd), default=bwd + 1)   # the copy's own first entry
     again[start + 1:first + 1] = traced[bwd + 1]
@@ -61,7 +53,7 @@ def _carried(entries: tuple, T: int, start: int, bwd: int) -> tuple[np.ndarray, 
 
 
 def _entries(values: list[int]) -> tuple:
-    """(tick, value) entries that give `values` back through _per_tick: one wherever the value changes."""
+    """(tick, value) entries that give `values` back through counters.per_tick: one wherever the value changes."""
     out, prev = [], -1
     for i, v in enumerate(values):
         if v != prev:
@@ -102,7 +94,7 @@ def accumulating(tl: Timeline, accumulations: list[tuple[int, int, int]]) -> Tim
         for rec in steal.get(t, ()):
             order.append((None, rec, True))
     copy_end = len(order) - 1
-    copy_fwd = max(copy_at[t] for t in copy_at if t <= fwd) if any(t <= fwd for t in copy_at) else bwd
+    copy_fwd = max((copy_at[t] for t in copy_at if t <= fwd), default=bwd)
     order += [(t, -1, False) for t in range(bwd + 1, T + 1)]
     n = len(order)
     kind = np.zeros(n, dtype=np.int8)
@@ -137,12 +129,15 @@ def accumulating(tl: Timeline, accumulations: list[tuple[int, int, int]]) -> Tim
     return Timeline(kind, nbytes, cat, rec, tuple(marks), _entries(blocks), _entries(loops))
 
 
-def check(replayed, traced, point: tuple) -> None:
-    """The replay against a traced step of grad_accum 2 (tracer.extend.Ticks of each), key by key as the fit reads
-    them (a key repeated over micro-batches keeps its last value); ValueError (one line) at the first that differs."""
-    def keyed(ticks) -> dict:
-        return {(k, g): tuple(int(x) for x in v) for k, g, v in zip(ticks.keys, ticks.gs, ticks.values)}
+def keyed(ticks) -> dict:
+    """Ticks (tracer.extend.Ticks) as the fit reads them: {(key, decode window): bytes per category}, a key repeated
+    over micro-batches keeping its last value."""
+    return {(k, g): tuple(int(x) for x in v) for k, g, v in zip(ticks.keys, ticks.gs, ticks.values)}
 
+
+def check(replayed, traced, point: tuple) -> None:
+    """The replay against a traced step of grad_accum 2 (tracer.extend.Ticks of each), key by key (`keyed`);
+    ValueError (one line) at the first key that differs."""
     got, want = keyed(replayed), keyed(traced)
     if got != want:
         key = next(k for k in sorted(set(got) | set(want), key=str) if got.get(k) != want.get(k))

@@ -13,6 +13,7 @@ from estimator.profile.profile import CATEGORIES
 from estimator.spec import Parallel, Workload
 from tracer import kernels as kernels_mod
 from tracer import kernels_sdpa, losses, replay, session, time_loop, vision, vlm, vlm_grid
+from tracer.counters import per_tick
 from tracer.extend import OPTIONAL, STEP_MAX, TRACER_CATEGORIES, Ticks, tick_row
 
 
@@ -93,12 +94,8 @@ def _candidates(tl, train: bool, per_window: bool = False) -> Ticks:
     so each window's are kept."""
     live = tl.live()                                    # (tracer categories, T + 1)
     T = len(tl.kind) - 1
-    block = np.full(T + 2, -1, dtype=np.int64)
-    for t, b in sorted(tl.blocks, key=lambda x: x[0]):
-        block[t + 1:] = -1 if b is None else int(b)
-    it = np.full(T + 2, -1, dtype=np.int64)   # the iteration of a per-image loop running at each tick (-1: none)
-    for t, i in sorted(tl.loops, key=lambda x: x[0]):
-        it[t + 1:] = -1 if i is None else int(i)
+    block = per_tick(tl.blocks, T + 2)
+    it = per_tick(tl.loops, T + 2)   # the iteration of a per-image loop running at each tick (-1: none)
     windows = _stage_of_ticks(tl)
     if train:  # the steady state: the last step (its micro-batches and its optimizer step)
         opt_ends = [i for i, w in enumerate(windows) if w[2] == "optimizer"]
