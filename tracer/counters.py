@@ -22,6 +22,7 @@ tests can check the two agree to the byte.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import weakref
 from dataclasses import dataclass
@@ -56,6 +57,8 @@ class _Record:
     role: _Role
     t_free: float = NEVER_FREED
     index: int = -1     # its place in the counter's records (Timeline.rec)
+    aliases: int = 0    # live stand-ins counted as this storage (StorageCounter.alias)
+    dead: bool = False  # the storage died while a stand-in lived: the record closes with the last stand-in
 
 
 @dataclass(frozen=True)
@@ -132,6 +135,9 @@ class StorageCounter(TorchDispatchMode):
     def _close(self, key: int, rec: _Record) -> None:
         if self._live.get(key) is rec:
             del self._live[key]
+        if rec.aliases:
+            rec.dead = True
+            return
         if rec.t_free == NEVER_FREED:
             rec.t_free = self._tick()
             self.current_bytes -= rec.nbytes
@@ -267,6 +273,49 @@ class StorageCounter(TorchDispatchMode):
             handles.append(p.register_hook(pre))
             handles.append(p.register_post_accumulate_grad_hook(post))
         return handles
+
+    @property
+    def now(self) -> int:
+        """The last tick."""
+        return self._now
+
+    def record_of(self, t: torch.Tensor) -> int:
+        """The index of the open record of `t`'s storage (Timeline.rec), -1 where the counter has not seen it."""
+        rec = self._live.get(id(t.untyped_storage()))
+        return -1 if rec is None else rec.index
+
+    def block(self):
+        """The block the ticks after now belong to (`set_block`), None outside every block."""
+        return self.blocks[-1][1] if self.blocks else None
+
+    def alias(self, t: torch.Tensor, of: torch.Tensor) -> None:
+        """Count `t`'s storage as `of`'s (a stand-in tracer.recompute hands autograd): ops on it see `of`'s record,
+        which closes when both have died."""
+        rec = self._live.get(id(of.untyped_storage()))
+        if rec is None:
+            return
+        st = t.untyped_storage()
+        self._live[id(st)] = rec
+        rec.aliases += 1
+        weakref.finalize(st, self._unalias, id(st), rec).atexit = False
+
+    def _unalias(self, key: int, rec: _Record) -> None:
+        """A stand-in died; where the storage it stood in for died first (a backward that hands the tensor it read on,
+        e.g. as a gradient), the record closes now, as that tensor itself would have lived until here."""
+        if self._live.get(key) is rec:
+            del self._live[key]
+        rec.aliases -= 1
+        if not rec.aliases and rec.dead:
+            self._close(key, rec)
+
+    @contextlib.contextmanager
+    def paused(self):
+        """Ops run inside are not counted (the tracer's own bookkeeping, e.g. tracer.recompute's detached aliases)."""
+        was, self._paused = self._paused, True
+        try:
+            yield
+        finally:
+            self._paused = was
 
     # -- reading ----------------------------------------------------------------------------------
     def set_block(self, block) -> None:

@@ -286,7 +286,7 @@ def pp_case(config: dict, workload: Workload, parallel: Parallel, rank: int = 0,
                     args = (inputs["input_ids"],) if first else ()
                     kw = {"target": inputs["labels"], "losses": []} if last else {}
                     # torchtitan's train_context: loss_parallel around the step under TP (the logits stay sharded)
-                    with runner._autocast(workload, lm_last), (tp.loss_context(workload) if tp_n > 1
+                    with runner.step_autocast(workload, lm_last), (tp.loss_context(workload) if tp_n > 1
                                                                else contextlib.nullcontext()):
                         schedule.step(*args, **kw, return_outputs=False)  # torchtitan: return_outputs=False
                 finally:

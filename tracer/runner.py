@@ -350,7 +350,7 @@ def make_inputs(config: dict, workload: Workload, device: str, model=None, clone
     return {"input_ids": input_ids}
 
 
-def _autocast(workload: Workload, model: torch.nn.Module):
+def step_autocast(workload: Workload, model: torch.nn.Module):
     if workload.mode == "train" and workload.recipe == "amp":
         device_type = next(model.parameters()).device.type
         return torch.autocast(device_type=device_type, dtype=DTYPES[workload.precision])
@@ -380,7 +380,7 @@ def run_stages(model, optimizer, workload: Workload, inputs: dict, on_stage: Cal
 def _train(model, optimizer, workload, inputs, on_stage, steps, live: dict) -> None:
     for _ in range(steps):
         for _ in range(workload.grad_accum):
-            with _autocast(workload, model):
+            with step_autocast(workload, model):
                 # recipes.forward: the workload's loss and activation offloading, use_cache=False (otherwise HF
                 # builds a DynamicCache that training never reads). HF upcasts the logits to fp32 in the loss.
                 if workload.loop == "keep-output":
@@ -401,11 +401,17 @@ def _train(model, optimizer, workload, inputs, on_stage, steps, live: dict) -> N
         on_stage("optimizer")
 
 
+def forward_loss(model, workload: Workload, inputs: dict):
+    """One training forward of the loss-only loop (its autocast, the workload's loss): the loss."""
+    with step_autocast(workload, model):
+        return recipes.forward(model, workload, inputs).loss
+
+
 def params_with_grads(model, workload, inputs) -> set[str]:
     """Names of the parameters a training step gives a gradient: one forward and backward, then every gradient
     dropped. Parameters the step never reaches (a cross-attention without encoder states, a vision tower in a
     text-only step) get none, and torch's optimizers (`_init_group`) create no state for them."""
-    with _autocast(workload, model):
+    with step_autocast(workload, model):
         loss = recipes.forward(model, workload, inputs).loss
     loss.backward()
     del loss

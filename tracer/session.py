@@ -38,7 +38,7 @@ from estimator.spec import Parallel, Workload
 from estimator.parallel import TRACED_SHARDING, pp_microbatches, shard_group
 from tracer import serialized
 from tracer import kernels as kernels_mod
-from tracer import cp, pp, recipes, runner, time_loop, tp, vlm
+from tracer import cp, pp, recipes, recompute, runner, time_loop, tp, vlm
 from tracer.counters import StageLog, StorageCounter, memtracker_peak_bytes
 from tracer.depth import layer_stacks
 
@@ -257,13 +257,14 @@ def _fsdp_model(config: dict, workload: Workload, parallel: Parallel, layers: li
 
 
 def _run(case: _Case, steps: int, observe_layers: bool = False,
-         prime: set[str] | None = None, watch_grads: bool = False) -> StorageCounter:
+         prime: set[str] | None = None, watch_grads: bool = False, saves=None) -> StorageCounter:
     """Count the stages of a built case; roles are (re)assigned at every stage boundary. With
     `observe_layers` the counter also records which decoder layer runs at every tick (`_observe_layers`).
     With `prime` (training: the names of the parameters a step reaches, `grad_names`), the optimizer's states are
     created by one step on zero gradients of those parameters instead of a whole first training step, and
     `steps - 1` steps run: the steady state without the cost of step 1. `watch_grads`: the counter records each
-    gradient accumulation (StorageCounter.watch_grads; tracer.replay)."""
+    gradient accumulation (StorageCounter.watch_grads; tracer.replay). `saves` (a tracer.recompute.Saves): the
+    counter records what autograd saves and unpacks, and one probe forward runs after the steps (tracer.recompute)."""
     primed = prime if prime is not None and case.workload.mode == "train" and steps > 1 else None
     counter = StorageCounter()
     if observe_layers:
@@ -286,13 +287,17 @@ def _run(case: _Case, steps: int, observe_layers: bool = False,
     handles = counter.watch_grads(case.model.parameters()) if watch_grads else []
     with counter, case.context(), vlm.host_checks_skipped(), vlm.step_context(case.model, case.workload, counter), \
             time_loop.marks(case.model, counter):
+        watching = recompute.watching(counter, saves) if saves is not None else contextlib.nullcontext()
         if primed is not None:
             _prime_optimizer(case, primed)
             on_stage("optimizer")
             steps -= 1
         if case.step is None:
-            runner.run_stages(case.model, case.optimizer, case.workload, case.inputs, on_stage, steps=steps,
-                              live=live)
+            with watching:
+                runner.run_stages(case.model, case.optimizer, case.workload, case.inputs, on_stage, steps=steps,
+                                  live=live)
+            if saves is not None:
+                recompute.probe(case, counter, saves)
         else:
             for _ in range(steps):
                 case.step(on_stage)

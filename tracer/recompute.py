@@ -1,0 +1,342 @@
+"""Full activation checkpointing replayed from a step traced without it (issue "Exact and instant").
+
+What torch's non-reentrant checkpoint (torch/utils/checkpoint.py; transformers 5.23's `gradient_checkpointing_enable`
+runs it with `use_reentrant=False`, early stop on) changes in a step, layer by layer, and where this module reads it:
+
+- forward: each checkpointed layer's ops save holders, not tensors (`_checkpoint_hook`), so every tensor the layer
+  makes dies when its last Python reference does; the layer's inputs stay alive (the frame's `saved_args`, its keyword
+  arguments in the `partial` the frame recomputes). A step traced without checkpointing cannot see those deaths (its
+  saved tensors are alive), so the trace runs one more forward after its step, the *probe*, in which each layer's
+  ops save nothing and the layer's arguments are held (`probe`): its ticks are the checkpointed forward's.
+- backward: the first unpack of any of layer i's holders recomputes layer i's forward (`_recomputation_hook`), its
+  saved tensors kept in the frame, the rest dying as in the forward without checkpointing; the recompute stops at
+  the pack of the last tensor the layer saved (`_StopRecomputationError`) and the unwinding frees everything else it
+  made. Each recomputed tensor dies where its node releases it, as the one saved in the traced step does. The trace
+  records every pack (tick, record, layer) and unpack (`watching`), and `checkpointed` splices each layer's
+  recompute, the traced forward's ticks of that layer up to its last pack, in at its first unpack.
+
+What it covers (`replayable`): one GPU, checkpointing none asked (the replay gives full), the loss-only loop, no
+offload, compile, per-image or per-time-step loops, recipes that checkpoint themselves. A derivation checks the
+replayed class against one traced step of full checkpointing (tracer.derive, as for gradient accumulation), so a
+model whose checkpointing differs from this reading is traced, not replayed.
+"""
+from __future__ import annotations
+
+import contextlib
+import weakref
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch.utils._pytree import tree_leaves
+
+from estimator.spec import Parallel, Workload
+from tracer import runner
+from tracer.counters import StorageCounter, Timeline, per_tick
+from tracer.depth import all_layers
+
+PROBE = "probe"   # the stage name of the probe forward (dropped from the traced timeline)
+
+
+@dataclass
+class Saves:
+    """What autograd saved in a traced step: `packs` (tick, record, block) per saved tensor, `unpacks` (tick, pack)
+    per unpack in backward, the probe forward's ticks (first, last)."""
+
+    packs: list = field(default_factory=list)
+    unpacks: list = field(default_factory=list)
+    applied: list = field(default_factory=list)   # (tick, pack) where the unpacked tensor's last reference died
+    released: list = field(default_factory=list)  # (tick, pack) where autograd let the saved tensor go
+    held: list = field(default_factory=list)      # (layer, record) per tensor argument of a layer in the probe
+    probe: tuple[int, int] | None = None
+
+
+def replayable(workload: Workload, parallel: Parallel, config: dict | None = None) -> str:
+    """Why this class's full-checkpointing step cannot be replayed from its step without checkpointing ("" where it
+    can)."""
+    if workload.mode != "train":
+        return "an inference run has no backward"
+    if workload.checkpointing != "none":
+        return "checkpointing: the replay starts from a step without checkpointing"
+    if parallel.strategy != "single":
+        return f"strategy {parallel.strategy}: its hooks around each layer are not replayed"
+    if workload.loop != "loss-only":
+        return "loop: the previous step's output is alive into the probe forward"
+    if workload.activation_offload:
+        return "activation_offload: its own saved-tensor hooks"
+    if workload.compile:
+        return "compile: the compiled graph saves what it chooses"
+    if workload.images or workload.audios:
+        return "images, audio: the per-item loops of a multimodal step"
+    if workload.optimizer_in_backward:
+        return "optimizer_in_backward: the optimizer steps inside backward"
+    if workload.grad_accum != 1:
+        return "grad_accum: the replay starts from a step of grad_accum 1"
+    return ""
+
+
+@contextlib.contextmanager
+def watching(counter: StorageCounter, saves: Saves):
+    """Record every tensor autograd saves and every unpack (torch.autograd.graph.saved_tensors_hooks). The pack keeps a
+    detached alias (the same storage, no autograd history: returning a saved output itself would make a reference
+    cycle, freed only by the collector the tracer turns off), so storages live exactly as without the hooks."""
+
+    def pack(x):
+        saves.packs.append((counter.now, counter.record_of(x), counter.block()))
+        with counter.paused():
+            held = _Held(x.detach(), len(saves.packs) - 1)
+        weakref.finalize(held, _note, counter, saves.released, held.i).atexit = False
+        return held
+
+    def unpack(held):
+        # a stand-in with a storage of its own (counted as the saved one's): it dies where the node that asked for it
+        # lets it go, at the end of its apply, before the engine's own work on the node's outputs (a broadcast
+        # gradient's sum) and the node's release of what it saved; a recomputed tensor dies there under checkpointing
+        x = held.x
+        with counter.paused():
+            # as large as the saved tensor's storage (a view's included), so the counter sees no resize
+            flat = torch.empty(x.untyped_storage().nbytes() // x.element_size(), dtype=x.dtype, device=x.device)
+            stand_in = flat.as_strided(x.shape, x.stride(), x.storage_offset())
+            del flat
+        counter.alias(stand_in, x)
+        weakref.finalize(stand_in.untyped_storage(), _note, counter, saves.applied, held.i).atexit = False
+        saves.unpacks.append((counter.now, held.i))
+        return stand_in
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        yield
+
+
+class _Held:
+    """What a pack hands autograd: the saved tensor (a detached alias) and its pack's number."""
+
+    __slots__ = ("x", "i", "__weakref__")
+
+    def __init__(self, x, i):
+        self.x, self.i = x, i
+
+
+def _note(counter, into, i):
+    into.append((counter.now, i))
+
+
+def _drop(x):
+    return None
+
+
+def _never(held):
+    raise RuntimeError("recompute: the probe forward has no backward")
+
+
+def probe(case, counter: StorageCounter, saves: Saves) -> None:
+    """The probe: one more forward after the traced step, each layer's ops saving nothing (as under a checkpoint's
+    holders) and each layer's tensor arguments held to the end (the frame's saved inputs and keyword arguments)."""
+    held, entered = [], {}
+
+    def pre(module, args, kwargs):
+        tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        held.append(tensors)
+        saves.held.extend((positions[id(module)], counter.record_of(t)) for t in tensors)
+        ctx = torch.autograd.graph.saved_tensors_hooks(_drop, _never)
+        ctx.__enter__()
+        entered[id(module)] = ctx
+
+    def post(module, args, output):
+        entered.pop(id(module)).__exit__(None, None, None)
+
+    handles = []
+    positions = {id(layer): pos for pos, layer in enumerate(all_layers(case.model))}
+    for layer in all_layers(case.model):
+        handles.append(layer.register_forward_pre_hook(pre, with_kwargs=True))
+        handles.append(layer.register_forward_hook(post))
+    first = counter.now
+    try:
+        loss = runner.forward_loss(case.model, case.workload, case.inputs)
+        counter.mark_stage(PROBE)
+        saves.probe = (first, counter.now)
+        del loss
+        held.clear()
+    finally:
+        for ctx in entered.values():
+            ctx.__exit__(None, None, None)
+        for h in handles:
+            h.remove()
+
+
+def _entries(values: list[int]) -> tuple:
+    out, prev = [], -2
+    for i, v in enumerate(values):
+        if v != prev:
+            out.append((i - 1, None if v == -1 else int(v)))
+            prev = v
+    return tuple(out)
+
+
+def traced_part(tl: Timeline) -> Timeline:
+    """The timeline without the probe (the traced step as if no probe ran)."""
+    if not tl.marks or tl.marks[-1][1] != PROBE:
+        return tl
+    end = tl.marks[-2][0]
+    return Timeline(tl.kind[:end + 1], tl.nbytes[:end + 1], tl.cat[:end + 1], tl.rec[:end + 1], tl.marks[:-1],
+                    tuple(e for e in tl.blocks if e[0] < end), tuple(e for e in tl.loops if e[0] < end))
+
+
+def checkpointed(tl: Timeline, saves: Saves) -> Timeline:
+    """The timeline of the same step with every layer checkpointed (full), from a traced step without checkpointing
+    whose counter watched its saves and ran the probe; ValueError (one line) where the step is not one this reading
+    covers."""
+    names = [m[1] for m in tl.marks]
+    if len(names) < 5 or names[-4:] != ["forward", "backward", "optimizer", PROBE] or saves.probe is None:
+        raise ValueError("recompute: the run does not end in forward, backward, optimizer and the probe")
+    if tl.loops:
+        raise ValueError("recompute: a step with a per-item loop is not replayed")
+    start, fwd, bwd, opt = (m[0] for m in tl.marks[-5:-1])
+    p_lo, p_hi = saves.probe
+    T = len(tl.kind) - 1
+    block = per_tick(tl.blocks, T + 2)
+
+    def allocs(lo, hi):
+        return [t for t in range(lo + 1, hi + 1) if tl.kind[t] == 1]
+
+    f_alloc, p_alloc = allocs(start, fwd), allocs(p_lo, p_hi)
+    if [int(tl.nbytes[t]) for t in f_alloc] != [int(tl.nbytes[t]) for t in p_alloc]:
+        raise ValueError("recompute: the probe forward allocates other tensors than the traced forward")
+    rename = {int(tl.rec[p]): int(tl.rec[f]) for f, p in zip(f_alloc, p_alloc)}
+    # frees in each window of records made before it, paired in order
+    f_made = {int(tl.rec[t]) for t in f_alloc}
+    f_old = [t for t in range(start + 1, fwd + 1) if tl.kind[t] == -1 and int(tl.rec[t]) not in f_made]
+    p_old = [t for t in range(p_lo + 1, p_hi + 1) if tl.kind[t] == -1 and int(tl.rec[t]) not in rename]
+    if [int(tl.nbytes[t]) for t in f_old] != [int(tl.nbytes[t]) for t in p_old]:
+        raise ValueError("recompute: the probe forward frees other tensors made before it than the traced forward")
+    old_rename = {int(tl.rec[p]): int(tl.rec[f]) for f, p in zip(f_old, p_old)}
+    alloc_at = {int(tl.rec[t]): t for t in f_alloc}
+    rec_block = {r: int(block[t]) for r, t in alloc_at.items()}
+    p_freed = {rename.get(int(tl.rec[t])) for t in range(p_lo + 1, p_hi + 1) if tl.kind[t] == -1}
+    alive_after = f_made - p_freed
+    packed: dict[int, set] = {}
+    stop: dict[int, int] = {}
+    for tick, rec, blk in saves.packs:
+        if not start < tick <= fwd or blk is None:
+            continue
+        packed.setdefault(blk, set()).add(rec)
+        stop[blk] = max(stop.get(blk, 0), tick)
+    n_rec = int(tl.rec.max()) + 1 if len(tl.rec) else 0
+    copied: dict[int, set] = {}
+    for blk, recs in packed.items():
+        for r in recs:
+            if r in f_made and rec_block[r] == blk:
+                if r in alive_after:
+                    raise ValueError(f"recompute: a tensor layer {blk} saves outlives the checkpointed forward")
+                copied.setdefault(blk, set()).add(r)
+            elif r in f_made and r not in alive_after:
+                raise ValueError(f"recompute: a tensor made outside layer {blk} that it saves dies in the "
+                                 "checkpointed forward")
+    all_copied = {r for recs in copied.values() for r in recs}
+    applied: dict[int, int] = {}
+    for tick, i in saves.applied:
+        applied[i] = max(applied.get(i, 0), tick)
+    released = dict((i, tick) for tick, i in saves.released)
+    window = [(i, rec, b) for i, (tick, rec, b) in enumerate(saves.packs) if start < tick <= fwd]
+    frame = {}   # per layer: where its checkpoint frame would die (the last node holding one of its holders lets go)
+    for i, rec, b in window:
+        if b is not None:
+            if i not in released:
+                raise ValueError(f"recompute: a tensor layer {b} saves is never let go in backward")
+            frame[b] = max(frame.get(b, 0), released[i])
+    first_unpack: dict[int, int] = {}
+    for tick, i in saves.unpacks:
+        if fwd < tick <= bwd:
+            blk = saves.packs[i][2]
+            if blk is not None:   # where layer blk's recompute runs (none where backward reads nothing it saved)
+                first_unpack[blk] = min(first_unpack.get(blk, tick), tick)
+
+    def holds(i, blk):
+        """Until which tick the recompute's copy of pack i is held: to the end of the node that unpacks it; one no
+        node reads, until its holder dies (the frame's dict is keyed weakly by it); none where the holder died before
+        the recompute (a node freed in forward: its pack is not stored)."""
+        if i in applied:
+            return applied[i]
+        return released[i] if blk in first_unpack and released[i] > first_unpack[blk] else None
+
+    dies: dict[int, list] = {}   # tick after which a record dies in the checkpointed step
+    kept: dict[int, set] = {}
+    for blk, recs in copied.items():
+        for r in recs:
+            ticks = [t for t in (holds(i, blk) for i, rec, b in window if rec == r and b == blk) if t is not None]
+            if ticks:
+                kept.setdefault(blk, set()).add(r)
+                dies.setdefault(max(ticks), []).append((n_rec + r, r))
+    held_by: dict[int, set] = {}
+    for pos, r in saves.held:
+        r = rename.get(r, r)
+        if r in f_made:
+            held_by.setdefault(r, set()).add(pos)
+    for r, layers in held_by.items():   # a layer's argument: its frame's, and what else holds it as without checkpoints
+        if r in all_copied or not layers <= set(frame):
+            raise ValueError("recompute: a layer's argument the replay cannot place")
+        ticks = [frame[b] for b in layers]
+        ticks += [released.get(i) if b is None else holds(i, b) for i, rec, b in window if rec == r]
+        dies.setdefault(max(t for t in ticks if t is not None), []).append((r, r))
+    moved = all_copied | {r for recs in dies.values() for _, r in recs}
+    out = []   # (kind, nbytes, cat, rec, block)
+
+    def emit(t, rec=None, blk=None):
+        out.append((int(tl.kind[t]), int(tl.nbytes[t]), int(tl.cat[t]), int(tl.rec[t]) if rec is None else rec,
+                    int(block[t]) if blk is None else blk))
+
+    for t in range(1, start + 1):
+        emit(t)
+    # the checkpointed forward: the probe's ticks as the traced forward's records, in their roles (a gradient a fused
+    # loss makes in forward is one only where a backward follows)
+    cat_of = {int(tl.rec[t]): int(tl.cat[t]) for t in range(start + 1, fwd + 1)}
+    for t in range(p_lo + 1, p_hi + 1):
+        r = rename.get(int(tl.rec[t]), old_rename.get(int(tl.rec[t]), int(tl.rec[t])))
+        out.append((int(tl.kind[t]), int(tl.nbytes[t]), cat_of.get(r, int(tl.cat[t])), r, int(block[t])))
+    fwd_new = len(out)
+    at_unpack = {t: blk for blk, t in first_unpack.items()}
+    for t in range(fwd + 1, bwd + 1):
+        r = int(tl.rec[t])
+        if tl.kind[t] == -1 and r in f_made and r not in alive_after and r not in moved:
+            raise ValueError("recompute: backward frees a tensor the checkpointed forward does not keep")
+        if not (tl.kind[t] == -1 and r in moved):   # those die where `dies` says
+            emit(t)
+        if t in at_unpack:
+            _recompute(tl, at_unpack[t], start, stop[at_unpack[t]], block, kept.get(at_unpack[t], set()), n_rec, out)
+        for new, r in dies.get(t, ()):
+            out.append((-1, int(tl.nbytes[alloc_at[r]]), int(tl.cat[alloc_at[r]]), new, int(block[t])))
+    bwd_new = len(out)
+    for t in range(bwd + 1, opt + 1):
+        emit(t)
+    opt_new = len(out)
+    n = len(out) + 1
+    kind = np.zeros(n, dtype=np.int8)
+    nbytes = np.zeros(n, dtype=np.int64)
+    cat = np.zeros(n, dtype=np.int8)
+    rec = np.full(n, -1, dtype=np.int64)
+    blocks = [-1]
+    for i, (k, b, c, r, blk) in enumerate(out, start=1):
+        kind[i], nbytes[i], cat[i], rec[i] = k, b, c, r
+        blocks.append(blk)
+    marks = tuple(m for m in tl.marks if m[0] <= start) + ((fwd_new, "forward"), (bwd_new, "backward"),
+                                                            (opt_new, "optimizer"))
+    return Timeline(kind, nbytes, cat, rec, marks, _entries(blocks))
+
+
+def _recompute(tl, blk, start, stop, block, kept, n_rec, out) -> None:
+    """Layer `blk`'s recompute in backward, appended to `out`: its forward's ticks up to the last pack, each record a
+    copy; then every copy it does not keep freed (the early stop's unwinding)."""
+    alive = {}
+    for t in range(start + 1, stop + 1):
+        if int(block[t]) != blk:
+            continue
+        r = int(tl.rec[t])
+        if tl.kind[t] == 1:
+            alive[r] = t
+        elif r in alive:
+            del alive[r]
+        else:
+            continue
+        out.append((int(tl.kind[t]), int(tl.nbytes[t]), int(tl.cat[t]), n_rec + r, blk))
+    for r, t in sorted(alive.items(), key=lambda x: -x[1]):
+        if r not in kept:
+            out.append((-1, int(tl.nbytes[t]), int(tl.cat[t]), n_rec + r, blk))
