@@ -56,12 +56,12 @@ def _check(family: str, knobs: dict, b: int, s: int) -> None:
     w = Workload(batch=b, seq=s, **knobs)
     assert replay.replayable(w, Parallel()) == ""
     layers = [0, 1, 2]
-    both = trace_ticks(cfg, w, Parallel(), layers, accumulating=True)
+    both = trace_ticks(cfg, w, Parallel(), layers, replays=("grad_accum",))
     plain = trace_ticks(cfg, w, Parallel(), layers)
     # watching the gradients changes nothing the fit reads
     assert replay.keyed(both) == replay.keyed(plain)
     traced = trace_ticks(cfg, replace(w, grad_accum=2), Parallel(), layers)
-    assert replay.keyed(both.accumulating) == replay.keyed(traced)
+    assert replay.keyed(both.replayed["grad_accum"]) == replay.keyed(traced)
 
 
 @pytest.mark.parametrize("family, knobs", CASES, ids=[c[0] for c in CASES])
@@ -110,9 +110,9 @@ def test_a_replay_that_misses_its_traced_check_is_not_given(monkeypatch):
     from tracer import derive
 
     monkeypatch.setattr(replay, "accumulating", lambda tl, accumulations: tl)
-    asked, kept = derive.derive_profiles(_config("llama"), Workload(grad_accum=3))
+    asked, kept, *replayed = derive.derive_profiles(_config("llama"), Workload(grad_accum=3))
     assert asked.workload_class["grad_accum"] == 2 and "replayed" not in asked.provenance
-    assert kept.workload_class["grad_accum"] == 1 and kept.provenance["replay_refused"].startswith("replay: at (b, s, n, r) = (4, ")
+    assert kept.workload_class["grad_accum"] == 1 and kept.provenance["replay_refused"]["grad_accum"].startswith("replay: at (b, s, n, r) = (4, ")
 
 
 def test_a_replayed_step_the_guards_refuse_leaves_the_traced_class_alone():
@@ -121,6 +121,6 @@ def test_a_replayed_step_the_guards_refuse_leaves_the_traced_class_alone():
     ticks say so, and the traced step's ticks are the ones a run without the replay has."""
     cfg = _config("llava_next")
     w = Workload(images=1, batch=2, seq=300)
-    both = trace_ticks(cfg, w, Parallel(), None, accumulating=True)
-    assert both.accumulating.refused.startswith("fit: an earlier iteration of a loop in backward holds")
+    both = trace_ticks(cfg, w, Parallel(), None, replays=("grad_accum",))
+    assert both.replayed["grad_accum"].refused.startswith("fit: an earlier iteration of a loop in backward holds")
     assert replay.keyed(both) == replay.keyed(trace_ticks(cfg, w, Parallel(), None))

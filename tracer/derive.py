@@ -49,7 +49,7 @@ from estimator.store import GRAD_ACCUM_CLASS, parallel_class, workload_class
 from estimator.parallel import TRACED_SHARDING
 from tracer import forked, serialized
 from tracer import kernels as kernels_mod
-from tracer import audio, losses, offload, pp, replay, runner, session, vision, vlm
+from tracer import audio, losses, offload, pp, recompute, replay, runner, session, vision, vlm
 from tracer.depth import all_layers, layer_infos, traced_whole
 from tracer.extend import (
     decode_ticks,
@@ -119,17 +119,17 @@ def _frozen_prefix(model, targets, sigs: list[str]) -> list[str]:
 def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parallel(),
                    progress: Callable[[int, int, str], None] | None = None, config_hash: str = "",
                    kernels: str = "cuda", rank_variable: bool | None = None, pp_rank: int = 0) -> Profile:
-    """The profile of this class alone, traced (`derive_profiles` without the replay, which would add work for a
-    class nobody asked for)."""
+    """The profile of this class alone, traced (`derive_profiles` without the replays, which would add work for
+    classes nobody asked for)."""
     return derive_profiles(config, workload, parallel, progress, config_hash, kernels, rank_variable, pp_rank,
-                           replay_accumulation=False)[0]
+                           replays=False)[0]
 
 
 @serialized
 def derive_profiles(config: dict, workload: Workload, parallel: Parallel = Parallel(),
                     progress: Callable[[int, int, str], None] | None = None, config_hash: str = "",
                     kernels: str = "cuda", rank_variable: bool | None = None, pp_rank: int = 0,
-                    replay_accumulation: bool = True) -> list[Profile]:
+                    replays: bool = True) -> list[Profile]:
     """Trace the model at reduced depth and a few sizes, fit, verify and extend: see the module docstring.
 
     `workload` and `parallel` fix the class; their sizes (batch, seq, gen_tokens, gpus) are ignored; `kernels`
@@ -140,16 +140,14 @@ def derive_profiles(config: dict, workload: Workload, parallel: Parallel = Paral
     schedule (tracer.pp). Raises ValueError (one line) when the case
     cannot be traced or the fit is not exact.
 
-    Gradient accumulation is replayed, not traced (tracer.replay), where `replay_accumulation` and the class allow
-    it: a class of grad_accum 1 and its class of grad_accum >= 2 come from the same traces, the one asked for first
-    in the list, the other after it (the store keeps both)."""
+    Gradient accumulation and full activation checkpointing are replayed, not traced (tracer.replay,
+    tracer.recompute), where `replays` and the class allow it: the class traced (grad_accum 1, no checkpointing) and
+    its replayed classes (grad_accum >= 2; full checkpointing) come from the same traces, the one asked for first in
+    the list, the others after it (the store keeps them)."""
 
     start = time.perf_counter()
-    one = replace(workload, grad_accum=1)
-    accumulating = replay_accumulation and not replay.replayable(one, parallel)
-    asked, asked_accumulating = workload, workload.grad_accum > 1
-    if accumulating:
-        workload = one
+    asked = workload
+    workload, kinds, asked_kind = replay_plan(workload, parallel) if replays else (workload, (), None)
     infer = workload.mode == "infer"
     fsdp = parallel.strategy in TRACED_SHARDING
     ranks = derivation_ranks(workload, fsdp, rank_variable)
@@ -195,7 +193,7 @@ def derive_profiles(config: dict, workload: Workload, parallel: Parallel = Paral
     try:
         out_pieces, n_jobs, padding = _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp,
                                                      kernels, progress, scan_extra, step, ranks, (pp_rank, held), multiple,
-                                                     accumulating)
+                                                     kinds)
     except _ReducedDepthFailed as e:
         # The model's code outside its layer stack depends on the layer count (Gemma-3n / Gemma-4 per-layer
         # embeddings: one table num_hidden_layers x width wide, reshaped by the config's count), so a model cut in
@@ -204,7 +202,7 @@ def derive_profiles(config: dict, workload: Workload, parallel: Parallel = Paral
         plan = Plan(plan.n_layers, plan.types, (tuple(range(plan.n_layers)),), (None,), True)
         out_pieces, n_jobs, padding = _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp,
                                                      kernels, progress, scan_extra, step, ranks, (pp_rank, held), multiple,
-                                                     accumulating)
+                                                     kinds)
     jobs = range(n_jobs)
     if progress:
         progress(len(jobs), len(jobs), "done")
@@ -221,19 +219,46 @@ def derive_profiles(config: dict, workload: Workload, parallel: Parallel = Paral
             "derived_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
     main, replayed = out_pieces
-    if isinstance(replayed, str) and accumulating:   # the replay missed its traced check: that class is not given
-        prov["replay_refused"], accumulating = replayed, False
-    out = [Profile(config_hash, str(config.get("model_type")), workload_class(workload, ranked),
-                   parallel_class(parallel, pp_rank), plan.n_layers, tuple(main), prov)]
-    if accumulating:
-        out.append(Profile(config_hash, str(config.get("model_type")),
-                           workload_class(replace(workload, grad_accum=GRAD_ACCUM_CLASS), ranked),
-                           parallel_class(parallel, pp_rank), plan.n_layers, tuple(replayed),
-                           {**prov, "replayed": "grad_accum 2 from the traces of grad_accum 1 (tracer.replay)"}))
-    if asked_accumulating and "replay_refused" in prov:   # traced after all, the class of grad_accum 1 kept beside it
+    refused = {k: v for k, v in replayed.items() if isinstance(v, str)}   # replays that missed their traced check
+    if refused:
+        prov["replay_refused"] = refused
+    model_type = str(config.get("model_type"))
+    out = [Profile(config_hash, model_type, workload_class(workload, ranked), parallel_class(parallel, pp_rank),
+                   plan.n_layers, tuple(main), prov)]
+    for kind, pieces_k in replayed.items():
+        if not isinstance(pieces_k, str):
+            out.append(Profile(config_hash, model_type, workload_class(SIBLINGS[kind](workload), ranked),
+                               parallel_class(parallel, pp_rank), plan.n_layers, tuple(pieces_k),
+                               {**prov, "replayed": REPLAYED[kind]}))
+    if asked_kind in refused:   # traced after all, the classes the traces gave kept beside it
         return [derive_profiles(config, asked, parallel, progress, config_hash, kernels, rank_variable, pp_rank,
                                 False)[0], *out]
-    return out[::-1] if asked_accumulating and accumulating else out
+    if asked_kind is not None:
+        i = 1 + [k for k in replayed if not isinstance(replayed[k], str)].index(asked_kind)
+        out.insert(0, out.pop(i))
+    return out
+
+
+# the class each replay gives from the traced one, and what its provenance says
+SIBLINGS = {"grad_accum": lambda w: replace(w, grad_accum=GRAD_ACCUM_CLASS),
+            "checkpointing": lambda w: replace(w, checkpointing="full")}
+REPLAYED = {"grad_accum": "grad_accum 2 from the traces of grad_accum 1 (tracer.replay)",
+            "checkpointing": "full activation checkpointing from the traces without it (tracer.recompute)"}
+
+
+def replay_plan(workload: Workload, parallel: Parallel) -> tuple[Workload, tuple[str, ...], str | None]:
+    """(the workload to trace, the replays its traces give (SIBLINGS), which of them is the class asked for or None):
+    a class of grad_accum >= 2 traces grad_accum 1, one of full checkpointing traces none, where the replay allows
+    it; every replay the traced class allows comes along."""
+    base, asked_kind = workload, None
+    if workload.grad_accum > 1 and not replay.replayable(replace(workload, grad_accum=1), parallel):
+        base, asked_kind = replace(workload, grad_accum=1), "grad_accum"
+    elif workload.checkpointing == "full" and not recompute.replayable(replace(workload, checkpointing="none"),
+                                                                        parallel):
+        base, asked_kind = replace(workload, checkpointing="none"), "checkpointing"
+    kinds = tuple(k for k, why in (("grad_accum", replay.replayable(base, parallel)),
+                                   ("checkpointing", recompute.replayable(base, parallel))) if not why)
+    return base, kinds, asked_kind
 
 
 def _at_world(parallel: Parallel, n: int) -> Parallel:
@@ -255,7 +280,7 @@ class _ReducedDepthFailed(Exception):
 
 
 def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, kernels, progress, scan_extra=(),
-                   step=8, ranks=((8,), 8), stage=(0, 0), multiple=1, accumulating=False):
+                   step=8, ranks=((8,), 8), stage=(0, 0), multiple=1, kinds=()):
     """(fitted pieces, traces run, largest FSDP padding): every piece of s and batch region, every variant of
     `plan` traced, fit, verified and extended. Where the step calls CUDA's memory-efficient attention (seen on the
     piece's first trace) the fit gets its monomials in l and m and the seqs that determine them (`choose_seqs`);
@@ -264,9 +289,10 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
     count), fit on every piece with seqs that tell q from s. `ranks`: (the LoRA ranks fit, the rank verified); with
     two fit ranks the rank is a variable. `stage`: (pipeline rank, the model's index of each of the plan's layers;
     None: the same). A reduced plan whose first trace fails in the model's code raises _ReducedDepthFailed.
-    `accumulating`: every trace also replays its step as one of grad_accum 2 (tracer.replay), and those ticks are fit
-    and verified the same way; one traced step of grad_accum 2 checks the replay itself (`replay.check`): the fitted
-    pieces are (this class's, the replayed class's, or why not where the replay was not exact)."""
+    `kinds`: every trace also replays its step under each of these knobs (SIBLINGS: grad_accum 2, tracer.replay;
+    full checkpointing, tracer.recompute), and those ticks are fit and verified the same way; one traced step of each
+    replayed class checks its replay itself (`replay.check`): the fitted pieces are (this class's, {kind: the
+    replayed class's, or why not where the replay was not exact})."""
 
     fit_ranks, vrank = ranks
     ranked = len(fit_ranks) > 1
@@ -276,7 +302,7 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
         return sum(len(size_points(r[0], fseqs, fit_world, fit_ranks)) + 1 for r in BATCH_REGIONS) * \
             len(plan.variants)
 
-    n_jobs = sum(jobs(p[2]) for p in pieces) + accumulating   # the replay's one traced check
+    n_jobs = sum(jobs(p[2]) for p in pieces) + len(kinds)   # each replay's one traced check
     done, padding = 0, 0
     cache: dict = {}
 
@@ -289,17 +315,19 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
                 + (f", {n} GPUs" if n > 1 else "") + (f", LoRA rank {r}" if ranked else ""))
 
     def args(job) -> tuple:
-        """(config, workload, parallel, layers, kernels) of one trace job (variant, (b, s, n, r)[, grad_accum])."""
+        """(config, workload, parallel, layers, kernels) of one trace job (variant, (b, s, n, r)[, replayed kind])."""
         v, (b, s, n, r) = job[:2]
         keep = plan.variants[v]
-        return (config, replace(w0, batch=b, seq=s, lora_rank=r, grad_accum=job[2] if len(job) > 2 else w0.grad_accum),
+        w = replace(w0, batch=b, seq=s, lora_rank=r)
+        return (config, SIBLINGS[job[2]](w) if len(job) > 2 else w,
                 _at_world(parallel, n), None if keep is None else [i if held is None else held[i] for i in keep], kernels)
 
     def trace(job):
-        return trace_ticks(*args(job), pp_rank=pp_rank, accumulating=accumulating and len(job) == 2)
+        return trace_ticks(*args(job), pp_rank=pp_rank, replays=kinds if len(job) == 2 else ())
 
     def run(pt, v, *accumulated):
-        """The ticks of variant v at pt (with `accumulated` (2,): a traced step of grad_accum 2, the replay's check)."""
+        """The ticks of variant v at pt (with `accumulated` (kind,): a traced step of that replayed class, the
+        replay's check)."""
         nonlocal done
         hit = cache.get((v, pt, *accumulated))
         if isinstance(hit, Exception):  # a forked trace's failure, raised where one process would have met it
@@ -376,20 +404,19 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
             classes = [(None, lse, *(choose_seqs(lo, unit, lse, step=step, multiple=multiple) if lse else (seqs, vseq)))]
         n_jobs += sum(jobs(c[2]) for c in classes) - jobs(seqs)
         planned.append((seen, classes))
-    # the replay's check: one traced step of grad_accum 2, at the first piece's verified size of b >= 2 on the deepest
+    # each replay's check: one traced step of its class, at the first piece's verified size of b >= 2 on the deepest
     # reduced model, against the replayed ticks there, key by key (the replay's surgery is the same at every size)
-    replayed_check = (len(plan.variants) - 1, (BATCH_REGIONS[-1][1], planned[0][1][0][3], world[-1], vrank), 2)
+    checked = (len(plan.variants) - 1, (BATCH_REGIONS[-1][1], planned[0][1][0][3], world[-1], vrank))
     prefetch([(v, pt) for _, classes in planned for _, _, fseqs, vs in classes
               for batches, vbatch, _, _ in BATCH_REGIONS for v in range(len(plan.variants))
               for pt in (*size_points(batches, fseqs, fit_world, fit_ranks), (vbatch, vs, world[-1], vrank))] +
-             ([replayed_check] if accumulating else []))
-    out_pieces = [[], [] if accumulating else None]
-    why_not = ""
+             [(*checked, kind) for kind in kinds])
+    out_pieces = [[], {kind: [] for kind in kinds}]
     for (lo, hi, seqs, _), (seen, classes) in zip(pieces, planned):
         for align, extra, fseqs, vs in classes:
             for batches, vbatch, b_lo, b_hi in BATCH_REGIONS:
                 vpoint = (vbatch, vs, world[-1], vrank)
-                fits = ([], [])
+                fits = ([], {})
                 for v in range(len(plan.variants)):
                     traces = {pt: run(pt, v) for pt in size_points(batches, fseqs, fit_world, fit_ranks)}
                     check = run(vpoint, v)
@@ -399,22 +426,26 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
                     fit = fit_variant(traces, fsdp, one_batch=len(batches) == 1, extra=extra, ranked=ranked)
                     padding = max(padding, verify(fit, check, vpoint))
                     fits[0].append(fit)
-                    if out_pieces[1] is not None:   # the replayed step, checked against a traced one
+                    for kind, got in out_pieces[1].items():   # each replayed step, checked against a traced one
+                        if isinstance(got, str):
+                            continue
                         try:
-                            refused = next((tk.accumulating.refused for tk in traces.values()
-                                            if tk.accumulating.refused), "")
-                            if refused or check.accumulating.refused:
-                                raise ValueError(refused or check.accumulating.refused)
-                            if (v, vpoint, 2) == replayed_check:
-                                replay.check(check.accumulating, run(vpoint, v, 2), vpoint)
-                            fit = fit_variant({pt: tk.accumulating for pt, tk in traces.items()}, fsdp,
+                            refused = next((tk.replayed[kind].refused for tk in (*traces.values(), check)
+                                            if tk.replayed[kind].refused), "")
+                            if refused:
+                                raise ValueError(refused)
+                            if (v, vpoint) == checked:
+                                replay.check(check.replayed[kind], run(vpoint, v, kind), vpoint, kind)
+                            fit = fit_variant({pt: tk.replayed[kind] for pt, tk in traces.items()}, fsdp,
                                               one_batch=len(batches) == 1, extra=extra, ranked=ranked)
-                            verify(fit, check.accumulating, vpoint)
-                            fits[1].append(fit)
+                            verify(fit, check.replayed[kind], vpoint)
+                            fits[1].setdefault(kind, []).append(fit)
                         except ValueError as e:
-                            out_pieces[1], why_not = None, str(e)
-                for i, pieces_i in enumerate(out_pieces):
-                    if pieces_i is not None:
-                        cands = prune(extend(plan, fits[i]))
-                        pieces_i.append(Piece.from_moments(lo, hi, [moment_of(c) for c in cands], b_lo, b_hi, align))
-    return (out_pieces[0], out_pieces[1] or why_not), n_jobs, padding
+                            out_pieces[1][kind] = str(e)
+                main_cands = prune(extend(plan, fits[0]))
+                out_pieces[0].append(Piece.from_moments(lo, hi, [moment_of(c) for c in main_cands], b_lo, b_hi, align))
+                for kind, got in out_pieces[1].items():
+                    if not isinstance(got, str):
+                        cands = prune(extend(plan, fits[1][kind]))
+                        got.append(Piece.from_moments(lo, hi, [moment_of(c) for c in cands], b_lo, b_hi, align))
+    return (out_pieces[0], out_pieces[1]), n_jobs, padding

@@ -7,7 +7,7 @@
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 
 import numpy as np
@@ -87,7 +87,9 @@ class Ticks:
     gs: list[int]                    # per key: the decode window (tokens generated so far), 0 elsewhere
     values: np.ndarray               # (len(keys), len(CATEGORIES)) int64
     efficient: frozenset = frozenset()   # "lse", "mask": how the step called memory-efficient attention (derive)
-    accumulating: Ticks | None = None    # the same run replayed as a step of grad_accum 2 (tracer.replay)
+    # the same run replayed under another knob: "grad_accum" (a step of grad_accum 2, tracer.replay), "checkpointing"
+    # (full activation checkpointing, tracer.recompute)
+    replayed: dict = field(default_factory=dict)
     refused: str = ""                    # why these ticks cannot be fit (a replayed step the tracer's guards refuse)
 
 
@@ -95,13 +97,13 @@ def encode_ticks(t: Ticks) -> dict:
     """Ticks as JSON-able data (a forked trace's result on its pipe, tracer.forked); `decode_ticks` reads it."""
     return {"keys": [list(k) for k in t.keys], "gs": list(t.gs), "values": t.values.tolist(),
             "efficient": sorted(t.efficient), "refused": t.refused,
-            **({"accumulating": encode_ticks(t.accumulating)} if t.accumulating is not None else {})}
+            "replayed": {k: encode_ticks(v) for k, v in t.replayed.items()}}
 
 
 def decode_ticks(d: dict) -> Ticks:
     values = np.array(d["values"], dtype=np.int64).reshape(len(d["keys"]), len(CATEGORIES))
     return Ticks([tuple(k) for k in d["keys"]], [int(g) for g in d["gs"]], values, frozenset(d["efficient"]),
-                 decode_ticks(d["accumulating"]) if "accumulating" in d else None, d.get("refused", ""))
+                 {k: decode_ticks(v) for k, v in d.get("replayed", {}).items()}, d.get("refused", ""))
 
 
 def tick_row(col, opt_step: int) -> list[int]:

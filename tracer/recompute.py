@@ -49,6 +49,7 @@ class Saves:
     released: list = field(default_factory=list)  # (tick, pack) where autograd let the saved tensor go
     held: list = field(default_factory=list)      # (layer, record) per tensor argument of a layer in the probe
     probe: tuple[int, int] | None = None
+    refused: str = ""   # why the probe did not run
 
 
 def replayable(workload: Workload, parallel: Parallel, config: dict | None = None) -> str:
@@ -72,6 +73,9 @@ def replayable(workload: Workload, parallel: Parallel, config: dict | None = Non
         return "optimizer_in_backward: the optimizer steps inside backward"
     if workload.grad_accum != 1:
         return "grad_accum: the replay starts from a step of grad_accum 1"
+    if workload.method != "full":
+        return (f"method {workload.method}: under checkpointing transformers makes the embeddings' output require a "
+                "gradient (enable_input_require_grads), which the step without it never computes")
     return ""
 
 
@@ -144,9 +148,14 @@ def probe(case, counter: StorageCounter, saves: Saves) -> None:
     def post(module, args, output):
         entered.pop(id(module)).__exit__(None, None, None)
 
+    layers = all_layers(case.model)
+    if any(hasattr(m, "gradient_checkpointing") for layer in layers for m in layer.modules() if m is not layer):
+        # a checkpointed block inside a layer (Zamba's shared transformer): checkpoints nest
+        saves.refused = "recompute: a layer holds a checkpointed block of its own (nested checkpoints are not replayed)"
+        return
     handles = []
-    positions = {id(layer): pos for pos, layer in enumerate(all_layers(case.model))}
-    for layer in all_layers(case.model):
+    positions = {id(layer): pos for pos, layer in enumerate(layers)}
+    for layer in layers:
         handles.append(layer.register_forward_pre_hook(pre, with_kwargs=True))
         handles.append(layer.register_forward_hook(post))
     first = counter.now
@@ -185,6 +194,8 @@ def checkpointed(tl: Timeline, saves: Saves) -> Timeline:
     """The timeline of the same step with every layer checkpointed (full), from a traced step without checkpointing
     whose counter watched its saves and ran the probe; ValueError (one line) where the step is not one this reading
     covers."""
+    if saves.refused:
+        raise ValueError(saves.refused)
     names = [m[1] for m in tl.marks]
     if len(names) < 5 or names[-4:] != ["forward", "backward", "optimizer", PROBE] or saves.probe is None:
         raise ValueError("recompute: the run does not end in forward, backward, optimizer and the probe")

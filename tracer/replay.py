@@ -135,11 +135,12 @@ def keyed(ticks) -> dict:
     return {(k, g): tuple(int(x) for x in v) for k, g, v in zip(ticks.keys, ticks.gs, ticks.values)}
 
 
-def check(replayed, traced, point: tuple) -> None:
-    """The replay against a traced step of grad_accum 2 (tracer.extend.Ticks of each), key by key (`keyed`);
-    ValueError (one line) at the first key that differs."""
+def check(replayed, traced, point: tuple, kind: str = "grad_accum") -> None:
+    """A replayed step against a traced step of its class (tracer.extend.Ticks of each; `kind`: which replay,
+    tracer.derive.SIBLINGS), key by key (`keyed`); ValueError (one line) at the first key that differs."""
     got, want = keyed(replayed), keyed(traced)
     if got != want:
+        what = {"grad_accum": "step of grad_accum 2", "checkpointing": "step under full checkpointing"}[kind]
         key = next(k for k in sorted(set(got) | set(want), key=str) if got.get(k) != want.get(k))
-        raise ValueError(f"replay: at (b, s, n, r) = {point} the replayed step of grad_accum 2 reads {got.get(key)} B "
+        raise ValueError(f"replay: at (b, s, n, r) = {point} the replayed {what} reads {got.get(key)} B "
                          f"at {key[0]}, a traced one {want.get(key)} B; the replay is not exact here")

@@ -12,21 +12,24 @@ import numpy as np
 from estimator.profile.profile import CATEGORIES
 from estimator.spec import Parallel, Workload
 from tracer import kernels as kernels_mod
-from tracer import kernels_sdpa, losses, replay, session, time_loop, vision, vlm, vlm_grid
+from tracer import kernels_sdpa, losses, recompute, replay, session, time_loop, vision, vlm, vlm_grid
 from tracer.counters import per_tick
 from tracer.extend import OPTIONAL, STEP_MAX, TRACER_CATEGORIES, Ticks, tick_row
 
 
 
 def trace_ticks(config: dict, workload: Workload, parallel: Parallel, layers: list[int] | None,
-                kernels: str = "cuda", pp_rank: int = 0, accumulating: bool = False) -> Ticks:
+                kernels: str = "cuda", pp_rank: int = 0, replays: tuple[str, ...] = ()) -> Ticks:
     """Trace one reduced model (or the whole one: layers None) at one size and keep the ticks that can be a peak
     (with the same kernels as session.run_traced, so a profile and a traced row agree). `pp_rank`: a pipeline's rank
-    (tracer.pp); `layers` are then its stage's layers that are kept. `accumulating` (a grad_accum 1 step that
-    tracer.replay.replayable allows): the ticks of the same step replayed as one of grad_accum 2 come with them."""
+    (tracer.pp); `layers` are then its stage's layers that are kept. `replays`: the same step replayed under other
+    knobs comes with it, in `Ticks.replayed`: "grad_accum" (as a step of grad_accum 2, where tracer.replay.replayable
+    allows), "checkpointing" (under full activation checkpointing, where tracer.recompute.replayable allows). A replay
+    the tracer's guards refuse, or one the step is not one of, is there with `refused` set."""
 
     steps = 2 if workload.mode == "train" else 1
     calls_before = kernels_sdpa.efficient_calls()
+    saves = recompute.Saves() if "checkpointing" in replays else None
     gc.disable()  # frees happen at refcount zero; a collector pass at a random tick would break the alignment
     try:
         # Liger's power-of-two chunk rule is not polynomial in the sizes: the profile uses a bounding fixed count
@@ -35,19 +38,24 @@ def trace_ticks(config: dict, workload: Workload, parallel: Parallel, layers: li
             prime = prime_names(config, workload, parallel, layers, kernels)
             with session._prepared(config, workload, parallel, layers, kernels=kernels, rank=pp_rank) as case:
                 counter = session._run(case, steps, observe_layers=layers is not None, prime=prime,
-                                       watch_grads=accumulating)
-            tl = counter.timeline()
+                                       watch_grads="grad_accum" in replays, saves=saves)
+            whole = counter.timeline()
     finally:
         gc.enable()
+    tl = recompute.traced_part(whole)
     ticks = _candidates(tl, workload.mode == "train", per_window=parallel.pp_size > 1)
     ticks.efficient = frozenset(k for k, v in kernels_sdpa.efficient_calls().items() if v > calls_before[k])
-    if accumulating:
+    for kind in replays:
         try:
-            ticks.accumulating = _candidates(replay.accumulating(tl, counter.accumulations), True)
-            ticks.accumulating.efficient = ticks.efficient
-        except ValueError as e:   # the replayed step is one the guards refuse (as a traced one would be): that
-            # class is not given, this one is (tracer.derive)
-            ticks.accumulating = Ticks([], [], np.zeros((0, len(CATEGORIES)), dtype=np.int64), refused=str(e))
+            if kind == "grad_accum":
+                other = _candidates(replay.accumulating(tl, counter.accumulations), True)
+            else:
+                other = _candidates(recompute.checkpointed(whole, saves), True)
+        except ValueError as e:   # the replayed step is one the guards refuse (as a traced one would be) or one the
+            # replay does not read: that class is not given, this one is (tracer.derive)
+            other = Ticks([], [], np.zeros((0, len(CATEGORIES)), dtype=np.int64), refused=str(e))
+        other.efficient = ticks.efficient
+        ticks.replayed[kind] = other
     return ticks
 
 

@@ -1,0 +1,141 @@
+"""tracer.recompute: a step under full activation checkpointing replayed from the traced step without it, against its
+own trace, tick by tick, and a profile derived that way against full-depth traces."""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from estimator.spec import Parallel, Workload
+
+pytest.importorskip("torch")
+
+from estimator import store  # noqa: E402
+from estimator.estimate import Options, estimate  # noqa: E402
+from estimator.model import from_hf_config  # noqa: E402
+from estimator.profile.profile import TRAIN_STAGES  # noqa: E402
+from bench.trace.cases import trace_case  # noqa: E402
+from tracer import derive, recompute, replay  # noqa: E402
+from tracer.ticks import trace_ticks  # noqa: E402
+
+TINY = Path(__file__).parent / "data" / "tiny"
+SLOW = pytest.mark.skipif(not os.environ.get("WILLITFIT_SLOW"), reason="slow tier: WILLITFIT_SLOW=1")
+
+
+def _config(family: str) -> dict:
+    return json.loads((TINY / f"t-{family}.json").read_text())
+
+
+# what the replay must get right: a fused loss that makes gradients in forward and hands them on in backward, tied
+# weights under amp (autocast's cast cache), routed experts whose router saves tensors no node reads (a topk freed in
+# forward); in the slow tier more families, an encoder, hybrids with state-space and linear-attention layers
+CASES = [
+    ("llama", dict(loss="fused-linear")),
+    ("gpt2", dict(recipe="amp")),
+    ("dsv3", {}),
+]
+SLOW_CASES = [
+    ("llama", {}),
+    ("llama", dict(loss="chunked", loss_chunks=4)),
+    ("llama", dict(recipe="mixed", optimizer_impl="forloop")),
+    ("mixtral", {}),
+    ("bert", {}),
+    ("neox", dict(optimizer="sgd", optimizer_impl="fused")),
+    ("gemma2", dict(attention="eager")),
+    ("opt", dict(recipe="amp")),
+    ("falcon", {}),
+    ("qwenmoe", {}),
+    ("llama4", {}),
+    ("jamba", {}),
+    ("qwen3_next", {}),
+    ("qwen3_5_text", {}),
+    ("kimi_linear", {}),
+    ("bamba", {}),
+    ("nemotron_h", {}),
+    ("falcon_h1", {}),
+    ("vit", {}),
+]
+
+
+def _check(family: str, knobs: dict, b: int, s: int, layers=(0, 1, 2)) -> None:
+    cfg = _config(family)
+    w = Workload(batch=b, seq=s, **knobs)
+    assert recompute.replayable(w, Parallel()) == ""
+    both = trace_ticks(cfg, w, Parallel(), list(layers), replays=("checkpointing",))
+    plain = trace_ticks(cfg, w, Parallel(), list(layers))
+    # watching what autograd saves, and the probe forward after the step, change nothing the fit reads
+    assert replay.keyed(both) == replay.keyed(plain)
+    traced = trace_ticks(cfg, replace(w, checkpointing="full"), Parallel(), list(layers))
+    assert replay.keyed(both.replayed["checkpointing"]) == replay.keyed(traced)
+
+
+@pytest.mark.parametrize("family, knobs", CASES, ids=[c[0] for c in CASES])
+def test_a_replayed_step_under_full_checkpointing_has_the_traced_ticks(family, knobs):
+    _check(family, knobs, 2, 37)
+
+
+@SLOW
+@pytest.mark.parametrize("family, knobs", SLOW_CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(SLOW_CASES)])
+def test_a_replayed_step_under_full_checkpointing_has_the_traced_ticks_everywhere(family, knobs):
+    for b, s in ((1, 64), (3, 29)):
+        _check(family, knobs, b, s)
+
+
+@SLOW
+def test_an_encoder_decoder_step_is_replayed_across_both_stacks():
+    _check("whisper", {}, 2, 37, layers=(0, 1, 4, 5))
+
+
+def test_what_is_not_replayed_says_why():
+    assert "lora" in recompute.replayable(Workload(method="lora"), Parallel())
+    assert "fsdp" in recompute.replayable(Workload(), Parallel(strategy="fsdp", gpus=2))
+    assert "checkpointing" in recompute.replayable(Workload(checkpointing="selective"), Parallel())
+    assert "loop" in recompute.replayable(Workload(loop="keep-output"), Parallel())
+    assert "compile" in recompute.replayable(Workload(compile=True), Parallel())
+    assert "inference" in recompute.replayable(Workload(mode="infer"), Parallel())
+    assert recompute.replayable(Workload(), Parallel()) == ""
+
+
+def test_nested_checkpointed_blocks_are_refused_not_guessed():
+    """Zamba2's hybrid layers each hold a checkpointed shared transformer block: checkpoints would nest, which the
+    replay does not read; the traced ticks are the ones a run without the probe has."""
+    cfg = _config("zamba2")
+    w = Workload(batch=2, seq=37)
+    both = trace_ticks(cfg, w, Parallel(), None, replays=("checkpointing",))
+    assert both.replayed["checkpointing"].refused.startswith("recompute: a layer holds a checkpointed block")
+    assert replay.keyed(both) == replay.keyed(trace_ticks(cfg, w, Parallel(), None))
+
+
+def test_one_derivation_prices_full_checkpointing_exactly(tmp_path, monkeypatch):
+    """A derivation without checkpointing leaves the class of full checkpointing beside it: a later estimate under
+    full checkpointing derives nothing (derive=False would raise) and equals a full-depth trace, at a size no fit used;
+    one asked for full checkpointing is replayed the same way."""
+    monkeypatch.setenv("WILLITFIT_CACHE", str(tmp_path))
+    monkeypatch.setattr(store, "SHIPPED_DIR", tmp_path / "none")
+    store._MEMO.clear()
+    cfg = _config("llama")
+    model = from_hf_config(cfg, "tiny")
+    w = Workload(batch=3, seq=45)
+    none = estimate(model, w)
+    store._MEMO.clear()
+    full = estimate(model, replace(w, checkpointing="full", batch=5, seq=91), Parallel(), Options(derive=False))
+    for est, wk in ((none, w), (full, replace(w, checkpointing="full", batch=5, seq=91))):
+        row = trace_case(cfg, "tiny", wk, steps=2)
+        got = {name: b.tensor_bytes for name, b in est.stages if name in TRAIN_STAGES}
+        assert got == {name: row[f"{name}_peak_alloc_bytes"] for name in TRAIN_STAGES}, wk.checkpointing
+    assert "tracer.recompute" in full.profile.get("replayed", "") and "replayed" not in none.profile
+
+
+def test_a_replay_that_misses_its_traced_check_is_not_given(monkeypatch):
+    """Each derivation checks the replay against one traced step under full checkpointing, key by key: a wrong replay
+    (here: the step without checkpointing as it was traced) gives no profile of that class, and one asked for full
+    checkpointing is then traced after all."""
+    monkeypatch.setattr(recompute, "checkpointed", lambda tl, saves: recompute.traced_part(tl))
+    asked, kept, *others = derive.derive_profiles(_config("llama"), Workload(checkpointing="full"))
+    assert asked.workload_class["checkpointing"] == "full" and "replayed" not in asked.provenance
+    assert kept.workload_class["checkpointing"] == "none"
+    assert kept.provenance["replay_refused"]["checkpointing"].startswith("replay: at (b, s, n, r) = (4, ")
+    assert [p.workload_class["grad_accum"] for p in others] == [2]
