@@ -86,13 +86,20 @@ def watching(counter: StorageCounter, saves: Saves):
     cycle, freed only by the collector the tracer turns off), so storages live exactly as without the hooks."""
 
     def pack(x):
-        saves.packs.append((counter.now, counter.record_of(x), counter.block()))
-        with counter.paused():
-            held = _Held(x.detach(), len(saves.packs) - 1)
+        block = counter.block()
+        saves.packs.append((counter.now, counter.record_of(x), block))
+        if x.is_leaf:   # a parameter or an input: no history to cycle through, never recomputed
+            held = _Held(x, len(saves.packs) - 1, False)
+        else:
+            with counter.paused():
+                held = _Held(x.detach(), len(saves.packs) - 1, block is not None)
         weakref.finalize(held, _note, counter, saves.released, held.i).atexit = False
         return held
 
     def unpack(held):
+        saves.unpacks.append((counter.now, held.i))
+        if not held.recomputed:
+            return held.x
         # a stand-in with a storage of its own (counted as the saved one's): it dies where the node that asked for it
         # lets it go, at the end of its apply, before the engine's own work on the node's outputs (a broadcast
         # gradient's sum) and the node's release of what it saved; a recomputed tensor dies there under checkpointing
@@ -104,7 +111,6 @@ def watching(counter: StorageCounter, saves: Saves):
             del flat
         counter.alias(stand_in, x)
         weakref.finalize(stand_in.untyped_storage(), _note, counter, saves.applied, held.i).atexit = False
-        saves.unpacks.append((counter.now, held.i))
         return stand_in
 
     with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
@@ -112,12 +118,13 @@ def watching(counter: StorageCounter, saves: Saves):
 
 
 class _Held:
-    """What a pack hands autograd: the saved tensor (a detached alias) and its pack's number."""
+    """What a pack hands autograd: the saved tensor (a detached alias), its pack's number, and whether a checkpointed
+    layer's recompute would make it again (saved inside a layer, not a leaf)."""
 
-    __slots__ = ("x", "i", "__weakref__")
+    __slots__ = ("x", "i", "recomputed", "__weakref__")
 
-    def __init__(self, x, i):
-        self.x, self.i = x, i
+    def __init__(self, x, i, recomputed):
+        self.x, self.i, self.recomputed = x, i, recomputed
 
 
 def _note(counter, into, i):
