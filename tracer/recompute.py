@@ -88,7 +88,7 @@ def watching(counter: StorageCounter, saves: Saves):
     def pack(x):
         block = counter.block()
         saves.packs.append((counter.now, counter.record_of(x), block))
-        if x.is_leaf:   # a parameter or an input: no history to cycle through, never recomputed
+        if x.is_leaf and x.requires_grad:   # a parameter: no history to cycle through, made before the forward
             held = _Held(x, len(saves.packs) - 1, False)
         else:
             with counter.paused():
