@@ -80,9 +80,10 @@ FSDP_WORLD = (2, 4, 8)              # fit at 2 (all sizes) and 4 (one size), ver
 # ------------------------------------------------------------------------------------------------- driver
 
 
-def _signatures(config: dict, workload: Workload) -> tuple[list[str], object, bool, bool]:
+def _signatures(config: dict, workload: Workload) -> tuple[list[str], object, bool, bool, bool]:
     """(layer type signatures, transformers config, built as an encoder: a masked LM or a vision encoder, whether
-    two decoder layers hold the same parameter: a block several layers reuse, as Zamba's shared transformer)."""
+    two decoder layers hold the same parameter: a block several layers reuse, as Zamba's shared transformer, whether
+    transformers checkpoints its layers: `supports_gradient_checkpointing`)."""
 
     base = replace(workload, method="full", gen_tokens=0) if workload.method == "lora" else \
         replace(workload, gen_tokens=0)
@@ -96,7 +97,8 @@ def _signatures(config: dict, workload: Workload) -> tuple[list[str], object, bo
                                 for i, layer in enumerate(all_layers(model)) for p in layer.parameters())
     if sigs and workload.method in ("lora", "qlora"):
         sigs = _frozen_prefix(model, workload.lora_targets, sigs)
-    return sigs, model.config, is_masked_lm(model) or is_vision_model(model), shared
+    return (sigs, model.config, is_masked_lm(model) or is_vision_model(model), shared,
+            bool(getattr(model, "supports_gradient_checkpointing", False)))
 
 
 def _frozen_prefix(model, targets, sigs: list[str]) -> list[str]:
@@ -169,7 +171,12 @@ def derive_profiles(config: dict, workload: Workload, parallel: Parallel = Paral
         raise ValueError(f"kernels: {config.get('model_type')} runs a chunked state-space scan ({scan[0]}="
                          f"{scan[1]}); a profile prices it on the GPU's kernels only (mamba_ssm, flash-linear-attention "
                          "and causal_conv1d installed: kernels cuda)")
-    sigs, hf_config, masked, shared = _signatures(config, w0)
+    sigs, hf_config, masked, shared, checkpointable = _signatures(config, w0)
+    if not checkpointable and "checkpointing" in kinds:   # a ResNet: transformers refuses to checkpoint it
+        if asked_kind == "checkpointing":
+            return derive_profiles(config, asked, parallel, progress, config_hash, kernels, rank_variable, pp_rank,
+                                   False)
+        kinds = tuple(k for k in kinds if k != "checkpointing")
     held = None   # a pipeline rank: its stages' layers (the model's indices) are the model the reduced depths cut
     if parallel.pp_size > 1:
         sigs, held = pp.rank_signatures(sigs, parallel, pp_rank)
@@ -377,7 +384,7 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
         if sequential is None:
             # what every copy would compute first, computed once here and inherited (session.grad_names memo)
             with kernels_mod.emulate(kernels), losses.bounding_chunks(), vision.interpolating(), vlm.fitting():
-                for job in {job[0]: job for job in todo}.values():
+                for job in {job[0]: job for job in todo if len(job) == 2}.values():   # the traced class's
                     prime_names(*args(job))
         forked.run_all(todo, trace, encode_ticks, decode_ticks, finished, start)
 
@@ -442,8 +449,9 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
                                               one_batch=len(batches) == 1, extra=extra, ranked=ranked)
                             verify(fit, check.replayed[kind], vpoint)
                             fits[1].setdefault(kind, []).append(fit)
-                        except ValueError as e:
-                            out_pieces[1][kind] = str(e)
+                        except (ValueError, RuntimeError, KeyError, IndexError, AttributeError, TypeError) as e:
+                            # the replay not exact, or its check's trace failing in the model's code: no such class
+                            out_pieces[1][kind] = " ".join(str(e).split())[:300] or type(e).__name__
                 main_cands = prune(extend(plan, fits[0]))
                 out_pieces[0].append(Piece.from_moments(lo, hi, [moment_of(c) for c in main_cands], b_lo, b_hi, align))
                 for kind, got in out_pieces[1].items():

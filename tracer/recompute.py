@@ -155,7 +155,11 @@ def probe(case, counter: StorageCounter, saves: Saves) -> None:
     def post(module, args, output):
         entered.pop(id(module)).__exit__(None, None, None)
 
-    layers = all_layers(case.model)
+    try:
+        layers = all_layers(case.model)
+    except ValueError as e:   # no decoder layers (a convolutional vision model, XLM): nothing checkpoints layer by layer
+        saves.refused = f"recompute: {e}"
+        return
     if any(hasattr(m, "gradient_checkpointing") for layer in layers for m in layer.modules() if m is not layer):
         # a checkpointed block inside a layer (Zamba's shared transformer): checkpoints nest
         saves.refused = "recompute: a layer holds a checkpointed block of its own (nested checkpoints are not replayed)"
