@@ -31,7 +31,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from estimator.spec import Parallel, Workload
-from tracer import runner
+from tracer import replay, runner
 from tracer.counters import StorageCounter, Timeline, per_tick
 from tracer.depth import all_layers
 
@@ -183,15 +183,6 @@ def probe(case, counter: StorageCounter, saves: Saves) -> None:
             h.remove()
 
 
-def _entries(values: list[int]) -> tuple:
-    out, prev = [], -2
-    for i, v in enumerate(values):
-        if v != prev:
-            out.append((i - 1, None if v == -1 else int(v)))
-            prev = v
-    return tuple(out)
-
-
 def traced_part(tl: Timeline) -> Timeline:
     """The timeline without the probe (the traced step as if no probe ran)."""
     if not tl.marks or tl.marks[-1][1] != PROBE:
@@ -259,6 +250,9 @@ def checkpointed(tl: Timeline, saves: Saves) -> Timeline:
         applied[i] = max(applied.get(i, 0), tick)
     released = dict((i, tick) for tick, i in saves.released)
     window = [(i, rec, b) for i, (tick, rec, b) in enumerate(saves.packs) if start < tick <= fwd]
+    packs_of: dict[int, list] = {}   # per record: its packs in the traced forward, (pack, layer or None)
+    for i, rec, b in window:
+        packs_of.setdefault(rec, []).append((i, b))
     frame = {}   # per layer: where its checkpoint frame would die (the last node holding one of its holders lets go)
     for i, rec, b in window:
         if b is not None:
@@ -284,7 +278,7 @@ def checkpointed(tl: Timeline, saves: Saves) -> Timeline:
     kept: dict[int, set] = {}
     for blk, recs in copied.items():
         for r in recs:
-            ticks = [t for t in (holds(i, blk) for i, rec, b in window if rec == r and b == blk) if t is not None]
+            ticks = [t for t in (holds(i, blk) for i, b in packs_of[r] if b == blk) if t is not None]
             if ticks:
                 kept.setdefault(blk, set()).add(r)
                 dies.setdefault(max(ticks), []).append((n_rec + r, r))
@@ -297,7 +291,7 @@ def checkpointed(tl: Timeline, saves: Saves) -> Timeline:
         if r in all_copied or not layers <= set(frame):
             raise ValueError("recompute: a layer's argument the replay cannot place")
         ticks = [frame[b] for b in layers]
-        ticks += [released.get(i) if b is None else holds(i, b) for i, rec, b in window if rec == r]
+        ticks += [released.get(i) if b is None else holds(i, b) for i, b in packs_of.get(r, ())]
         dies.setdefault(max(t for t in ticks if t is not None), []).append((r, r))
     moved = all_copied | {r for recs in dies.values() for _, r in recs}
     out = []   # (kind, nbytes, cat, rec, block)
@@ -341,7 +335,7 @@ def checkpointed(tl: Timeline, saves: Saves) -> Timeline:
         blocks.append(blk)
     marks = tuple(m for m in tl.marks if m[0] <= start) + ((fwd_new, "forward"), (bwd_new, "backward"),
                                                             (opt_new, "optimizer"))
-    return Timeline(kind, nbytes, cat, rec, marks, _entries(blocks))
+    return Timeline(kind, nbytes, cat, rec, marks, replay.entries(blocks))
 
 
 def _recompute(tl, blk, start, stop, block, kept, n_rec, out) -> None:

@@ -52,7 +52,7 @@ def _carried(entries: tuple, T: int, start: int, bwd: int) -> tuple[np.ndarray, 
     return traced, again
 
 
-def _entries(values: list[int]) -> tuple:
+def entries(values: list[int]) -> tuple:
     """(tick, value) entries that give `values` back through counters.per_tick: one wherever the value changes."""
     out, prev = [], -1
     for i, v in enumerate(values):
@@ -126,7 +126,7 @@ def accumulating(tl: Timeline, accumulations: list[tuple[int, int, int]]) -> Tim
     marks += [(copy_fwd, "forward"), (copy_end, "backward")]
     shift = copy_end - bwd
     marks += [(m[0] + shift, m[1]) for m in tl.marks if m[0] > bwd]
-    return Timeline(kind, nbytes, cat, rec, tuple(marks), _entries(blocks), _entries(loops))
+    return Timeline(kind, nbytes, cat, rec, tuple(marks), entries(blocks), entries(loops))
 
 
 def keyed(ticks) -> dict:
