@@ -255,3 +255,42 @@ def test_cpu_kernels_profile_equals_a_cpu_kernels_trace(case):
         row = trace_case(cfg, "tiny", w, steps=2, kernels="cpu")
     stages = _stages(w)
     _assert_equal(cfg, w, {k: got[k] for k in stages}, {k: row[f"{k}_peak_alloc_bytes"] for k in stages})
+
+
+@st.composite
+def replayed_cases(draw):
+    """Full fine-tuning under full checkpointing on one GPU, the loss-only loop: the class a derivation gives by
+    replaying the step without checkpointing (tracer.recompute), every other knob drawn."""
+    family = draw(st.sampled_from(FAMILIES))
+    window = draw(st.sampled_from((None, 256, 1000))) if family in ("phi3", "gemma2") else None
+    cfg = tiny_config(family, draw(st.integers(5, 8)), window)
+    loss = draw(st.sampled_from(("full", "chunked", "fused-linear")))
+    return cfg, Workload(checkpointing="full", recipe=draw(st.sampled_from(("pure", "amp", "mixed"))),
+                         attention="eager" if family == "gemma2" else draw(st.sampled_from(("sdpa", "eager"))),
+                         loss=loss, loss_chunks=draw(st.sampled_from((2, 4, 8))) if loss == "chunked" else 8,
+                         optimizer=draw(st.sampled_from(("adamw", "adam", "sgd", "sgd-momentum"))),
+                         optimizer_impl=draw(st.sampled_from(("foreach", "fused", "forloop"))),
+                         batch=draw(st.integers(1, 8)), seq=draw(st.integers(1, MAX_SEQ)))
+
+
+@pytest.mark.skipif(not SLOW, reason="slow tier: WILLITFIT_SLOW=1 (each example derives a profile)")
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck), phases=PHASES)
+@given(replayed_cases())
+def test_full_checkpointing_replayed_equals_a_full_depth_trace(case):
+    """estimate() under full checkpointing, its profile replayed from the traces without checkpointing (checked there
+    against one traced step) == a full-depth trace of the drawn workload, per stage."""
+    cfg, w = case
+    assume(_traceable(w))
+    note(f"{cfg['model_type']} layers={cfg.get('num_hidden_layers', cfg.get('n_layer'))} "
+         f"window={cfg.get('sliding_window')} {w}")
+    try:
+        est = estimate(from_hf_config(cfg, "tiny"), w)
+    except ValueError as e:
+        refused(e)
+        return
+    event("replayed" if "tracer.recompute" in est.profile.get("replayed", "") else "traced (replay refused)")
+    with bounded(w):
+        row = trace_case(cfg, "tiny", w, steps=2)
+    stages = _stages(w)
+    _assert_equal(cfg, w, {name: b.tensor_bytes for name, b in est.stages if name in stages},
+                  {name: row[f"{name}_peak_alloc_bytes"] for name in stages})
