@@ -55,6 +55,26 @@ def test_attention_and_checkpointing_settings():
     assert model.is_activation_checkpointing
 
 
+@pytest.mark.parametrize("config, attention", [
+    (TINY, "eager"), (TINY, "sdpa"),
+    # a sliding window shorter than the sequence: SDPA needs its mask
+    ({**TINY, "model_type": "mistral", "sliding_window": 8}, "sdpa"),
+])
+def test_selective_checkpointing_computes_what_the_model_computes(config, attention):
+    """Checkpointing changes when tensors live, never the function: the wrapped attention gets the mask the model's
+    own attention gets (transformers makes none for an attention name it has no mask function for; eager attention
+    ran unmasked, a window was not applied, and the step left the mask's bytes out, until 2026-11-28)."""
+    ids = torch.randint(0, TINY["vocab_size"], (2, 32))
+    out = {}
+    for ckpt in ("none", "selective"):
+        model = runner.build_model(config, Workload(checkpointing=ckpt, attention=attention, recipe="fp32",
+                                                    precision="fp32"), seed=0)
+        model.eval()   # no dropout
+        with torch.no_grad():
+            out[ckpt] = model(input_ids=ids).logits
+    torch.testing.assert_close(out["selective"], out["none"])
+
+
 @pytest.mark.parametrize("impl, flags", [("foreach", {"foreach": True}), ("forloop", {"foreach": False}),
                                          ("fused", {"fused": True})])
 def test_optimizer_impl_flags(impl, flags):

@@ -71,11 +71,17 @@ def _selective_attention(base: str) -> str:
     'selective' checkpointing follows Megatron's selective recompute (arXiv 2205.05198 Section 4.2): the
     QK^T / softmax / attention-over-V core is recomputed in backward, the projections and MLP keep their
     activations. Here the whole HF attention interface call (after RoPE, before o_proj) is wrapped in
-    non-reentrant torch.utils.checkpoint, so only q, k, v are saved for it.
+    non-reentrant torch.utils.checkpoint, so only q, k, v are saved for it. The name gets the base's mask function
+    too (transformers' masking_utils makes no mask at all for an attention name it has no mask function for: eager
+    attention then ran unmasked, and a sliding window was not applied, a mask the step holds left out; fixed
+    2026-11-28).
     """
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 
     name = f"willitfit_selective_{base}"
+    if name not in ALL_MASK_ATTENTION_FUNCTIONS:
+        ALL_MASK_ATTENTION_FUNCTIONS.register(name, ALL_MASK_ATTENTION_FUNCTIONS[base])
     if name in ALL_ATTENTION_FUNCTIONS:
         return name
 
