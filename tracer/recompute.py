@@ -11,14 +11,19 @@ runs it with `use_reentrant=False`, early stop on) changes in a step, layer by l
 - backward: the first unpack of any of layer i's holders recomputes layer i's forward (`_recomputation_hook`), its
   saved tensors kept in the frame, the rest dying as in the forward without checkpointing; the recompute stops at
   the pack of the last tensor the layer saved (`_StopRecomputationError`) and the unwinding frees everything else it
-  made. Each recomputed tensor dies where its node releases it, as the one saved in the traced step does. The trace
-  records every pack (tick, record, layer) and unpack (`watching`), and `checkpointed` splices each layer's
-  recompute, the traced forward's ticks of that layer up to its last pack, in at its first unpack.
+  made. A recomputed tensor dies where the last node that reads it is done with it (the end of that node's `apply`,
+  before the engine sums a broadcast gradient and before the node releases what it saved; one no node reads, where
+  its holder dies), and a layer's arguments die with its frame (where the last node holding one of the layer's
+  holders lets go). The trace records every pack (tick, record, layer), unpack, end of use and release (`watching`),
+  and `checkpointed` splices each layer's recompute, the traced forward's ticks of that layer up to its last pack, in
+  at its first unpack.
 
-What it covers (`replayable`): one GPU, checkpointing none asked (the replay gives full), the loss-only loop, no
-offload, compile, per-image or per-time-step loops, recipes that checkpoint themselves. A derivation checks the
-replayed class against one traced step of full checkpointing (tracer.derive, as for gradient accumulation), so a
-model whose checkpointing differs from this reading is traced, not replayed.
+What it covers (`replayable`): one GPU, full fine-tuning (under checkpointing transformers makes a LoRA model's
+embedding output require a gradient, a backward the step without it never runs), checkpointing none asked (the
+replay gives full), the loss-only loop, no offload, compile, images or audio, no optimizer in backward; the probe
+refuses a model without decoder layers and one whose layers hold checkpointed blocks of their own (nested
+checkpoints). A derivation checks the replayed class against one traced step of full checkpointing (tracer.derive,
+as for gradient accumulation), so a model whose checkpointing differs from this reading is traced, not replayed.
 """
 from __future__ import annotations
 
@@ -40,8 +45,8 @@ PROBE = "probe"   # the stage name of the probe forward (dropped from the traced
 
 @dataclass
 class Saves:
-    """What autograd saved in a traced step: `packs` (tick, record, block) per saved tensor, `unpacks` (tick, pack)
-    per unpack in backward, the probe forward's ticks (first, last)."""
+    """What autograd saved in a traced step: `packs` (tick, record, layer or None) per saved tensor, `unpacks`
+    (tick, pack) per unpack in backward, and the probe forward's ticks (first, last)."""
 
     packs: list = field(default_factory=list)
     unpacks: list = field(default_factory=list)
@@ -52,7 +57,7 @@ class Saves:
     refused: str = ""   # why the probe did not run
 
 
-def replayable(workload: Workload, parallel: Parallel, config: dict | None = None) -> str:
+def replayable(workload: Workload, parallel: Parallel) -> str:
     """Why this class's full-checkpointing step cannot be replayed from its step without checkpointing ("" where it
     can)."""
     if workload.mode != "train":
