@@ -60,15 +60,15 @@ SLOW_CASES = [
 ]
 
 
-def _check(family: str, knobs: dict, b: int, s: int, layers=(0, 1, 2)) -> None:
+def _check(family: str, knobs: dict, b: int, s: int, layers=(0, 1, 2), parallel: Parallel = Parallel()) -> None:
     cfg = _config(family)
     w = Workload(batch=b, seq=s, **knobs)
-    assert recompute.replayable(w, Parallel()) == ""
-    both = trace_ticks(cfg, w, Parallel(), list(layers), replays=("checkpointing",))
-    plain = trace_ticks(cfg, w, Parallel(), list(layers))
+    assert recompute.replayable(w, parallel) == ""
+    both = trace_ticks(cfg, w, parallel, list(layers), replays=("checkpointing",))
+    plain = trace_ticks(cfg, w, parallel, list(layers))
     # watching what autograd saves, and the probe forward after the step, change nothing the fit reads
     assert replay.keyed(both) == replay.keyed(plain)
-    traced = trace_ticks(cfg, replace(w, checkpointing="full"), Parallel(), list(layers))
+    traced = trace_ticks(cfg, replace(w, checkpointing="full"), parallel, list(layers))
     assert replay.keyed(both.replayed["checkpointing"]) == replay.keyed(traced)
 
 
@@ -84,6 +84,19 @@ def test_a_replayed_step_under_full_checkpointing_has_the_traced_ticks_everywher
         _check(family, knobs, b, s)
 
 
+def test_ddp_and_an_optimizer_in_backward_are_replayed():
+    """DDP's gradient hooks and an optimizer stepped in backward run alike with and without checkpoints."""
+    _check("llama", {}, 2, 37, parallel=Parallel(strategy="ddp", gpus=2))
+    _check("gpt2", dict(optimizer_in_backward=True), 2, 37)
+
+
+@SLOW
+def test_ddp_and_an_optimizer_in_backward_are_replayed_on_routed_experts_and_hybrids():
+    for family in ("mixtral", "dsv3", "qwen3_next"):
+        _check(family, {}, 3, 29, parallel=Parallel(strategy="ddp", gpus=2))
+        _check(family, dict(optimizer_in_backward=True), 3, 29)
+
+
 @SLOW
 def test_an_encoder_decoder_step_is_replayed_across_both_stacks():
     _check("whisper", {}, 2, 37, layers=(0, 1, 4, 5))
@@ -92,6 +105,7 @@ def test_an_encoder_decoder_step_is_replayed_across_both_stacks():
 def test_what_is_not_replayed_says_why():
     assert "lora" in recompute.replayable(Workload(method="lora"), Parallel())
     assert "fsdp" in recompute.replayable(Workload(), Parallel(strategy="fsdp", gpus=2))
+    assert recompute.replayable(Workload(), Parallel(strategy="ddp", gpus=2)) == ""
     assert "checkpointing" in recompute.replayable(Workload(checkpointing="selective"), Parallel())
     assert "loop" in recompute.replayable(Workload(loop="keep-output"), Parallel())
     assert "compile" in recompute.replayable(Workload(compile=True), Parallel())
@@ -127,6 +141,25 @@ def test_one_derivation_prices_full_checkpointing_exactly(tmp_path, monkeypatch)
         got = {name: b.tensor_bytes for name, b in est.stages if name in TRAIN_STAGES}
         assert got == {name: row[f"{name}_peak_alloc_bytes"] for name in TRAIN_STAGES}, wk.checkpointing
     assert "tracer.recompute" in full.profile.get("replayed", "") and "replayed" not in none.profile
+
+
+@SLOW
+@pytest.mark.parametrize("w, parallel", [(Workload(batch=3, seq=45), Parallel(strategy="ddp", gpus=4)),
+                                         (Workload(batch=2, seq=30, optimizer_in_backward=True), Parallel())],
+                         ids=["ddp", "optimizer-in-backward"])
+def test_a_replayed_derivation_under_ddp_or_an_optimizer_in_backward_is_exact(w, parallel, tmp_path, monkeypatch):
+    monkeypatch.setenv("WILLITFIT_CACHE", str(tmp_path))
+    monkeypatch.setattr(store, "SHIPPED_DIR", tmp_path / "none")
+    store._MEMO.clear()
+    cfg = _config("llama")
+    model = from_hf_config(cfg, "tiny")
+    estimate(model, w, parallel)
+    full = replace(w, checkpointing="full", batch=5, seq=91)
+    est = estimate(model, full, parallel, Options(derive=False))
+    row = trace_case(cfg, "tiny", full, parallel, steps=2)
+    got = {name: b.tensor_bytes for name, b in est.stages if name in TRAIN_STAGES}
+    assert got == {name: row[f"{name}_peak_alloc_bytes"] for name in TRAIN_STAGES}
+    assert "tracer.recompute" in est.profile.get("replayed", "")
 
 
 def test_a_replay_that_misses_its_traced_check_is_not_given(monkeypatch):

@@ -18,9 +18,9 @@ runs it with `use_reentrant=False`, early stop on) changes in a step, layer by l
   and `checkpointed` splices each layer's recompute, the traced forward's ticks of that layer up to its last pack, in
   at its first unpack.
 
-What it covers (`replayable`): one GPU, full fine-tuning (under checkpointing transformers makes a LoRA model's
+What it covers (`replayable`): one GPU or DDP, full fine-tuning (under checkpointing transformers makes a LoRA model's
 embedding output require a gradient, a backward the step without it never runs), checkpointing none asked (the
-replay gives full), the loss-only loop, no offload, compile, images or audio, no optimizer in backward; the probe
+replay gives full), the loss-only loop, no offload, compile, images or audio (the optimizer may step in backward); the probe
 refuses a model without decoder layers and one whose layers hold checkpointed blocks of their own (nested
 checkpoints). A derivation checks the replayed class against one traced step of full checkpointing (tracer.derive,
 as for gradient accumulation), so a model whose checkpointing differs from this reading is traced, not replayed.
@@ -64,8 +64,8 @@ def replayable(workload: Workload, parallel: Parallel) -> str:
         return "an inference run has no backward"
     if workload.checkpointing != "none":
         return "checkpointing: the replay starts from a step without checkpointing"
-    if parallel.strategy != "single":
-        return f"strategy {parallel.strategy}: its hooks around each layer are not replayed"
+    if parallel.strategy not in ("single", "ddp"):   # DDP's gradient hooks run alike with and without checkpoints
+        return f"strategy {parallel.strategy}: its hooks around each layer (unshard, reshard) are not replayed"
     if workload.loop != "loss-only":
         return "loop: the previous step's output is alive into the probe forward"
     if workload.activation_offload:
@@ -74,8 +74,6 @@ def replayable(workload: Workload, parallel: Parallel) -> str:
         return "compile: the compiled graph saves what it chooses"
     if workload.images or workload.audios:
         return "images, audio: the per-item loops of a multimodal step"
-    if workload.optimizer_in_backward:
-        return "optimizer_in_backward: the optimizer steps inside backward"
     if workload.grad_accum != 1:
         return "grad_accum: the replay starts from a step of grad_accum 1"
     if workload.method != "full":
