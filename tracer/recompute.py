@@ -53,6 +53,7 @@ class Saves:
     applied: list = field(default_factory=list)   # (tick, pack) where the unpacked tensor's last reference died
     released: list = field(default_factory=list)  # (tick, pack) where autograd let the saved tensor go
     held: list = field(default_factory=list)      # (layer, record) per tensor argument of a layer in the probe
+    starts: list = field(default_factory=list)    # (tick, layer) where a layer's own forward starts (watch_layers)
     probe: tuple[int, int] | None = None
     refused: str = ""   # why the probe did not run
 
@@ -118,6 +119,21 @@ def watching(counter: StorageCounter, saves: Saves):
 
     with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
         yield
+
+
+def watch_layers(model, counter: StorageCounter, saves: Saves) -> list:
+    """Record where each decoder layer's own forward starts: a pre-hook after every other (FSDP2's unshard among
+    them), since a checkpoint recomputes the layer's `forward`, not its module hooks. Returns the hook handles."""
+    try:
+        layers = all_layers(model)
+    except ValueError:
+        return []
+    handles = []
+    for pos, layer in enumerate(layers):
+        def pre(module, args, pos=pos):
+            saves.starts.append((counter.now, pos))
+        handles.append(layer.register_forward_pre_hook(pre))
+    return handles
 
 
 class _Held:
@@ -262,6 +278,10 @@ def checkpointed(tl: Timeline, saves: Saves) -> Timeline:
             if i not in released:
                 raise ValueError(f"recompute: a tensor layer {b} saves is never let go in backward")
             frame[b] = max(frame.get(b, 0), released[i])
+    begin: dict[int, int] = {}   # per layer: the tick its own forward starts after, in the traced forward
+    for tick, pos in saves.starts:
+        if start <= tick <= fwd:
+            begin.setdefault(pos, tick)
     first_unpack: dict[int, int] = {}
     for tick, i in saves.unpacks:
         if fwd < tick <= bwd:
@@ -320,7 +340,8 @@ def checkpointed(tl: Timeline, saves: Saves) -> Timeline:
         if not (tl.kind[t] == -1 and r in moved):   # those die where `dies` says
             emit(t)
         if t in at_unpack:
-            _recompute(tl, at_unpack[t], start, stop[at_unpack[t]], block, kept.get(at_unpack[t], set()), n_rec, out)
+            blk = at_unpack[t]
+            _recompute(tl, blk, begin.get(blk, start), stop[blk], block, kept.get(blk, set()), n_rec, out)
         for new, r in dies.get(t, ()):
             out.append((-1, int(tl.nbytes[alloc_at[r]]), int(tl.cat[alloc_at[r]]), new, int(block[t])))
     bwd_new = len(out)
@@ -342,8 +363,9 @@ def checkpointed(tl: Timeline, saves: Saves) -> Timeline:
 
 
 def _recompute(tl, blk, start, stop, block, kept, n_rec, out) -> None:
-    """Layer `blk`'s recompute in backward, appended to `out`: its forward's ticks up to the last pack, each record a
-    copy; then every copy it does not keep freed (the early stop's unwinding)."""
+    """Layer `blk`'s recompute in backward, appended to `out`: its forward's ticks after `start` (where the layer's
+    own forward began) up to the last pack, each record a copy; then every copy it does not keep freed (the early
+    stop's unwinding)."""
     alive = {}
     for t in range(start + 1, stop + 1):
         if int(block[t]) != blk:

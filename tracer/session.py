@@ -285,6 +285,7 @@ def _run(case: _Case, steps: int, observe_layers: bool = False,
 
     on_stage("load")
     handles = counter.watch_grads(case.model.parameters()) if watch_grads else []
+    handles += recompute.watch_layers(case.model, counter, saves) if saves is not None else []
     with counter, case.context(), vlm.host_checks_skipped(), vlm.step_context(case.model, case.workload, counter), \
             time_loop.marks(case.model, counter):
         watching = recompute.watching(counter, saves) if saves is not None else contextlib.nullcontext()
