@@ -102,8 +102,8 @@ def watching(counter: StorageCounter, saves: Saves):
 
     def unpack(held):
         saves.unpacks.append((counter.now, held.i))
-        if not held.recomputed:
-            return held.x
+        if not held.recomputed or held.x.untyped_storage().nbytes() % held.x.element_size():
+            return held.x   # (a storage no whole number of elements fills: no stand-in of its size; read as released)
         # a stand-in with a storage of its own (counted as the saved one's): it dies where the node that asked for it
         # lets it go, at the end of its apply, before the engine's own work on the node's outputs (a broadcast
         # gradient's sum) and the node's release of what it saved; a recomputed tensor dies there under checkpointing
