@@ -60,6 +60,19 @@ def _dirs(h: str) -> list[Path]:
 # from one derivation (docs/estimator.md, "Replayed classes").
 GRAD_ACCUM_CLASS = 2
 
+# The tracer's revision, written into every derived profile's provenance (tracer.derive). A fix that changes what a
+# class's traces read raises it, and `OUTDATED` names the classes whose cached or banked profiles from before are
+# derived again (the shipped ones are re-derived in the repository with the fix). 2 (2026-11-28): selective
+# checkpointing's wrapped attention got its mask (eager attention ran unmasked, windows were not applied).
+TRACER_REVISION = 2
+OUTDATED = ((2, lambda wc: wc.get("checkpointing") == "selective"),)
+
+
+def outdated(prof: Profile) -> bool:
+    """Whether a cached or banked profile comes from a tracer a later fix changed for its class (`OUTDATED`)."""
+    rev = int(prof.provenance.get("tracer_revision", 1))
+    return any(rev < needed and applies(prof.workload_class) for needed, applies in OUTDATED)
+
 
 @lru_cache(maxsize=1024)
 def canonical_class(w: Workload) -> Workload:
@@ -297,6 +310,8 @@ def stored_profile(config: dict, w: Workload, p: Parallel, *, name: str = "model
                     if d.parent == SHIPPED_DIR:
                         raise
                     continue  # a cached file from an older willitfit (another format): derived again below
+                if d.parent != SHIPPED_DIR and outdated(prof):
+                    continue  # derived before a fix of the tracer that changed its class: derived again below
                 _MEMO[("prof", h, key)] = prof
                 return prof
     if not ship:
@@ -341,6 +356,8 @@ def _bank_profile(h: str, key: str, progress) -> Profile | None:
         if prof.config_hash != h or class_key(prof.workload_class, prof.parallel_class,
                                               prof.provenance.get("kernels", "cuda")) != key:
             raise ValueError("its config hash or class is not the one its address names")
+        if outdated(prof):
+            raise ValueError(f"derived by a tracer before revision {TRACER_REVISION}, which changed its class")
     except ValueError as e:
         _say(progress, f"{bank.ENV_VAR}: {h[:16]}/{key}.json skipped: {e}")
         return None

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ from estimator import store
 from estimator.estimate import Options, estimate, traced_class
 from estimator.model import from_hf_config
 from estimator.presets import load_config
+from estimator.profile.profile import Profile
 from estimator.spec import Parallel, Workload
 
 
@@ -28,6 +30,33 @@ def test_a_cached_profile_of_an_older_format_is_not_an_error(monkeypatch, tmp_pa
     (d / f"{key}.json").write_text(json.dumps({"format": 1, "moments": []}))
     with pytest.raises(store.ProfileMissing, match="^profile: 'llama-3.2-1b' has no profile on disk"):
         estimate(from_hf_config(cfg, name, derive=False), w, Parallel(), Options(derive=False))
+    store.clear_memo()
+
+
+def test_a_cached_profile_a_later_tracer_fix_changed_is_derived_again(monkeypatch, tmp_path):
+    """A selective-checkpointing profile cached before the tracer gave the wrapped attention its mask
+    (store.TRACER_REVISION 2) is not read: derived again where deriving is allowed; one derived since is read."""
+    monkeypatch.setenv("WILLITFIT_CACHE", str(tmp_path))
+    store.clear_memo()
+    name, cfg = load_config("llama-3.2-1b")
+    shipped = store.stored_profile(cfg, Workload(checkpointing="selective"), Parallel(), name=name, derive=False)
+    w = Workload(checkpointing="selective", attention="eager", batch=1, seq=64)   # a class not shipped
+    tw, tp, _ = traced_class(w, Parallel())
+    key = store.profile_key(tw, tp)
+    assert store.where(cfg, key=key) != "shipped"
+    d = tmp_path / store.config_hash(cfg)[:16]
+    d.mkdir(parents=True)
+    old = Profile(shipped.config_hash, shipped.model_type, store.workload_class(tw), shipped.parallel_class,
+                  shipped.layers, shipped.pieces, {k: v for k, v in shipped.provenance.items() if k != "tracer_revision"})
+    (d / f"{key}.json").write_text(old.to_json())
+    assert store.outdated(old)
+    with pytest.raises(store.ProfileMissing, match="^profile: 'llama-3.2-1b' has no profile on disk"):
+        estimate(from_hf_config(cfg, name, derive=False), w, Parallel(), Options(derive=False))
+    new = replace(old, provenance={**old.provenance, "tracer_revision": store.TRACER_REVISION})
+    (d / f"{key}.json").write_text(new.to_json())
+    store.clear_memo()
+    assert not store.outdated(new)
+    assert estimate(from_hf_config(cfg, name, derive=False), w, Parallel(), Options(derive=False)).stages
     store.clear_memo()
 
 

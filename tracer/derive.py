@@ -47,7 +47,7 @@ from estimator.profile import poly
 from estimator.profile.profile import Piece, Profile
 from estimator.scans import chunked_scan, scan_path
 from estimator.spec import PP_STAGES_PER_RANK, Parallel, Workload
-from estimator.store import GRAD_ACCUM_CLASS, parallel_class, workload_class
+from estimator.store import GRAD_ACCUM_CLASS, TRACER_REVISION, parallel_class, workload_class
 from estimator.parallel import TRACED_SHARDING
 from tracer import forked, serialized
 from tracer import kernels as kernels_mod
@@ -219,6 +219,7 @@ def derive_profiles(config: dict, workload: Workload, parallel: Parallel = Paral
     import transformers
 
     prov = {"torch": torch.__version__, "transformers": transformers.__version__, "kernels": kernels,
+            "tracer_revision": TRACER_REVISION,
             "python": platform.python_version(), "traces": len(jobs), "fsdp_padding_max_bytes": padding,
             "seconds": round(time.perf_counter() - start, 2),
             "reduced_depths": [list(v) for v in plan.variants if v is not None and not reduced_refused],
