@@ -202,7 +202,12 @@ def pinned(test):
 @given(cases())
 def test_estimate_equals_a_full_depth_trace(case):
     """CUDA kernels: estimate() (its profile derived at its own sizes, then evaluated) == the trace, per stage."""
-    cfg, w = case
+    _estimate_equals_trace(*case)
+
+
+def _estimate_equals_trace(cfg: dict, w: Workload):
+    """estimate() of the drawn case against its full-depth trace, per stage; the estimate, or None where the
+    derivation refused (in one line)."""
     assume(_traceable(w))
     note(f"{cfg['model_type']} layers={cfg.get('num_hidden_layers', cfg.get('n_layer'))} "
          f"window={cfg.get('sliding_window')} {w}")
@@ -210,7 +215,7 @@ def test_estimate_equals_a_full_depth_trace(case):
         est = estimate(from_hf_config(cfg, "tiny"), w)
     except ValueError as e:  # a derivation that cannot be exact refuses, in one line naming what: no wrong answer
         refused(e)
-        return
+        return None
     # all of it from the profile, nothing priced analytically; fused-linear says that its chunks are bounded
     assert all(n.startswith("fused-linear: Liger's power-of-two chunks") for n in est.notes), est.notes
     with bounded(w):
@@ -218,6 +223,7 @@ def test_estimate_equals_a_full_depth_trace(case):
     stages = _stages(w)
     _assert_equal(cfg, w, {name: b.tensor_bytes for name, b in est.stages if name in stages},
                   {name: row[f"{name}_peak_alloc_bytes"] for name in stages})
+    return est
 
 
 def profile_stage_peaks(prof, w: Workload) -> dict[str, int]:
@@ -279,18 +285,6 @@ def replayed_cases(draw):
 def test_full_checkpointing_replayed_equals_a_full_depth_trace(case):
     """estimate() under full checkpointing, its profile replayed from the traces without checkpointing (checked there
     against one traced step) == a full-depth trace of the drawn workload, per stage."""
-    cfg, w = case
-    assume(_traceable(w))
-    note(f"{cfg['model_type']} layers={cfg.get('num_hidden_layers', cfg.get('n_layer'))} "
-         f"window={cfg.get('sliding_window')} {w}")
-    try:
-        est = estimate(from_hf_config(cfg, "tiny"), w)
-    except ValueError as e:
-        refused(e)
-        return
-    event("replayed" if "tracer.recompute" in est.profile.get("replayed", "") else "traced (replay refused)")
-    with bounded(w):
-        row = trace_case(cfg, "tiny", w, steps=2)
-    stages = _stages(w)
-    _assert_equal(cfg, w, {name: b.tensor_bytes for name, b in est.stages if name in stages},
-                  {name: row[f"{name}_peak_alloc_bytes"] for name in stages})
+    est = _estimate_equals_trace(*case)
+    if est is not None:
+        event("replayed" if "tracer.recompute" in est.profile.get("replayed", "") else "traced (replay refused)")

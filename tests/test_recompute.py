@@ -2,10 +2,8 @@
 own trace, tick by tick, and a profile derived that way against full-depth traces."""
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -14,19 +12,11 @@ from estimator.spec import Parallel, Workload
 pytest.importorskip("torch")
 
 from estimator import store  # noqa: E402
-from estimator.estimate import Options, estimate  # noqa: E402
-from estimator.model import from_hf_config  # noqa: E402
-from estimator.profile.profile import TRAIN_STAGES  # noqa: E402
-from bench.trace.cases import trace_case  # noqa: E402
 from tracer import derive, recompute, replay  # noqa: E402
 from tracer.ticks import trace_ticks  # noqa: E402
+from traced import assert_equals_trace, tiny as _config  # noqa: E402
 
-TINY = Path(__file__).parent / "data" / "tiny"
 SLOW = pytest.mark.skipif(not os.environ.get("WILLITFIT_SLOW"), reason="slow tier: WILLITFIT_SLOW=1")
-
-
-def _config(family: str) -> dict:
-    return json.loads((TINY / f"t-{family}.json").read_text())
 
 
 # what the replay must get right: a fused loss that makes gradients in forward and hands them on in backward, tied
@@ -129,17 +119,11 @@ def test_one_derivation_prices_full_checkpointing_exactly(tmp_path, monkeypatch)
     one asked for full checkpointing is replayed the same way."""
     monkeypatch.setenv("WILLITFIT_CACHE", str(tmp_path))
     monkeypatch.setattr(store, "SHIPPED_DIR", tmp_path / "none")
-    store._MEMO.clear()
+    store.clear_memo()
     cfg = _config("llama")
-    model = from_hf_config(cfg, "tiny")
-    w = Workload(batch=3, seq=45)
-    none = estimate(model, w)
-    store._MEMO.clear()
-    full = estimate(model, replace(w, checkpointing="full", batch=5, seq=91), Parallel(), Options(derive=False))
-    for est, wk in ((none, w), (full, replace(w, checkpointing="full", batch=5, seq=91))):
-        row = trace_case(cfg, "tiny", wk, steps=2)
-        got = {name: b.tensor_bytes for name, b in est.stages if name in TRAIN_STAGES}
-        assert got == {name: row[f"{name}_peak_alloc_bytes"] for name in TRAIN_STAGES}, wk.checkpointing
+    none, = assert_equals_trace(cfg, "tiny", Workload(), [(3, 45)])
+    store.clear_memo()
+    full, = assert_equals_trace(cfg, "tiny", Workload(checkpointing="full"), [(5, 91)], derive=False)
     assert "tracer.recompute" in full.profile.get("replayed", "") and "replayed" not in none.profile
 
 
@@ -150,15 +134,10 @@ def test_one_derivation_prices_full_checkpointing_exactly(tmp_path, monkeypatch)
 def test_a_replayed_derivation_under_ddp_or_an_optimizer_in_backward_is_exact(w, parallel, tmp_path, monkeypatch):
     monkeypatch.setenv("WILLITFIT_CACHE", str(tmp_path))
     monkeypatch.setattr(store, "SHIPPED_DIR", tmp_path / "none")
-    store._MEMO.clear()
+    store.clear_memo()
     cfg = _config("llama")
-    model = from_hf_config(cfg, "tiny")
-    estimate(model, w, parallel)
-    full = replace(w, checkpointing="full", batch=5, seq=91)
-    est = estimate(model, full, parallel, Options(derive=False))
-    row = trace_case(cfg, "tiny", full, parallel, steps=2)
-    got = {name: b.tensor_bytes for name, b in est.stages if name in TRAIN_STAGES}
-    assert got == {name: row[f"{name}_peak_alloc_bytes"] for name in TRAIN_STAGES}
+    assert_equals_trace(cfg, "tiny", w, [(w.batch, w.seq)], parallel)
+    est, = assert_equals_trace(cfg, "tiny", replace(w, checkpointing="full"), [(5, 91)], parallel, derive=False)
     assert "tracer.recompute" in est.profile.get("replayed", "")
 
 

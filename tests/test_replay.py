@@ -1,10 +1,8 @@
 """tracer.replay: a step of grad_accum 2 replayed from the traced step of grad_accum 1, against its own trace."""
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -13,19 +11,11 @@ from estimator.spec import Parallel, Workload
 pytest.importorskip("torch")
 
 from estimator import store  # noqa: E402
-from estimator.estimate import Options, estimate  # noqa: E402
-from estimator.model import from_hf_config  # noqa: E402
-from estimator.profile.profile import TRAIN_STAGES  # noqa: E402
-from bench.trace.cases import trace_case  # noqa: E402
 from tracer import replay  # noqa: E402
 from tracer.ticks import trace_ticks  # noqa: E402
+from traced import assert_equals_trace, tiny as _config  # noqa: E402
 
-TINY = Path(__file__).parent / "data" / "tiny"
 SLOW = pytest.mark.skipif(not os.environ.get("WILLITFIT_SLOW"), reason="slow tier: WILLITFIT_SLOW=1")
-
-
-def _config(family: str) -> dict:
-    return json.loads((TINY / f"t-{family}.json").read_text())
 
 
 # what the replay must get right: a frozen embedding (the second micro-batch's embedding runs in layer 0's block),
@@ -89,17 +79,12 @@ def test_one_derivation_prices_both_grad_accum_classes_exactly(tmp_path, monkeyp
     derives nothing (derive=False would raise) and equals a full-depth trace at grad_accum 4."""
     monkeypatch.setenv("WILLITFIT_CACHE", str(tmp_path))
     monkeypatch.setattr(store, "SHIPPED_DIR", tmp_path / "none")
-    store._MEMO.clear()
+    store.clear_memo()
     cfg = _config("llama")
-    model = from_hf_config(cfg, "tiny")
-    w = Workload(batch=3, seq=45, method="lora", lora_targets=("q_proj", "v_proj"), lora_rank=5)
-    one = estimate(model, w)
-    store._MEMO.clear()
-    four = estimate(model, replace(w, grad_accum=4), Parallel(), Options(derive=False))
-    for est, ga in ((one, 1), (four, 4)):
-        row = trace_case(cfg, "tiny", replace(w, grad_accum=ga), steps=2)
-        got = {name: b.tensor_bytes for name, b in est.stages if name in TRAIN_STAGES}
-        assert got == {name: row[f"{name}_peak_alloc_bytes"] for name in TRAIN_STAGES}, ga
+    w = Workload(method="lora", lora_targets=("q_proj", "v_proj"), lora_rank=5)
+    one, = assert_equals_trace(cfg, "tiny", w, [(3, 45)])
+    store.clear_memo()
+    four, = assert_equals_trace(cfg, "tiny", replace(w, grad_accum=4), [(3, 45)], derive=False)
     assert "replayed" in four.profile and "replayed" not in one.profile
 
 

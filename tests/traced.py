@@ -5,22 +5,36 @@
 """
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from pathlib import Path
 
 from estimator.spec import Parallel, Workload
 
+TINY = Path(__file__).parent / "data" / "tiny"
 
-def assert_equals_trace(cfg: dict, name: str, workload: Workload, sizes, parallel: Parallel = Parallel()) -> None:
+
+def tiny(family: str) -> dict:
+    """The tiny config of a family (tests/data/tiny/t-<family>.json)."""
+    return json.loads((TINY / f"t-{family}.json").read_text())
+
+
+def assert_equals_trace(cfg: dict, name: str, workload: Workload, sizes, parallel: Parallel = Parallel(),
+                        derive: bool = True) -> list:
     """At every (batch, seq) of `sizes`: each stage's tensor bytes of `estimate()` equal those of
-    `bench.trace.cases.trace_case` (two steps), to the byte."""
+    `bench.trace.cases.trace_case` (two steps), to the byte. `derive=False`: the profile must already be on disk.
+    Returns the estimates (their provenance says where each profile came from)."""
     from bench.trace.cases import trace_case
-    from estimator.estimate import estimate
+    from estimator.estimate import Options, estimate
     from estimator.model import from_hf_config
 
     m = from_hf_config(cfg, name)
+    out = []
     for b, s in sizes:
         w = replace(workload, batch=b, seq=s)
-        est = estimate(m, w, parallel)
+        est = estimate(m, w, parallel, Options(derive=derive))
         row = trace_case(cfg, name, w, parallel, steps=2)
         got = {n: st.tensor_bytes for n, st in est.stages}
         assert got == {n: row[f"{n}_peak_alloc_bytes"] for n in got}, (w, got)
+        out.append(est)
+    return out
