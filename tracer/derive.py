@@ -28,7 +28,7 @@ The method, for one config and one workload class:
    middle position is a candidate; dominated candidates are dropped.
 4. **Replayed classes.** Where tracer.replay allows it (one GPU, the optimizer after backward), every trace of a
    grad_accum 1 step is also replayed as a step of grad_accum 2, and where tracer.recompute allows it (full
-   fine-tuning without checkpointing, one GPU) as a step under full activation checkpointing; those ticks are fit,
+   fine-tuning without checkpointing, one GPU or DDP) as a step under full activation checkpointing; those ticks are fit,
    verified and extended the same way, each replay checked against one traced step of its class: one derivation
    gives every class (`derive_profiles`), whichever was asked for (`replay_plan`).
 The result is a `Profile` (pure data, JSON) that `estimator.estimate` evaluates without torch. Which sizes are traced:
