@@ -27,6 +27,8 @@ def trace_ticks(config: dict, workload: Workload, parallel: Parallel, layers: li
     allows), "checkpointing" (under full activation checkpointing, where tracer.recompute.replayable allows). A replay
     the tracer's guards refuse, or one the step is not one of, is there with `refused` set."""
 
+    if set(replays) - {"grad_accum", "checkpointing"}:
+        raise ValueError(f"replays: {', '.join(sorted(set(replays)))}; the replays are grad_accum and checkpointing")
     steps = 2 if workload.mode == "train" else 1
     calls_before = kernels_sdpa.efficient_calls()
     saves = recompute.Saves() if "checkpointing" in replays else None
