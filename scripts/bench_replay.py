@@ -5,9 +5,9 @@ the replayed classes' estimates equal full-depth traces.
     python scripts/bench_replay.py --only llama --no-write
 
 Per case (a preset and its knobs; one GPU), each in a fresh process with an empty cache: one derivation with the
-replays (tracer.derive.derive_profiles: the traced class, gradient accumulation's and, for full fine-tuning, full
-checkpointing's), and each of those classes derived on its own without them (what three derivations cost before
-the replays). Wall time is perf_counter around the process, CPU time its own and its children's (the forked traces).
+replays (tracer.derive.derive_profiles: the traced class, gradient accumulation's, for full fine-tuning full
+checkpointing's, and selective checkpointing's), and each of those classes derived on its own without them (what
+four derivations cost before the replays). Wall time is perf_counter around the process, CPU time its own and its children's (the forked traces).
 Then every replayed class's estimate at sizes no fit used, against a full-depth trace of the same workload
 (bench.trace.cases.trace_case), stage by stage, in bytes.
 """
@@ -128,7 +128,7 @@ def main() -> None:
             for c, text in zip(classes, profs):   # each class the replays gave, derived on its own
                 wc = c["workload_class"]
                 kc = {**knobs, **({"grad_accum": 2} if int(wc.get("grad_accum", 1)) > 1 else {}),
-                      **({"checkpointing": "full"} if wc.get("checkpointing") == "full" else {})}
+                      **({"checkpointing": wc["checkpointing"]} if wc.get("checkpointing", "none") != "none" else {})}
                 alone.append(_timed(name, kc, False, cache)[:2])
                 if "replayed" in c["provenance"]:
                     checks[_label(c)] = _check(name, text, kc, cache)
@@ -151,7 +151,7 @@ def _report(lines) -> str:
     out = [SECTION, "",
            f"`python scripts/bench_replay.py` ({time.strftime('%Y-%m-%d')}, {platform.machine()}, "
            f"{os.cpu_count()} CPUs, torch and transformers as pinned; each derivation a fresh process with an empty "
-           "cache). One derivation with the replays (tracer.replay, tracer.recompute) against each class it gives "
+           "cache). One derivation with the replays (tracer.replay, tracer.recompute, tracer.selective) against each class it gives "
            f"derived alone; each replayed class's estimate against a full-depth trace at batch x seq "
            f"{', '.join(f'{b} x {s}' for b, s in SIZES)} (grad_accum 4 for the grad_accum class), the largest "
            "difference over the training stages.", "",

@@ -1,7 +1,7 @@
 """Derive the profiles willitfit ships (data/profiles/), skipping those already there.
 
     python scripts/ship_profiles.py            # every preset's shipped classes (an hour or two of CPU)
-    python scripts/ship_profiles.py --list     # print the classes without deriving
+    python scripts/ship_profiles.py --list     # print the classes without deriving, each "shipped" or "to derive"
     python scripts/ship_profiles.py --model llama-3.1-8b --force
     python scripts/ship_profiles.py --model mistral-7b --lora-only   # the rank-free LoRA profile (every rank)
     python scripts/ship_profiles.py --published  # the classes the published tier's runs need (bench/published/importer.py)
@@ -170,13 +170,14 @@ def main(argv=None) -> int:
                          + (f" images={w.images}" if w.images else ""))
                 if args.only and not args.only.search(f"{label} {key}"):   # the line --list prints
                     continue
+                shipped = store.where(config, key=key) == "shipped" or \
+                    store.stored_key(config, tw, tp, ship=True, pp_rank=rank) is not None
                 if args.list:
-                    print(label, key)
+                    print(label, key, "shipped" if shipped else "to derive")
                     continue
                 if args.force:
                     store.forget(config, key, ship=True)
-                elif (store.where(config, key=key) == "shipped" or
-                      (not args.lora_only and store.stored_key(config, tw, tp, ship=True, pp_rank=rank) is not None)):
+                elif store.where(config, key=key) == "shipped" or (shipped and not args.lora_only):
                     continue  # shipped (a per-rank LoRA file counts, except with --lora-only: its rank-free one is made)
                 start = time.perf_counter()
                 try:  # LoRA: the rank-free profile (every rank), even where a per-rank one is shipped

@@ -145,9 +145,12 @@ def test_a_replay_that_misses_its_traced_check_is_not_given(monkeypatch):
     """Each derivation checks the replay against one traced step under full checkpointing, key by key: a wrong replay
     (here: the step without checkpointing as it was traced) gives no profile of that class, and one asked for full
     checkpointing is then traced after all."""
-    monkeypatch.setattr(recompute, "checkpointed", lambda tl, saves: recompute.traced_part(tl))
+    real = recompute.checkpointed
+    monkeypatch.setattr(recompute, "checkpointed", lambda tl, saves, unit="layers": recompute.traced_part(tl)
+                        if unit == "layers" else real(tl, saves, unit))
     asked, kept, *others = derive.derive_profiles(_config("llama"), Workload(checkpointing="full"))
     assert asked.workload_class["checkpointing"] == "full" and "replayed" not in asked.provenance
     assert kept.workload_class["checkpointing"] == "none"
     assert kept.provenance["replay_refused"]["checkpointing"].startswith("replay: at (b, s, n, r) = (4, ")
-    assert [p.workload_class["grad_accum"] for p in others] == [2]
+    assert sorted((p.workload_class["grad_accum"], p.workload_class["checkpointing"]) for p in others) == \
+        [(1, "selective"), (2, "none")]

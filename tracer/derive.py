@@ -28,7 +28,8 @@ The method, for one config and one workload class:
    middle position is a candidate; dominated candidates are dropped.
 4. **Replayed classes.** Where tracer.replay allows it (one GPU, the optimizer after backward), every trace of a
    grad_accum 1 step is also replayed as a step of grad_accum 2, and where tracer.recompute allows it (full
-   fine-tuning without checkpointing, one GPU or DDP) as a step under full activation checkpointing; those ticks are fit,
+   fine-tuning without checkpointing, one GPU or DDP) as a step under full activation checkpointing, and where
+   tracer.selective allows it (full or LoRA, SDPA or eager attention) under selective checkpointing; those ticks are fit,
    verified and extended the same way, each replay checked against one traced step of its class: one derivation
    gives every class (`derive_profiles`), whichever was asked for (`replay_plan`).
 The result is a `Profile` (pure data, JSON) that `estimator.estimate` evaluates without torch. Which sizes are traced:
@@ -51,7 +52,7 @@ from estimator.store import GRAD_ACCUM_CLASS, TRACER_REVISION, parallel_class, w
 from estimator.parallel import TRACED_SHARDING
 from tracer import forked, serialized
 from tracer import kernels as kernels_mod
-from tracer import audio, losses, offload, pp, recompute, replay, runner, session, vision, vlm
+from tracer import audio, losses, offload, pp, recompute, replay, runner, selective, session, vision, vlm
 from tracer.depth import all_layers, layer_infos, traced_whole
 from tracer.extend import (
     decode_ticks,
@@ -144,10 +145,10 @@ def derive_profiles(config: dict, workload: Workload, parallel: Parallel = Paral
     schedule (tracer.pp). Raises ValueError (one line) when the case
     cannot be traced or the fit is not exact.
 
-    Gradient accumulation and full activation checkpointing are replayed, not traced (tracer.replay,
-    tracer.recompute), where `replays` and the class allow it: the class traced (grad_accum 1, no checkpointing) and
-    its replayed classes (grad_accum >= 2; full checkpointing) come from the same traces, the one asked for first in
-    the list, the others after it (the store keeps them)."""
+    Gradient accumulation and full and selective activation checkpointing are replayed, not traced (tracer.replay,
+    tracer.recompute, tracer.selective), where `replays` and the class allow it: the class traced (grad_accum 1, no
+    checkpointing) and its replayed classes (grad_accum >= 2; full; selective checkpointing) come from the same
+    traces, the one asked for first in the list, the others after it (the store keeps them)."""
 
     start = time.perf_counter()
     asked = workload
@@ -251,23 +252,28 @@ def derive_profiles(config: dict, workload: Workload, parallel: Parallel = Paral
 
 # the class each replay gives from the traced one, and what its provenance says
 SIBLINGS = {"grad_accum": lambda w: replace(w, grad_accum=GRAD_ACCUM_CLASS),
-            "checkpointing": lambda w: replace(w, checkpointing="full")}
+            "checkpointing": lambda w: replace(w, checkpointing="full"),
+            "selective": lambda w: replace(w, checkpointing="selective")}
 REPLAYED = {"grad_accum": "grad_accum 2 from the traces of grad_accum 1 (tracer.replay)",
-            "checkpointing": "full activation checkpointing from the traces without it (tracer.recompute)"}
+            "checkpointing": "full activation checkpointing from the traces without it (tracer.recompute)",
+            "selective": "selective activation checkpointing from the traces without it (tracer.selective)"}
 
 
 def replay_plan(workload: Workload, parallel: Parallel) -> tuple[Workload, tuple[str, ...], str | None]:
     """(the workload to trace, the replays its traces give (SIBLINGS), which of them is the class asked for or None):
-    a class of grad_accum >= 2 traces grad_accum 1, one of full checkpointing traces none, where the replay allows
-    it; every replay the traced class allows comes along."""
+    a class of grad_accum >= 2 traces grad_accum 1, one of full or selective checkpointing traces none, where the
+    replay allows it; every replay the traced class allows comes along."""
     base, asked_kind = workload, None
+    none = replace(workload, checkpointing="none")
     if workload.grad_accum > 1 and not replay.replayable(replace(workload, grad_accum=1), parallel):
         base, asked_kind = replace(workload, grad_accum=1), "grad_accum"
-    elif workload.checkpointing == "full" and not recompute.replayable(replace(workload, checkpointing="none"),
-                                                                        parallel):
-        base, asked_kind = replace(workload, checkpointing="none"), "checkpointing"
+    elif workload.checkpointing == "full" and not recompute.replayable(none, parallel):
+        base, asked_kind = none, "checkpointing"
+    elif workload.checkpointing == "selective" and not selective.replayable(none, parallel):
+        base, asked_kind = none, "selective"
     kinds = tuple(k for k, why in (("grad_accum", replay.replayable(base, parallel)),
-                                   ("checkpointing", recompute.replayable(base, parallel))) if not why)
+                                   ("checkpointing", recompute.replayable(base, parallel)),
+                                   ("selective", selective.replayable(base, parallel))) if not why)
     return base, kinds, asked_kind
 
 
@@ -300,7 +306,7 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
     two fit ranks the rank is a variable. `stage`: (pipeline rank, the model's index of each of the plan's layers;
     None: the same). A reduced plan whose first trace fails in the model's code raises _ReducedDepthFailed.
     `kinds`: every trace also replays its step under each of these knobs (SIBLINGS: grad_accum 2, tracer.replay;
-    full checkpointing, tracer.recompute), and those ticks are fit and verified the same way; one traced step of each
+    full checkpointing, tracer.recompute; selective, tracer.selective), and those ticks are fit and verified the same way; one traced step of each
     replayed class checks its replay itself (`replay.check`): the fitted pieces are (this class's, {kind: the
     replayed class's, or why not where the replay was not exact})."""
 

@@ -18,6 +18,10 @@ runs it with `use_reentrant=False`, early stop on) changes in a step, layer by l
   and `checkpointed` splices each layer's recompute, the traced forward's ticks of that layer up to its last pack, in
   at its first unpack.
 
+The same replay serves selective checkpointing, the attention call as the checkpointed unit instead of the layer
+(tracer.selective; `checkpointed(..., unit="attention")`): a unit's output may outlive it there (`outlives`), the
+events of one tick are replayed in the order they happened (`Saves.clock`), and a unit's arguments die last first.
+
 What it covers (`replayable`): one GPU or DDP, full fine-tuning (under checkpointing transformers makes a LoRA model's
 embedding output require a gradient, a backward the step without it never runs), checkpointing none asked (the
 replay gives full), the loss-only loop, no offload, compile, images or audio (the optimizer may step in backward); the probe
@@ -28,6 +32,7 @@ as for gradient accumulation), so a model whose checkpointing differs from this 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import weakref
 from dataclasses import dataclass, field
 
@@ -36,26 +41,35 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from estimator.spec import Parallel, Workload
-from tracer import replay, runner
+from tracer import replay, runner, selective
 from tracer.counters import StorageCounter, Timeline, per_tick
 from tracer.depth import all_layers
 
 PROBE = "probe"   # the stage name of the probe forward (dropped from the traced timeline)
+PROBES = (PROBE, selective.PROBE)
 
 
 @dataclass
 class Saves:
-    """What autograd saved in a traced step: `packs` (tick, record, layer or None) per saved tensor, `unpacks`
-    (tick, pack) per unpack in backward, and the probe forward's ticks (first, last)."""
+    """What autograd saved in a traced step: `packs` (tick, record, layer or None, attention call or None) per saved
+    tensor, `unpacks` (tick, pack) per unpack in backward, and the probe forwards' ticks (first, last). `want`: which
+    units are checkpointed in the replays asked for ("layers": full, here; "attention": selective, tracer.selective),
+    each a probe of its own."""
 
+    want: tuple = ("layers",)
     packs: list = field(default_factory=list)
-    unpacks: list = field(default_factory=list)
-    applied: list = field(default_factory=list)   # (tick, pack) where the unpacked tensor's last reference died
-    released: list = field(default_factory=list)  # (tick, pack) where autograd let the saved tensor go
+    unpacks: list = field(default_factory=list)   # (tick, pack, event)
+    applied: list = field(default_factory=list)   # (tick, pack, event) where the unpacked tensor's last reference died
+    released: list = field(default_factory=list)  # (tick, pack, event) where autograd let the saved tensor go
+    clock: itertools.count = field(default_factory=itertools.count)   # orders events of one tick (`event`)
     held: list = field(default_factory=list)      # (layer, record) per tensor argument of a layer in the probe
     starts: list = field(default_factory=list)    # (tick, layer) where a layer's own forward starts (watch_layers)
     probe: tuple[int, int] | None = None
     refused: str = ""   # why the probe did not run
+    regions: list = field(default_factory=list)         # [first tick, last tick, layer] per attention call
+    region: int | None = None                          # the attention call running now (tracer.selective.watch)
+    held_attention: list = field(default_factory=list)  # (call, record) per tensor argument in the attention probe
+    probe_attention: tuple[int, int] | None = None
 
 
 def replayable(workload: Workload, parallel: Parallel) -> str:
@@ -84,24 +98,25 @@ def replayable(workload: Workload, parallel: Parallel) -> str:
 
 
 @contextlib.contextmanager
-def watching(counter: StorageCounter, saves: Saves):
+def watching(counter: StorageCounter, saves: Saves, model=None):
     """Record every tensor autograd saves and every unpack (torch.autograd.graph.saved_tensors_hooks). The pack keeps a
     detached alias (the same storage, no autograd history: returning a saved output itself would make a reference
-    cycle, freed only by the collector the tracer turns off), so storages live exactly as without the hooks."""
+    cycle, freed only by the collector the tracer turns off), so storages live exactly as without the hooks. With
+    "attention" in `saves.want`, `model`'s attention calls are watched too (tracer.selective.watch)."""
 
     def pack(x):
-        block = counter.block()
-        saves.packs.append((counter.now, counter.record_of(x), block))
+        block, region = counter.block(), saves.region
+        saves.packs.append((counter.now, counter.record_of(x), block, region))
         if x.is_leaf and x.requires_grad:   # a parameter: no history to cycle through, made before the forward
             held = _Held(x, len(saves.packs) - 1, False)
         else:
             with counter.paused():
-                held = _Held(x.detach(), len(saves.packs) - 1, block is not None)
-        weakref.finalize(held, _note, counter, saves.released, held.i).atexit = False
+                held = _Held(x.detach(), len(saves.packs) - 1, block is not None or region is not None)
+        weakref.finalize(held, _note, counter, saves.released, held.i, saves.clock).atexit = False
         return held
 
     def unpack(held):
-        saves.unpacks.append((counter.now, held.i))
+        saves.unpacks.append((counter.now, held.i, next(saves.clock)))
         if not held.recomputed or held.x.untyped_storage().nbytes() % held.x.element_size():
             return held.x   # (a storage no whole number of elements fills: no stand-in of its size; read as released)
         # a stand-in with a storage of its own (counted as the saved one's): it dies where the node that asked for it
@@ -114,10 +129,11 @@ def watching(counter: StorageCounter, saves: Saves):
             stand_in = flat.as_strided(x.shape, x.stride(), x.storage_offset())
             del flat
         counter.alias(stand_in, x)
-        weakref.finalize(stand_in.untyped_storage(), _note, counter, saves.applied, held.i).atexit = False
+        weakref.finalize(stand_in.untyped_storage(), _note, counter, saves.applied, held.i, saves.clock).atexit = False
         return stand_in
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+    calls = selective.watch(model, counter, saves) if "attention" in saves.want else contextlib.nullcontext()
+    with calls, torch.autograd.graph.saved_tensors_hooks(pack, unpack):
         yield
 
 
@@ -146,8 +162,8 @@ class _Held:
         self.x, self.i, self.recomputed = x, i, recomputed
 
 
-def _note(counter, into, i):
-    into.append((counter.now, i))
+def _note(counter, into, i, clock):
+    into.append((counter.now, i, next(clock)))
 
 
 def _drop(x):
@@ -159,6 +175,25 @@ def _never(held):
 
 
 def probe(case, counter: StorageCounter, saves: Saves) -> None:
+    """The probes `saves.want` asks for, after the traced step: the layers' (`probe_layers`), the attention calls'
+    (tracer.selective.probe)."""
+    if "layers" in saves.want:
+        as_forward_began(counter)
+        probe_layers(case, counter, saves)
+    if "attention" in saves.want:
+        as_forward_began(counter)
+        selective.probe(case, counter, saves)
+
+
+def as_forward_began(counter: StorageCounter) -> None:
+    """Put the counter in the block the traced forward began in (a LoRA step's backward leaves the first layer's
+    block open: its input needs no gradient, whose hook would close it; session._observe_layers)."""
+    i = max(k for k, (_, stage) in enumerate(counter.marks) if stage == "forward")
+    began = counter.marks[i - 1][0]
+    counter.set_block(next((b for t, b in reversed(counter.blocks) if t <= began), None))
+
+
+def probe_layers(case, counter: StorageCounter, saves: Saves) -> None:
     """The probe: one more forward after the traced step, each layer's ops saving nothing (as under a checkpoint's
     holders) and each layer's tensor arguments held to the end (the frame's saved inputs and keyword arguments)."""
     held, entered = [], {}
@@ -203,29 +238,41 @@ def probe(case, counter: StorageCounter, saves: Saves) -> None:
 
 
 def traced_part(tl: Timeline) -> Timeline:
-    """The timeline without the probe (the traced step as if no probe ran)."""
-    if not tl.marks or tl.marks[-1][1] != PROBE:
+    """The timeline without the probes (the traced step as if no probe ran)."""
+    n = len(tl.marks)
+    while n and tl.marks[n - 1][1] in PROBES:
+        n -= 1
+    if n == len(tl.marks):
         return tl
-    end = tl.marks[-2][0]
-    return Timeline(tl.kind[:end + 1], tl.nbytes[:end + 1], tl.cat[:end + 1], tl.rec[:end + 1], tl.marks[:-1],
+    end = tl.marks[n - 1][0]
+    return Timeline(tl.kind[:end + 1], tl.nbytes[:end + 1], tl.cat[:end + 1], tl.rec[:end + 1], tl.marks[:n],
                     tuple(e for e in tl.blocks if e[0] < end), tuple(e for e in tl.loops if e[0] < end))
 
 
-def checkpointed(tl: Timeline, saves: Saves) -> Timeline:
-    """The timeline of the same step with every layer checkpointed (full), from a traced step without checkpointing
-    whose counter watched its saves and ran the probe; ValueError (one line) where the step is not one this reading
-    covers."""
-    if saves.refused:
+def checkpointed(tl: Timeline, saves: Saves, unit: str = "layers") -> Timeline:
+    """The timeline of the same step with every layer checkpointed (full; `unit` "attention": every attention call,
+    selective, tracer.selective), from a traced step without checkpointing whose counter watched its saves and ran
+    that unit's probe; ValueError (one line) where the step is not one this reading covers."""
+    if saves.refused and unit == "layers":
         raise ValueError(saves.refused)
     names = [m[1] for m in tl.marks]
-    if len(names) < 5 or names[-4:] != ["forward", "backward", "optimizer", PROBE] or saves.probe is None:
+    n = len(names)
+    while n and names[n - 1] in PROBES:
+        n -= 1
+    if n < 4 or names[n - 3:n] != ["forward", "backward", "optimizer"] or n == len(names):
         raise ValueError("recompute: the run does not end in forward, backward, optimizer and the probe")
     if tl.loops:
         raise ValueError("recompute: a step with a per-item loop is not replayed")
-    start, fwd, bwd, opt = (m[0] for m in tl.marks[-5:-1])
-    p_lo, p_hi = saves.probe
+    start, fwd, bwd, opt = (m[0] for m in tl.marks[n - 4:n])
     T = len(tl.kind) - 1
     block = per_tick(tl.blocks, T + 2)
+    if unit == "layers":
+        if saves.probe is None:
+            raise ValueError("recompute: the layer probe did not run")
+        packs, ublock, layer_of = [p[:3] for p in saves.packs], block, None
+        begin_at, held_of, (p_lo, p_hi) = None, saves.held, saves.probe
+    else:
+        packs, ublock, layer_of, begin_at, held_of, (p_lo, p_hi) = selective.units(tl, saves, start, fwd, block)
 
     def allocs(lo, hi):
         return [t for t in range(lo + 1, hi + 1) if tl.kind[t] == 1]
@@ -242,33 +289,35 @@ def checkpointed(tl: Timeline, saves: Saves) -> Timeline:
         raise ValueError("recompute: the probe forward frees other tensors made before it than the traced forward")
     old_rename = {int(tl.rec[p]): int(tl.rec[f]) for f, p in zip(f_old, p_old)}
     alloc_at = {int(tl.rec[t]): t for t in f_alloc}
-    rec_block = {r: int(block[t]) for r, t in alloc_at.items()}
+    rec_block = {r: int(ublock[t]) for r, t in alloc_at.items()}
     p_freed = {rename.get(int(tl.rec[t])) for t in range(p_lo + 1, p_hi + 1) if tl.kind[t] == -1}
     alive_after = f_made - p_freed
     packed: dict[int, set] = {}
     stop: dict[int, int] = {}
-    for tick, rec, blk in saves.packs:
+    for tick, rec, blk in packs:
         if not start < tick <= fwd or blk is None:
             continue
         packed.setdefault(blk, set()).add(rec)
         stop[blk] = max(stop.get(blk, 0), tick)
     n_rec = int(tl.rec.max()) + 1 if len(tl.rec) else 0
     copied: dict[int, set] = {}
+    outlives = set()   # made and saved in a unit, alive after the checkpointed forward (an attention call's output)
     for blk, recs in packed.items():
         for r in recs:
             if r in f_made and rec_block[r] == blk:
                 if r in alive_after:
-                    raise ValueError(f"recompute: a tensor layer {blk} saves outlives the checkpointed forward")
+                    outlives.add(r)
                 copied.setdefault(blk, set()).add(r)
             elif r in f_made and r not in alive_after:
                 raise ValueError(f"recompute: a tensor made outside layer {blk} that it saves dies in the "
                                  "checkpointed forward")
     all_copied = {r for recs in copied.values() for r in recs}
-    applied: dict[int, int] = {}
-    for tick, i in saves.applied:
-        applied[i] = max(applied.get(i, 0), tick)
-    released = dict((i, tick) for tick, i in saves.released)
-    window = [(i, rec, b) for i, (tick, rec, b) in enumerate(saves.packs) if start < tick <= fwd]
+    # where things happen in backward: (tick, event), the event ordering those of one tick
+    applied: dict[int, tuple] = {}
+    for tick, i, n in saves.applied:
+        applied[i] = max(applied.get(i, (0, -1)), (tick, n))
+    released = {i: (tick, n) for tick, i, n in saves.released}
+    window = [(i, rec, b) for i, (tick, rec, b) in enumerate(packs) if start < tick <= fwd]
     packs_of: dict[int, list] = {}   # per record: its packs in the traced forward, (pack, layer or None)
     for i, rec, b in window:
         packs_of.setdefault(rec, []).append((i, b))
@@ -277,17 +326,19 @@ def checkpointed(tl: Timeline, saves: Saves) -> Timeline:
         if b is not None:
             if i not in released:
                 raise ValueError(f"recompute: a tensor layer {b} saves is never let go in backward")
-            frame[b] = max(frame.get(b, 0), released[i])
+            frame[b] = max(frame.get(b, (0, -1)), released[i])
     begin: dict[int, int] = {}   # per layer: the tick its own forward starts after, in the traced forward
     for tick, pos in saves.starts:
         if start <= tick <= fwd:
             begin.setdefault(pos, tick)
-    first_unpack: dict[int, int] = {}
-    for tick, i in saves.unpacks:
+    if begin_at is not None:
+        begin = begin_at
+    first_unpack: dict[int, tuple] = {}
+    for tick, i, n in saves.unpacks:
         if fwd < tick <= bwd:
-            blk = saves.packs[i][2]
+            blk = packs[i][2]
             if blk is not None:   # where layer blk's recompute runs (none where backward reads nothing it saved)
-                first_unpack[blk] = min(first_unpack.get(blk, tick), tick)
+                first_unpack[blk] = min(first_unpack.get(blk, (tick, n)), (tick, n))
 
     def holds(i, blk):
         """Until which tick the recompute's copy of pack i is held: to the end of the node that unpacks it; one no
@@ -297,26 +348,38 @@ def checkpointed(tl: Timeline, saves: Saves) -> Timeline:
             return applied[i]
         return released[i] if blk in first_unpack and released[i] > first_unpack[blk] else None
 
-    dies: dict[int, list] = {}   # tick after which a record dies in the checkpointed step
+    dies: dict[int, list] = {}   # tick after which a record dies in the checkpointed step: (event, record, traced)
     kept: dict[int, set] = {}
     for blk, recs in copied.items():
         for r in recs:
             ticks = [t for t in (holds(i, blk) for i, b in packs_of[r] if b == blk) if t is not None]
             if ticks:
                 kept.setdefault(blk, set()).add(r)
-                dies.setdefault(max(ticks), []).append((n_rec + r, r))
+                t, n = max(ticks)
+                dies.setdefault(t, []).append((n, n_rec + r, r))
+    for r in sorted(outlives):   # the original lives as long as what holds it outside its unit (the copy is the unit's)
+        ticks = [released.get(i) if b is None else holds(i, b) for i, b in packs_of[r] if b != rec_block[r]]
+        if not [t for t in ticks if t is not None]:
+            raise ValueError(f"recompute: a tensor unit {rec_block[r]} saves outlives the checkpointed forward, held "
+                             "by nothing the replay reads")
+        t, n = max(t for t in ticks if t is not None)
+        dies.setdefault(t, []).append((n, r, r))
     held_by: dict[int, set] = {}
-    for pos, r in saves.held:
+    for pos, r in held_of:
         r = rename.get(r, r)
         if r in f_made:
             held_by.setdefault(r, set()).add(pos)
-    for r, layers in held_by.items():   # a layer's argument: its frame's, and what else holds it as without checkpoints
+    # a unit's argument: its frame's, and what else holds it as without checkpoints; those its frame lets go die last
+    # one first (the frame's `saved_args` is a list, which CPython frees from the last item; the keyword arguments in
+    # its `recompute_fn` closure go before it)
+    for r, layers in reversed(held_by.items()):
         if r in all_copied or not layers <= set(frame):
             raise ValueError("recompute: a layer's argument the replay cannot place")
         ticks = [frame[b] for b in layers]
         ticks += [released.get(i) if b is None else holds(i, b) for i, b in packs_of.get(r, ())]
-        dies.setdefault(max(t for t in ticks if t is not None), []).append((r, r))
-    moved = all_copied | {r for recs in dies.values() for _, r in recs}
+        t, n = max(t for t in ticks if t is not None)
+        dies.setdefault(t, []).append((n, r, r))
+    moved = all_copied | {r for recs in dies.values() for _, _, r in recs}
     out = []   # (kind, nbytes, cat, rec, block)
 
     def emit(t, rec=None, blk=None):
@@ -332,18 +395,21 @@ def checkpointed(tl: Timeline, saves: Saves) -> Timeline:
         r = rename.get(int(tl.rec[t]), old_rename.get(int(tl.rec[t]), int(tl.rec[t])))
         out.append((int(tl.kind[t]), int(tl.nbytes[t]), cat_of.get(r, int(tl.cat[t])), r, int(block[t])))
     fwd_new = len(out)
-    at_unpack = {t: blk for blk, t in first_unpack.items()}
+    at_unpack: dict[int, list] = {}   # per tick: (event, unit) of each unit's recompute, in the order they happen
+    for blk, (t, n) in first_unpack.items():
+        at_unpack.setdefault(t, []).append((n, None, blk))
     for t in range(fwd + 1, bwd + 1):
         r = int(tl.rec[t])
         if tl.kind[t] == -1 and r in f_made and r not in alive_after and r not in moved:
             raise ValueError("recompute: backward frees a tensor the checkpointed forward does not keep")
         if not (tl.kind[t] == -1 and r in moved):   # those die where `dies` says
             emit(t)
-        if t in at_unpack:
-            blk = at_unpack[t]
-            _recompute(tl, blk, begin.get(blk, start), stop[blk], block, kept.get(blk, set()), n_rec, out)
-        for new, r in dies.get(t, ()):
-            out.append((-1, int(tl.nbytes[alloc_at[r]]), int(tl.cat[alloc_at[r]]), new, int(block[t])))
+        for _, new, x in sorted(at_unpack.get(t, []) + dies.get(t, []), key=lambda e: e[0]):
+            if new is None:   # unit x's recompute, at the first unpack of one of its holders
+                _recompute(tl, x, begin.get(x, start), stop[x], ublock, kept.get(x, set()), n_rec, out,
+                           x if layer_of is None else layer_of[x])
+            else:
+                out.append((-1, int(tl.nbytes[alloc_at[x]]), int(tl.cat[alloc_at[x]]), new, int(block[t])))
     bwd_new = len(out)
     for t in range(bwd + 1, opt + 1):
         emit(t)
@@ -362,10 +428,10 @@ def checkpointed(tl: Timeline, saves: Saves) -> Timeline:
     return Timeline(kind, nbytes, cat, rec, marks, replay.entries(blocks))
 
 
-def _recompute(tl, blk, start, stop, block, kept, n_rec, out) -> None:
-    """Layer `blk`'s recompute in backward, appended to `out`: its forward's ticks after `start` (where the layer's
-    own forward began) up to the last pack, each record a copy; then every copy it does not keep freed (the early
-    stop's unwinding)."""
+def _recompute(tl, blk, start, stop, block, kept, n_rec, out, layer) -> None:
+    """Unit `blk`'s recompute in backward, appended to `out` under `layer`'s block: its forward's ticks after `start`
+    (where the unit's own forward began) up to the last pack, each record a copy; then every copy it does not keep
+    freed (the early stop's unwinding)."""
     alive = {}
     for t in range(start + 1, stop + 1):
         if int(block[t]) != blk:
@@ -377,7 +443,7 @@ def _recompute(tl, blk, start, stop, block, kept, n_rec, out) -> None:
             del alive[r]
         else:
             continue
-        out.append((int(tl.kind[t]), int(tl.nbytes[t]), int(tl.cat[t]), n_rec + r, blk))
+        out.append((int(tl.kind[t]), int(tl.nbytes[t]), int(tl.cat[t]), n_rec + r, layer))
     for r, t in sorted(alive.items(), key=lambda x: -x[1]):
         if r not in kept:
-            out.append((-1, int(tl.nbytes[t]), int(tl.cat[t]), n_rec + r, blk))
+            out.append((-1, int(tl.nbytes[t]), int(tl.cat[t]), n_rec + r, layer))

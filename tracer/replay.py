@@ -140,7 +140,8 @@ def check(replayed, traced, point: tuple, kind: str = "grad_accum") -> None:
     tracer.derive.SIBLINGS), key by key (`keyed`); ValueError (one line) at the first key that differs."""
     got, want = keyed(replayed), keyed(traced)
     if got != want:
-        what = {"grad_accum": "step of grad_accum 2", "checkpointing": "step under full checkpointing"}[kind]
+        what = {"grad_accum": "step of grad_accum 2", "checkpointing": "step under full checkpointing",
+                "selective": "step under selective checkpointing"}[kind]
         key = next(k for k in sorted(set(got) | set(want), key=str) if got.get(k) != want.get(k))
         raise ValueError(f"replay: at (b, s, n, r) = {point} the replayed {what} reads {got.get(key)} B "
                          f"at {key[0]}, a traced one {want.get(key)} B; the replay is not exact here")

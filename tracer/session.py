@@ -288,7 +288,7 @@ def _run(case: _Case, steps: int, observe_layers: bool = False,
     handles += recompute.watch_layers(case.model, counter, saves) if saves is not None else []
     with counter, case.context(), vlm.host_checks_skipped(), vlm.step_context(case.model, case.workload, counter), \
             time_loop.marks(case.model, counter):
-        watching = recompute.watching(counter, saves) if saves is not None else contextlib.nullcontext()
+        watching = recompute.watching(counter, saves, case.model) if saves is not None else contextlib.nullcontext()
         if primed is not None:
             _prime_optimizer(case, primed)
             on_stage("optimizer")

@@ -18,20 +18,26 @@ from tracer.extend import OPTIONAL, STEP_MAX, TRACER_CATEGORIES, Ticks, tick_row
 
 
 
+# each replay trace_ticks gives, and (checkpointing's) the unit it checkpoints (tracer.recompute.checkpointed)
+REPLAYS = {"grad_accum": None, "checkpointing": "layers", "selective": "attention"}
+
+
 def trace_ticks(config: dict, workload: Workload, parallel: Parallel, layers: list[int] | None,
                 kernels: str = "cuda", pp_rank: int = 0, replays: tuple[str, ...] = ()) -> Ticks:
     """Trace one reduced model (or the whole one: layers None) at one size and keep the ticks that can be a peak
     (with the same kernels as session.run_traced, so a profile and a traced row agree). `pp_rank`: a pipeline's rank
     (tracer.pp); `layers` are then its stage's layers that are kept. `replays`: the same step replayed under other
     knobs comes with it, in `Ticks.replayed`: "grad_accum" (as a step of grad_accum 2, where tracer.replay.replayable
-    allows), "checkpointing" (under full activation checkpointing, where tracer.recompute.replayable allows). A replay
-    the tracer's guards refuse, or one the step is not one of, is there with `refused` set."""
+    allows), "checkpointing" (under full activation checkpointing, where tracer.recompute.replayable allows),
+    "selective" (under selective checkpointing, where tracer.selective.replayable allows). A replay the tracer's guards
+    refuse, or one the step is not one of, is there with `refused` set."""
 
-    if set(replays) - {"grad_accum", "checkpointing"}:
-        raise ValueError(f"replays: {', '.join(sorted(set(replays)))}; the replays are grad_accum and checkpointing")
+    if set(replays) - set(REPLAYS):
+        raise ValueError(f"replays: {', '.join(sorted(set(replays)))}; the replays are {', '.join(REPLAYS)}")
     steps = 2 if workload.mode == "train" else 1
     calls_before = kernels_sdpa.efficient_calls()
-    saves = recompute.Saves() if "checkpointing" in replays else None
+    want = tuple(unit for kind, unit in (("checkpointing", "layers"), ("selective", "attention")) if kind in replays)
+    saves = recompute.Saves(want=want) if want else None
     gc.disable()  # frees happen at refcount zero; a collector pass at a random tick would break the alignment
     try:
         # Liger's power-of-two chunk rule is not polynomial in the sizes: the profile uses a bounding fixed count
@@ -52,7 +58,7 @@ def trace_ticks(config: dict, workload: Workload, parallel: Parallel, layers: li
             if kind == "grad_accum":
                 other = _candidates(replay.accumulating(tl, counter.accumulations), True)
             else:
-                other = _candidates(recompute.checkpointed(whole, saves), True)
+                other = _candidates(recompute.checkpointed(whole, saves, REPLAYS[kind]), True)
         except ValueError as e:   # the replayed step is one the guards refuse (as a traced one would be) or one the
             # replay does not read: that class is not given, this one is (tracer.derive)
             other = Ticks([], [], np.zeros((0, len(CATEGORIES)), dtype=np.int64), refused=str(e))
