@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import replace
 from importlib import metadata
 from pathlib import Path
@@ -122,6 +123,7 @@ def _answer(r: dict) -> dict:
     prof = r.get("profile") or {}
     return {"device_bytes": r["device_bytes"], "verdict": r.get("verdict"), "max_batch": r.get("max_batch"),
             "advice_rows": len(advice), "advice_priced": sum(1 for a in advice if a["priced"]),
+            "advice_unpriced": [a["title"] for a in advice if not a["priced"]],
             "profile_traces": prof.get("traces"), "profile_seconds": prof.get("seconds"), "notes": len(r["notes"])}
 
 
@@ -208,7 +210,7 @@ def report_section(result: dict) -> str:
     total = sum(r.get("advice_rows", 0) for r in result["rows"])
     lines += ["", f"{len(result['rows']) - n_to - n_err} answered, {n_err} failed, {n_to} timed out. Advice rows "
               f"(shown on OOM; priced only where their profile is on disk, estimator.cli.report): {priced} of "
-              f"{total} priced.", "",
+              f"{total} priced." + _unpriced(result["rows"]), "",
               "| pair | model | wall s | CPU s | result | traces | advice priced |", "|---|---|---:|---:|---|---:|---:|"]
     for r in result["rows"]:
         res = "timed out" if r["timed_out"] else (r.get("verdict") or "answered") if r["rc"] == 0 else \
@@ -217,6 +219,14 @@ def report_section(result: dict) -> str:
         lines.append(f"| {r['name']} | {r['model']} | {r['wall_s']:.2f} | {r['cpu_s']:.2f} | {res} | "
                      f"{r.get('profile_traces') or ''} | {adv} |")
     return "\n".join(lines) + "\n"
+
+
+def _unpriced(rows: list[dict]) -> str:
+    """The advice rows left unpriced, by kind (numbers in a row's title read N), most first."""
+    kinds = Counter(re.sub(r"\d+(\.\d+)?", "N", t) for r in rows for t in r.get("advice_unpriced", ()))
+    if not kinds:
+        return ""
+    return " Unpriced, by row: " + "; ".join(f"{k} ({n})" for k, n in kinds.most_common()) + "."
 
 
 def select(only: str | None, limit: int | None) -> list[Pair]:

@@ -64,6 +64,12 @@ def test_a_replayed_step_under_selective_checkpointing_has_the_traced_ticks_ever
         _check(family, knobs, b, s)
 
 
+def test_fsdp2_is_replayed():
+    """FSDP2's unshard and reshard around each layer run alike with and without a checkpointed attention core; after
+    a step its unsharded storages sit at 0 bytes, whose closing the probe must not read as frees."""
+    _check("llama", dict(method="lora"), 2, 37, parallel=Parallel(strategy="fsdp", gpus=2))
+
+
 @SLOW
 def test_ddp_and_an_optimizer_in_backward_are_replayed():
     _check("llama", {}, 2, 37, parallel=Parallel(strategy="ddp", gpus=2))
@@ -85,7 +91,9 @@ def test_both_checkpointing_replays_come_from_one_trace():
 def test_what_is_not_replayed_says_why():
     assert selective.replayable(Workload(method="lora"), Parallel()) == ""
     assert selective.replayable(Workload(attention="eager"), Parallel(strategy="ddp", gpus=2)) == ""
-    assert "fsdp" in selective.replayable(Workload(), Parallel(strategy="fsdp", gpus=2))
+    assert selective.replayable(Workload(), Parallel(strategy="fsdp", gpus=2)) == ""
+    assert "tp" in selective.replayable(Workload(), Parallel(strategy="fsdp", gpus=4, tp=2))
+    assert "strategy pp" in selective.replayable(Workload(), Parallel(strategy="pp", gpus=2, pp=2))
     assert "checkpointing" in selective.replayable(Workload(checkpointing="full"), Parallel())
     assert "flash" in selective.replayable(Workload(attention="flash"), Parallel())
     assert "qlora" in selective.replayable(Workload(method="qlora"), Parallel())
@@ -120,6 +128,18 @@ def test_one_lora_derivation_prices_selective_checkpointing_exactly(tmp_path, mo
     sel, = assert_equals_trace(cfg, "tiny", replace(w, checkpointing="selective"), [(5, 91)], derive=False)
     assert "tracer.selective" in sel.profile.get("replayed", "") and "replayed" not in none.profile
     assert derive.replay_plan(replace(w, checkpointing="selective"), Parallel())[2] == "selective"
+
+
+@SLOW
+@pytest.mark.parametrize("parallel", [Parallel(strategy="fsdp", gpus=4), Parallel(strategy="zero3", gpus=8)],
+                         ids=["fsdp", "zero3"])
+def test_a_replayed_derivation_under_fsdp_is_exact_per_rank(parallel, tmp_path, monkeypatch):
+    monkeypatch.setenv("WILLITFIT_CACHE", str(tmp_path))
+    monkeypatch.setattr(store, "SHIPPED_DIR", tmp_path / "none")
+    store.clear_memo()
+    cfg = _config("llama")
+    ests = assert_equals_trace(cfg, "tiny", Workload(checkpointing="selective"), [(3, 45), (5, 91)], parallel)
+    assert all("tracer.selective" in est.profile.get("replayed", "") for est in ests)
 
 
 def test_a_replay_that_misses_its_traced_check_is_not_given(monkeypatch):

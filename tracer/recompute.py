@@ -283,8 +283,12 @@ def checkpointed(tl: Timeline, saves: Saves, unit: str = "layers") -> Timeline:
     rename = {int(tl.rec[p]): int(tl.rec[f]) for f, p in zip(f_alloc, p_alloc)}
     # frees in each window of records made before it, paired in order
     f_made = {int(tl.rec[t]) for t in f_alloc}
-    f_old = [t for t in range(start + 1, fwd + 1) if tl.kind[t] == -1 and int(tl.rec[t]) not in f_made]
-    p_old = [t for t in range(p_lo + 1, p_hi + 1) if tl.kind[t] == -1 and int(tl.rec[t]) not in rename]
+    # (an empty storage's record, closed as FSDP2 gives an unsharded parameter its bytes back, is no free: after a
+    # step its storages sit at 0 bytes, before the first forward the counter had not seen them)
+    f_old = [t for t in range(start + 1, fwd + 1) if tl.kind[t] == -1 and int(tl.rec[t]) not in f_made and tl.nbytes[t]]
+    p_old = [t for t in range(p_lo + 1, p_hi + 1) if tl.kind[t] == -1 and int(tl.rec[t]) not in rename and tl.nbytes[t]]
+    empty = {t for t in range(p_lo + 1, p_hi + 1) if tl.kind[t] == -1 and int(tl.rec[t]) not in rename and
+             not tl.nbytes[t]}
     if [int(tl.nbytes[t]) for t in f_old] != [int(tl.nbytes[t]) for t in p_old]:
         raise ValueError("recompute: the probe forward frees other tensors made before it than the traced forward")
     old_rename = {int(tl.rec[p]): int(tl.rec[f]) for f, p in zip(f_old, p_old)}
@@ -391,7 +395,7 @@ def checkpointed(tl: Timeline, saves: Saves, unit: str = "layers") -> Timeline:
     # the checkpointed forward: the probe's ticks as the traced forward's records, in their roles (a gradient a fused
     # loss makes in forward is one only where a backward follows)
     cat_of = {int(tl.rec[t]): int(tl.cat[t]) for t in range(start + 1, fwd + 1)}
-    for t in range(p_lo + 1, p_hi + 1):
+    for t in (t for t in range(p_lo + 1, p_hi + 1) if t not in empty):
         r = rename.get(int(tl.rec[t]), old_rename.get(int(tl.rec[t]), int(tl.rec[t])))
         out.append((int(tl.kind[t]), int(tl.nbytes[t]), cat_of.get(r, int(tl.cat[t])), r, int(block[t])))
     fwd_new = len(out)

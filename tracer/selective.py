@@ -11,7 +11,9 @@ which layer runs it, and which call each pack happens in), and after it a second
 each call's ops saving nothing and its tensor arguments held. `units` turns that into the view
 `tracer.recompute.checkpointed` reads (units are the calls, each emitted under its layer's block).
 
-What it covers (`replayable`): one GPU or DDP, full fine-tuning or LoRA (selective checkpointing touches no
+What it covers (`replayable`): one GPU, DDP or FSDP2 alone (the attention core holds no parameter, so FSDP's hooks
+around each layer run alike with and without it; an unsharded parameter's storage that a step left at 0 bytes is
+read as no free: tracer.recompute.checkpointed), full fine-tuning or LoRA (selective checkpointing touches no
 embedding, so transformers' `enable_input_require_grads` does not enter), SDPA or eager attention, the loss-only loop,
 no offload, compile, images or audio, grad_accum 1. A derivation checks it against one traced step of selective
 checkpointing (tracer.derive), so a model whose attention does not run through the interface, or whose checkpointed
@@ -26,6 +28,7 @@ import numpy as np
 import torch
 from torch.utils._pytree import tree_leaves
 
+from estimator.parallel import TRACED_SHARDING
 from estimator.spec import Parallel, Workload
 from tracer import runner
 from tracer.counters import StorageCounter, Timeline
@@ -40,8 +43,10 @@ def replayable(workload: Workload, parallel: Parallel) -> str:
         return "an inference run has no backward"
     if workload.checkpointing != "none":
         return "checkpointing: the replay starts from a step without checkpointing"
-    if parallel.strategy not in ("single", "ddp"):
+    if parallel.strategy not in ("single", "ddp", *TRACED_SHARDING):
         return f"strategy {parallel.strategy}: its hooks around each layer are not replayed"
+    if max(parallel.tp, parallel.pp, parallel.cp) > 1:   # DTensor activations; a pipeline's schedule; ring attention
+        return "tp, pp, cp: only data parallelism (DDP, FSDP2 alone) is replayed"
     if workload.method not in ("full", "lora"):
         return f"method {workload.method}: the runner builds full fine-tuning and LoRA"
     if workload.attention not in ("sdpa", "eager"):
