@@ -66,14 +66,15 @@ VISION_REFUSED = {
 # attention segments on the host (tracer.host_values); an image's side in pixels (--image-size, a multiple of
 # patch_size x spatial_merge_size; 0: GRID_IMAGE_SIZE) is then part of the profile's class.
 # GLM-OCR runs the same code (transformers copies it from Qwen2-VL's). GLM-4.1V/4.5V (glm4v, glm4v_moe, glm46v) do
-# too, but their vision embeddings compare every patch with every image's end (Glm4vVisionEmbeddings: `seq_ids`, an
-# (images x patches) bool tensor), a batch^2 term the (batch, seq) fit does not have: their derivation refuses itself
-# at its check size, so they are left out. HyperCLOVA X Vision v2 (Qwen2.5-VL's tower), EXAONE-4.5 (a copy of it with
+# too, and their vision embeddings compare every patch with every image's end (Glm4vVisionEmbeddings: `seq_ids`, an
+# (images x patches) bool tensor): a batch^2 term at a fixed image size, which their derivation fits on three batches
+# (BATCH_SQUARED_VLM_TYPES; tracer.derive.BATCH_SQUARED_REGIONS). HyperCLOVA X Vision v2 (Qwen2.5-VL's tower), EXAONE-4.5 (a copy of it with
 # fewer key/value heads than query heads) and MiniMax-M3-VL (Qwen2-VL's inputs, its own tower) run the same inputs and
 # host-side helpers. LFM3-VL would too, but its tower's short convolution runs per image (Lfm3VlVisionShortConv: a
 # loop over torch.split by image), which changes the step's operations with the batch: refused by its derivation.
+BATCH_SQUARED_VLM_TYPES = ("glm4v", "glm4v_moe", "glm46v")
 GRID_VLM_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm_ocr", "hyperclovax_vision_v2", "exaone4_5",
-                  "minimax_m3_vl")
+                  "minimax_m3_vl", *BATCH_SQUARED_VLM_TYPES)
 GRID_IMAGE_SIZE = 448   # px: a multiple of 28 (Qwen2/2.5-VL's 14-px patches x 2) and of 32 (Qwen3-VL's 16 x 2)
 # Text models whose forward reads its token ids on the host (XLM and FlauBERT: `lengths.max().item()` of the non-pad
 # tokens per row; FSMT: `padding_mask.any()`; T5Gemma-2: a mask built from its ids with `nonzero`; X-MOD: its language

@@ -52,7 +52,7 @@ from estimator.store import GRAD_ACCUM_CLASS, TRACER_REVISION, parallel_class, w
 from estimator.parallel import TRACED_SHARDING
 from tracer import forked, serialized
 from tracer import kernels as kernels_mod
-from tracer import audio, losses, offload, pp, recompute, replay, runner, selective, session, vision, vlm
+from tracer import audio, losses, offload, pp, recompute, replay, runner, selective, session, vision, vlm, vlm_grid
 from tracer.depth import all_layers, layer_infos, traced_whole
 from tracer.extend import (
     decode_ticks,
@@ -75,6 +75,8 @@ from tracer.meta import is_masked_lm, is_vision_model, read_inventory  # noqa: F
 # (1, s+1) label tensor is already contiguous, so the loss's .contiguous() copies nothing), so bytes at b = 1 are not
 # the b >= 2 polynomial's value. Each region: (batches fit, batch verified, b_lo, b_hi).
 BATCH_REGIONS = (((1,), 1, 1, 1), ((2, 3), 4, 2, None))
+# a step with a batch^2 term (families.BATCH_SQUARED_VLM_TYPES with images): its b >= 2 region fits three batches
+BATCH_SQUARED_REGIONS = (((1,), 1, 1, 1), ((2, 3, 4), 5, 2, None))
 FSDP_WORLD = (2, 4, 8)              # fit at 2 (all sizes) and 4 (one size), verify at 8
 
 
@@ -313,9 +315,11 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
     fit_ranks, vrank = ranks
     ranked = len(fit_ranks) > 1
     pp_rank, held = stage
+    # GLM-4.1V's vision embeddings hold an (images x patches) tensor: b^2 at a fixed image size
+    regions, b_extra = (BATCH_SQUARED_REGIONS, (poly.B2,)) if vlm_grid.batch_squared(config, w0) else (BATCH_REGIONS, ())
 
     def jobs(fseqs) -> int:
-        return sum(len(size_points(r[0], fseqs, fit_world, fit_ranks)) + 1 for r in BATCH_REGIONS) * \
+        return sum(len(size_points(r[0], fseqs, fit_world, fit_ranks)) + 1 for r in regions) * \
             len(plan.variants)
 
     n_jobs = sum(jobs(p[2]) for p in pieces) + len(kinds)   # each replay's one traced check
@@ -396,7 +400,7 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
         forked.run_all(todo, trace, encode_ticks, decode_ticks, finished, start)
 
     def probe_of(seqs) -> tuple:
-        return (BATCH_REGIONS[-1][0][0], seqs[0], fit_world[0], fit_ranks[0])   # one the b >= 2 region fits anyway
+        return (regions[-1][0][0], seqs[0], fit_world[0], fit_ranks[0])   # one the b >= 2 region fits anyway
 
     # Two rounds, each spread over processes (prefetch): every piece's first trace (it decides that piece's seqs;
     # the first piece's here, where a failure of the reduced model is told apart), then every other trace
@@ -422,15 +426,15 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
         planned.append((seen, classes))
     # each replay's check: one traced step of its class, at the first piece's verified size of b >= 2 on the deepest
     # reduced model, against the replayed ticks there, key by key (the replay's surgery is the same at every size)
-    checked = (len(plan.variants) - 1, (BATCH_REGIONS[-1][1], planned[0][1][0][3], world[-1], vrank))
+    checked = (len(plan.variants) - 1, (regions[-1][1], planned[0][1][0][3], world[-1], vrank))
     prefetch([(v, pt) for _, classes in planned for _, _, fseqs, vs in classes
-              for batches, vbatch, _, _ in BATCH_REGIONS for v in range(len(plan.variants))
+              for batches, vbatch, _, _ in regions for v in range(len(plan.variants))
               for pt in (*size_points(batches, fseqs, fit_world, fit_ranks), (vbatch, vs, world[-1], vrank))] +
              [(*checked, kind) for kind in kinds])
     out_pieces = [[], {kind: [] for kind in kinds}]
     for (lo, hi, seqs, _), (seen, classes) in zip(pieces, planned):
         for align, extra, fseqs, vs in classes:
-            for batches, vbatch, b_lo, b_hi in BATCH_REGIONS:
+            for batches, vbatch, b_lo, b_hi in regions:
                 vpoint = (vbatch, vs, world[-1], vrank)
                 fits = ([], {})
                 for v in range(len(plan.variants)):
@@ -439,7 +443,8 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
                     if any(tk.efficient - seen for tk in (*traces.values(), check)):
                         raise ValueError(f"fit: the step calls CUDA's memory-efficient attention differently at some "
                                          f"sizes of s > {lo} than at seq {seqs[0]}; no exact profile can be derived")
-                    fit = fit_variant(traces, fsdp, one_batch=len(batches) == 1, extra=extra, ranked=ranked)
+                    fit = fit_variant(traces, fsdp, one_batch=len(batches) == 1, extra=extra + b_extra,
+                                      ranked=ranked)
                     padding = max(padding, verify(fit, check, vpoint))
                     fits[0].append(fit)
                     for kind, got in out_pieces[1].items():   # each replayed step, checked against a traced one
@@ -453,7 +458,7 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
                             if (v, vpoint) == checked:
                                 replay.check(check.replayed[kind], run(vpoint, v, kind), vpoint, kind)
                             fit = fit_variant({pt: tk.replayed[kind] for pt, tk in traces.items()}, fsdp,
-                                              one_batch=len(batches) == 1, extra=extra, ranked=ranked)
+                                              one_batch=len(batches) == 1, extra=extra + b_extra, ranked=ranked)
                             verify(fit, check.replayed[kind], vpoint)
                             fits[1].setdefault(kind, []).append(fit)
                         except (ValueError, RuntimeError, KeyError, IndexError, AttributeError, TypeError) as e:

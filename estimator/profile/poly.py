@@ -47,6 +47,7 @@ LSE_ALIGNMENT = 32                           # _efficient_attention_forward: log
 # Monomials as exponent tuples over VARIABLES.
 ONE, B, S, BS, S2, BS2 = (0, 0, 0, 0), (1, 0, 0, 0), (0, 1, 0, 0), (1, 1, 0, 0), (0, 2, 0, 0), (1, 2, 0, 0)
 G, BG, INV_N = (0, 0, 1, 0), (1, 0, 1, 0), (0, 0, 0, 1)
+B2 = (2, 0, 0, 0)                                   # a (images x patches) tensor at a fixed image size (GLM-4.1V)
 STEP_MONOMIALS = (ONE, B, S, BS, S2, BS2)           # a training step or a prefill
 DECODE_MONOMIALS = STEP_MONOMIALS + (G, BG)         # one decoding step after g generated tokens
 SM, BSM = (0, 1, 0, 0, 1, 0), (1, 1, 0, 0, 1, 0)
