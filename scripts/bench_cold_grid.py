@@ -84,8 +84,9 @@ def _grid() -> tuple[Pair, ...]:
         # (and pythia-1.4b's since later that day: falcon-7b here)
         # (falcon-7b's selective checkpointing is refused since 2026-11-28: Falcon's attention never calls transformers'
         # AttentionInterface, which the 2026-11-28 run found as a KeyError; a hybrid preset here instead)
-        _p("nemotronh8b-ckpt-selective", "nemotron-h-8b", ("--checkpointing", "selective"), "ckpt-selective",
-           gpu="l4"),
+        # (nemotron-h-8b's pure bf16 selective class ships since 2026-11-29, replayed: amp here)
+        _p("nemotronh8b-amp-ckpt-selective", "nemotron-h-8b", ("--recipe", "amp", "--checkpointing", "selective"),
+           "ckpt-selective", gpu="l4"),
         _p("qwen3-8b-ckpt-op-sac", "qwen3-8b", ("--checkpointing", "op-sac"), "ckpt-op-sac"),
         _p("starcoder2-ckpt-full", "starcoder2", ("--checkpointing", "full"), "ckpt-full"),
         _p("gemma3-4b-lora-ckpt-full", "gemma-3-4b", _lora(16, QKVO) + ("--checkpointing", "full"), "ckpt-full",
@@ -106,8 +107,9 @@ def _grid() -> tuple[Pair, ...]:
            ("--checkpointing", "op-sac"), "zero", "lora-rank", "lora-all-linear", "ckpt-op-sac"),
         # qwen2.5-72b's selective class ships since 2026-11-27 (its TP rank is priced from it): moved likewise, and
         # again from codellama-34b, whose selective class shipped later that day
-        _p("gemma2-9b-tp8-sp-selective", "gemma-2-9b", _par("tp", 8, "--sequence-parallel") +
-           ("--checkpointing", "selective"), "tp", "ckpt-selective"),
+        # (and gemma-2-9b's pure bf16 one since 2026-11-29: amp here)
+        _p("gemma2-9b-tp8-sp-amp-selective", "gemma-2-9b", _par("tp", 8, "--sequence-parallel") +
+           ("--recipe", "amp", "--checkpointing", "selective"), "tp", "ckpt-selective"),
         _p("llama2-70b-pp4-ga8-ckpt", "llama-2-70b", _par("pp", 4) + ("--grad-accum", "8", "--checkpointing",
                                                                          "selective"), "pp", "ckpt-selective"),
         _p("qwen3-32b-hsdp16-ckpt", "qwen3-32b", ("--dp-shard", "8", "--dp-replicate", "2", "--checkpointing",
