@@ -289,6 +289,8 @@ def checkpointed(tl: Timeline, saves: Saves, unit: str = "layers") -> Timeline:
     p_old = [t for t in range(p_lo + 1, p_hi + 1) if tl.kind[t] == -1 and int(tl.rec[t]) not in rename and tl.nbytes[t]]
     empty = {t for t in range(p_lo + 1, p_hi + 1) if tl.kind[t] == -1 and int(tl.rec[t]) not in rename and
              not tl.nbytes[t]}
+    if any(tl.kind[t] == -1 and int(tl.rec[t]) not in f_made and not tl.nbytes[t] for t in range(start + 1, fwd + 1)):
+        empty = set()   # the traced forward closes empty records too: the probe's are its own, kept
     if [int(tl.nbytes[t]) for t in f_old] != [int(tl.nbytes[t]) for t in p_old]:
         raise ValueError("recompute: the probe forward frees other tensors made before it than the traced forward")
     old_rename = {int(tl.rec[p]): int(tl.rec[f]) for f, p in zip(f_old, p_old)}
