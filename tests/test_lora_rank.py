@@ -92,22 +92,32 @@ def test_the_class_leaves_the_rank_out_for_lora_only_and_the_legacy_key_comes_se
     assert store.workload_class(full)["lora_rank"] == 8 and store.profile_keys(full, p) == (store.profile_key(full, p),)
 
 
-def test_a_shipped_per_rank_lora_profile_still_answers():
-    # data/profiles holds LoRA profiles derived for rank 8 before the rank was a variable: the lookup falls back to
-    # them (no derivation) and they are evaluated as they are
+def test_a_shipped_per_rank_lora_profile_still_answers(tmp_path, monkeypatch):
+    # LoRA profiles were derived for rank 8 before the rank was a variable. Every preset ships a rank-free one since
+    # 2026-11-29, and gemma-3-4b keeps its rank-8 file beside it: with that file alone shipped (a bank or a copy from
+    # before), the lookup falls back to it (no derivation) and it is evaluated as it is
     from estimator.estimate import traced_class
     from estimator.presets import load_config
     from strategies import attention, lora_targets, model
 
-    name, cfg = load_config("gemma-3-4b")  # ships its rank-8 file only (a rank-free one derives for minutes)
+    name, cfg = load_config("gemma-3-4b")
     m = model(name)
     w = Workload(method="lora", lora_targets=lora_targets(m), attention=attention(m))
     tw, tp, _ = traced_class(w, Parallel())
+    per_rank = store.profile_keys(tw, tp)[1]
+    h = store.config_hash(cfg)[:16]
+    (tmp_path / "shipped" / h).mkdir(parents=True)
+    for f in (f"{per_rank}.json", "inventory.json"):
+        (tmp_path / "shipped" / h / f).write_bytes((store.SHIPPED_DIR / h / f).read_bytes())
+    monkeypatch.setattr(store, "SHIPPED_DIR", tmp_path / "shipped")
+    monkeypatch.setenv("WILLITFIT_CACHE", str(tmp_path / "cache"))
+    store.clear_memo()
     key = store.stored_key(cfg, tw, tp)
-    assert key == store.profile_keys(tw, tp)[1] and store.where(cfg, key=key) == "shipped"
+    assert key == per_rank and store.where(cfg, key=key) == "shipped"
     prof = store.profile(cfg, tw, tp, name=name, derive=False)
     assert not prof.rank_variable and prof.workload_class["lora_rank"] == 8
     assert store.stored_key(cfg, replace(tw, lora_rank=64), tp) is None  # another rank: derived (rank-free)
+    store.clear_memo()
 
 
 def test_the_bank_checks_a_rank_free_file_against_its_address(monkeypatch, tmp_path):
