@@ -111,7 +111,9 @@ def watching(counter: StorageCounter, saves: Saves, model=None):
             held = _Held(x, len(saves.packs) - 1, False)
         else:
             with counter.paused():
-                held = _Held(x.detach(), len(saves.packs) - 1, block is not None or region is not None)
+                # a stand-in on unpack only where a replay reads its end of use: a checkpointed unit's packs
+                unit = region is not None or (block is not None and "layers" in saves.want)
+                held = _Held(x.detach(), len(saves.packs) - 1, unit)
         weakref.finalize(held, _note, counter, saves.released, held.i, saves.clock).atexit = False
         return held
 
