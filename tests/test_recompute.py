@@ -14,7 +14,7 @@ pytest.importorskip("torch")
 from estimator import store  # noqa: E402
 from tracer import derive, recompute, replay  # noqa: E402
 from tracer.ticks import trace_ticks  # noqa: E402
-from traced import assert_equals_trace, tiny as _config  # noqa: E402
+from traced import assert_equals_trace, assert_replay_equals_trace, tiny as _config  # noqa: E402
 
 SLOW = pytest.mark.skipif(not os.environ.get("WILLITFIT_SLOW"), reason="slow tier: WILLITFIT_SLOW=1")
 
@@ -51,15 +51,10 @@ SLOW_CASES = [
 
 
 def _check(family: str, knobs: dict, b: int, s: int, layers=(0, 1, 2), parallel: Parallel = Parallel()) -> None:
-    cfg = _config(family)
     w = Workload(batch=b, seq=s, **knobs)
     assert recompute.replayable(w, parallel) == ""
-    both = trace_ticks(cfg, w, parallel, list(layers), replays=("checkpointing",))
-    plain = trace_ticks(cfg, w, parallel, list(layers))
-    # watching what autograd saves, and the probe forward after the step, change nothing the fit reads
-    assert replay.keyed(both) == replay.keyed(plain)
-    traced = trace_ticks(cfg, replace(w, checkpointing="full"), parallel, list(layers))
-    assert replay.keyed(both.replayed["checkpointing"]) == replay.keyed(traced)
+    # (watching what autograd saves, and the probe forward after the step, change nothing the fit reads)
+    assert_replay_equals_trace(_config(family), w, "checkpointing", parallel, layers)
 
 
 @pytest.mark.parametrize("family, knobs", CASES, ids=[c[0] for c in CASES])

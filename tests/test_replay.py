@@ -13,7 +13,7 @@ pytest.importorskip("torch")
 from estimator import store  # noqa: E402
 from tracer import replay  # noqa: E402
 from tracer.ticks import trace_ticks  # noqa: E402
-from traced import assert_equals_trace, tiny as _config  # noqa: E402
+from traced import assert_equals_trace, assert_replay_equals_trace, tiny as _config  # noqa: E402
 
 SLOW = pytest.mark.skipif(not os.environ.get("WILLITFIT_SLOW"), reason="slow tier: WILLITFIT_SLOW=1")
 
@@ -42,16 +42,10 @@ SLOW_CASES = [
 
 
 def _check(family: str, knobs: dict, b: int, s: int) -> None:
-    cfg = _config(family)
     w = Workload(batch=b, seq=s, **knobs)
     assert replay.replayable(w, Parallel()) == ""
-    layers = [0, 1, 2]
-    both = trace_ticks(cfg, w, Parallel(), layers, replays=("grad_accum",))
-    plain = trace_ticks(cfg, w, Parallel(), layers)
-    # watching the gradients changes nothing the fit reads
-    assert replay.keyed(both) == replay.keyed(plain)
-    traced = trace_ticks(cfg, replace(w, grad_accum=2), Parallel(), layers)
-    assert replay.keyed(both.replayed["grad_accum"]) == replay.keyed(traced)
+    # (watching the gradients changes nothing the fit reads)
+    assert_replay_equals_trace(_config(family), w, "grad_accum")
 
 
 @pytest.mark.parametrize("family, knobs", CASES, ids=[c[0] for c in CASES])

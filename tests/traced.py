@@ -19,6 +19,21 @@ def tiny(family: str) -> dict:
     return json.loads((TINY / f"t-{family}.json").read_text())
 
 
+def assert_replay_equals_trace(cfg: dict, workload: Workload, kind: str, parallel: Parallel = Parallel(),
+                               layers=(0, 1, 2)) -> None:
+    """The step replayed under `kind` (tracer.ticks.REPLAYS) equals a traced step of that class key by key, and
+    watching the step for the replay changes nothing the fit reads of the traced class itself."""
+    from tracer import replay
+    from tracer.derive import SIBLINGS
+    from tracer.ticks import trace_ticks
+
+    both = trace_ticks(cfg, workload, parallel, list(layers), replays=(kind,))
+    plain = trace_ticks(cfg, workload, parallel, list(layers))
+    assert replay.keyed(both) == replay.keyed(plain)
+    traced = trace_ticks(cfg, SIBLINGS[kind](workload), parallel, list(layers))
+    assert replay.keyed(both.replayed[kind]) == replay.keyed(traced)
+
+
 def assert_equals_trace(cfg: dict, name: str, workload: Workload, sizes, parallel: Parallel = Parallel(),
                         derive: bool = True) -> list:
     """At every (batch, seq) of `sizes`: each stage's tensor bytes of `estimate()` equal those of

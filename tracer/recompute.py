@@ -75,22 +75,11 @@ class Saves:
 def replayable(workload: Workload, parallel: Parallel) -> str:
     """Why this class's full-checkpointing step cannot be replayed from its step without checkpointing ("" where it
     can)."""
-    if workload.mode != "train":
-        return "an inference run has no backward"
-    if workload.checkpointing != "none":
-        return "checkpointing: the replay starts from a step without checkpointing"
+    why = replay.probed_step_refusal(workload)
+    if why:
+        return why
     if parallel.strategy not in ("single", "ddp"):   # DDP's gradient hooks run alike with and without checkpoints
         return f"strategy {parallel.strategy}: its hooks around each layer (unshard, reshard) are not replayed"
-    if workload.loop != "loss-only":
-        return "loop: the previous step's output is alive into the probe forward"
-    if workload.activation_offload:
-        return "activation_offload: its own saved-tensor hooks"
-    if workload.compile:
-        return "compile: the compiled graph saves what it chooses"
-    if workload.images or workload.audios:
-        return "images, audio: the per-item loops of a multimodal step"
-    if workload.grad_accum != 1:
-        return "grad_accum: the replay starts from a step of grad_accum 1"
     if workload.method != "full":
         return (f"method {workload.method}: under checkpointing transformers makes the embeddings' output require a "
                 "gradient (enable_input_require_grads), which the step without it never computes")

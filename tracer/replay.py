@@ -43,6 +43,27 @@ def replayable(workload: Workload, parallel: Parallel) -> str:
     return ""
 
 
+def probed_step_refusal(workload: Workload) -> str:
+    """Why a step without checkpointing cannot carry a checkpointing replay ("" where it can): what full
+    (tracer.recompute) and selective (tracer.selective) checkpointing's replays both need of the traced step, a
+    training step of grad_accum 1 without checkpointing whose probe forward runs as the checkpointed one would."""
+    if workload.mode != "train":
+        return "an inference run has no backward"
+    if workload.checkpointing != "none":
+        return "checkpointing: the replay starts from a step without checkpointing"
+    if workload.loop != "loss-only":
+        return "loop: the previous step's output is alive into the probe forward"
+    if workload.activation_offload:
+        return "activation_offload: its own saved-tensor hooks"
+    if workload.compile:
+        return "compile: the compiled graph saves what it chooses"
+    if workload.images or workload.audios:
+        return "images, audio: the per-item loops of a multimodal step"
+    if workload.grad_accum != 1:
+        return "grad_accum: the replay starts from a step of grad_accum 1"
+    return ""
+
+
 def _carried(entries: tuple, T: int, start: int, bwd: int) -> tuple[np.ndarray, np.ndarray]:
     """(each tick's value as traced, each tick's value in the copy of ticks start+1..bwd run again after bwd)."""
     traced = per_tick(entries, T + 2)

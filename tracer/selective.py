@@ -30,7 +30,7 @@ from torch.utils._pytree import tree_leaves
 
 from estimator.parallel import TRACED_SHARDING
 from estimator.spec import Parallel, Workload
-from tracer import runner
+from tracer import replay, runner
 from tracer.counters import StorageCounter, Timeline
 
 PROBE = "probe-attention"   # the stage name of the attention probe (dropped from the traced timeline)
@@ -39,10 +39,9 @@ PROBE = "probe-attention"   # the stage name of the attention probe (dropped fro
 def replayable(workload: Workload, parallel: Parallel) -> str:
     """Why this class's selective-checkpointing step cannot be replayed from its step without checkpointing ("" where
     it can)."""
-    if workload.mode != "train":
-        return "an inference run has no backward"
-    if workload.checkpointing != "none":
-        return "checkpointing: the replay starts from a step without checkpointing"
+    why = replay.probed_step_refusal(workload)
+    if why:
+        return why
     if parallel.strategy not in ("single", "ddp", *TRACED_SHARDING):
         return f"strategy {parallel.strategy}: its hooks around each layer are not replayed"
     if max(parallel.tp, parallel.pp, parallel.cp) > 1:   # DTensor activations; a pipeline's schedule; ring attention
@@ -51,16 +50,6 @@ def replayable(workload: Workload, parallel: Parallel) -> str:
         return f"method {workload.method}: the runner builds full fine-tuning and LoRA"
     if workload.attention not in ("sdpa", "eager"):
         return f"attention {workload.attention}: selective checkpointing wraps SDPA or eager attention"
-    if workload.loop != "loss-only":
-        return "loop: the previous step's output is alive into the probe forward"
-    if workload.activation_offload:
-        return "activation_offload: its own saved-tensor hooks"
-    if workload.compile:
-        return "compile: the compiled graph saves what it chooses"
-    if workload.images or workload.audios:
-        return "images, audio: the per-item loops of a multimodal step"
-    if workload.grad_accum != 1:
-        return "grad_accum: the replay starts from a step of grad_accum 1"
     return ""
 
 
