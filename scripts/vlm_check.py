@@ -41,6 +41,8 @@ CASES = (
     ("exaone45-lora-b4-2048-672px", "exaone4_5", "train", "lora", 4, 2048, 1, "none", 0, 672),   # its context: 2048
     # host values: Idefics2's pixels stacked per sample with a pixel mask, padding images dropped by a boolean index
     ("idefics2-lora-b4-2048-2img", "idefics2", "train", "lora", 4, 2048, 2),
+    # SmolVLM2-500M: Idefics3's path, 512-px tiles shuffled by 4 to 64 tokens each (--images counts tiles)
+    ("smolvlm2-full-b8-4096-5tiles", "smolvlm2-500m", "train", "full", 8, 4096, 5),
     # a loop over the images, marked per iteration (tracer.vlm_loop): LLaVA-NeXT's tiles (672 px: 2,928 tokens),
     # Pixtral's tower under flash (Mistral-Small-3.1 at 1540 px: 3,025 tokens and 55 row breaks)
     ("llava-next-lora-b2-4096", "llava_next", "train", "lora", 2, 4096, 1),

@@ -4,7 +4,7 @@ was checked against its public copies (docs/presets.md).
 The counts below were read from meta-device builds with transformers 5.23 (no memory, no weights, no network, no
 remote code): `AutoConfig.for_model(model_type, **rest)`, then `AutoModelForCausalLM.from_config` on that config, or
 on its `text_config` for the multimodal checkpoints shipped nested (gemma3), the whole
-image-text-to-text model for LLaVA, Qwen2.5-VL, Qwen3-VL, Llama-4 and Mistral-3, and `AutoModel` for
+image-text-to-text model for LLaVA, Qwen2.5-VL, Qwen3-VL, Llama-4, Mistral-3 and SmolVLM2, and `AutoModel` for
 BERT (BertModel with its pooler, as published) and the vision encoders (ViTModel, Dinov2Model, SigLIP's
 SiglipVisionModel from its vision_config: the published counts). Tied embeddings count once. An edited preset changes its count and
 fails here; a new preset must add its count (and its row in docs/presets.md). The 52 builds take about 4 s on 2
@@ -21,7 +21,7 @@ from estimator.families import VISION_TYPES
 from estimator.presets import MAX_CONFIG_BYTES, MODELS_DIR, parse_config_text, preset_names
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "presets.md"
-WHOLE = ("llava", "qwen2_5_vl", "qwen3_vl", "llama4", "mistral3")   # multimodal presets priced whole with their images
+WHOLE = ("llava", "qwen2_5_vl", "qwen3_vl", "llama4", "mistral3", "smolvlm")   # multimodal presets priced whole with their images
 
 EXPECTED_PARAMS = {
     "bert-large-uncased": 335_141_888,
@@ -56,6 +56,7 @@ EXPECTED_PARAMS = {
     "llava-1.5-7b": 7_063_427_072,   # whole (AutoModelForImageTextToText): Vicuna-7B + CLIP ViT-L/14-336 + projector
     "qwen2.5-vl-7b": 8_292_166_656,  # whole: its model card's 8.29B (ViT of 32 blocks, windowed, + Qwen2.5-7B)
     "qwen3-vl-8b": 8_767_123_696,    # whole: its model card's 8.77B (ViT of 27 blocks, deepstack, + Qwen3-8B)
+    "smolvlm2-500m": 507_482_304,    # whole: SmolLM2-360M + a 12-block 512-px tower + pixel-shuffle connector
     # hybrid and linear-attention LMs (issue "The models people bring in 2026")
     "qwen3-next-80b-a3b": 79_674_391_296,
     "nemotron-h-8b": 8_100_852_736,
