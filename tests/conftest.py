@@ -18,6 +18,7 @@ SLOW = os.environ.get("WILLITFIT_SLOW", "") == "1"
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: the slow tier, run with WILLITFIT_SLOW=1 (each test derives a profile)")
+    config.addinivalue_line("markers", "replays: derivations replay their siblings, as outside the tests (WILLITFIT_REPLAYS)")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -41,8 +42,20 @@ def _private_profile_cache(tmp_path_factory):
     # a page's unpriced advice rows are not derived in the background unless a test asks (pages/_derive.py): a
     # derivation of a real preset would take a core for minutes under every AppTest that shows "What to change"
     mp.setenv("WILLITFIT_PRICE_ADVICE", "0")
+    # a derivation traces the class asked for alone (tracer.derive.replays_on): the replayed siblings' hooks and
+    # probe forwards were about half of each derivation's work, in tests that check something else; the tests of
+    # the replays, and those that read a sibling a derivation left, are marked `replays` (below)
+    mp.setenv("WILLITFIT_REPLAYS", "0")
     yield
     mp.undo()
+
+
+@pytest.fixture(autouse=True)
+def _replays_where_marked(request, monkeypatch):
+    """A test (or module) marked `replays` derives as users do: each derivation replays its siblings (grad_accum 2,
+    full and selective checkpointing) from its traces, checked against one traced step each."""
+    if request.node.get_closest_marker("replays"):
+        monkeypatch.setenv("WILLITFIT_REPLAYS", "1")
 
 
 @pytest.fixture(autouse=True, scope="session")

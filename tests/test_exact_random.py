@@ -47,6 +47,8 @@ from estimator.spec import Parallel, Workload  # noqa: E402
 from tracer import losses, session  # noqa: E402
 from tracer.derive import derive_profile  # noqa: E402
 
+pytestmark = pytest.mark.replays   # their derivations replay, as outside the tests (tests/conftest.py)
+
 TINY = Path(__file__).parent / "data" / "tiny"
 NO_DROPOUT = {"gpt2": dict(attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0), "opt": dict(dropout=0.0)}
 FAMILIES = ("llama", "gemma2", "phi3", "neox", "falcon", "opt", "gpt2", "mixtral")

@@ -16,6 +16,8 @@ from tracer import derive, recompute, replay  # noqa: E402
 from tracer.ticks import trace_ticks  # noqa: E402
 from traced import assert_equals_trace, assert_replay_equals_trace, tiny as _config  # noqa: E402
 
+pytestmark = pytest.mark.replays   # their derivations replay, as outside the tests (tests/conftest.py)
+
 SLOW = pytest.mark.skipif(not os.environ.get("WILLITFIT_SLOW"), reason="slow tier: WILLITFIT_SLOW=1")
 
 

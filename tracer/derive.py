@@ -38,6 +38,7 @@ tracer.seqs.
 from __future__ import annotations
 
 import math
+import os
 import platform
 import time
 from collections.abc import Callable
@@ -136,7 +137,7 @@ def derive_profile(config: dict, workload: Workload, parallel: Parallel = Parall
 def derive_profiles(config: dict, workload: Workload, parallel: Parallel = Parallel(),
                     progress: Callable[[int, int, str], None] | None = None, config_hash: str = "",
                     kernels: str = "cuda", rank_variable: bool | None = None, pp_rank: int = 0,
-                    replays: bool = True) -> list[Profile]:
+                    replays: bool | None = None) -> list[Profile]:
     """Trace the model at reduced depth and a few sizes, fit, verify and extend: see the module docstring.
 
     `workload` and `parallel` fix the class; their sizes (batch, seq, gen_tokens, gpus) are ignored; `kernels`
@@ -154,6 +155,7 @@ def derive_profiles(config: dict, workload: Workload, parallel: Parallel = Paral
 
     start = time.perf_counter()
     asked = workload
+    replays = replays_on() if replays is None else replays
     workload, kinds, asked_kind = replay_plan(workload, parallel) if replays else (workload, (), None)
     infer = workload.mode == "infer"
     fsdp = parallel.strategy in TRACED_SHARDING
@@ -250,6 +252,21 @@ def derive_profiles(config: dict, workload: Workload, parallel: Parallel = Paral
         i = 1 + [k for k in replayed if not isinstance(replayed[k], str)].index(asked_kind)
         out.insert(0, out.pop(i))
     return out
+
+
+REPLAYS_ENV = "WILLITFIT_REPLAYS"
+
+
+def replays_on() -> bool:
+    """Whether a derivation replays its siblings (`replays` None): WILLITFIT_REPLAYS, 1 (the default) or 0. 0 traces
+    the class asked for alone, the replays' hooks and probe forwards left out (about half a derivation's work where
+    its class replays two or three siblings): for runs that want that one class, and for the test suite, whose tests
+    of the replays turn them back on (tests/conftest.py)."""
+    raw = os.environ.get(REPLAYS_ENV, "").strip()
+    if raw not in ("", "0", "1"):
+        raise ValueError(f"{REPLAYS_ENV}: 1 (replay grad_accum 2 and checkpointing from a derivation's traces, the "
+                         f"default) or 0 (trace the class asked for alone); got {raw!r}")
+    return raw != "0"
 
 
 # the class each replay gives from the traced one, and what its provenance says
