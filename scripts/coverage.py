@@ -18,12 +18,11 @@ crash or a hang costs one type, `--timeout` seconds at most):
    (batch 3, a sequence between the fitted ones; for an image model the tokens of an image one patch (grid unit)
    wider than the config's, rounded down to a whole unit first): every stage's peak, the largest relative error.
 The types only the seq2seq, speech seq2seq or image-text-to-text classes list (kinds "seq2seq", "speech",
-"image-text") get their inventory only (a vision- or audio-language model is priced as its language model alone:
-status "text only", not counted), except the vision-language models priced whole with their images
-(estimator.families.VLM_TYPES), which run the three steps above with one image per sample, checked at the image's
-tokens plus a text length the fit did not use, the audio-language models (estimator.families.AUDIO_TYPES), alike with
-one 30-s audio clip per sample, and the encoder-decoder models (tracer.seq2seq), which run them with
-the decoder as long as the encoder (Whisper: the decoder's tokens, on its fixed audio window).
+"image-text") get their inventory only (status "text only", not counted), except the vision-language models priced
+whole (estimator.families.VLM_TYPES: the three steps above with one image per sample, checked at the image's tokens
+plus a text length the fit did not use), the audio-language ones (AUDIO_TYPES: one 30-s clip per sample), the
+encoder-decoder ones (tracer.seq2seq: the decoder as long as the encoder; Whisper's on its fixed audio window) and
+those whose image-text-to-text class is a causal LM of text alone (tracer.meta.causal_image_text: Mistral-4).
 docs/architectures.md gets one row per type (status, parameters, error, times, reason).
 """
 from __future__ import annotations
@@ -74,6 +73,7 @@ WHOLE_MODEL_KINDS = {"seq2seq": "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
 def independent_params(model_type: str) -> int:
     """sum(numel) of the model transformers builds from the config class's defaults, on meta (deduplicated)."""
     import torch
+    from tracer.meta import causal_image_text
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
     from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
                                                         MODEL_FOR_MASKED_LM_MAPPING_NAMES)
@@ -87,8 +87,8 @@ def independent_params(model_type: str) -> int:
             AutoModelForSeq2SeqLM
         with torch.device("meta"):
             return sum(p.numel() for p in cls.from_config(cfg).parameters())
-    if model_type in VLM_TYPES + AUDIO_TYPES:   # priced whole with its images (audio): the image-text-to-text model
-        from tracer.audio import audio_class    # (the class transformers lists an audio-language type under)
+    if model_type in VLM_TYPES + AUDIO_TYPES or causal_image_text(model_type):   # priced whole with its images
+        from tracer.audio import audio_class    # (audio), or the causal LM an image-text-to-text type maps to
         from transformers import AutoModelForImageTextToText
 
         cls = audio_class(model_type) if model_type in AUDIO_TYPES else AutoModelForImageTextToText
@@ -112,13 +112,10 @@ def independent_params(model_type: str) -> int:
 def _image_class(model_type: str):
     """transformers' image-classification class of a type with no text model, else None."""
     import transformers
-    from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
-                                                        MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES,
-                                                        MODEL_FOR_MASKED_LM_MAPPING_NAMES)
+    from transformers.models.auto import modeling_auto as auto
 
-    names = MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES.get(model_type)
-    if names is None or model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or model_type in \
-            MODEL_FOR_MASKED_LM_MAPPING_NAMES:
+    names = auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES.get(model_type)
+    if names is None or model_type in auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES | auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES:
         return None
     return getattr(transformers, names[0] if isinstance(names, tuple) else names)
 
@@ -482,8 +479,11 @@ def main(argv=None) -> int:
         keep = [x for x in OUT.read_text().splitlines() if json.loads(x)["model_type"] not in again]
         OUT.write_text("".join(x + "\n" for x in keep))
     if args.child:
+        from tracer.meta import causal_image_text
+
         row = text_only(args.child, args.child_kind) if args.child_kind in WHOLE_MODEL_KINDS and \
-            args.child not in VLM_TYPES + AUDIO_TYPES and not _encoder_decoder(args.child) else one(args.child)
+            args.child not in VLM_TYPES + AUDIO_TYPES and not _encoder_decoder(args.child) and \
+            not causal_image_text(args.child) else one(args.child)
         print(json.dumps({**row, "revision": _revision()}))
         return 0
     if not args.report:

@@ -107,7 +107,7 @@ def model_class(cfg, mode: str = "train"):
     """The Auto class transformers uses for this config: a vision encoder's image-classification model (training)
     or base vision model (inference, `mode` "infer"; tracer.vision), else causal LM, else masked LM; the text model of
     a multimodal config (its `text_config`) when the top-level type has none of these."""
-    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoModelForMaskedLM
     from transformers.models.auto.modeling_auto import (
         MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
         MODEL_FOR_MASKED_LM_MAPPING_NAMES,
@@ -119,8 +119,6 @@ def model_class(cfg, mode: str = "train"):
     if seq2seq.is_encoder_decoder(cfg):   # the whole encoder-decoder model (tracer.seq2seq)
         return seq2seq.model_class(cfg), cfg
     if vlm.is_vlm(cfg):   # the whole image-text-to-text model: a step with images runs its vision tower (tracer.vlm)
-        from transformers import AutoModelForImageTextToText
-
         return AutoModelForImageTextToText, cfg
     if audio.is_audio(cfg):   # the whole audio-language model: a step with audio runs its audio encoder (tracer.audio)
         return audio.audio_class(mt), cfg
@@ -131,9 +129,19 @@ def model_class(cfg, mode: str = "train"):
     text = getattr(cfg, "text_config", None)
     if text is not None and text.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         return AutoModelForCausalLM, text
+    if causal_image_text(mt):
+        return AutoModelForImageTextToText, cfg
     vision.refuse_unmodelled_vision(mt)
     raise ValueError(f"model_type: {mt!r} has no causal-LM or masked-LM model in transformers (and no text "
                      "model that has one)")
+
+
+def causal_image_text(model_type: str) -> bool:
+    """A type transformers lists as image-text-to-text only whose class there is a causal LM of text alone (Mistral-4's
+    `Mistral4ForCausalLM`): built and priced as that causal LM."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+    return MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES.get(model_type, "").endswith("ForCausalLM")
 
 
 def _roles(model, n_experts: int) -> dict[int, str]:
