@@ -105,3 +105,15 @@ def test_a_replayed_step_the_guards_refuse_leaves_the_traced_class_alone():
     both = trace_ticks(cfg, w, Parallel(), None, replays=("grad_accum",))
     assert both.replayed["grad_accum"].refused.startswith("fit: an earlier iteration of a loop in backward holds")
     assert replay.keyed(both) == replay.keyed(trace_ticks(cfg, w, Parallel(), None))
+
+
+def test_the_replays_switch_takes_0_or_1_and_says_so_in_one_line(monkeypatch):
+    from tracer import derive
+
+    for raw, on in (("", True), ("1", True), ("0", False), (" 0 ", False)):
+        monkeypatch.setenv("WILLITFIT_REPLAYS", raw)
+        assert derive.replays_on() is on
+    monkeypatch.setenv("WILLITFIT_REPLAYS", "yes")
+    with pytest.raises(ValueError, match=r"^WILLITFIT_REPLAYS: 1 \(replay .* or 0 \(trace the class asked for alone\); "
+                       r"got 'yes'$"):
+        derive.replays_on()
