@@ -28,6 +28,7 @@ CASES = (
     ("t5-large-full-b4-512", "t5-large", "train", "full", 4, 512, 0),
     ("t5-large-lora-b8-1000", "t5-large", "train", "lora", 8, 1000, 0),
     ("t5-large-eager-target-b4-512-128", "t5-large", "train", "full", 4, 512, 128, "eager"),
+    ("flan-t5-xl-lora-b8-1024-256", "flan-t5-xl", "train", "lora", 8, 1024, 256),
     ("whisper-large-v3-full-b8-448", "whisper-large-v3", "train", "full", 8, 448, 0),
     ("whisper-large-v3-lora-b16-301", "whisper-large-v3", "train", "lora", 16, 301, 0),
     ("whisper-large-v3-infer-b8-4-gen200", "whisper-large-v3", "infer", "full", 8, 4, 0, "sdpa", 200),

@@ -56,7 +56,9 @@ def classes(name: str, config: dict, grid: set[str]) -> list[tuple[Workload, Par
            (Workload(attention=attn, grad_accum=2, **lora), Parallel()),
            (Workload(attention=attn, checkpointing="selective"), Parallel()),
            (Workload(attention=attn, checkpointing="selective", **lora), Parallel()),
-           (Workload(mode="infer", attention=attn), Parallel())]
+           # T5's decoding is priced under eager attention (estimator.seq2seq.check): its own class
+           (Workload(mode="infer", attention="eager" if "relative_attention_num_buckets" in config else attn),
+            Parallel())]
     if mt in VLM_TYPES:  # a vision-language model with one image per sample (the app's default for one)
         # Qwen2-VL's family: its default image size, under FlashAttention-2 (its only priced vision attention)
         # Pixtral's tower (Mistral-3): its config's image size, under FlashAttention-2 too (estimator.vision.sized)

@@ -65,6 +65,7 @@ EXPECTED_PARAMS = {
     "qwen3.6-35b-a3b": 34_660_610_688,      # text model; Qwen3.5's architecture (model_type qwen3_5_moe)
     # encoder-decoder models, whole (tracer.seq2seq: AutoModelForSeq2SeqLM, Whisper's AutoModelForSpeechSeq2Seq)
     "t5-large": 737_668_096,
+    "flan-t5-xl": 2_783_959_040,   # T5 v1.1 XL; transformers 5.23 ties its head (docs/presets.md)
     "whisper-large-v3": 1_543_490_560,
     "mistral-7b": 7_241_732_096,
     "mistral-small-3.1-24b": 24_011_361_280,  # whole: text model 23,572,403,200 + Pixtral tower and projector
