@@ -12,6 +12,7 @@ GDN_KEYS = ("linear_num_value_heads", "linear_key_head_dim",   # Gated DeltaNet 
 GDN_CHUNK = ("fla chunk_size", 64)     # flash-linear-attention's default chunk: its states are (b, chunks, ...)
 MAMBA1_KEYS = ("time_step_rank", "mamba_dt_rank")              # Mamba-1 mixers (Mamba, Falcon-Mamba, Jamba)
 MAMBA1_CHUNK = ("selective_scan chunk", 2048)   # mamba_ssm selective_scan.cpp: states per 2048 tokens
+LIGHTNING_KEY = "block_size"   # MiniMax's lightning attention: a Python loop over blocks of this many positions
 
 
 def has_ssm_keys(d: dict) -> bool:
@@ -38,6 +39,9 @@ def chunked_scan(cfg) -> tuple[str, int] | None:
             return GDN_CHUNK
         if ssm and any(k in d for k in MAMBA1_KEYS):   # Mamba-1: the selective scan's 2048-token chunk states
             return MAMBA1_CHUNK
+        block = d.get(LIGHTNING_KEY)   # MiniMax: its blocks' products and outputs (tracer.time_loop)
+        if "linear_attn_alpha_factor" in d and isinstance(block, int) and not isinstance(block, bool) and block > 1:
+            return LIGHTNING_KEY, block
     return None
 
 
@@ -47,6 +51,9 @@ def scan_path(scan: tuple[str, int], train: bool = False) -> str:
         return ("Mamba-1 mixers on mamba_ssm's selective scan (its chunk states per 2048 tokens) and causal_conv1d "
                 "(installed beside transformers on the GPU)" + ("; training on mamba_inner_fn (Mamba, Falcon-Mamba) "
                                                                 "or selective_scan_fn (Jamba)" if train else ""))
+    if scan[0] == LIGHTNING_KEY:
+        return (f"MiniMax's lightning attention as transformers runs it on a GPU too: a Python loop over blocks of "
+                f"{scan[1]} positions (block_size), each block's products saved (tracer.time_loop)")
     if scan == GDN_CHUNK:
         return ("Gated DeltaNet / KDA layers on flash-linear-attention's chunk_gated_delta_rule or chunk_kda (chunk 64) "
                 "and their fused recurrent kernels, with causal_conv1d (installed beside transformers on the GPU)")

@@ -39,6 +39,8 @@ CASES = (
     ("jamba-lora-b1-s5000", "jamba", "lora", None, 1, 5000),
     ("falcon_mamba-full-b2-s3000", "falcon_mamba", "full", None, 2, 3000),
     ("qwen3_next-lora-ckpt-b8-s8192", "qwen3_next", "lora", None, 8, 8192, "full"),
+    # MiniMax's lightning attention: a Python loop over 256-token blocks (tracer.time_loop), the last one partial
+    ("minimax-lora-b2-s3000", "minimax", "lora", None, 2, 3000),
 )
 
 

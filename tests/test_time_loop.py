@@ -100,3 +100,49 @@ def test_a_reduced_recurrent_gemma_keeps_each_layers_own_type():
     kinds = [type(layer.temporal_block).__name__ for layer in model.model.layers]
     assert [k == "RecurrentGemmaRecurrentBlock" for k in kinds] == [True, True, True, False, True]
     assert model.config.layer_types == ["linear_attention"] * 3 + ["sliding_attention", "linear_attention"]
+
+
+# MiniMax's lightning attention: a Python loop over blocks of block_size positions (tests/data/tiny/t-minimax.json:
+# 4 layers, linear, full, linear, linear; blocks of 32), keyed per iteration (tracer.time_loop._lightning_forward)
+def _minimax() -> dict:
+    return json.loads((TINY / "t-minimax.json").read_text())
+
+
+def test_a_lightning_loops_ticks_have_the_same_keys_at_every_block_count():
+    # 3 and 5 blocks (the last one partial at 70, whole at 160): the same keys, the last two iterations of the forward
+    # and the first two backward runs kept, the rest dropped (and checked to hold less)
+    from dataclasses import replace
+
+    a, b = (trace_ticks(_minimax(), replace(Workload(), batch=bb, seq=s), Parallel(), None)
+            for bb, s in ((2, 70), (3, 160)))
+    assert a.keys == b.keys
+    loops = [k for k in a.keys if isinstance(k[-1], int) and k[-1] >= LOOP_INDEX]
+    assert {(k[-1] // PINNED_INDEX) % (LOOP_INDEX // PINNED_INDEX) for k in loops} == {1, 2}
+
+
+def test_the_lightning_forward_is_transformers_own_and_unmarked_after_the_step():
+    # the copy is used only while transformers' forward is the one it was copied from (its source's hash)
+    import transformers.models.minimax.modeling_minimax as mm
+
+    assert time_loop._lightning_source_ok(mm.MiniMaxLightningAttention)
+    assert "range" not in mm.__dict__ and mm.MiniMaxLightningAttention.forward.__qualname__ == \
+        "MiniMaxLightningAttention.forward"
+
+
+def test_minimax_training_equals_a_full_depth_trace_in_each_piece_and_at_its_ends():
+    # four pieces of s (tracer.seqs._block_values): one block (no loop marks), two (the second to last iteration is
+    # the first, whose carried state is zeros), three (it begins beside the first's locals), more; at both ends of
+    # each, and seven blocks
+    assert_equals_trace(_minimax(), "t-minimax", Workload(),
+                        ((2, 203), (1, 32), (3, 33), (2, 64), (1, 65), (2, 96), (3, 97)))
+
+
+@SLOW
+@pytest.mark.parametrize("w, sizes", [
+    (Workload(method="lora"), ((3, 150),)),
+    (Workload(checkpointing="full"), ((2, 90),)),
+    (Workload(mode="infer", gen_tokens=5), ((2, 100), (3, 20))),
+], ids=["lora", "ckpt-full", "infer"])
+def test_minimax_equals_a_full_depth_trace(w, sizes):
+    # inference: MiniMax's own cache (MiniMaxCache, made by its prefill) keeps each linear layer's K^T V state
+    assert_equals_trace(_minimax(), "t-minimax", w, sizes)

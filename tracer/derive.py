@@ -47,7 +47,7 @@ from dataclasses import replace
 from estimator import cp as estimator_cp
 from estimator.profile import poly
 from estimator.profile.profile import Piece, Profile
-from estimator.scans import chunked_scan, scan_path
+from estimator.scans import LIGHTNING_KEY, chunked_scan, scan_path
 from estimator.spec import PP_STAGES_PER_RANK, Parallel, Workload
 from estimator.store import GRAD_ACCUM_CLASS, TRACER_REVISION, parallel_class, workload_class
 from estimator.parallel import TRACED_SHARDING
@@ -189,7 +189,7 @@ def derive_profiles(config: dict, workload: Workload, parallel: Parallel = Paral
         raise ValueError(f"pp_rank: only a pipeline's or a context-parallel group's ranks are traced apart; got rank "
                          f"{pp_rank}")
     scan = chunked_scan(hf_config)
-    scan_extra = poly.scan_monomials(scan[1]) if scan else ()
+    scan_extra = poly.scan_monomials(scan[1], blocks=scan[0] == LIGHTNING_KEY) if scan else ()
     if masked and infer:
         w0 = replace(w0, gen_tokens=0)  # an encoder (text or vision) runs one forward pass: no decoding
     plan = plan_layers(sigs, offload.DEPTH_COPIES if workload.activation_offload else 1)
@@ -432,7 +432,9 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
             raise ValueError("attention: under context parallelism this model's ring attention runs CUDA's "
                              "memory-efficient kernel, whose padding follows each rank's chunk of the sequence; only "
                              "the flash kernel's ring (bf16 or fp16, head dim up to 256, no mask) is priced")
-        lse = (poly.LSE_MONOMIALS if "lse" in seen else ()) + scan_extra
+        # q is one value all through a piece within one chunk (MiniMax's one- and two-block pieces): no q terms there
+        lse = (poly.LSE_MONOMIALS if "lse" in seen else ()) + tuple(
+            m for m in scan_extra if hi is None or -(-(lo + 1) // poly.scan_chunk(m)) != -(-hi // poly.scan_chunk(m)))
         if "mask" in seen:  # a mask is copied on unaligned s only: two pieces (the aligned one alone where a loss's
             # chunks are whole on multiples of 16 only, chunk_step: no unaligned seq keeps them whole)
             classes = [(a, x, *choose_seqs(lo, unit, x, a, step, multiple)) for a, x in

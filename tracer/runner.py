@@ -457,10 +457,18 @@ def _infer(model, workload, inputs, on_stage, live: dict) -> None:
     # Mamba-2 (and Mamba, FalconMamba) name their cache cache_params: generate() passes it under that name, and a
     # past_key_values they would only forward as an unused keyword (every step a fresh prefill)
     cache_arg = "cache_params" if "cache_params" in params and "past_key_values" not in params else "past_key_values"
+    # a model with a cache class of its own (MiniMax's MiniMaxCache: generate() passes none, the prefill makes it)
+    own = not getattr(model, "_supports_default_dynamic_cache", lambda: True)()
+    if not own:
+        live["kv_cache"] = DynamicCache(config=model.config)
+
+    def step(ids):
+        out = model(input_ids=ids, use_cache=True, **{cache_arg: live.get("kv_cache")}, **keep)
+        if "kv_cache" not in live:
+            live["kv_cache"] = out.past_key_values
+        return out
     with torch.no_grad():
-        cache = live["kv_cache"] = DynamicCache(config=model.config)
-        _generate(lambda ids: model(input_ids=ids, use_cache=True, **{cache_arg: cache}, **keep), input_ids,
-                  workload.gen_tokens, on_stage)
+        _generate(step, input_ids, workload.gen_tokens, on_stage)
 
 
 def _generate(step, ids: torch.Tensor, gen_tokens: int, on_stage: Callable[[str], None]) -> None:
@@ -479,21 +487,4 @@ def _next_token(logits: torch.Tensor) -> torch.Tensor:
     return last.argmax(dim=-1, keepdim=True)  # (B, 1)
 
 
-def kv_cache_tensors(cache) -> list[torch.Tensor]:
-    """The tensors an HF Cache holds: keys/values of attention layers, and the conv and recurrent (SSM) states of
-    state-space layers, which transformers' cache_utils `LinearAttentionLayer` keeps in dicts by state index."""
-    out = []
-    for part in seq2seq.cache_parts(cache):   # an encoder-decoder model's: self- and cross-attention caches
-        out.extend(_cache_tensors(part))
-    return out
-
-
-def _cache_tensors(cache) -> list[torch.Tensor]:
-    out = []
-    for layer in getattr(cache, "layers", ()):
-        for v in vars(layer).values():
-            if isinstance(v, torch.Tensor):
-                out.append(v)
-            elif isinstance(v, dict):
-                out.extend(x for x in v.values() if isinstance(x, torch.Tensor))
-    return out
+kv_cache_tensors = seq2seq.kv_cache_tensors   # the tensors an HF cache holds (the KV cache, states)

@@ -202,6 +202,27 @@ def cache_parts(cache) -> list:
     return parts or [cache]
 
 
+def kv_cache_tensors(cache) -> list[torch.Tensor]:
+    """The tensors an HF Cache holds: keys/values of attention layers, and the conv and recurrent (SSM) states of
+    state-space layers, which transformers' cache_utils `LinearAttentionLayer` keeps in dicts by state index."""
+    out = []
+    for part in cache_parts(cache):   # an encoder-decoder model's: self- and cross-attention caches
+        out.extend(_cache_tensors(part))
+    return out
+
+
+def _cache_tensors(cache) -> list[torch.Tensor]:
+    # a cache's own lists of states beside its layers (MiniMaxCache.linear_cache: each linear layer's K^T V)
+    out = [x for v in vars(cache).values() if isinstance(v, list) for x in v if isinstance(x, torch.Tensor)]
+    for layer in getattr(cache, "layers", ()):
+        for v in vars(layer).values():
+            if isinstance(v, torch.Tensor):
+                out.append(v)
+            elif isinstance(v, dict):
+                out.extend(x for x in v.values() if isinstance(x, torch.Tensor))
+    return out
+
+
 def info(model) -> dict:
     """The inventory's `seq2seq` entry: the kind, the decoder's position limit and a speech model's input window."""
     cfg = model.config

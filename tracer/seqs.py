@@ -5,6 +5,7 @@ from __future__ import annotations
 from fractions import Fraction
 
 from estimator.profile import poly
+from estimator.scans import LIGHTNING_KEY, chunked_scan
 from estimator.spec import Workload, loss_seq_step
 from tracer.depth import text_config
 
@@ -26,7 +27,8 @@ def pieces_for(hf_config, max_positions: int, infer: bool, step: int = 8, multip
     2 x cp); every seq above `floor` (a grid VLM's images and their end tokens: tracer.vlm.seq_floor)."""
     # transformers keeps a sliding window's mask implicit while kv_length < window (masking_utils
     # `_ignore_causal_mask_sdpa`): s = window is already the other side, so the cut is window - 1
-    cuts = sorted({v - 1 for v in _window_values(hf_config) if 1 < v < max_positions})
+    cuts = sorted({v - 1 for v in _window_values(hf_config) if 1 < v < max_positions} |
+                  {v for v in _block_values(hf_config) if 1 < v < max_positions})
     # a window past the context (EXAONE-4.5's default 4096 over 2048 positions): the profile ends before it
     end = min((v - 1 for v in _window_values(hf_config) if v > max_positions), default=None)
     # a piece too narrow to hold four sizes is merged into the next one (the verification says if that is exact)
@@ -117,6 +119,15 @@ def _rank(rows: list[list[Fraction]]) -> int:
             rows[r] = [x - f * y for x, y in zip(rows[r], rows[rank])]
         rank += 1
     return rank
+
+
+def _block_values(cfg) -> list[int]:
+    """A loop over blocks of positions (MiniMax's lightning attention, tracer.time_loop) runs once up to its block and
+    is marked per iteration past it. The first iteration differs from the others (its carried state is zeros, with no
+    gradient: its block decay is not saved), so the kept second-to-last iteration is the first up to two blocks, and
+    up to three it starts beside the first's locals: four pieces, cut at one, two and three blocks."""
+    scan = chunked_scan(cfg)
+    return [k * scan[1] for k in (1, 2, 3)] if scan and scan[0] == LIGHTNING_KEY else []
 
 
 def _window_values(cfg) -> list[int]:

@@ -158,6 +158,7 @@ def _candidates(tl, train: bool, per_window: bool = False) -> Ticks:
         loops: dict = {}   # per group (a decoder layer's block, or a segment outside them): its loops, counted
         prev_it = -1   # the previous tick's iteration
         kept_max, skipped_max = {}, {}   # per pinned loop: the largest total of its kept ticks, of its dropped ones
+        opened: set = set()   # groups whose loop began with dropped iterations (its first pinned one opens no other)
         iter_max: dict = {}   # per loop kept by its last iteration: each iteration's largest total
         for t in ticks:
             b = None if block[t] < 0 else int(block[t])
@@ -167,13 +168,18 @@ def _candidates(tl, train: bool, per_window: bool = False) -> Ticks:
             group = (stage, seg if b is None else 0, b)
             i = int(it[t])
             if i == time_loop.SKIP:   # an iteration after the second to run of a loop whose first two hold the most
+                if prev_it == -1:   # a loop whose first iterations are dropped (MiniMax's forward: all but the last
+                    loops[group] = loops.get(group, -1) + 1   # two, which it pins)
+                    opened.add(group)
+                prev_it = i
                 loop = (group, loops.get(group, -1))
                 skipped_max[loop] = max(skipped_max.get(loop, 0), int(live[:, t].sum()))
                 continue
             if i >= time_loop.PINNED:   # a pinned iteration (0, 1, ... to run): keyed by itself and its place in it
                 j = i - time_loop.PINNED
-                if j == 0 and prev_it != i:
+                if j == 0 and prev_it != i and not (prev_it == time_loop.SKIP and group in opened):
                     loops[group] = loops.get(group, -1) + 1
+                opened.discard(group)
                 prev_it = i
                 n = loops.get(group, 0)
                 kept_max[(group, n)] = max(kept_max.get((group, n), 0), int(live[:, t].sum()))

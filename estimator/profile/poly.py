@@ -61,11 +61,17 @@ LSE_MONOMIALS = (L, BL)                             # the efficient kernel's log
 R_INDEX = 8                                         # r's exponent in a monomial: after the 7 and q's chunk
 
 
-def scan_monomials(chunk: int) -> tuple:
-    """q and b*q for a scan of this chunk (q's exponent, then the chunk the monomial is evaluated with)."""
+def scan_monomials(chunk: int, blocks: bool = False) -> tuple:
+    """q and b*q for a scan of this chunk (q's exponent, then the chunk the monomial is evaluated with). `blocks`: a
+    loop over blocks whose last one is s - q + chunk wide (MiniMax's lightning attention, tracer.time_loop), whose
+    (b, heads, r, r) products add s*q, q^2 and their b-multiples."""
     if not isinstance(chunk, int) or chunk < 1:
         raise ValueError(f"chunk: {chunk!r} is not allowed; a scan chunk is a positive integer")
-    return (0, 0, 0, 0, 0, 0, 1, chunk), (1, 0, 0, 0, 0, 0, 1, chunk)
+    out = ((0, 0, 0, 0, 0, 0, 1, chunk), (1, 0, 0, 0, 0, 0, 1, chunk))
+    if blocks:
+        out += ((0, 1, 0, 0, 0, 0, 1, chunk), (1, 1, 0, 0, 0, 0, 1, chunk), (0, 0, 0, 0, 0, 0, 2, chunk),
+                (1, 0, 0, 0, 0, 0, 2, chunk))
+    return out
 
 
 def scan_chunk(m: tuple) -> int:
