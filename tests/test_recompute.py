@@ -119,6 +119,7 @@ def test_one_derivation_prices_full_checkpointing_exactly(tmp_path, monkeypatch)
     store.clear_memo()
     cfg = _config("llama")
     none, = assert_equals_trace(cfg, "tiny", Workload(), [(3, 45)])
+    assert "replay_refused" not in none.profile, none.profile["replay_refused"]   # each replay met its traced check
     store.clear_memo()
     full, = assert_equals_trace(cfg, "tiny", Workload(checkpointing="full"), [(5, 91)], derive=False)
     assert "tracer.recompute" in full.profile.get("replayed", "") and "replayed" not in none.profile
