@@ -117,3 +117,23 @@ def test_the_replays_switch_takes_0_or_1_and_says_so_in_one_line(monkeypatch):
     with pytest.raises(ValueError, match=r"^WILLITFIT_REPLAYS: 1 \(replay .* or 0 \(trace the class asked for alone\); "
                        r"got 'yes'$"):
         derive.replays_on()
+
+
+def test_a_replayed_step_under_ddp_has_the_traced_ticks():
+    # DDP's one memory effect on a rank is its gradient buckets, allocated at construction (tracer.session): the
+    # micro-batches run as on one GPU beside them
+    w = Workload(batch=2, seq=37, method="lora", lora_targets=("q_proj", "v_proj"))
+    assert replay.replayable(w, Parallel(strategy="ddp", gpus=4)) == ""
+    assert_replay_equals_trace(_config("llama"), w, "grad_accum", Parallel(strategy="ddp", gpus=4))
+
+
+@SLOW
+def test_one_ddp_derivation_prices_grad_accum_exactly(tmp_path, monkeypatch):
+    monkeypatch.setenv("WILLITFIT_CACHE", str(tmp_path))
+    monkeypatch.setattr(store, "SHIPPED_DIR", tmp_path / "none")
+    store.clear_memo()
+    cfg, ddp = _config("llama"), Parallel(strategy="ddp", gpus=8)
+    assert_equals_trace(cfg, "tiny", Workload(recipe="amp"), [(3, 45)], ddp)
+    store.clear_memo()
+    four, = assert_equals_trace(cfg, "tiny", Workload(recipe="amp", grad_accum=4), [(5, 91)], ddp, derive=False)
+    assert "tracer.replay" in four.profile.get("replayed", "")

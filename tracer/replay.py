@@ -30,7 +30,7 @@ def replayable(workload: Workload, parallel: Parallel) -> str:
     """Why this class's grad_accum 2 step cannot be replayed from its grad_accum 1 timeline ("" where it can)."""
     if workload.mode != "train":
         return "an inference run has no gradients"
-    if parallel.strategy != "single":
+    if parallel.strategy not in ("single", "ddp"):   # DDP's one memory effect is its static buckets (tracer.session)
         return f"strategy {parallel.strategy}: its gradient hooks (reduce-scatter, all-reduce) are not replayed"
     if workload.optimizer_in_backward:
         return "optimizer_in_backward: the gradients die in backward"
