@@ -70,11 +70,12 @@ VISION_REFUSED = {
 # (images x patches) bool tensor): a batch^2 term at a fixed image size, which their derivation fits on three batches
 # (BATCH_SQUARED_VLM_TYPES; tracer.derive.BATCH_SQUARED_REGIONS). HyperCLOVA X Vision v2 (Qwen2.5-VL's tower), EXAONE-4.5 (a copy of it with
 # fewer key/value heads than query heads) and MiniMax-M3-VL (Qwen2-VL's inputs, its own tower) run the same inputs and
-# host-side helpers. LFM3-VL would too, but its tower's short convolution runs per image (Lfm3VlVisionShortConv: a
+# host-side helpers, as does Cosmos-3-Edge (Qwen2-VL's inputs and merger; a SigLIP-style tower whose learned position
+# grid is interpolated per image: tracer.vlm_loop.positions_step). LFM3-VL would too, but its tower's short convolution runs per image (Lfm3VlVisionShortConv: a
 # loop over torch.split by image), which changes the step's operations with the batch: refused by its derivation.
 BATCH_SQUARED_VLM_TYPES = ("glm4v", "glm4v_moe", "glm46v", "glmga")   # glmga: GLM-4.6V's config and class again
 GRID_VLM_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm_ocr", "hyperclovax_vision_v2", "exaone4_5",
-                  "minimax_m3_vl", *BATCH_SQUARED_VLM_TYPES)
+                  "minimax_m3_vl", "cosmos3_edge", *BATCH_SQUARED_VLM_TYPES)
 GRID_IMAGE_SIZE = 448   # px: a multiple of 28 (Qwen2/2.5-VL's 14-px patches x 2) and of 32 (Qwen3-VL's 16 x 2)
 # Text models whose forward reads its token ids on the host (XLM and FlauBERT: `lengths.max().item()` of the non-pad
 # tokens per row; FSMT: `padding_mask.any()`; T5Gemma-2: a mask built from its ids with `nonzero`; X-MOD: its language

@@ -167,8 +167,22 @@ def test_a_batch_squared_term_is_fit_on_three_batches():
     # off at the b >= 2 region's check, batch 4, so no profile)
 
 
+def test_a_per_image_position_grid_loop_is_keyed_per_image():
+    """Cosmos-3-Edge interpolates its learned position grid once per image, in a Python loop (tracer.vlm_loop
+    .positions_step, on a GPU's branch: no fp32 copy of the grid): the iterations keyed, the step one polynomial in
+    the batch again; two images per sample at batches the fit never used."""
+    from tracer import vlm_loop
+    import transformers.models.cosmos3_edge.modeling_cosmos3_edge as ce
+
+    assert vlm_loop._positions_source_ok(ce.Cosmos3EdgeVisionEmbeddings)
+    _check(Workload(images=2, image_size=128, attention="flash"), ((3, 140), (1, 90)), "cosmos3_edge")
+    assert type(ce.Cosmos3EdgeVisionEmbeddings.__dict__["resize_positional_embeddings"]).__name__ == "staticmethod"
+    assert ce.Cosmos3EdgeVisionEmbeddings.resize_positional_embeddings.__qualname__.startswith("Cosmos3Edge")
+
+
 @SLOW
 @pytest.mark.parametrize("name, workload, sizes", [
+    ("cosmos3_edge", Workload(images=1, image_size=128, attention="flash", method="lora"), ((1, 90), (4, 60))),
     ("glm4v", Workload(images=2, image_size=112, attention="flash", method="lora"), ((2, 200), (6, 150))),
     ("glm4v", Workload(images=1, image_size=112, attention="flash", mode="infer", gen_tokens=3), ((2, 200), (6, 150))),
     ("glm4v_moe", Workload(images=1, image_size=112, attention="flash"), ((2, 200), (6, 150))),

@@ -285,6 +285,8 @@ def step_context(model, workload, counter=None):
     stack = contextlib.ExitStack()
     stack.enter_context(host_values.host_values())
     stack.enter_context(vlm_grid.grid_step(inner))
+    if counter is not None:   # Cosmos-3-Edge's per-image position grids (a no-op for the others)
+        stack.enter_context(vlm_loop.positions_step(inner, counter))
     return stack
 
 

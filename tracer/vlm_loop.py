@@ -243,3 +243,67 @@ def pixtral_step(model, counter):
         for h in handles:
             h.remove()
         torch.meshgrid, F.unfold = real_meshgrid, real_unfold
+
+
+# Cosmos-3-Edge's vision embeddings (Cosmos3EdgeVisionEmbeddings.resize_positional_embeddings, transformers 5.23)
+# interpolate the learned square grid of positions once per image, in a loop over `grid_thw`, and concatenate the
+# images' grids: its iterations do the same work on the same sizes (square images of one size), each output waiting
+# in a list for the concatenation, so the last iteration holds the most, forward and backward (there each later
+# image's gradient of the shared grid is added to the first's). `positions_step` runs that function op for op (a
+# copy, used only while transformers' source hashes to the one copied) with its iterations marked, on a GPU's branch:
+# transformers copies the grid to fp32 on a CPU (antialiased interpolation has no half-precision CPU kernel), not on
+# a GPU, where the interpolation runs in the weights' dtype.
+_POSITIONS_CLASS = "Cosmos3EdgeVisionEmbeddings"
+_POSITIONS_SOURCE = "15272bc717efbbe6"   # sha256 of the function copied below, first 16 digits
+
+
+def _positions_source_ok(cls) -> bool:
+    import hashlib
+    import inspect
+
+    return hashlib.sha256(inspect.getsource(cls.resize_positional_embeddings).encode()).hexdigest()[:16] == \
+        _POSITIONS_SOURCE
+
+
+def _resize_marked(counter):
+    import torch.nn.functional as F
+
+    def resize_positional_embeddings(positional_embeddings, grid_thw, spatial_merge_size):
+        positional_embeddings = positional_embeddings.permute(2, 0, 1).unsqueeze(0)
+        source_dtype = positional_embeddings.dtype
+        position_chunks = []
+        for i, (temporal, height, width) in enumerate(grid_thw.tolist()):
+            counter.set_loop(i)
+            resized_embeddings = F.interpolate(positional_embeddings, size=(height, width), mode="bilinear",
+                                               align_corners=False, antialias=True)
+            resized_embeddings = resized_embeddings.squeeze(0).permute(1, 2, 0).to(source_dtype)
+            resized_embeddings = resized_embeddings.reshape(height // spatial_merge_size, spatial_merge_size,
+                                                            width // spatial_merge_size, spatial_merge_size, -1)
+            resized_embeddings = resized_embeddings.transpose(1, 2).reshape(height * width, -1)
+            position_chunks.append(resized_embeddings.repeat(temporal, 1))
+        counter.set_loop(None)
+        nodes = [c.grad_fn for c in position_chunks]
+        if all(n is not None for n in nodes) and positional_embeddings.grad_fn is not None:
+            # backward runs the images last first, each from its repeat's node; the grid's unsqueeze runs next
+            for k, node in enumerate(reversed(nodes)):
+                node.register_prehook(lambda grads, k=k: counter.set_loop(k))
+            positional_embeddings.grad_fn.register_prehook(lambda grads: counter.set_loop(None))
+        return torch.cat(position_chunks, dim=0)
+    return resize_positional_embeddings
+
+
+@contextlib.contextmanager
+def positions_step(model, counter):
+    """Inside: Cosmos-3-Edge's per-image interpolation of its position grid marks its iterations on `counter` (a
+    no-op for other models, and where transformers' function is not the one copied)."""
+    owners = {type(m) for m in model.modules() if type(m).__name__ == _POSITIONS_CLASS}
+    saved = []
+    try:
+        for cls in owners:
+            if _positions_source_ok(cls):
+                saved.append((cls, cls.__dict__["resize_positional_embeddings"]))
+                cls.resize_positional_embeddings = staticmethod(_resize_marked(counter))
+        yield
+    finally:
+        for cls, fn in saved:
+            cls.resize_positional_embeddings = fn
