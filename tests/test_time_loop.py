@@ -103,18 +103,18 @@ def test_a_reduced_recurrent_gemma_keeps_each_layers_own_type():
 
 
 # MiniMax's lightning attention: a Python loop over blocks of block_size positions (tests/data/tiny/t-minimax.json:
-# 4 layers, linear, full, linear, linear; blocks of 32), keyed per iteration (tracer.time_loop._lightning_forward)
+# 3 layers, linear, full, linear, 2 experts; blocks of 64), keyed per iteration (tracer.time_loop._lightning_forward)
 def _minimax() -> dict:
     return json.loads((TINY / "t-minimax.json").read_text())
 
 
 def test_a_lightning_loops_ticks_have_the_same_keys_at_every_block_count():
-    # 3 and 5 blocks (the last one partial at 70, whole at 160): the same keys, the last two iterations of the forward
+    # 5 and 7 blocks (the last one partial at both): the same keys, the last two iterations of the forward
     # and the first two backward runs kept, the rest dropped (and checked to hold less)
     from dataclasses import replace
 
     a, b = (trace_ticks(_minimax(), replace(Workload(), batch=bb, seq=s), Parallel(), None)
-            for bb, s in ((2, 70), (3, 160)))
+            for bb, s in ((2, 270), (3, 400)))
     assert a.keys == b.keys
     loops = [k for k in a.keys if isinstance(k[-1], int) and k[-1] >= LOOP_INDEX]
     assert {(k[-1] // PINNED_INDEX) % (LOOP_INDEX // PINNED_INDEX) for k in loops} == {1, 2}
@@ -134,15 +134,28 @@ def test_minimax_training_equals_a_full_depth_trace_in_each_piece_and_at_its_end
     # the first, whose carried state is zeros), three (it begins beside the first's locals), more; at both ends of
     # each, and seven blocks
     assert_equals_trace(_minimax(), "t-minimax", Workload(),
-                        ((2, 203), (1, 32), (3, 33), (2, 64), (1, 65), (2, 96), (3, 97)))
+                        ((2, 403), (1, 64), (3, 65), (2, 128), (1, 129), (2, 192), (3, 193)))
 
 
 @SLOW
 @pytest.mark.parametrize("w, sizes", [
     (Workload(method="lora"), ((3, 150),)),
     (Workload(checkpointing="full"), ((2, 90),)),
-    (Workload(mode="infer", gen_tokens=5), ((2, 100), (3, 20))),
+    (Workload(mode="infer", gen_tokens=5), ((2, 100), (3, 20), (1, 300))),
 ], ids=["lora", "ckpt-full", "infer"])
 def test_minimax_equals_a_full_depth_trace(w, sizes):
     # inference: MiniMax's own cache (MiniMaxCache, made by its prefill) keeps each linear layer's K^T V state
     assert_equals_trace(_minimax(), "t-minimax", w, sizes)
+
+
+def test_a_blocks_cut_is_never_merged_away():
+    # the step runs other operations on the two sides of a block's cut: a piece too narrow to fit is refused, not
+    # merged into the next (whose seqs would all lie past the cut, nothing checking the seqs before it)
+    from tracer.meta import hf_config
+    from tracer.seqs import pieces_for
+
+    cfg = hf_config({**_minimax(), "block_size": 32})
+    assert [p[1] for p in pieces_for(cfg, 4096, infer=False)] == [32, 64, 96, None]
+    with pytest.raises(ValueError, match=r"^seq: the piece of s from 1 to 32 \(a loop over blocks of 32 positions\) is "
+                                         r"too short to derive a profile in; a block_size of 35 or more is$"):
+        pieces_for(cfg, 4096, infer=True)

@@ -27,20 +27,27 @@ def pieces_for(hf_config, max_positions: int, infer: bool, step: int = 8, multip
     2 x cp); every seq above `floor` (a grid VLM's images and their end tokens: tracer.vlm.seq_floor)."""
     # transformers keeps a sliding window's mask implicit while kv_length < window (masking_utils
     # `_ignore_causal_mask_sdpa`): s = window is already the other side, so the cut is window - 1
-    cuts = sorted({v - 1 for v in _window_values(hf_config) if 1 < v < max_positions} |
-                  {v for v in _block_values(hf_config) if 1 < v < max_positions})
+    blocks = {v for v in _block_values(hf_config) if 1 < v < max_positions}
+    cuts = sorted({v - 1 for v in _window_values(hf_config) if 1 < v < max_positions} | blocks)
     # a window past the context (EXAONE-4.5's default 4096 over 2048 positions): the profile ends before it
     end = min((v - 1 for v in _window_values(hf_config) if v > max_positions), default=None)
-    # a piece too narrow to hold four sizes is merged into the next one (the verification says if that is exact)
+    # a piece too narrow to hold four sizes is merged into the next one (the verification says if that is exact);
+    # a block's cut never is (the step runs other operations on its two sides: merged, the fit's seqs would all lie
+    # on one side and nothing would check the other), so a block too short to fit is refused below
     gen = GEN_TOKENS if infer else 0
     cuts = [c for c in cuts if c > floor]
-    cuts = [c for i, c in enumerate(cuts) if c - (cuts[i - 1] if i else floor) - gen >= 4 * UNITS[-1]]
+    cuts = [c for i, c in enumerate(cuts)
+            if c in blocks or c - (cuts[i - 1] if i else floor) - gen >= 4 * UNITS[-1]]
     bounds = [floor, *cuts]
     out = []
     for k, lo in enumerate(bounds):
         hi = bounds[k + 1] if k + 1 < len(bounds) else end
         cap = min(hi if hi is not None else max_positions, max_positions) - gen
         unit = next((u for u in units if lo + 4 * u <= cap), None)
+        if unit is None and hi in blocks:
+            raise ValueError(f"seq: the piece of s from {lo + 1} to {hi} (a loop over blocks of {min(blocks)} "
+                             f"positions) is too short to derive a profile in; a block_size of {4 * UNITS[-1] + gen} "
+                             "or more is")
         if unit is None:
             raise ValueError(f"seq: the model's context ({max_positions} positions) is too short to derive a profile")
         out.append((lo, hi, *choose_seqs(lo, unit, step=step, multiple=multiple)))
