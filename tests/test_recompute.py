@@ -12,6 +12,7 @@ from estimator.spec import Parallel, Workload
 pytest.importorskip("torch")
 
 from estimator import store  # noqa: E402
+from estimator.estimate import clear_caches  # noqa: E402
 from tracer import derive, recompute, replay  # noqa: E402
 from tracer.ticks import trace_ticks  # noqa: E402
 from traced import assert_equals_trace, assert_replay_equals_trace, tiny as _config  # noqa: E402
@@ -116,11 +117,11 @@ def test_one_derivation_prices_full_checkpointing_exactly(tmp_path, monkeypatch)
     one asked for full checkpointing is replayed the same way."""
     monkeypatch.setenv("WILLITFIT_CACHE", str(tmp_path))
     monkeypatch.setattr(store, "SHIPPED_DIR", tmp_path / "none")
-    store.clear_memo()
+    clear_caches(tables=False)   # the estimator's class memo too (estimate._CLASSES)
     cfg = _config("llama")
     none, = assert_equals_trace(cfg, "tiny", Workload(), [(3, 45)])
     assert "replay_refused" not in none.profile, none.profile["replay_refused"]   # each replay met its traced check
-    store.clear_memo()
+    clear_caches(tables=False)
     full, = assert_equals_trace(cfg, "tiny", Workload(checkpointing="full"), [(5, 91)], derive=False)
     assert "tracer.recompute" in full.profile.get("replayed", "") and "replayed" not in none.profile
 
@@ -132,7 +133,7 @@ def test_one_derivation_prices_full_checkpointing_exactly(tmp_path, monkeypatch)
 def test_a_replayed_derivation_under_ddp_or_an_optimizer_in_backward_is_exact(w, parallel, tmp_path, monkeypatch):
     monkeypatch.setenv("WILLITFIT_CACHE", str(tmp_path))
     monkeypatch.setattr(store, "SHIPPED_DIR", tmp_path / "none")
-    store.clear_memo()
+    clear_caches(tables=False)
     cfg = _config("llama")
     assert_equals_trace(cfg, "tiny", w, [(w.batch, w.seq)], parallel)
     est, = assert_equals_trace(cfg, "tiny", replace(w, checkpointing="full"), [(5, 91)], parallel, derive=False)

@@ -11,6 +11,7 @@ from estimator.spec import Parallel, Workload
 pytest.importorskip("torch")
 
 from estimator import store  # noqa: E402
+from estimator.estimate import clear_caches  # noqa: E402
 from tracer import replay  # noqa: E402
 from tracer.ticks import trace_ticks  # noqa: E402
 from traced import assert_equals_trace, assert_replay_equals_trace, tiny as _config  # noqa: E402
@@ -75,11 +76,11 @@ def test_one_derivation_prices_both_grad_accum_classes_exactly(tmp_path, monkeyp
     derives nothing (derive=False would raise) and equals a full-depth trace at grad_accum 4."""
     monkeypatch.setenv("WILLITFIT_CACHE", str(tmp_path))
     monkeypatch.setattr(store, "SHIPPED_DIR", tmp_path / "none")
-    store.clear_memo()
+    clear_caches(tables=False)   # the estimator's class memo too (estimate._CLASSES)
     cfg = _config("llama")
     w = Workload(method="lora", lora_targets=("q_proj", "v_proj"), lora_rank=5)
     one, = assert_equals_trace(cfg, "tiny", w, [(3, 45)])
-    store.clear_memo()
+    clear_caches(tables=False)
     four, = assert_equals_trace(cfg, "tiny", replace(w, grad_accum=4), [(3, 45)], derive=False)
     assert "replayed" in four.profile and "replayed" not in one.profile
 
@@ -131,9 +132,9 @@ def test_a_replayed_step_under_ddp_has_the_traced_ticks():
 def test_one_ddp_derivation_prices_grad_accum_exactly(tmp_path, monkeypatch):
     monkeypatch.setenv("WILLITFIT_CACHE", str(tmp_path))
     monkeypatch.setattr(store, "SHIPPED_DIR", tmp_path / "none")
-    store.clear_memo()
+    clear_caches(tables=False)
     cfg, ddp = _config("llama"), Parallel(strategy="ddp", gpus=8)
     assert_equals_trace(cfg, "tiny", Workload(recipe="amp"), [(3, 45)], ddp)
-    store.clear_memo()
+    clear_caches(tables=False)
     four, = assert_equals_trace(cfg, "tiny", Workload(recipe="amp", grad_accum=4), [(5, 91)], ddp, derive=False)
     assert "tracer.replay" in four.profile.get("replayed", "")

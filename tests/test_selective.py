@@ -12,6 +12,7 @@ from estimator.spec import Parallel, Workload
 pytest.importorskip("torch")
 
 from estimator import store  # noqa: E402
+from estimator.estimate import clear_caches  # noqa: E402
 from tracer import derive, recompute, replay, selective  # noqa: E402
 from tracer.ticks import trace_ticks  # noqa: E402
 from traced import assert_equals_trace, assert_replay_equals_trace, tiny as _config  # noqa: E402
@@ -117,11 +118,11 @@ def test_one_lora_derivation_prices_selective_checkpointing_exactly(tmp_path, mo
     checkpointing is replayed the same way."""
     monkeypatch.setenv("WILLITFIT_CACHE", str(tmp_path))
     monkeypatch.setattr(store, "SHIPPED_DIR", tmp_path / "none")
-    store.clear_memo()
+    clear_caches(tables=False)   # the estimator's class memo too (estimate._CLASSES)
     cfg = _config("llama")
     w = Workload(method="lora", lora_rank=8)
     none, = assert_equals_trace(cfg, "tiny", w, [(3, 45)])
-    store.clear_memo()
+    clear_caches(tables=False)
     sel, = assert_equals_trace(cfg, "tiny", replace(w, checkpointing="selective"), [(5, 91)], derive=False)
     assert "tracer.selective" in sel.profile.get("replayed", "") and "replayed" not in none.profile
     assert derive.replay_plan(replace(w, checkpointing="selective"), Parallel())[2] == "selective"
@@ -133,7 +134,7 @@ def test_one_lora_derivation_prices_selective_checkpointing_exactly(tmp_path, mo
 def test_a_replayed_derivation_under_fsdp_is_exact_per_rank(parallel, tmp_path, monkeypatch):
     monkeypatch.setenv("WILLITFIT_CACHE", str(tmp_path))
     monkeypatch.setattr(store, "SHIPPED_DIR", tmp_path / "none")
-    store.clear_memo()
+    clear_caches(tables=False)
     cfg = _config("llama")
     ests = assert_equals_trace(cfg, "tiny", Workload(checkpointing="selective"), [(3, 45), (5, 91)], parallel)
     assert all("tracer.selective" in est.profile.get("replayed", "") for est in ests)
