@@ -73,6 +73,7 @@ VISION_REFUSED = {
 # host-side helpers, as does Cosmos-3-Edge (Qwen2-VL's inputs and merger; a SigLIP-style tower whose learned position
 # grid is interpolated per image: tracer.vlm_loop.positions_step). LFM3-VL would too, but its tower's short convolution runs per image (Lfm3VlVisionShortConv: a
 # loop over torch.split by image), which changes the step's operations with the batch: refused by its derivation.
+BATCH_SQUARED_DECODE_TYPES = ("rwkv",)   # a (b, b, hidden) tensor in each decoding step (tracer.vlm_grid.batch_squared)
 BATCH_SQUARED_VLM_TYPES = ("glm4v", "glm4v_moe", "glm46v", "glmga")   # glmga: GLM-4.6V's config and class again
 GRID_VLM_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm_ocr", "hyperclovax_vision_v2", "exaone4_5",
                   "minimax_m3_vl", "cosmos3_edge", *BATCH_SQUARED_VLM_TYPES)

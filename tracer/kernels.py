@@ -16,7 +16,7 @@ keep what CUDA keeps, each override following the CUDA source named in its docst
 - transformers' packed-sequence detection, which fake tensors cannot answer (`_unpacked_sequences`);
 - hybrid and state-space layers: mamba_ssm's (Mamba-2 and Mamba-1 mixers), flash-linear-attention's (Gated DeltaNet,
   KDA) and causal_conv1d's kernels instead of transformers' torch references (`kernels_ssm`, which installs
-  `kernels_ssd`, `kernels_gdn`, `kernels_kda` and `kernels_mamba1`).
+  `kernels_ssd`, `kernels_gdn`, `kernels_kda` and `kernels_mamba1`), and RWKV's WKV kernel (`kernels_wkv`).
 
 Every override is a dispatcher registration (torch.library, removed on exit) or a fake-kernel swap, so a traced
 op pays Python only where an override applies. docs/activations.md ("CPU and CUDA kernels") lists what each one

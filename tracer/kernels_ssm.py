@@ -49,7 +49,7 @@ import sys
 
 import torch
 
-from tracer import kernels_gdn, kernels_kda, kernels_mamba1, kernels_ssd, kernels_ssd_fused
+from tracer import kernels_gdn, kernels_kda, kernels_mamba1, kernels_ssd, kernels_ssd_fused, kernels_wkv
 
 # transformers modeling modules with Mamba-2 mixers; one that the installed transformers lacks is skipped
 MIXER_MODULES = ("mamba2", "bamba", "nemotron_h", "granitemoehybrid", "zamba2", "falcon_h1",
@@ -58,11 +58,13 @@ MIXER_MODULES = ("mamba2", "bamba", "nemotron_h", "granitemoehybrid", "zamba2", 
                  # Mamba-1 mixers: mamba_ssm's selective scan (tracer.kernels_mamba1)
                  "mamba", "falcon_mamba", "jamba", "zamba",
                  # Kimi Delta Attention layers: flash-linear-attention's KDA kernels (tracer.kernels_kda)
-                 "kimi_linear", "bailing_hybrid")
+                 "kimi_linear", "bailing_hybrid",
+                 # RWKV's WKV attention: transformers' CUDA kernel's autograd Function (tracer.kernels_wkv)
+                 "rwkv")
 FUNCTIONS = ("causal_conv1d_fn", "causal_conv1d_update", "mamba2_selective_state_update", "mamba2_chunk_scan",
              "mamba2_split_conv1d_scan_combined", "torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule",
              "mamba_inner_fn", "mamba_selective_scan", "mamba_selective_state_update",
-             "chunk_kimi_delta_attention", "recurrent_kimi_delta_attention")
+             "chunk_kimi_delta_attention", "recurrent_kimi_delta_attention", "rwkv_linear_attention")
 _CALLS = {"scan": 0}
 
 
@@ -198,7 +200,8 @@ def mamba2_split_conv1d_scan_combined(zxbcdt, conv1d_weight, conv1d_bias, dt_bia
         ngroups, norm_before_gate)
 
 
-_EMULATED = {"chunk_kimi_delta_attention": kernels_kda.chunk_kda,
+_EMULATED = {"rwkv_linear_attention": kernels_wkv.rwkv_linear_attention,
+             "chunk_kimi_delta_attention": kernels_kda.chunk_kda,
              "recurrent_kimi_delta_attention": kernels_kda.fused_recurrent_kda,
              "mamba_inner_fn": kernels_mamba1.mamba_inner_fn, "mamba_selective_scan": kernels_mamba1.selective_scan_fn,
              "mamba_selective_state_update": kernels_mamba1.selective_state_update,

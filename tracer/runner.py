@@ -456,7 +456,9 @@ def _infer(model, workload, inputs, on_stage, live: dict) -> None:
     keep = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
     # Mamba-2 (and Mamba, FalconMamba) name their cache cache_params: generate() passes it under that name, and a
     # past_key_values they would only forward as an unused keyword (every step a fresh prefill)
-    cache_arg = "cache_params" if "cache_params" in params and "past_key_values" not in params else "past_key_values"
+    # RWKV names its (a list of 5 (b, hidden, layers) tensors) state
+    cache_arg = "past_key_values" if "past_key_values" in params else \
+        next((a for a in ("cache_params", "state") if a in params), "past_key_values")
     # a model with a cache class of its own (MiniMax's MiniMaxCache: generate() passes none, the prefill makes it)
     own = not getattr(model, "_supports_default_dynamic_cache", lambda: True)()
     if not own:
@@ -465,7 +467,7 @@ def _infer(model, workload, inputs, on_stage, live: dict) -> None:
     def step(ids):
         out = model(input_ids=ids, use_cache=True, **{cache_arg: live.get("kv_cache")}, **keep)
         if "kv_cache" not in live:
-            live["kv_cache"] = out.past_key_values
+            live["kv_cache"] = getattr(out, "state" if cache_arg == "state" else "past_key_values")
         return out
     with torch.no_grad():
         _generate(step, input_ids, workload.gen_tokens, on_stage)

@@ -212,6 +212,8 @@ def kv_cache_tensors(cache) -> list[torch.Tensor]:
 
 
 def _cache_tensors(cache) -> list[torch.Tensor]:
+    if isinstance(cache, (list, tuple)):   # RWKV's state: the tensors themselves
+        return [t for t in cache if isinstance(t, torch.Tensor)]
     # a cache's own lists of states beside its layers (MiniMaxCache.linear_cache: each linear layer's K^T V)
     out = [x for v in vars(cache).values() if isinstance(v, list) for x in v if isinstance(x, torch.Tensor)]
     for layer in getattr(cache, "layers", ()):
