@@ -73,7 +73,7 @@ VISION_REFUSED = {
 # host-side helpers, as does Cosmos-3-Edge (Qwen2-VL's inputs and merger; a SigLIP-style tower whose learned position
 # grid is interpolated per image: tracer.vlm_loop.positions_step). LFM3-VL would too, but its tower's short convolution runs per image (Lfm3VlVisionShortConv: a
 # loop over torch.split by image), which changes the step's operations with the batch: refused by its derivation.
-BATCH_SQUARED_DECODE_TYPES = ("rwkv",)   # a (b, b, hidden) tensor in each decoding step (tracer.vlm_grid.batch_squared)
+BATCH_SQUARED_DECODE_TYPES = ("rwkv",)   # a (b, b, hidden) tensor in each decoding step (batch_squared)
 BATCH_SQUARED_VLM_TYPES = ("glm4v", "glm4v_moe", "glm46v", "glmga")   # glmga: GLM-4.6V's config and class again
 GRID_VLM_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm_ocr", "hyperclovax_vision_v2", "exaone4_5",
                   "minimax_m3_vl", "cosmos3_edge", *BATCH_SQUARED_VLM_TYPES)
@@ -171,3 +171,14 @@ def unpriced_vision_option(model_type: str, get) -> str | None:
 
 def family_of(model_type: str) -> str:
     return FAMILIES.get(model_type, model_type)
+
+
+def batch_squared(config: dict, workload) -> bool:
+    """Whether a step's bytes have a batch^2 term: at a fixed image size, GLM-4.1V's vision embeddings hold `seq_ids`,
+    an (images x patches) bool tensor (Glm4vVisionEmbeddings), whose images and patches both grow with the batch
+    (BATCH_SQUARED_VLM_TYPES); RWKV's decoding mixes the (b, 1, hidden) token with its (b, hidden) shifted state
+    (RwkvSelfAttention.extract_key_value, transformers 5.23), which broadcasts to (b, b, hidden)
+    (BATCH_SQUARED_DECODE_TYPES). tracer.derive fits it on three batches."""
+    model_type = config.get("model_type")
+    return (bool(workload.images) and model_type in BATCH_SQUARED_VLM_TYPES) or \
+        (workload.mode == "infer" and model_type in BATCH_SQUARED_DECODE_TYPES)

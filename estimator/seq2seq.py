@@ -72,6 +72,12 @@ def layerdrop_notes(model: Model, w: Workload) -> tuple[str, ...]:
             "most a step holds",)
 
 
+def decodes_eager_only(config: dict) -> bool:
+    """T5's family: its relative position bias is an SDPA mask, which CUDA's memory-efficient kernel pads to 16 keys
+    (in decoding, the cache's length: no polynomial), so its inference is priced under eager attention (`check`)."""
+    return config.get("relative_attention_num_buckets") is not None
+
+
 def check(model: Model, w: Workload, parallel: Parallel | None = None) -> None:
     """One line before any slow work: a target length for a model with no decoder of its own, a speech model's
     transcript past its decoder's positions, a knob or parallel layout the traced step does not run."""
@@ -104,8 +110,7 @@ def check(model: Model, w: Workload, parallel: Parallel | None = None) -> None:
             if getattr(w, name) != default:
                 raise ValueError(f"{name}: not priced for encoder-decoder models ({model.name}: {model.model_type}); "
                                  f"use {str(default).lower()}")
-    if model.config.get("relative_attention_num_buckets") is not None and w.attention != "eager" and \
-            w.mode == "infer":
+    if decodes_eager_only(model.config) and w.attention != "eager" and w.mode == "infer":
         # T5's position bias is the SDPA mask: CUDA's memory-efficient kernel copies it to a multiple of 16 keys,
         # which in decoding is the cache's length: no polynomial in the generated tokens; eager attention holds the
         # scores themselves

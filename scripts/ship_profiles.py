@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from estimator import store  # noqa: E402
 from estimator.estimate import traced_class  # noqa: E402
 from estimator.families import GRID_IMAGE_SIZE, GRID_VLM_TYPES, PIXTRAL_VLM_TYPES, VISION_TYPES, VLM_TYPES  # noqa: E402
+from estimator.seq2seq import decodes_eager_only  # noqa: E402
 from estimator.presets import load_config, preset_names  # noqa: E402
 from estimator.spec import Parallel, Workload  # noqa: E402
 from tracer.lora import default_lora_targets  # noqa: E402
@@ -56,9 +57,8 @@ def classes(name: str, config: dict, grid: set[str]) -> list[tuple[Workload, Par
            (Workload(attention=attn, grad_accum=2, **lora), Parallel()),
            (Workload(attention=attn, checkpointing="selective"), Parallel()),
            (Workload(attention=attn, checkpointing="selective", **lora), Parallel()),
-           # T5's decoding is priced under eager attention (estimator.seq2seq.check): its own class
-           (Workload(mode="infer", attention="eager" if "relative_attention_num_buckets" in config else attn),
-            Parallel())]
+           # T5's decoding is priced under eager attention: its own class
+           (Workload(mode="infer", attention="eager" if decodes_eager_only(config) else attn), Parallel())]
     if mt in VLM_TYPES:  # a vision-language model with one image per sample (the app's default for one)
         # Qwen2-VL's family: its default image size, under FlashAttention-2 (its only priced vision attention)
         # Pixtral's tower (Mistral-3): its config's image size, under FlashAttention-2 too (estimator.vision.sized)

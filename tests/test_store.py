@@ -11,6 +11,7 @@ from estimator import store
 from estimator.estimate import Options, estimate, traced_class
 from estimator.model import from_hf_config
 from estimator.presets import load_config
+from estimator.seq2seq import decodes_eager_only
 from estimator.profile.profile import Profile
 from estimator.spec import Parallel, Workload
 
@@ -72,8 +73,8 @@ def test_every_preset_ships_the_classes_the_property_tests_draw():
         m = model(name)
         kinds = [Workload(attention=attention(m)),
                  Workload(attention=attention(m), method="lora", lora_targets=lora_targets(m))]
-        if m.causal:   # T5's decoding is priced under eager attention (estimator.seq2seq.check): its own class
-            kinds.append(Workload(mode="infer", attention="eager" if "relative_attention_num_buckets" in m.config
+        if m.causal:   # T5's decoding is priced under eager attention (estimator.seq2seq.decodes_eager_only)
+            kinds.append(Workload(mode="infer", attention="eager" if decodes_eager_only(m.config)
                                   else attention(m)))
         for w in kinds:
             tw, tp, _ = traced_class(w, Parallel())

@@ -46,3 +46,13 @@ def serialized(fn):
         with TRACER_LOCK:
             return fn(*args, **kwargs)
     return wrapper
+
+
+def source_is(fn, digest: str) -> bool:
+    """Whether `fn`'s source hashes (sha256, first 16 hex digits) to `digest`: the tracer's op-for-op copies of
+    transformers code (tracer.time_loop's MiniMax forward, tracer.vlm_loop's Cosmos-3-Edge position grid) run only
+    while the code they copy is the one they were copied from."""
+    import hashlib
+    import inspect
+
+    return hashlib.sha256(inspect.getsource(fn).encode()).hexdigest()[:16] == digest

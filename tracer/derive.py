@@ -45,6 +45,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from estimator import cp as estimator_cp
+from estimator.families import batch_squared
 from estimator.profile import poly
 from estimator.profile.profile import Piece, Profile
 from estimator.scans import LIGHTNING_KEY, chunked_scan, scan_path
@@ -53,7 +54,7 @@ from estimator.store import GRAD_ACCUM_CLASS, TRACER_REVISION, parallel_class, w
 from estimator.parallel import TRACED_SHARDING
 from tracer import forked, serialized
 from tracer import kernels as kernels_mod
-from tracer import audio, losses, offload, pp, recompute, replay, runner, selective, session, vision, vlm, vlm_grid
+from tracer import audio, losses, offload, pp, recompute, replay, runner, selective, session, vision, vlm
 from tracer.depth import all_layers, layer_infos, traced_whole
 from tracer.extend import (
     decode_ticks,
@@ -333,7 +334,7 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
     ranked = len(fit_ranks) > 1
     pp_rank, held = stage
     # GLM-4.1V's vision embeddings hold an (images x patches) tensor: b^2 at a fixed image size
-    regions, b_extra = (BATCH_SQUARED_REGIONS, (poly.B2,)) if vlm_grid.batch_squared(config, w0) else (BATCH_REGIONS, ())
+    regions, b_extra = (BATCH_SQUARED_REGIONS, (poly.B2,)) if batch_squared(config, w0) else (BATCH_REGIONS, ())
 
     def jobs(fseqs) -> int:
         return sum(len(size_points(r[0], fseqs, fit_world, fit_ranks)) + 1 for r in regions) * \
@@ -434,7 +435,8 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
                              "the flash kernel's ring (bf16 or fp16, head dim up to 256, no mask) is priced")
         # q is one value all through a piece within one chunk (MiniMax's one- and two-block pieces): no q terms there
         lse = (poly.LSE_MONOMIALS if "lse" in seen else ()) + tuple(
-            m for m in scan_extra if hi is None or -(-(lo + 1) // poly.scan_chunk(m)) != -(-hi // poly.scan_chunk(m)))
+            m for m in scan_extra if hi is None or poly.scan_padded(lo + 1, poly.scan_chunk(m)) != poly.scan_padded(
+                hi, poly.scan_chunk(m)))
         if "mask" in seen:  # a mask is copied on unaligned s only: two pieces (the aligned one alone where a loss's
             # chunks are whole on multiples of 16 only, chunk_step: no unaligned seq keeps them whole)
             classes = [(a, x, *choose_seqs(lo, unit, x, a, step, multiple)) for a, x in

@@ -137,7 +137,7 @@ def size_points(batches, seqs, world: tuple[int, ...], ranks: tuple[int, ...] = 
 
 
 def _monomials(decode: bool, fsdp: bool, one_batch: bool, extra: tuple = (), ranked: bool = False) -> tuple:
-    # a batch^2 term (tracer.vlm_grid.batch_squared) in decoding too (RWKV's (b, b, hidden) mix of each token)
+    # a batch^2 term (estimator.families.batch_squared) in decoding too (RWKV's (b, b, hidden) mix of each token)
     monos = poly.DECODE_MONOMIALS + tuple(m for m in extra if m == poly.B2) if decode else poly.STEP_MONOMIALS + extra
     if ranked:
         monos = monos + poly.RANK_MONOMIALS + (poly.RANK_DECODE_MONOMIALS if decode else ())

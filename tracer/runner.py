@@ -460,8 +460,7 @@ def _infer(model, workload, inputs, on_stage, live: dict) -> None:
     cache_arg = "past_key_values" if "past_key_values" in params else \
         next((a for a in ("cache_params", "state") if a in params), "past_key_values")
     # a model with a cache class of its own (MiniMax's MiniMaxCache: generate() passes none, the prefill makes it)
-    own = not getattr(model, "_supports_default_dynamic_cache", lambda: True)()
-    if not own:
+    if getattr(model, "_supports_default_dynamic_cache", lambda: True)():
         live["kv_cache"] = DynamicCache(config=model.config)
 
     def step(ids):

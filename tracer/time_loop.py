@@ -36,6 +36,8 @@ import sys
 
 import torch
 
+from tracer import source_is
+
 SKIP = -2   # a loop iteration whose ticks are dropped (tracer.ticks): backward's iterations after the second to run
 PINNED = 1 << 20   # PINNED + j: the j-th iteration to run, keyed as itself (tracer.ticks), not as the loop's last
 _SCAN_CLASS = "RecurrentGemmaRglru"
@@ -141,10 +143,7 @@ _LIGHTNING_SOURCE = "69bc3f622840097c"   # sha256 of the forward copied below (t
 
 
 def _lightning_source_ok(cls) -> bool:
-    import hashlib
-    import inspect
-
-    return hashlib.sha256(inspect.getsource(cls.forward).encode()).hexdigest()[:16] == _LIGHTNING_SOURCE
+    return source_is(cls.forward, _LIGHTNING_SOURCE)
 
 
 @contextlib.contextmanager

@@ -33,7 +33,7 @@ from torch.utils._mode_utils import no_dispatch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from estimator import vision as vision_sizes
-from estimator.families import BATCH_SQUARED_DECODE_TYPES, BATCH_SQUARED_VLM_TYPES, GRID_IMAGE_SIZE, GRID_VLM_TYPES
+from estimator.families import GRID_IMAGE_SIZE, GRID_VLM_TYPES
 from tracer import host_values
 
 PACKED = "willitfit_flash_varlen"   # an attention implementation whose name says flash: transformers' varlen branch
@@ -105,17 +105,6 @@ def keeps_state(config: dict, workload) -> bool:
     found where a tiny Qwen3-VL's forward peaks in its tower). A derivation then traces its first step too
     (tracer.ticks.prime_names), as run_traced does."""
     return bool(workload.images) and config.get("model_type") in GRID_VLM_TYPES
-
-
-def batch_squared(config: dict, workload) -> bool:
-    """Whether a step's bytes have a batch^2 term: at a fixed image size, GLM-4.1V's vision embeddings hold `seq_ids`,
-    an (images x patches) bool tensor (Glm4vVisionEmbeddings), whose images and patches both grow with the batch
-    (families.BATCH_SQUARED_VLM_TYPES); RWKV's decoding mixes the (b, 1, hidden) token with its (b, hidden) shifted
-    state (RwkvSelfAttention.extract_key_value, transformers 5.23), which broadcasts to (b, b, hidden)
-    (families.BATCH_SQUARED_DECODE_TYPES). tracer.derive fits it on three batches."""
-    model_type = config.get("model_type")
-    return (bool(workload.images) and model_type in BATCH_SQUARED_VLM_TYPES) or \
-        (workload.mode == "infer" and model_type in BATCH_SQUARED_DECODE_TYPES)
 
 
 def _on_host(fn):

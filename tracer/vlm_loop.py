@@ -31,7 +31,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
 from estimator.families import LOOP_VLM_TYPES, PIXTRAL_VLM_TYPES
-from tracer import host_values
+from tracer import host_values, source_is
 
 
 def is_loop(cfg) -> bool:
@@ -258,11 +258,7 @@ _POSITIONS_SOURCE = "15272bc717efbbe6"   # sha256 of the function copied below, 
 
 
 def _positions_source_ok(cls) -> bool:
-    import hashlib
-    import inspect
-
-    return hashlib.sha256(inspect.getsource(cls.resize_positional_embeddings).encode()).hexdigest()[:16] == \
-        _POSITIONS_SOURCE
+    return source_is(cls.resize_positional_embeddings, _POSITIONS_SOURCE)
 
 
 def _resize_marked(counter):
