@@ -73,10 +73,16 @@ VISION_REFUSED = {
 # host-side helpers, as does Cosmos-3-Edge (Qwen2-VL's inputs and merger; a SigLIP-style tower whose learned position
 # grid is interpolated per image: tracer.vlm_loop.positions_step). LFM3-VL would too, but its tower's short convolution runs per image (Lfm3VlVisionShortConv: a
 # loop over torch.split by image), which changes the step's operations with the batch: refused by its derivation.
+# VideoLLaMA3 takes Qwen2-VL's grid and host-side helpers with each image's merge size as an input of its own
+# (image_merge_sizes: its image processor hands 1, GRID_MERGE_INPUT), and un-shuffles the tower's output per image in
+# a Python loop, run op for op with its iterations marked (tracer.vlm_loop.unshuffle_step).
 BATCH_SQUARED_DECODE_TYPES = ("rwkv",)   # a (b, b, hidden) tensor in each decoding step (batch_squared)
 BATCH_SQUARED_VLM_TYPES = ("glm4v", "glm4v_moe", "glm46v", "glmga")   # glmga: GLM-4.6V's config and class again
 GRID_VLM_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm_ocr", "hyperclovax_vision_v2", "exaone4_5",
-                  "minimax_m3_vl", "cosmos3_edge", *BATCH_SQUARED_VLM_TYPES)
+                  "minimax_m3_vl", "cosmos3_edge", "video_llama_3", *BATCH_SQUARED_VLM_TYPES)
+# grid models whose vision config names no spatial_merge_size: the merge size their image processor hands per image
+# (VideoLlama3ImageProcessor.merge_size, transformers 5.23; its video processor's 2 is for videos)
+GRID_MERGE_INPUT = {"video_llama_3": 1}
 GRID_IMAGE_SIZE = 448   # px: a multiple of 28 (Qwen2/2.5-VL's 14-px patches x 2) and of 32 (Qwen3-VL's 16 x 2)
 # Text models whose forward reads its token ids on the host (XLM and FlauBERT: `lengths.max().item()` of the non-pad
 # tokens per row; FSMT: `padding_mask.any()`; T5Gemma-2: a mask built from its ids with `nonzero`; X-MOD: its language

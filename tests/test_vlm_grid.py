@@ -180,9 +180,24 @@ def test_a_per_image_position_grid_loop_is_keyed_per_image():
     assert ce.Cosmos3EdgeVisionEmbeddings.resize_positional_embeddings.__qualname__.startswith("Cosmos3Edge")
 
 
+def test_a_per_image_unshuffle_loop_is_keyed_per_image():
+    """VideoLLaMA3 hands each image's merge size as an input (image_merge_sizes, families.GRID_MERGE_INPUT) and
+    un-shuffles its tower's output per image in a Python loop (tracer.vlm_loop.unshuffle_step): the iterations keyed,
+    two images per sample at batches the fit never used; the patched method is put back after the step."""
+    from tracer import vlm_loop
+    import transformers.models.video_llama_3.modeling_video_llama_3 as vl
+
+    assert vlm_loop._unshuffle_source_ok(vl.VideoLlama3VisionModel)
+    _check(Workload(images=2, image_size=128, attention="flash"), ((3, 200), (1, 150)), "video_llama_3")
+    assert vl.VideoLlama3VisionModel.pixel_unshuffle.__qualname__.startswith("VideoLlama3")
+
+
 @SLOW
 @pytest.mark.parametrize("name, workload, sizes", [
     ("cosmos3_edge", Workload(images=1, image_size=128, attention="flash", method="lora"), ((1, 90), (4, 60))),
+    ("video_llama_3", Workload(images=1, image_size=128, attention="flash", method="lora"), ((1, 90), (4, 100))),
+    ("video_llama_3", Workload(images=1, image_size=128, attention="flash", mode="infer", gen_tokens=3),
+     ((2, 100), (5, 80))),
     ("glm4v", Workload(images=2, image_size=112, attention="flash", method="lora"), ((2, 200), (6, 150))),
     ("glm4v", Workload(images=1, image_size=112, attention="flash", mode="infer", gen_tokens=3), ((2, 200), (6, 150))),
     ("glm4v_moe", Workload(images=1, image_size=112, attention="flash"), ((2, 200), (6, 150))),

@@ -285,8 +285,9 @@ def step_context(model, workload, counter=None):
     stack = contextlib.ExitStack()
     stack.enter_context(host_values.host_values())
     stack.enter_context(vlm_grid.grid_step(inner))
-    if counter is not None:   # Cosmos-3-Edge's per-image position grids (a no-op for the others)
+    if counter is not None:   # Cosmos-3-Edge's per-image position grids, VideoLLaMA3's un-shuffle (no-ops elsewhere)
         stack.enter_context(vlm_loop.positions_step(inner, counter))
+        stack.enter_context(vlm_loop.unshuffle_step(inner, counter))
     return stack
 
 

@@ -33,7 +33,7 @@ from torch.utils._mode_utils import no_dispatch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from estimator import vision as vision_sizes
-from estimator.families import GRID_IMAGE_SIZE, GRID_VLM_TYPES
+from estimator.families import GRID_IMAGE_SIZE, GRID_MERGE_INPUT, GRID_VLM_TYPES
 from tracer import host_values
 
 PACKED = "willitfit_flash_varlen"   # an attention implementation whose name says flash: transformers' varlen branch
@@ -46,10 +46,12 @@ def is_grid(cfg) -> bool:
 
 
 def grid_geometry(cfg) -> dict:
-    """patch_size, temporal_patch_size, spatial_merge_size and channels of a grid model's vision tower."""
+    """patch_size, temporal_patch_size, spatial_merge_size and channels of a grid model's vision tower (the merge size
+    its processor hands per image where the config names none: GRID_MERGE_INPUT)."""
     vc = cfg.vision_config
+    merge = GRID_MERGE_INPUT.get(cfg.model_type) or vc.spatial_merge_size
     return {"patch_size": int(vc.patch_size), "temporal_patch_size": int(getattr(vc, "temporal_patch_size", 1) or 1),
-            "spatial_merge_size": int(vc.spatial_merge_size),
+            "spatial_merge_size": int(merge),
             "num_channels": int(getattr(vc, "in_channels", None) or getattr(vc, "num_channels", 3) or 3)}
 
 
@@ -66,7 +68,8 @@ def grid_inputs(model, workload, device: str, per_image: int, image_token: int, 
     pixel_values (patches, C x T x P x P) in the weights' dtype (each image repeated over the temporal patch, as
     Qwen2VLImageProcessor does), image_grid_thw (b x images, 3) = (1, h, w) patches, input_ids with each image's
     per_image tokens followed by one text token (its vision_end), and mm_token_type_ids (1 on image tokens), which the
-    model reads on the host (get_rope_index) like image_grid_thw: all four carry their values. A derivation fits
+    model reads on the host (get_rope_index) like image_grid_thw: all four carry their values (VideoLLaMA3:
+    image_merge_sizes, each image's merge size, in place of the token types: GRID_MERGE_INPUT). A derivation fits
     above the seq the images take (tracer.vlm.seq_floor): the positions and Qwen3-VL's deepstack read where the image
     tokens are, so a shorter seq is refused here too."""
     g = grid_geometry(model.config)
@@ -92,7 +95,13 @@ def grid_inputs(model, workload, device: str, per_image: int, image_token: int, 
         return host_values.known(torch.empty(values.shape, dtype=values.dtype, device=device), values)
 
     out = {"input_ids": known(ids), "pixel_values": torch.empty(b * n * side * side, width, dtype=dtype, device=device),
-           "image_grid_thw": known(grid), "mm_token_type_ids": known(types)}
+           "image_grid_thw": known(grid)}
+    if model.config.model_type in GRID_MERGE_INPUT:   # VideoLLaMA3: each image's merge size, no token types
+        with unset_fake_temporarily(), no_dispatch():
+            merges = torch.full((b * n,), g["spatial_merge_size"], dtype=torch.long)
+        out["image_merge_sizes"] = known(merges)
+    else:
+        out["mm_token_type_ids"] = known(types)
     if workload.mode == "train":
         out["labels"] = known(ids) if clone_labels else out["input_ids"]
     return out

@@ -303,3 +303,68 @@ def positions_step(model, counter):
     finally:
         for cls, fn in saved:
             cls.resize_positional_embeddings = fn
+
+
+# VideoLLaMA3's vision model (VideoLlama3VisionModel.pixel_unshuffle, transformers 5.23) puts each image's patches back
+# on its grid and interpolates them to the merged grid, one image per iteration of a Python loop over grid_thw, each
+# output waiting in a list for the concatenation: the iterations do the same work on the same sizes, the last holds
+# the most (forward: every earlier image's output; backward, which runs the images last first, every later image's
+# gradient, waiting for the split's node that joins them). `unshuffle_step` runs that method op for op (a copy, used
+# only while transformers' source hashes to the one copied) with its iterations marked.
+_UNSHUFFLE_CLASS = "VideoLlama3VisionModel"
+_UNSHUFFLE_SOURCE = "2f9b8bc36c2ff0f5"   # sha256 of the method copied below, first 16 digits
+
+
+def _unshuffle_source_ok(cls) -> bool:
+    return source_is(cls.pixel_unshuffle, _UNSHUFFLE_SOURCE)
+
+
+def _unshuffle_marked(counter):
+    def pixel_unshuffle(self, hidden_states, grid_thw, merge_sizes):
+        hidden_states_chunks = hidden_states.split(grid_thw.prod(dim=1).tolist(), dim=0)
+        outputs = []
+
+        for i, (hidden_states, (t, h, w), merge_size) in enumerate(zip(hidden_states_chunks, grid_thw, merge_sizes)):
+            counter.set_loop(i)
+            c = hidden_states.shape[-1]
+            hidden_states = hidden_states.view(t, h // merge_size, w // merge_size, merge_size, merge_size, c).permute(
+                0, 1, 3, 2, 4, 5
+            )
+            hidden_states = hidden_states.reshape(t, h, w, c).permute(0, 3, 1, 2)
+            hidden_states = torch.nn.functional.interpolate(
+                hidden_states, size=(h // merge_size, w // merge_size), mode="bilinear"
+            )
+            hidden_states = hidden_states.permute(0, 2, 3, 1).view(-1, c)
+            outputs.append(hidden_states)
+        counter.set_loop(None)
+        _mark_backward(counter, outputs, hidden_states_chunks[0] if hidden_states_chunks else None)
+        return torch.cat(outputs, dim=0)
+    return pixel_unshuffle
+
+
+def _mark_backward(counter, outputs: list, source) -> None:
+    """Backward runs each iteration's chain whole, the last iteration's first (their nodes' sequence numbers are in
+    forward order): a pre-hook on each output's node marks its iteration, one on `source`'s node (the node that
+    joins the iterations' gradients) ends the loop."""
+    nodes = [o.grad_fn for o in outputs]
+    if nodes and all(n is not None for n in nodes) and source is not None and source.grad_fn is not None:
+        for k, node in enumerate(reversed(nodes)):
+            node.register_prehook(lambda grads, k=k: counter.set_loop(k))
+        source.grad_fn.register_prehook(lambda grads: counter.set_loop(None))
+
+
+@contextlib.contextmanager
+def unshuffle_step(model, counter):
+    """Inside: VideoLLaMA3's per-image un-shuffle marks its iterations on `counter` (a no-op for other models, and
+    where transformers' method is not the one copied)."""
+    owners = {type(m) for m in model.modules() if type(m).__name__ == _UNSHUFFLE_CLASS}
+    saved = []
+    try:
+        for cls in owners:
+            if _unshuffle_source_ok(cls):
+                saved.append((cls, cls.__dict__["pixel_unshuffle"]))
+                cls.pixel_unshuffle = _unshuffle_marked(counter)
+        yield
+    finally:
+        for cls, fn in saved:
+            cls.pixel_unshuffle = fn
