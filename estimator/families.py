@@ -71,15 +71,23 @@ VISION_REFUSED = {
 # (BATCH_SQUARED_VLM_TYPES; tracer.derive.BATCH_SQUARED_REGIONS). HyperCLOVA X Vision v2 (Qwen2.5-VL's tower), EXAONE-4.5 (a copy of it with
 # fewer key/value heads than query heads) and MiniMax-M3-VL (Qwen2-VL's inputs, its own tower) run the same inputs and
 # host-side helpers, as does Cosmos-3-Edge (Qwen2-VL's inputs and merger; a SigLIP-style tower whose learned position
-# grid is interpolated per image: tracer.vlm_loop.positions_step). LFM3-VL would too, but its tower's short convolution runs per image (Lfm3VlVisionShortConv: a
-# loop over torch.split by image), which changes the step's operations with the batch: refused by its derivation.
+# grid is interpolated per image: tracer.vlm_loop.positions_step). LFM3-VL does too; its tower's short convolution
+# runs per image (Lfm3VlVisionShortConv: a loop over torch.split by image, in every convolution layer), run op for op
+# with its iterations marked (tracer.vlm_loop.unshuffle_step).
+# Kimi-K2.5 takes the grid too (its MoonViT: patches as small images, GRID_PATCH_IMAGES; merge_kernel_size 2 x 2),
+# every per-image loop of its tower a host-side index computation (tracer.vlm_grid.HOST_SIDE).
 # VideoLLaMA3 takes Qwen2-VL's grid and host-side helpers with each image's merge size as an input of its own
 # (image_merge_sizes: its image processor hands 1, GRID_MERGE_INPUT), and un-shuffles the tower's output per image in
 # a Python loop, run op for op with its iterations marked (tracer.vlm_loop.unshuffle_step).
 BATCH_SQUARED_DECODE_TYPES = ("rwkv",)   # a (b, b, hidden) tensor in each decoding step (batch_squared)
 BATCH_SQUARED_VLM_TYPES = ("glm4v", "glm4v_moe", "glm46v", "glmga")   # glmga: GLM-4.6V's config and class again
 GRID_VLM_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm_ocr", "hyperclovax_vision_v2", "exaone4_5",
-                  "minimax_m3_vl", "cosmos3_edge", "video_llama_3", *BATCH_SQUARED_VLM_TYPES)
+                  "minimax_m3_vl", "cosmos3_edge", "video_llama_3", "lfm3_vl", "kimi_k25", *BATCH_SQUARED_VLM_TYPES)
+# grid models whose forward takes no mm_token_type_ids (their positions are 1D or read from the grid alone)
+GRID_NO_TOKEN_TYPES = ("video_llama_3", "lfm3_vl", "kimi_k25")
+# grid models whose pixel values are one small image per patch, (patches, C, P, P), their tower's patch embedding a
+# convolution over it (Kimi-K2.5's MoonViT), not the flattened (patches, C x T x P x P) rows of Qwen2-VL's processor
+GRID_PATCH_IMAGES = ("kimi_k25",)
 # grid models whose vision config names no spatial_merge_size: the merge size their image processor hands per image
 # (VideoLlama3ImageProcessor.merge_size, transformers 5.23; its video processor's 2 is for videos)
 GRID_MERGE_INPUT = {"video_llama_3": 1}
@@ -177,6 +185,18 @@ def unpriced_vision_option(model_type: str, get) -> str | None:
 
 def family_of(model_type: str) -> str:
     return FAMILIES.get(model_type, model_type)
+
+
+# VLMs whose tower loops over the images with a backward that keeps the first two chains to run (tracer.vlm_loop
+# ._mark_backward, pinned: LFM3-VL's short convolutions): with one image per sample, b = 2 runs two chains and b >= 3
+# three or more, where the second chain's last tick is followed by the next chain (dropped) instead of the loop's end,
+# one candidate tick fewer; b = 2 is then a region of its own (batch_two_apart; tracer.derive.THREE_BATCH_REGIONS)
+PINNED_IMAGE_LOOP_TYPES = ("lfm3_vl",)
+
+
+def batch_two_apart(config: dict, workload) -> bool:
+    """Whether batch 2 is fit apart from batch 3 and up (PINNED_IMAGE_LOOP_TYPES with one image per sample)."""
+    return config.get("model_type") in PINNED_IMAGE_LOOP_TYPES and workload.images == 1
 
 
 def batch_squared(config: dict, workload) -> bool:

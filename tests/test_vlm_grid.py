@@ -180,20 +180,54 @@ def test_a_per_image_position_grid_loop_is_keyed_per_image():
     assert ce.Cosmos3EdgeVisionEmbeddings.resize_positional_embeddings.__qualname__.startswith("Cosmos3Edge")
 
 
+def test_the_copied_per_image_loops_are_transformers_own():
+    """tracer.vlm_loop runs VideoLLaMA3's un-shuffle and LFM3-VL's short convolution op for op only while
+    transformers' source is the one copied; their traces are checked below (LFM3-VL) and in the slow tier."""
+    from tracer import vlm_loop
+    import transformers.models.lfm3_vl.modeling_lfm3_vl as lf
+    import transformers.models.video_llama_3.modeling_video_llama_3 as vl
+
+    assert vlm_loop._unshuffle_source_ok(vl.VideoLlama3VisionModel)
+    assert vlm_loop._shortconv_source_ok(lf.Lfm3VlVisionShortConv)
+
+
+@SLOW
 def test_a_per_image_unshuffle_loop_is_keyed_per_image():
     """VideoLLaMA3 hands each image's merge size as an input (image_merge_sizes, families.GRID_MERGE_INPUT) and
     un-shuffles its tower's output per image in a Python loop (tracer.vlm_loop.unshuffle_step): the iterations keyed,
     two images per sample at batches the fit never used; the patched method is put back after the step."""
-    from tracer import vlm_loop
     import transformers.models.video_llama_3.modeling_video_llama_3 as vl
 
-    assert vlm_loop._unshuffle_source_ok(vl.VideoLlama3VisionModel)
     _check(Workload(images=2, image_size=128, attention="flash"), ((3, 200), (1, 150)), "video_llama_3")
     assert vl.VideoLlama3VisionModel.pixel_unshuffle.__qualname__.startswith("VideoLlama3")
 
 
+def test_patches_as_small_images_and_host_side_index_loops():
+    """Kimi-K2.5's MoonViT takes each patch as a small image (pixel values (patches, C, P, P): families
+    .GRID_PATCH_IMAGES) and computes every per-image index on the host (its frame index and temporal merge index join
+    tracer.vlm_grid.HOST_SIDE); merge_kernel_size 2 x 2 and a DeepSeek-V3 text model: two images per sample exact at
+    batches the fit never used."""
+    _check(Workload(images=2, image_size=112, attention="flash"), ((3, 200), (1, 150)), "kimi_k25")
+
+
+def test_per_image_convolutions_in_every_conv_layer_are_keyed_and_batch_two_is_fit_apart():
+    """LFM3-VL convolves each image's grid in a Python loop in every convolution layer of its tower (tracer.vlm_loop
+    .unshuffle_step), each grid copy saved for backward, which frees them chain by chain: the first two chains to run
+    are kept, the rest dropped and checked to hold less. One image per sample runs two chains at batch 2, three and
+    more above, so batch 2 is fit apart (families.batch_two_apart): exact at batch 2 and past the fit's batches."""
+    import transformers.models.lfm3_vl.modeling_lfm3_vl as lf
+
+    _check(Workload(images=1, image_size=128, attention="flash"), ((2, 120), (5, 100), (1, 90)), "lfm3_vl")
+    assert lf.Lfm3VlVisionShortConv.forward.__qualname__.startswith("Lfm3Vl")
+
+
 @SLOW
 @pytest.mark.parametrize("name, workload, sizes", [
+    ("lfm3_vl", Workload(images=2, image_size=128, attention="flash"), ((3, 200), (1, 150))),
+    ("kimi_k25", Workload(images=1, image_size=112, attention="flash", method="lora"), ((1, 90), (4, 100))),
+    ("kimi_k25", Workload(images=1, image_size=112, attention="flash", mode="infer", gen_tokens=3), ((2, 100), (5, 80))),
+    ("lfm3_vl", Workload(images=1, image_size=128, attention="flash", method="lora"), ((2, 90), (4, 100))),
+    ("lfm3_vl", Workload(images=1, image_size=128, attention="flash", mode="infer", gen_tokens=3), ((2, 100), (5, 80))),
     ("cosmos3_edge", Workload(images=1, image_size=128, attention="flash", method="lora"), ((1, 90), (4, 60))),
     ("video_llama_3", Workload(images=1, image_size=128, attention="flash", method="lora"), ((1, 90), (4, 100))),
     ("video_llama_3", Workload(images=1, image_size=128, attention="flash", mode="infer", gen_tokens=3),

@@ -45,7 +45,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from estimator import cp as estimator_cp
-from estimator.families import batch_squared
+from estimator.families import batch_squared, batch_two_apart
 from estimator.profile import poly
 from estimator.profile.profile import Piece, Profile
 from estimator.scans import LIGHTNING_KEY, chunked_scan, scan_path
@@ -79,6 +79,7 @@ from tracer.meta import is_masked_lm, is_vision_model, read_inventory  # noqa: F
 BATCH_REGIONS = (((1,), 1, 1, 1), ((2, 3), 4, 2, None))
 # a step with a batch^2 term (families.BATCH_SQUARED_VLM_TYPES with images): its b >= 2 region fits three batches
 BATCH_SQUARED_REGIONS = (((1,), 1, 1, 1), ((2, 3, 4), 5, 2, None))
+THREE_BATCH_REGIONS = (((1,), 1, 1, 1), ((2,), 2, 2, 2), ((3, 4), 5, 3, None))   # families.batch_two_apart
 FSDP_WORLD = (2, 4, 8)              # fit at 2 (all sizes) and 4 (one size), verify at 8
 
 
@@ -334,7 +335,8 @@ def _derive_pieces(config, w0, parallel, plan, pieces, world, fit_world, fsdp, k
     ranked = len(fit_ranks) > 1
     pp_rank, held = stage
     # GLM-4.1V's vision embeddings hold an (images x patches) tensor: b^2 at a fixed image size
-    regions, b_extra = (BATCH_SQUARED_REGIONS, (poly.B2,)) if batch_squared(config, w0) else (BATCH_REGIONS, ())
+    regions, b_extra = (BATCH_SQUARED_REGIONS, (poly.B2,)) if batch_squared(config, w0) else \
+        (THREE_BATCH_REGIONS if batch_two_apart(config, w0) else BATCH_REGIONS, ())
 
     def jobs(fseqs) -> int:
         return sum(len(size_points(r[0], fseqs, fit_world, fit_ranks)) + 1 for r in regions) * \

@@ -33,11 +33,13 @@ from torch.utils._mode_utils import no_dispatch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from estimator import vision as vision_sizes
-from estimator.families import GRID_IMAGE_SIZE, GRID_MERGE_INPUT, GRID_VLM_TYPES
+from estimator.families import (GRID_IMAGE_SIZE, GRID_MERGE_INPUT, GRID_NO_TOKEN_TYPES, GRID_PATCH_IMAGES,
+                                GRID_VLM_TYPES)
 from tracer import host_values
 
 PACKED = "willitfit_flash_varlen"   # an attention implementation whose name says flash: transformers' varlen branch
-HOST_SIDE = ("get_vision_position_ids", "get_vision_window_index", "get_vision_interpolation_indices_and_weights")
+HOST_SIDE = ("get_vision_position_ids", "get_vision_window_index", "get_vision_interpolation_indices_and_weights",
+             "get_vision_frame_index", "get_vision_temporal_merge_index")   # the last two: Kimi-K2.5's
 
 
 def is_grid(cfg) -> bool:
@@ -49,7 +51,11 @@ def grid_geometry(cfg) -> dict:
     """patch_size, temporal_patch_size, spatial_merge_size and channels of a grid model's vision tower (the merge size
     its processor hands per image where the config names none: GRID_MERGE_INPUT)."""
     vc = cfg.vision_config
-    merge = GRID_MERGE_INPUT.get(cfg.model_type) or vc.spatial_merge_size
+    kernel = getattr(vc, "merge_kernel_size", None)   # Kimi-K2.5's (kh, kw); square here
+    if kernel is not None and len(set(kernel)) != 1:
+        raise ValueError(f"model_type: {cfg.model_type!r}'s merge_kernel_size {tuple(kernel)} is not square; its "
+                         "images are priced on square merges only")
+    merge = GRID_MERGE_INPUT.get(cfg.model_type) or getattr(vc, "spatial_merge_size", None) or kernel[0]
     return {"patch_size": int(vc.patch_size), "temporal_patch_size": int(getattr(vc, "temporal_patch_size", 1) or 1),
             "spatial_merge_size": int(merge),
             "num_channels": int(getattr(vc, "in_channels", None) or getattr(vc, "num_channels", 3) or 3)}
@@ -68,8 +74,8 @@ def grid_inputs(model, workload, device: str, per_image: int, image_token: int, 
     pixel_values (patches, C x T x P x P) in the weights' dtype (each image repeated over the temporal patch, as
     Qwen2VLImageProcessor does), image_grid_thw (b x images, 3) = (1, h, w) patches, input_ids with each image's
     per_image tokens followed by one text token (its vision_end), and mm_token_type_ids (1 on image tokens), which the
-    model reads on the host (get_rope_index) like image_grid_thw: all four carry their values (VideoLLaMA3:
-    image_merge_sizes, each image's merge size, in place of the token types: GRID_MERGE_INPUT). A derivation fits
+    model reads on the host (get_rope_index) like image_grid_thw: all four carry their values (VideoLLaMA3 and LFM3-VL
+    take no token types, GRID_NO_TOKEN_TYPES; VideoLLaMA3 takes image_merge_sizes, GRID_MERGE_INPUT). A derivation fits
     above the seq the images take (tracer.vlm.seq_floor): the positions and Qwen3-VL's deepstack read where the image
     tokens are, so a shorter seq is refused here too."""
     g = grid_geometry(model.config)
@@ -90,17 +96,19 @@ def grid_inputs(model, workload, device: str, per_image: int, image_token: int, 
         grid = torch.tensor([[1, side, side]] * (b * n), dtype=torch.long)
     dtype = next(model.parameters()).dtype
     width = g["num_channels"] * g["temporal_patch_size"] * g["patch_size"] ** 2
+    patches = (b * n * side * side, *((g["num_channels"], g["patch_size"], g["patch_size"])
+                                      if model.config.model_type in GRID_PATCH_IMAGES else (width,)))
 
     def known(values):
         return host_values.known(torch.empty(values.shape, dtype=values.dtype, device=device), values)
 
-    out = {"input_ids": known(ids), "pixel_values": torch.empty(b * n * side * side, width, dtype=dtype, device=device),
+    out = {"input_ids": known(ids), "pixel_values": torch.empty(patches, dtype=dtype, device=device),
            "image_grid_thw": known(grid)}
-    if model.config.model_type in GRID_MERGE_INPUT:   # VideoLLaMA3: each image's merge size, no token types
+    if model.config.model_type in GRID_MERGE_INPUT:   # VideoLLaMA3: each image's merge size
         with unset_fake_temporarily(), no_dispatch():
             merges = torch.full((b * n,), g["spatial_merge_size"], dtype=torch.long)
         out["image_merge_sizes"] = known(merges)
-    else:
+    if model.config.model_type not in GRID_NO_TOKEN_TYPES:
         out["mm_token_type_ids"] = known(types)
     if workload.mode == "train":
         out["labels"] = known(ids) if clone_labels else out["input_ids"]

@@ -32,6 +32,7 @@ from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
 from estimator.families import LOOP_VLM_TYPES, PIXTRAL_VLM_TYPES
 from tracer import host_values, source_is
+from tracer.time_loop import PINNED, SKIP
 
 
 def is_loop(cfg) -> bool:
@@ -342,29 +343,75 @@ def _unshuffle_marked(counter):
     return pixel_unshuffle
 
 
-def _mark_backward(counter, outputs: list, source) -> None:
+def _mark_backward(counter, outputs: list, source, pinned: bool = False) -> None:
     """Backward runs each iteration's chain whole, the last iteration's first (their nodes' sequence numbers are in
     forward order): a pre-hook on each output's node marks its iteration, one on `source`'s node (the node that
-    joins the iterations' gradients) ends the loop."""
+    joins the iterations' gradients) ends the loop. `pinned`: where each chain frees what its iteration saved, so
+    the first chains to run hold the most (the second one more: the gradient the first accumulated into a
+    parameter, and its own), the first two to run are kept as themselves (tracer.time_loop.PINNED + 0, + 1) and the
+    rest dropped (SKIP; tracer.ticks checks that none of them holds more)."""
     nodes = [o.grad_fn for o in outputs]
     if nodes and all(n is not None for n in nodes) and source is not None and source.grad_fn is not None:
         for k, node in enumerate(reversed(nodes)):
-            node.register_prehook(lambda grads, k=k: counter.set_loop(k))
+            if not pinned:
+                node.register_prehook(lambda grads, k=k: counter.set_loop(k))
+            elif k <= 2:
+                node.register_prehook(lambda grads, k=k: counter.set_loop(SKIP if k == 2 else PINNED + k))
         source.grad_fn.register_prehook(lambda grads: counter.set_loop(None))
 
 
 @contextlib.contextmanager
 def unshuffle_step(model, counter):
-    """Inside: VideoLLaMA3's per-image un-shuffle marks its iterations on `counter` (a no-op for other models, and
-    where transformers' method is not the one copied)."""
-    owners = {type(m) for m in model.modules() if type(m).__name__ == _UNSHUFFLE_CLASS}
+    """Inside: VideoLLaMA3's per-image un-shuffle and LFM3-VL's per-image short convolutions mark their iterations
+    on `counter` (a no-op for other models, and where transformers' method is not the one copied)."""
+    patches = {_UNSHUFFLE_CLASS: ("pixel_unshuffle", _unshuffle_source_ok, _unshuffle_marked),
+               _SHORTCONV_CLASS: ("forward", _shortconv_source_ok, _shortconv_marked)}
+    owners = {type(m) for m in model.modules() if type(m).__name__ in patches}
     saved = []
     try:
         for cls in owners:
-            if _unshuffle_source_ok(cls):
-                saved.append((cls, cls.__dict__["pixel_unshuffle"]))
-                cls.pixel_unshuffle = _unshuffle_marked(counter)
+            name, source_ok, marked = patches[cls.__name__]
+            if source_ok(cls):
+                saved.append((cls, name, cls.__dict__[name]))
+                setattr(cls, name, marked(counter))
         yield
     finally:
-        for cls, fn in saved:
-            cls.pixel_unshuffle = fn
+        for cls, name, fn in saved:
+            setattr(cls, name, fn)
+
+
+# LFM3-VL's vision tower (Lfm3VlVisionShortConv.forward, transformers 5.23): in each of its convolution layers the
+# patches of every image are put back on their grid and convolved, one image per iteration of a Python loop over
+# torch.split, each output waiting in a list for the concatenation, each grid's copy saved for the convolution's
+# backward: forward, the last iteration holds the most, as in VideoLLaMA3's un-shuffle; backward, each image's chain
+# frees its saved copy as it adds its gradient, so the first to run holds the most: pinned (`_mark_backward`).
+_SHORTCONV_CLASS = "Lfm3VlVisionShortConv"
+_SHORTCONV_SOURCE = "51290ae839305f86"   # sha256 of the forward copied below, first 16 digits
+
+
+def _shortconv_source_ok(cls) -> bool:
+    return source_is(cls.forward, _SHORTCONV_SOURCE)
+
+
+def _shortconv_marked(counter):
+    def forward(self, hidden_states, grid_thw, **kwargs):
+        input_gate, output_gate, conv_input = self.in_proj(hidden_states).chunk(3, dim=-1)
+        gated = input_gate * conv_input
+        merge = self.spatial_merge_size
+        conv_outputs = []
+        channels = gated.shape[-1]
+        lengths = [temporal * height * width for temporal, height, width in grid_thw]
+        chunks = torch.split(gated, lengths, dim=0)
+        for i, (frames, (temporal, height, width)) in enumerate(zip(chunks, grid_thw)):
+            counter.set_loop(i)
+            frames = frames.view(temporal, height // merge, width // merge, merge, merge, channels)
+            frames = frames.permute(0, 5, 1, 3, 2, 4).reshape(temporal, channels, height, width)
+            frames = self.spatial_conv(frames)
+            frames = frames.view(temporal, channels, height // merge, merge, width // merge, merge)
+            conv_outputs.append(frames.permute(0, 2, 4, 3, 5, 1).reshape(temporal * height * width, channels))
+        counter.set_loop(None)
+        _mark_backward(counter, conv_outputs, chunks[0] if chunks else None, pinned=True)
+        hidden_states = torch.cat(conv_outputs, dim=0)
+        hidden_states = output_gate * hidden_states
+        return self.out_proj(hidden_states)
+    return forward
