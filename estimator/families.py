@@ -23,7 +23,11 @@ FAMILIES = {
 # DeiT's distillation token, BEiT's and Data2Vec-Vision's relative position bias, I-JEPA's and ViT-MSN's plain ViT
 # encoders are all read from the model; each is checked against full-depth traces (tests/test_vision.py).
 VISION_TYPES = ("vit", "dinov2", "dinov2_with_registers", "siglip", "clip", "metaclip_2", "deit", "beit",
-                "data2vec-vision", "ijepa", "vit_msn")
+                "data2vec-vision", "ijepa", "vit_msn", "siglip2")
+# NaFlex encoders (SigLIP2): patches in, (b, max_num_patches, C x P x P), with a pixel mask and each sample's grid
+# (spatial_shapes, read on the host). A square image of S px is (S / P)^2 patches, the processor's max_num_patches
+# taken as that count (its default 256: 256-px images at 16-px patches), so nothing is padded (tracer.vision).
+NAFLEX_TYPES = ("siglip2",)
 # Vision models without patch tokens (tracer.vision "spatial"): conv nets and hierarchical encoders whose feature
 # maps shrink stage by stage. Their size is counted in grid units of their total stride (32 pixels for all of these),
 # times their attention window where they have one (Swin: every stage a whole number of windows): on images of h x w
@@ -192,11 +196,14 @@ def family_of(model_type: str) -> str:
 # three or more, where the second chain's last tick is followed by the next chain (dropped) instead of the loop's end,
 # one candidate tick fewer; b = 2 is then a region of its own (batch_two_apart; tracer.derive.THREE_BATCH_REGIONS)
 PINNED_IMAGE_LOOP_TYPES = ("lfm3_vl",)
+PINNED_SAMPLE_LOOP_TYPES = ("siglip2",)   # the same, one iteration per sample (SigLIP2's position grids: NAFLEX_TYPES)
 
 
 def batch_two_apart(config: dict, workload) -> bool:
-    """Whether batch 2 is fit apart from batch 3 and up (PINNED_IMAGE_LOOP_TYPES with one image per sample)."""
-    return config.get("model_type") in PINNED_IMAGE_LOOP_TYPES and workload.images == 1
+    """Whether batch 2 is fit apart from batch 3 and up (PINNED_IMAGE_LOOP_TYPES with one image per sample,
+    PINNED_SAMPLE_LOOP_TYPES always)."""
+    model_type = config.get("model_type")
+    return (model_type in PINNED_IMAGE_LOOP_TYPES and workload.images == 1) or model_type in PINNED_SAMPLE_LOOP_TYPES
 
 
 def batch_squared(config: dict, workload) -> bool:

@@ -187,9 +187,13 @@ def _check_estimate_equals_trace(config: dict, workload: Workload) -> None:
     est = estimate(model, workload)
     tower = config.get("vision_config")   # SigLIP, CLIP: the one note says the text tower is not built
     spatial = tuple(n for n in est.notes if n.startswith("attention: ") and n.endswith("priced as it runs"))
+    naflex = tuple(n for n in est.notes if n.startswith(f"scope: {config['model_type']}'s NaFlex processor is taken "
+                                                        f"with max_num_patches = the image's patches ("
+                                                        f"{est.workload.seq} per image here"))
+    assert naflex or config["model_type"] != "siglip2", est.notes
     assert est.notes == spatial + ((f"scope: {config['model_type']} is priced as its vision tower alone ({model.inventory.built_as}"
                           f" on its {config['model_type']}_vision_model); the checkpoint's text tower is not built",)
-                         if tower else ()), est.notes
+                         if tower else ()) + naflex, est.notes
     assert est.workload.seq == vision.tokens(model, workload.image_size or vision.geometry(model)["image_size"])
     row = trace_case(config, "tiny", replace(est.workload, image_size=0))
     stages = ("load", "forward", "backward", "optimizer") if workload.mode == "train" else ("load", "prefill")
@@ -206,6 +210,27 @@ def test_dinov2_inference_estimate_equals_a_full_depth_trace_at_an_unfitted_imag
     # DINOv2 always interpolates its position embeddings: 36 pixels, 9 x 9 patches + CLS = 82 tokens
     _check_estimate_equals_trace(_config("dinov2", num_hidden_layers=3), Workload(mode="infer", batch=3,
                                                                                  image_size=36))
+
+
+def test_siglip2_naflex_estimate_equals_a_full_depth_trace_at_batch_two_and_past_the_fit():
+    """SigLIP2 (NaFlex: patches, a pixel mask and each sample's grid in; tests/data/tiny/t-siglip2.json, 64 patches
+    of 4 px) interpolates its position grid per sample in a Python loop (tracer.vlm_loop.naflex_step, on a GPU's
+    branch); backward's first two samples to run are kept and batch 2 is fit apart (families.batch_two_apart): 40 px
+    (100 patches) at batch 2 and batch 5, sizes the fit never traced."""
+    from tracer import vlm_loop
+    import transformers.models.siglip2.modeling_siglip2 as s2
+
+    assert vlm_loop._naflex_source_ok(s2.Siglip2VisionEmbeddings)
+    for batch in (2, 5):
+        _check_estimate_equals_trace(_config("siglip2"), Workload(batch=batch, image_size=40))
+    assert type(s2.Siglip2VisionEmbeddings.__dict__["resize_positional_embeddings"]).__name__ == "staticmethod"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workload", [Workload(batch=1, image_size=36), Workload(mode="infer", batch=3, image_size=44),
+                                      Workload(batch=3)])   # the config's own 32 px: 64 patches
+def test_siglip2_more_sizes_and_inference(workload):
+    _check_estimate_equals_trace(_config("siglip2"), workload)
 
 
 @pytest.mark.slow  # derives 5-layer profiles (reduced depth 3 and 4, extended to 5): a minute of CPU

@@ -28,12 +28,15 @@ import inspect
 import math
 
 import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch.utils._mode_utils import no_dispatch
 
 # The vision encoders modelled (estimator.families.VISION_TYPES); other image-classification types (ConvNeXt, Swin,
 # BEiT, ...) are refused in one line. The classification head's width is the config's num_labels (transformers'
 # default 2; a config with id2label sets its own).
-from estimator.families import (SIDE_GRID_TYPES, SPATIAL_VISION_TYPES, VISION_REFUSED, VISION_TYPES,
+from estimator.families import (NAFLEX_TYPES, SIDE_GRID_TYPES, SPATIAL_VISION_TYPES, VISION_REFUSED, VISION_TYPES,
                                 unpriced_vision_option)
+from tracer import host_values
 
 DEFAULT_IMAGE_SIZE = 224   # a spatial model's image size where its config states none (ResNet, RegNet, BiT)
 
@@ -131,6 +134,9 @@ def geometry(model) -> tuple[int, int, int]:
             out.append(getattr(model, "_willitfit_unit", None) or grid_unit(model))
             continue
         v = getattr(vc, key, None)
+        if key == "image_size" and is_naflex(model.config):   # its default max_num_patches as a square image
+            side = math.isqrt(int(getattr(vc, "num_patches", 0) or 0))
+            v = side * int(vc.patch_size) if side * side == int(vc.num_patches) else None
         if v is None and key == "image_size" and spatial:
             v = DEFAULT_IMAGE_SIZE
         if key == "num_channels" and spatial:
@@ -147,6 +153,12 @@ def _channels(vc) -> int | None:
     """A spatial model's input channels: num_channels, or TextNet's stem_num_channels."""
     v = getattr(vc, "num_channels", None)
     return v if v is not None else getattr(vc, "stem_num_channels", None)
+
+
+def is_naflex(cfg) -> bool:
+    """SigLIP2's NaFlex encoders (families.NAFLEX_TYPES; inference builds the tower alone, on its vision config):
+    patches in, with a pixel mask and each sample's grid."""
+    return str(getattr(cfg, "model_type", None)).removesuffix("_vision_model") in NAFLEX_TYPES
 
 
 def is_spatial(cfg) -> bool:
@@ -232,7 +244,7 @@ def extra_tokens(model) -> int:
     """Tokens the embeddings add to the patches (CLS, registers): their output length on an image of the config's
     own size, less its patches (run by `tracer.runner.build_model` on the meta model, where it costs nothing, and
     kept on the model as `_willitfit_extra_tokens`); 0 for a spatial model (its size is counted in grid units)."""
-    if is_spatial(model.config):
+    if is_spatial(model.config) or is_naflex(model.config):   # NaFlex: patches only (SigLIP2 has no CLS token)
         return 0
     image, patch, channels = geometry(model)
     emb = _embeddings(model)
@@ -264,8 +276,11 @@ def pixel_inputs(model, workload, device: str) -> dict:
         if _INTERPOLATING.get() and (h, w) == (image // patch,) * 2 and h > 1:
             h, w = _rectangle(h * w)
     dtype = next(inner.parameters()).dtype
-    out = {"pixel_values": torch.randn(workload.batch, channels, h * patch, w * patch, device=device,
-                                       dtype=dtype)}  # (B, C, H, W)
+    if is_naflex(inner.config):
+        out = naflex_inputs(workload.batch, h, w, patch, channels, dtype, device)
+    else:
+        out = {"pixel_values": torch.randn(workload.batch, channels, h * patch, w * patch, device=device,
+                                           dtype=dtype)}  # (B, C, H, W)
     if _takes_interpolate(inner) and (h, w) != (image // patch,) * 2:
         out["interpolate_pos_encoding"] = True
     if workload.mode == "train":
@@ -274,6 +289,21 @@ def pixel_inputs(model, workload, device: str) -> dict:
             raise ValueError("num_labels: an image-classification step needs at least one label")
         out["labels"] = torch.randint(0, labels, (workload.batch,), device=device)  # (B,)
     return out
+
+
+def naflex_inputs(batch: int, h: int, w: int, patch: int, channels: int, dtype, device) -> dict:
+    """What Siglip2ImageProcessor hands the model for `batch` images of h x w patches with max_num_patches = h * w:
+    pixel_values (b, h * w, C x P x P) in the weights' dtype, pixel_attention_mask (b, h * w) int32, all ones, and
+    spatial_shapes (b, 2) int64; the mask and the shapes carry their values (the model reads both on the host:
+    `spatial_shapes[i].tolist()`, and the mask's `all()` where transformers drops a mask of ones)."""
+    with unset_fake_temporarily(), no_dispatch():
+        mask = torch.ones(batch, h * w, dtype=torch.int32)
+        shapes = torch.tensor([[h, w]] * batch, dtype=torch.long)
+
+    def known(values):
+        return host_values.known(torch.empty(values.shape, dtype=values.dtype, device=device), values)
+    return {"pixel_values": torch.empty(batch, h * w, channels * patch * patch, device=device, dtype=dtype),
+            "pixel_attention_mask": known(mask), "spatial_shapes": known(shapes)}
 
 
 def info(model) -> dict:

@@ -41,7 +41,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 from estimator.families import (AUDIO_TYPES, GRID_IMAGE_SIZE, HOST_VALUE_TYPES, HOST_VLM_TYPES, INDICATOR_TOKENS,
                                 STACKED_VLM_TYPES, VLM_TYPES)
 from estimator.vision import fixed_layout, grid_layout, pixtral_tokens
-from tracer import host_values, vlm_grid, vlm_loop
+from tracer import host_values, vision, vlm_grid, vlm_loop
 from tracer.vlm_grid import grid_geometry, grid_side, is_grid
 
 IMAGE_TOKEN_KEYS = ("image_token_id", "image_token_index")
@@ -269,6 +269,12 @@ def step_context(model, workload, counter=None):
     config = getattr(inner, "config", None)
     if getattr(config, "model_type", None) in HOST_VALUE_TYPES:   # a text model that reads its token ids
         return host_values.host_values()
+    if vision.is_naflex(config):   # SigLIP2: its grids and mask read on the host
+        stack = contextlib.ExitStack()
+        stack.enter_context(host_values.host_values())
+        if counter is not None:
+            stack.enter_context(vlm_loop.naflex_step(inner, counter))
+        return stack
     if getattr(config, "model_type", None) in AUDIO_TYPES and getattr(workload, "audios", 0):
         return host_values.host_values()   # its mask and ids are read on the host (tracer.audio)
     if config is not None and (vlm_loop.is_loop(config) or vlm_loop.is_pixtral(config)) and workload.images:

@@ -415,3 +415,70 @@ def _shortconv_marked(counter):
         hidden_states = output_gate * hidden_states
         return self.out_proj(hidden_states)
     return forward
+
+
+# SigLIP2's NaFlex embeddings (Siglip2VisionEmbeddings.resize_positional_embeddings, transformers 5.23) interpolate the
+# learned position grid to each sample's own grid (its spatial_shapes, read on the host) in a Python loop over the
+# batch, writing each into one (b, patches, dim) tensor: the iterations do the same work on the same sizes (images of
+# one size), each interpolation dead before the next. Run op for op with the iterations marked, on a GPU's branch
+# (transformers copies the grid to fp32 on a CPU, where antialiased interpolation has no half-precision kernel; a GPU
+# interpolates in the weights' dtype, the cast back a no-op). Backward runs each sample's writes and interpolation
+# last first, each write's node cloning the whole (b, patches, dim) gradient, the first to run beside the gradient it
+# came with: the first two kept (pinned), the learned grid's permute, where their gradients join, ends the loop.
+_NAFLEX_CLASS = "Siglip2VisionEmbeddings"
+_NAFLEX_SOURCE = "68f911bfd61655d9"   # sha256 of the function copied below, first 16 digits
+
+
+def _naflex_source_ok(cls) -> bool:
+    return source_is(cls.resize_positional_embeddings, _NAFLEX_SOURCE)
+
+
+class _Node:
+    """A stand-in whose grad_fn is one iteration's last autograd node (`_mark_backward` takes outputs)."""
+
+    def __init__(self, grad_fn):
+        self.grad_fn = grad_fn
+
+
+def _naflex_marked(counter):
+    import torch.nn.functional as F
+
+    def resize_positional_embeddings(positional_embeddings, spatial_shapes, max_length):
+        batch_size = spatial_shapes.shape[0]
+        embed_dim = positional_embeddings.shape[-1]
+        source_dtype = positional_embeddings.dtype
+        resulted_positional_embeddings = torch.empty((batch_size, max_length, embed_dim),
+                                                     device=positional_embeddings.device, dtype=source_dtype)
+        positional_embeddings = positional_embeddings.permute(2, 0, 1).unsqueeze(0)
+        ends = []
+        for i in range(batch_size):
+            counter.set_loop(i)
+            height, width = spatial_shapes[i].tolist()
+            resized_embeddings = F.interpolate(positional_embeddings, size=(height, width), mode="bilinear",
+                                               align_corners=False, antialias=True)
+            resized_embeddings = resized_embeddings.reshape(embed_dim, height * width).transpose(0, 1)
+            resized_embeddings = resized_embeddings.to(source_dtype)
+            resulted_positional_embeddings[i, : height * width] = resized_embeddings
+            resulted_positional_embeddings[i, height * width :] = resized_embeddings[0]
+            ends.append(_Node(resulted_positional_embeddings.grad_fn))
+        counter.set_loop(None)
+        _mark_backward(counter, ends, positional_embeddings, pinned=True)
+        return resulted_positional_embeddings
+    return resize_positional_embeddings
+
+
+@contextlib.contextmanager
+def naflex_step(model, counter):
+    """Inside: SigLIP2's per-sample position grids are interpolated on a GPU's branch with their iterations marked on
+    `counter` (a no-op for other models, and where transformers' function is not the one copied)."""
+    owners = {type(m) for m in model.modules() if type(m).__name__ == _NAFLEX_CLASS}
+    saved = []
+    try:
+        for cls in owners:
+            if _naflex_source_ok(cls):
+                saved.append((cls, cls.__dict__["resize_positional_embeddings"]))
+                cls.resize_positional_embeddings = staticmethod(_naflex_marked(counter))
+        yield
+    finally:
+        for cls, fn in saved:
+            cls.resize_positional_embeddings = fn
