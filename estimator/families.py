@@ -77,16 +77,17 @@ VISION_REFUSED = {
 # host-side helpers, as does Cosmos-3-Edge (Qwen2-VL's inputs and merger; a SigLIP-style tower whose learned position
 # grid is interpolated per image: tracer.vlm_loop.positions_step). LFM3-VL does too; its tower's short convolution
 # runs per image (Lfm3VlVisionShortConv: a loop over torch.split by image, in every convolution layer), run op for op
-# with its iterations marked (tracer.vlm_loop.unshuffle_step).
+# with its iterations marked (tracer.loop_marks.unshuffle_step).
 # Kimi-K2.5 takes the grid too (its MoonViT: patches as small images, GRID_PATCH_IMAGES; merge_kernel_size 2 x 2),
 # every per-image loop of its tower a host-side index computation (tracer.vlm_grid.HOST_SIDE).
 # VideoLLaMA3 takes Qwen2-VL's grid and host-side helpers with each image's merge size as an input of its own
 # (image_merge_sizes: its image processor hands 1, GRID_MERGE_INPUT), and un-shuffles the tower's output per image in
-# a Python loop, run op for op with its iterations marked (tracer.vlm_loop.unshuffle_step).
+# a Python loop, run op for op with its iterations marked (tracer.loop_marks.unshuffle_step).
 BATCH_SQUARED_DECODE_TYPES = ("rwkv",)   # a (b, b, hidden) tensor in each decoding step (batch_squared)
 BATCH_SQUARED_VLM_TYPES = ("glm4v", "glm4v_moe", "glm46v", "glmga")   # glmga: GLM-4.6V's config and class again
 GRID_VLM_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm_ocr", "hyperclovax_vision_v2", "exaone4_5",
-                  "minimax_m3_vl", "cosmos3_edge", "video_llama_3", "lfm3_vl", "kimi_k25", *BATCH_SQUARED_VLM_TYPES)
+                  "minimax_m3_vl", "cosmos3_edge", "video_llama_3", "lfm3_vl", "kimi_k25", "muse_glimmer",
+                  *BATCH_SQUARED_VLM_TYPES)
 # grid models whose forward takes no mm_token_type_ids (their positions are 1D or read from the grid alone)
 GRID_NO_TOKEN_TYPES = ("video_llama_3", "lfm3_vl", "kimi_k25")
 # grid models whose pixel values are one small image per patch, (patches, C, P, P), their tower's patch embedding a
@@ -121,7 +122,14 @@ LOOP_VLM_TYPES = ("llava_next", "llava_next_video", "llava_onevision")
 # quadratic in the images). Each image's rows of tokens end with a break token ([IMG_BREAK], the last [IMG_END]). LLaVA
 # with a Pixtral vision_config (Pixtral-12B) is priced the same way (tracer.vlm_loop.is_pixtral reads its config).
 PIXTRAL_VLM_TYPES = ("mistral3", "lighton_ocr")
-HOST_VLM_TYPES = ("blip-2", *STACKED_VLM_TYPES, *INDICATOR_TOKENS, *LOOP_VLM_TYPES, *PIXTRAL_VLM_TYPES)
+# LFM2-VL: SigLIP2's NaFlex tower (tracer.loop_marks.naflex_step) and a projection per image in a Python loop (marked
+# the same way), priced with one tile per image: its processor's 512-px tile (tile_size), 1024 patches of 16 px, 256
+# tokens after the 2 x 2 pixel unshuffle; an image larger than a tile, which the processor cuts into tiles and a
+# thumbnail, is not priced (its default image is one tile).
+NAFLEX_VLM_TYPES = ("lfm2_vl",)
+NAFLEX_VLM_IMAGE_SIZE = 512
+HOST_VLM_TYPES = ("blip-2", *STACKED_VLM_TYPES, *INDICATOR_TOKENS, *LOOP_VLM_TYPES, *PIXTRAL_VLM_TYPES,
+                  *NAFLEX_VLM_TYPES)
 VLM_TYPES = ("llava", "vipllava", "video_llava", "paligemma", "internvl", "qianfan_ocr", "cohere2_vision", "aya_vision",
              "llama4", "gemma3", "pp_chart2table", "deepseek_vl", "janus", "deepseek_vl_hybrid", *GRID_VLM_TYPES,
              *HOST_VLM_TYPES)
@@ -191,11 +199,11 @@ def family_of(model_type: str) -> str:
     return FAMILIES.get(model_type, model_type)
 
 
-# VLMs whose tower loops over the images with a backward that keeps the first two chains to run (tracer.vlm_loop
+# VLMs whose tower loops over the images with a backward that keeps the first two chains to run (tracer.loop_marks
 # ._mark_backward, pinned: LFM3-VL's short convolutions): with one image per sample, b = 2 runs two chains and b >= 3
 # three or more, where the second chain's last tick is followed by the next chain (dropped) instead of the loop's end,
 # one candidate tick fewer; b = 2 is then a region of its own (batch_two_apart; tracer.derive.THREE_BATCH_REGIONS)
-PINNED_IMAGE_LOOP_TYPES = ("lfm3_vl",)
+PINNED_IMAGE_LOOP_TYPES = ("lfm3_vl", "lfm2_vl")   # LFM2-VL: its per-image projection, and its tower's per-image grids
 PINNED_SAMPLE_LOOP_TYPES = ("siglip2",)   # the same, one iteration per sample (SigLIP2's position grids: NAFLEX_TYPES)
 
 

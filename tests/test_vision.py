@@ -214,13 +214,13 @@ def test_dinov2_inference_estimate_equals_a_full_depth_trace_at_an_unfitted_imag
 
 def test_siglip2_naflex_estimate_equals_a_full_depth_trace_at_batch_two_and_past_the_fit():
     """SigLIP2 (NaFlex: patches, a pixel mask and each sample's grid in; tests/data/tiny/t-siglip2.json, 64 patches
-    of 4 px) interpolates its position grid per sample in a Python loop (tracer.vlm_loop.naflex_step, on a GPU's
+    of 4 px) interpolates its position grid per sample in a Python loop (tracer.loop_marks.naflex_step, on a GPU's
     branch); backward's first two samples to run are kept and batch 2 is fit apart (families.batch_two_apart): 40 px
     (100 patches) at batch 2 and batch 5, sizes the fit never traced."""
-    from tracer import vlm_loop
+    from tracer import loop_marks
     import transformers.models.siglip2.modeling_siglip2 as s2
 
-    assert vlm_loop._naflex_source_ok(s2.Siglip2VisionEmbeddings)
+    assert loop_marks._naflex_source_ok(s2.Siglip2VisionEmbeddings)
     for batch in (2, 5):
         _check_estimate_equals_trace(_config("siglip2"), Workload(batch=batch, image_size=40))
     assert type(s2.Siglip2VisionEmbeddings.__dict__["resize_positional_embeddings"]).__name__ == "staticmethod"

@@ -263,7 +263,8 @@ def test_cli_names_the_images_and_refuses_a_short_seq(tmp_path):
 # (Mistral-3, LightOnOCR): a 64-px image of 8 x 8 patches merged 2 x 2 -> 16
 HOST = {"smolvlm": 4, "idefics2": 8, "blip2": 8, "ovis2": 4, "llava_next": 88, "llava_next_video": 88,
         "llava_onevision": 88, "llama4": 4, "mistral3": 16, "lighton_ocr": 16,
-        "llava_pixtral": 16}   # tiny config -> tokens per image (LLaVA with Pixtral's tower: 4 x 4 16-px patches)
+        "llava_pixtral": 16,   # tiny config -> tokens per image (LLaVA with Pixtral's tower: 4 x 4 16-px patches)
+        "lfm2_vl": 64}   # LFM2-VL: a 512-px tile of 16 x 16 32-px patches, unshuffled 2 x 2
 
 
 @pytest.mark.parametrize("name", sorted(HOST))
@@ -294,6 +295,19 @@ def test_host_value_vlms_count_the_tokens_a_real_forward_makes(name):
     feats = getattr(out, "pooler_output", out)
     rows = sum(int(t.numel()) for t in ([feats] if torch.is_tensor(feats) else feats))
     assert rows // model.get_input_embeddings().embedding_dim == HOST[name]
+
+
+@SLOW   # 95 s on 2 cores; the default tier keeps its token count against a real forward (above), and its loops' marks
+@pytest.mark.parametrize("workload, sizes", [   # are LFM3-VL's and SigLIP2's (tests/test_vlm_grid.py, test_vision.py)
+    (Workload(images=1), ((2, 100), (5, 90), (1, 80))),
+    (Workload(images=2), ((3, 200), (1, 150))),
+    (Workload(images=1, method="lora"), ((2, 90), (4, 100))),
+    (Workload(images=1, mode="infer", gen_tokens=3), ((2, 100), (5, 80))),
+])
+def test_lfm2_vl_with_naflex_images_equals_full_depth_traces(workload, sizes):
+    """LFM2-VL: SigLIP2's NaFlex tower (its per-image position grids) and a projection per image in a Python loop
+    (tracer.loop_marks), one 512-px tile per image; batch 2 fit apart with one image per sample."""
+    _check(workload, sizes, "lfm2_vl")
 
 
 @SLOW   # 85 s on CI's 2 cores; the default tier keeps the stacked route's token count against a real forward (above)

@@ -168,7 +168,7 @@ def test_a_batch_squared_term_is_fit_on_three_batches():
 
 
 def test_a_per_image_position_grid_loop_is_keyed_per_image():
-    """Cosmos-3-Edge interpolates its learned position grid once per image, in a Python loop (tracer.vlm_loop
+    """Cosmos-3-Edge interpolates its learned position grid once per image, in a Python loop (tracer.loop_marks
     .positions_step, on a GPU's branch: no fp32 copy of the grid): the iterations keyed, the step one polynomial in
     the batch again; two images per sample at batches the fit never used."""
     from tracer import vlm_loop
@@ -181,25 +181,46 @@ def test_a_per_image_position_grid_loop_is_keyed_per_image():
 
 
 def test_the_copied_per_image_loops_are_transformers_own():
-    """tracer.vlm_loop runs VideoLLaMA3's un-shuffle and LFM3-VL's short convolution op for op only while
-    transformers' source is the one copied; their traces are checked below (LFM3-VL) and in the slow tier."""
-    from tracer import vlm_loop
+    """tracer.loop_marks runs VideoLLaMA3's un-shuffle, LFM3-VL's short convolution and LFM2-VL's projection op for op
+    only while transformers' source is the one copied; their traces are checked below (LFM3-VL), in
+    tests/test_vlm.py (LFM2-VL) and in the slow tier."""
+    from tracer import loop_marks
     import transformers.models.lfm3_vl.modeling_lfm3_vl as lf
     import transformers.models.video_llama_3.modeling_video_llama_3 as vl
 
-    assert vlm_loop._unshuffle_source_ok(vl.VideoLlama3VisionModel)
-    assert vlm_loop._shortconv_source_ok(lf.Lfm3VlVisionShortConv)
+    import transformers.models.lfm2_vl.modeling_lfm2_vl as l2
+
+    assert loop_marks._unshuffle_source_ok(vl.VideoLlama3VisionModel)
+    assert loop_marks._shortconv_source_ok(lf.Lfm3VlVisionShortConv)
+    assert loop_marks._project_source_ok(l2.Lfm2VlModel)
 
 
 @SLOW
 def test_a_per_image_unshuffle_loop_is_keyed_per_image():
     """VideoLLaMA3 hands each image's merge size as an input (image_merge_sizes, families.GRID_MERGE_INPUT) and
-    un-shuffles its tower's output per image in a Python loop (tracer.vlm_loop.unshuffle_step): the iterations keyed,
+    un-shuffles its tower's output per image in a Python loop (tracer.loop_marks.unshuffle_step): the iterations keyed,
     two images per sample at batches the fit never used; the patched method is put back after the step."""
     import transformers.models.video_llama_3.modeling_video_llama_3 as vl
 
     _check(Workload(images=2, image_size=128, attention="flash"), ((3, 200), (1, 150)), "video_llama_3")
     assert vl.VideoLlama3VisionModel.pixel_unshuffle.__qualname__.startswith("VideoLlama3")
+
+
+def test_grid_geometry_reads_each_familys_names():
+    """merge_size and patch_temporal (Muse-Glimmer), merge_kernel_size (Kimi-K2.5), a merge size handed per image
+    (VideoLLaMA3): the same geometry (tracer.vlm_grid.grid_geometry); their traces are checked in the slow tier and
+    below."""
+    from transformers import AutoConfig
+
+    from tracer.vlm_grid import grid_geometry
+
+    def geometry(name):
+        g = grid_geometry(AutoConfig.for_model(**_config(name)))
+        return g["patch_size"], g["spatial_merge_size"], g["temporal_patch_size"]
+    assert geometry("muse_glimmer") == (14, 2, 2)
+    assert geometry("kimi_k25") == (14, 2, 1)
+    assert geometry("video_llama_3") == (16, 1, 1)
+    assert geometry("qwen25vl") == (14, 2, 2)
 
 
 def test_patches_as_small_images_and_host_side_index_loops():
@@ -211,7 +232,7 @@ def test_patches_as_small_images_and_host_side_index_loops():
 
 
 def test_per_image_convolutions_in_every_conv_layer_are_keyed_and_batch_two_is_fit_apart():
-    """LFM3-VL convolves each image's grid in a Python loop in every convolution layer of its tower (tracer.vlm_loop
+    """LFM3-VL convolves each image's grid in a Python loop in every convolution layer of its tower (tracer.loop_marks
     .unshuffle_step), each grid copy saved for backward, which frees them chain by chain: the first two chains to run
     are kept, the rest dropped and checked to hold less. One image per sample runs two chains at batch 2, three and
     more above, so batch 2 is fit apart (families.batch_two_apart): exact at batch 2 and past the fit's batches."""
@@ -224,6 +245,9 @@ def test_per_image_convolutions_in_every_conv_layer_are_keyed_and_batch_two_is_f
 @SLOW
 @pytest.mark.parametrize("name, workload, sizes", [
     ("lfm3_vl", Workload(images=2, image_size=128, attention="flash"), ((3, 200), (1, 150))),
+    ("muse_glimmer", Workload(images=2, image_size=112, attention="flash"), ((3, 200), (1, 150))),
+    ("muse_glimmer", Workload(images=1, image_size=112, attention="flash", mode="infer", gen_tokens=3),
+     ((2, 100), (5, 80))),
     ("kimi_k25", Workload(images=1, image_size=112, attention="flash", method="lora"), ((1, 90), (4, 100))),
     ("kimi_k25", Workload(images=1, image_size=112, attention="flash", mode="infer", gen_tokens=3), ((2, 100), (5, 80))),
     ("lfm3_vl", Workload(images=1, image_size=128, attention="flash", method="lora"), ((2, 90), (4, 100))),

@@ -28,7 +28,7 @@ import inspect
 import math
 
 import torch
-from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 from torch.utils._mode_utils import no_dispatch
 
 # The vision encoders modelled (estimator.families.VISION_TYPES); other image-classification types (ConvNeXt, Swin,
@@ -297,11 +297,14 @@ def naflex_inputs(batch: int, h: int, w: int, patch: int, channels: int, dtype, 
     spatial_shapes (b, 2) int64; the mask and the shapes carry their values (the model reads both on the host:
     `spatial_shapes[i].tolist()`, and the mask's `all()` where transformers drops a mask of ones)."""
     with unset_fake_temporarily(), no_dispatch():
-        mask = torch.ones(batch, h * w, dtype=torch.int32)
-        shapes = torch.tensor([[h, w]] * batch, dtype=torch.long)
+        mask = torch.ones(batch, h * w, dtype=torch.int32, device="cpu")   # (host values: never the meta device)
+        shapes = torch.tensor([[h, w]] * batch, dtype=torch.long, device="cpu")
 
     def known(values):
-        return host_values.known(torch.empty(values.shape, dtype=values.dtype, device=device), values)
+        t = torch.empty(values.shape, dtype=values.dtype, device=device)
+        if not isinstance(t, FakeTensor) and t.device.type != "meta":   # a real forward (tests): the values in it
+            t.copy_(values)
+        return host_values.known(t, values)
     return {"pixel_values": torch.empty(batch, h * w, channels * patch * patch, device=device, dtype=dtype),
             "pixel_attention_mask": known(mask), "spatial_shapes": known(shapes)}
 

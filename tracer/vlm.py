@@ -39,9 +39,9 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
 from estimator.families import (AUDIO_TYPES, GRID_IMAGE_SIZE, HOST_VALUE_TYPES, HOST_VLM_TYPES, INDICATOR_TOKENS,
-                                STACKED_VLM_TYPES, VLM_TYPES)
+                                NAFLEX_VLM_IMAGE_SIZE, NAFLEX_VLM_TYPES, STACKED_VLM_TYPES, VLM_TYPES)
 from estimator.vision import fixed_layout, grid_layout, pixtral_tokens
-from tracer import host_values, vision, vlm_grid, vlm_loop
+from tracer import host_values, loop_marks, vision, vlm_grid, vlm_loop
 from tracer.vlm_grid import grid_geometry, grid_side, is_grid
 
 IMAGE_TOKEN_KEYS = ("image_token_id", "image_token_index")
@@ -73,6 +73,8 @@ def image_geometry(cfg) -> tuple[int, int]:
     if is_grid(cfg):
         return GRID_IMAGE_SIZE, grid_geometry(cfg)["num_channels"]
     vc = getattr(cfg, "vision_config", None)
+    if cfg.model_type in NAFLEX_VLM_TYPES:   # one tile of its processor (families.NAFLEX_VLM_IMAGE_SIZE)
+        return NAFLEX_VLM_IMAGE_SIZE, int(getattr(vc, "num_channels", 3) or 3)
     size = getattr(vc, "image_size", None)
     if isinstance(size, (list, tuple)):
         if len(set(size)) != 1:
@@ -115,6 +117,11 @@ def image_kwargs(model, batch: int, images: int, device, image_size: int = 0) ->
         return vlm_loop.loop_kwargs(model, batch, images, device, image_size)
     if vlm_loop.is_pixtral(cfg):   # each image at its own size, which the host knows
         return vlm_loop.pixtral_kwargs(model, batch, images, device, image_size)
+    if cfg.model_type in NAFLEX_VLM_TYPES:   # LFM2-VL: SigLIP2's NaFlex patches, one tile per image
+        size, channels = image_geometry(cfg)
+        patch = int(cfg.vision_config.patch_size)
+        return vision.naflex_inputs(batch * images, size // patch, size // patch, patch, channels,
+                                    next(model.parameters()).dtype, device)
     if cfg.model_type not in STACKED_VLM_TYPES:
         return {"pixel_values": _pixels(model, (batch * images,), device)}
     size = image_geometry(cfg)[0]
@@ -273,7 +280,7 @@ def step_context(model, workload, counter=None):
         stack = contextlib.ExitStack()
         stack.enter_context(host_values.host_values())
         if counter is not None:
-            stack.enter_context(vlm_loop.naflex_step(inner, counter))
+            stack.enter_context(loop_marks.naflex_step(inner, counter))
         return stack
     if getattr(config, "model_type", None) in AUDIO_TYPES and getattr(workload, "audios", 0):
         return host_values.host_values()   # its mask and ids are read on the host (tracer.audio)
@@ -284,6 +291,13 @@ def step_context(model, workload, counter=None):
             marks = vlm_loop.loop_step if vlm_loop.is_loop(config) else vlm_loop.pixtral_step
             stack.enter_context(marks(inner, counter))
         return stack
+    if config is not None and config.model_type in NAFLEX_VLM_TYPES and workload.images:
+        stack = contextlib.ExitStack()   # LFM2-VL: its tower's per-image grids and its per-image projection
+        stack.enter_context(host_values.host_values())
+        if counter is not None:
+            stack.enter_context(loop_marks.naflex_step(inner, counter))
+            stack.enter_context(loop_marks.unshuffle_step(inner, counter))
+        return stack
     if config is not None and config.model_type in HOST_VLM_TYPES and workload.images:
         return host_values.host_values()
     if config is None or not is_grid(config) or not workload.images:
@@ -293,7 +307,7 @@ def step_context(model, workload, counter=None):
     stack.enter_context(vlm_grid.grid_step(inner))
     if counter is not None:   # Cosmos-3-Edge's per-image position grids, VideoLLaMA3's un-shuffle (no-ops elsewhere)
         stack.enter_context(vlm_loop.positions_step(inner, counter))
-        stack.enter_context(vlm_loop.unshuffle_step(inner, counter))
+        stack.enter_context(loop_marks.unshuffle_step(inner, counter))
     return stack
 
 

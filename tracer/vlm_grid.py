@@ -39,7 +39,8 @@ from tracer import host_values
 
 PACKED = "willitfit_flash_varlen"   # an attention implementation whose name says flash: transformers' varlen branch
 HOST_SIDE = ("get_vision_position_ids", "get_vision_window_index", "get_vision_interpolation_indices_and_weights",
-             "get_vision_frame_index", "get_vision_temporal_merge_index")   # the last two: Kimi-K2.5's
+             "get_vision_frame_index", "get_vision_temporal_merge_index",   # Kimi-K2.5's
+             "get_vision_pixel_shuffle_index")   # Muse-Glimmer's
 
 
 def is_grid(cfg) -> bool:
@@ -55,8 +56,10 @@ def grid_geometry(cfg) -> dict:
     if kernel is not None and len(set(kernel)) != 1:
         raise ValueError(f"model_type: {cfg.model_type!r}'s merge_kernel_size {tuple(kernel)} is not square; its "
                          "images are priced on square merges only")
-    merge = GRID_MERGE_INPUT.get(cfg.model_type) or getattr(vc, "spatial_merge_size", None) or kernel[0]
-    return {"patch_size": int(vc.patch_size), "temporal_patch_size": int(getattr(vc, "temporal_patch_size", 1) or 1),
+    merge = GRID_MERGE_INPUT.get(cfg.model_type) or getattr(vc, "spatial_merge_size", None) or \
+        getattr(vc, "merge_size", None) or kernel[0]   # merge_size, patch_temporal: Muse-Glimmer's names
+    temporal = getattr(vc, "temporal_patch_size", None) or getattr(vc, "patch_temporal", None) or 1
+    return {"patch_size": int(vc.patch_size), "temporal_patch_size": int(temporal),
             "spatial_merge_size": int(merge),
             "num_channels": int(getattr(vc, "in_channels", None) or getattr(vc, "num_channels", 3) or 3)}
 
