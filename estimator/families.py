@@ -116,12 +116,13 @@ INDICATOR_TOKENS = {"ovis2": 3}
 # features in a Python loop over the images (`pack_image_features`), reading each image's size on the host: the loop's
 # ticks are keyed per iteration (tracer.vlm_loop), each image a square of two tiles a side (its default image).
 LOOP_VLM_TYPES = ("llava_next", "llava_next_video", "llava_onevision")
-# Pixtral's tower (Mistral-3, LightOnOCR) takes each image at its own size and loops over the images twice (their 2D
+# Pixtral's tower (Mistral-3, LightOnOCR; Mistral-Large-4: Mistral-3's classes on a DeepSeek-V3.2-style sparse-attention
+# MoE text model) takes each image at its own size and loops over the images twice (their 2D
 # positions, the patch merger's unfold): marked per iteration too (tracer.vlm_loop), its attention under
 # FlashAttention-2's varlen call (under SDPA or eager it masks every image's patches against every other's: a mask
 # quadratic in the images). Each image's rows of tokens end with a break token ([IMG_BREAK], the last [IMG_END]). LLaVA
 # with a Pixtral vision_config (Pixtral-12B) is priced the same way (tracer.vlm_loop.is_pixtral reads its config).
-PIXTRAL_VLM_TYPES = ("mistral3", "lighton_ocr")
+PIXTRAL_VLM_TYPES = ("mistral3", "lighton_ocr", "mistral_large4")
 # LFM2-VL: SigLIP2's NaFlex tower (tracer.loop_marks.naflex_step) and a projection per image in a Python loop (marked
 # the same way), priced with one tile per image: its processor's 512-px tile (tile_size), 1024 patches of 16 px, 256
 # tokens after the 2 x 2 pixel unshuffle; an image larger than a tile, which the processor cuts into tiles and a
@@ -208,10 +209,11 @@ PINNED_SAMPLE_LOOP_TYPES = ("siglip2",)   # the same, one iteration per sample (
 
 
 def batch_two_apart(config: dict, workload) -> bool:
-    """Whether batch 2 is fit apart from batch 3 and up (PINNED_IMAGE_LOOP_TYPES with one image per sample,
-    PINNED_SAMPLE_LOOP_TYPES always)."""
+    """Whether batch 2 is fit apart from batch 3 and up in training (PINNED_IMAGE_LOOP_TYPES with one image per sample,
+    PINNED_SAMPLE_LOOP_TYPES always); inference runs no backward, whose loops alone are pinned."""
     model_type = config.get("model_type")
-    return (model_type in PINNED_IMAGE_LOOP_TYPES and workload.images == 1) or model_type in PINNED_SAMPLE_LOOP_TYPES
+    return workload.mode == "train" and ((model_type in PINNED_IMAGE_LOOP_TYPES and workload.images == 1)
+                                         or model_type in PINNED_SAMPLE_LOOP_TYPES)
 
 
 def batch_squared(config: dict, workload) -> bool:

@@ -359,9 +359,9 @@ def scope_notes(model: Model, w: Workload = Workload()) -> tuple[str, ...]:
     if text_type == inv.model_type:
         return ()
     if is_vision(model):  # SigLIP, CLIP: the step runs the vision_config's tower (tracer.vision)
-        naflex = (f"scope: {inv.model_type}'s NaFlex processor is taken with max_num_patches = the image's patches "
-                  f"({tokens(model, w.image_size or geometry(model)['image_size'])} per image here: nothing padded); one that pads to a larger max_num_patches holds that "
-                  "many (price the image size of that count)",) if inv.model_type in NAFLEX_TYPES else ()
+        naflex = (f"scope: {inv.model_type}'s NaFlex processor is taken with max_num_patches = the image's patch "
+                  "count (nothing padded); one that pads to a larger max_num_patches holds that many (price the image "
+                  "size whose patches make that count)",) if inv.model_type in NAFLEX_TYPES else ()
         return (f"scope: {inv.model_type} is priced as its vision tower alone ({inv.built_as} on its "
                 f"{text_type}); the checkpoint's text tower is not built",) + naflex
     if images_of(model) is not None:   # priced with its images when asked (--images)

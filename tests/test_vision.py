@@ -188,8 +188,7 @@ def _check_estimate_equals_trace(config: dict, workload: Workload) -> None:
     tower = config.get("vision_config")   # SigLIP, CLIP: the one note says the text tower is not built
     spatial = tuple(n for n in est.notes if n.startswith("attention: ") and n.endswith("priced as it runs"))
     naflex = tuple(n for n in est.notes if n.startswith(f"scope: {config['model_type']}'s NaFlex processor is taken "
-                                                        f"with max_num_patches = the image's patches ("
-                                                        f"{est.workload.seq} per image here"))
+                                                        "with max_num_patches = the image's patch count"))
     assert naflex or config["model_type"] != "siglip2", est.notes
     assert est.notes == spatial + ((f"scope: {config['model_type']} is priced as its vision tower alone ({model.inventory.built_as}"
                           f" on its {config['model_type']}_vision_model); the checkpoint's text tower is not built",)

@@ -264,7 +264,7 @@ def test_cli_names_the_images_and_refuses_a_short_seq(tmp_path):
 HOST = {"smolvlm": 4, "idefics2": 8, "blip2": 8, "ovis2": 4, "llava_next": 88, "llava_next_video": 88,
         "llava_onevision": 88, "llama4": 4, "mistral3": 16, "lighton_ocr": 16,
         "llava_pixtral": 16,   # tiny config -> tokens per image (LLaVA with Pixtral's tower: 4 x 4 16-px patches)
-        "lfm2_vl": 64}   # LFM2-VL: a 512-px tile of 16 x 16 32-px patches, unshuffled 2 x 2
+        "lfm2_vl": 64, "mistral_large4": 16}   # LFM2-VL: a 512-px tile of 16 x 16 32-px patches, unshuffled 2 x 2
 
 
 @pytest.mark.parametrize("name", sorted(HOST))
@@ -325,6 +325,8 @@ def test_a_host_value_vlm_with_stacked_images_equals_full_depth_traces():
     ("blip2", Workload(images=1, method="lora"), ((4, 50),)),
     # Ovis2: each image wrapped in three visual indicator tokens, whose embeddings it writes by a boolean index
     ("ovis2", Workload(images=2), ((3, 64),)),
+    # Mistral-Large-4: Mistral-3's Pixtral tower on a DeepSeek-V3.2-style sparse-attention MoE (families.PIXTRAL_VLM_TYPES)
+    ("mistral_large4", Workload(images=1, attention="flash"), ((3, 120), (1, 70))),
 ])
 def test_more_host_value_vlm_workloads_equal_full_depth_traces(name, workload, sizes):
     _check(workload, sizes, name)
