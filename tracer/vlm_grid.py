@@ -57,7 +57,10 @@ def grid_geometry(cfg) -> dict:
         raise ValueError(f"model_type: {cfg.model_type!r}'s merge_kernel_size {tuple(kernel)} is not square; its "
                          "images are priced on square merges only")
     merge = GRID_MERGE_INPUT.get(cfg.model_type) or getattr(vc, "spatial_merge_size", None) or \
-        getattr(vc, "merge_size", None) or kernel[0]   # merge_size, patch_temporal: Muse-Glimmer's names
+        getattr(vc, "merge_size", None) or (kernel[0] if kernel else None)   # merge_size: Muse-Glimmer's name
+    if not merge:
+        raise ValueError(f"model_type: {cfg.model_type!r}'s vision_config names no merge size (spatial_merge_size, "
+                         "merge_size or merge_kernel_size); its images cannot be sized")
     temporal = getattr(vc, "temporal_patch_size", None) or getattr(vc, "patch_temporal", None) or 1
     return {"patch_size": int(vc.patch_size), "temporal_patch_size": int(temporal),
             "spatial_merge_size": int(merge),
