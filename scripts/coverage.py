@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -268,11 +270,10 @@ def _line(e: BaseException | None) -> str:
 
 def _revision() -> str:
     """The commit the results come from (the tracer's code), with '+' when the work tree has changes."""
+    def git(*args) -> str:
+        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=ROOT, timeout=10).stdout.strip()
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT,
-                              timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "estimator"], capture_output=True, text=True,
-                               cwd=ROOT, timeout=10).stdout.strip()
+        head, dirty = git("rev-parse", "--short", "HEAD"), git("status", "--porcelain", "--", "estimator")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return (head or "unknown") + ("+" if dirty else "")
@@ -285,14 +286,17 @@ def run(types, timeout: int) -> None:
     todo = [t for t in types if t[0] not in done]
     for i, (mt, kind) in enumerate(todo, 1):
         start = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, __file__, "--child", mt, "--child-kind", kind],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                                start_new_session=True)   # a timeout kills it with the trace workers it forked
         try:
-            proc = subprocess.run([sys.executable, __file__, "--child", mt, "--child-kind", kind],
-                                  capture_output=True, text=True,
-                                  timeout=timeout, cwd=ROOT)
-            lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
+            stdout, stderr = proc.communicate(timeout=timeout)
+            lines = [x for x in stdout.splitlines() if x.startswith("{")]
             row = json.loads(lines[-1]) if lines else {"model_type": mt, "status": "error", "reason":
-                                                      (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]}
+                                                      (stderr.strip().splitlines() or ["no output"])[-1][:300]}
         except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
             row = {"model_type": mt, "status": "timeout", "reason": f"more than {timeout} s"}
         row.update(kind=kind, seconds=round(time.perf_counter() - start, 1))
         row.setdefault("revision", revision)  # the child's own (the tree can change during a long run)
@@ -463,8 +467,8 @@ def main(argv=None) -> int:
     ap.add_argument("--types", help="comma-separated model types (default: all)")
     ap.add_argument("--timeout", type=int, default=600, help="seconds per type (default 600)")
     ap.add_argument("--report", action="store_true", help="only rewrite docs/architectures.md")
-    ap.add_argument("--from-doc", action="store_true",
-                    help="start build/coverage.jsonl from docs/architectures.md's table (a clone has no results)")
+    ap.add_argument("--from-doc", action="store_true", help="start build/coverage.jsonl from docs/architectures.md's "
+                    "table (a clone has no results)")
     ap.add_argument("--redo", action="store_true", help="with --types: run those types again (their rows replaced)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--child-kind", help=argparse.SUPPRESS)
@@ -474,10 +478,9 @@ def main(argv=None) -> int:
     if args.from_doc:
         OUT.parent.mkdir(parents=True, exist_ok=True)
         OUT.write_text("".join(json.dumps(r) + "\n" for r in rows_from_doc(DOC.read_text())))
-    if args.redo and OUT.exists():
-        again = set(args.types.split(","))
-        keep = [x for x in OUT.read_text().splitlines() if json.loads(x)["model_type"] not in again]
-        OUT.write_text("".join(x + "\n" for x in keep))
+    if args.redo and OUT.exists():   # those types' rows dropped, run again below
+        OUT.write_text("".join(x + "\n" for x in OUT.read_text().splitlines()
+                               if json.loads(x)["model_type"] not in set(args.types.split(","))))
     if args.child:
         from tracer.meta import causal_image_text
 
@@ -487,11 +490,8 @@ def main(argv=None) -> int:
         print(json.dumps({**row, "revision": _revision()}))
         return 0
     if not args.report:
-        types = all_types()
-        if args.types:
-            want = set(args.types.split(","))
-            types = [t for t in types if t[0] in want]
-        run(types, args.timeout)
+        want = set(args.types.split(",")) if args.types else None
+        run([t for t in all_types() if want is None or t[0] in want], args.timeout)
     report()
     return 0
 
