@@ -201,7 +201,7 @@ def family_of(model_type: str) -> str:
 
 
 # VLMs whose tower loops over the images with a backward that keeps the first two chains to run (tracer.loop_marks
-# ._mark_backward, pinned: LFM3-VL's short convolutions): with one image per sample, b = 2 runs two chains and b >= 3
+# .mark_backward, pinned: LFM3-VL's short convolutions): with one image per sample, b = 2 runs two chains and b >= 3
 # three or more, where the second chain's last tick is followed by the next chain (dropped) instead of the loop's end,
 # one candidate tick fewer; b = 2 is then a region of its own (batch_two_apart; tracer.derive.THREE_BATCH_REGIONS)
 PINNED_IMAGE_LOOP_TYPES = ("lfm3_vl", "lfm2_vl")   # LFM2-VL: its per-image projection, and its tower's per-image grids

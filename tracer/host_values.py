@@ -75,6 +75,15 @@ def known(fake: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     return fake
 
 
+def on_device(values: torch.Tensor, device) -> torch.Tensor:
+    """An input on `device` carrying `values` (a real CPU tensor): allocated empty in the current mode (a fake tensor
+    under the tracer), filled with them where it is a real one (a test's forward on CPU tensors), and `known`."""
+    t = torch.empty(values.shape, dtype=values.dtype, device=device)
+    if not isinstance(t, FakeTensor) and t.device.type != "meta":
+        t.copy_(values)
+    return known(t, values)
+
+
 def random_ids(fake: torch.Tensor, high: int, seed: int = 0) -> torch.Tensor:
     """`fake` (integer token ids the caller allocated) marked as carrying random ids in [0, high), drawn on the host
     from `seed`: what a tokenizer's ids are to a GPU run, values the host knows."""

@@ -6,7 +6,7 @@ A loop whose length is the batch (or the images in it) runs more operations in a
 the batch fits as it stands. Where each iteration does the same work on the same sizes, the counter marks the
 iterations (`StorageCounter.set_loop`) and tracer.ticks keys their ticks by their place in their iteration, keeping
 the one that holds the most: the last where each iteration keeps what the ones before it made (forward), the first
-two to run where each frees what its forward saved (backward: `_mark_backward`, pinned, with tracer.time_loop's
+two to run where each frees what its forward saved (backward: `mark_backward`, pinned, with tracer.time_loop's
 marks). Each copy runs only while transformers' source hashes to the one copied (tracer.source_is); another
 transformers runs unmarked, and its derivation refuses itself in one line. LLaVA-NeXT's, Pixtral's and
 Cosmos-3-Edge's loops are marked in tracer.vlm_loop.
@@ -53,12 +53,12 @@ def _unshuffle_marked(counter):
             hidden_states = hidden_states.permute(0, 2, 3, 1).view(-1, c)
             outputs.append(hidden_states)
         counter.set_loop(None)
-        _mark_backward(counter, outputs, hidden_states_chunks[0] if hidden_states_chunks else None)
+        mark_backward(counter, outputs, hidden_states_chunks[0] if hidden_states_chunks else None)
         return torch.cat(outputs, dim=0)
     return pixel_unshuffle
 
 
-def _mark_backward(counter, outputs: list, source, pinned: bool = False) -> None:
+def mark_backward(counter, outputs: list, source, pinned: bool = False) -> None:
     """Backward runs each iteration's chain whole, the last iteration's first (their nodes' sequence numbers are in
     forward order): a pre-hook on each output's node marks its iteration, one on `source`'s node (the node that
     joins the iterations' gradients) ends the loop. `pinned`: where each chain frees what its iteration saved, so
@@ -76,32 +76,39 @@ def _mark_backward(counter, outputs: list, source, pinned: bool = False) -> None
 
 
 @contextlib.contextmanager
-def unshuffle_step(model, counter):
-    """Inside: VideoLLaMA3's per-image un-shuffle, LFM3-VL's per-image short convolutions and LFM2-VL's per-image
-    projection mark their iterations on `counter` (a no-op for other models, and where transformers' method is not
-    the one copied)."""
-    patches = {_UNSHUFFLE_CLASS: ("pixel_unshuffle", _unshuffle_source_ok, _unshuffle_marked),
-               _SHORTCONV_CLASS: ("forward", _shortconv_source_ok, _shortconv_marked),
-               _PROJECT_CLASS: ("get_image_features", _project_source_ok, _project_marked)}
+def patched(model, counter, patches: dict):
+    """Inside: each class of `model` named in `patches` ({class name: (attribute, source_ok, marked, static)}) has
+    that attribute replaced by `marked(counter)` (a staticmethod where `static`) while `source_ok(cls)` says
+    transformers' code is the one copied; put back on the way out."""
     owners = {type(m) for m in model.modules() if type(m).__name__ in patches}
     saved = []
     try:
         for cls in owners:
-            name, source_ok, marked = patches[cls.__name__]
+            name, source_ok, marked, static = patches[cls.__name__]
             if source_ok(cls):
                 saved.append((cls, name, cls.__dict__[name]))
-                setattr(cls, name, marked(counter))
+                setattr(cls, name, staticmethod(marked(counter)) if static else marked(counter))
         yield
     finally:
         for cls, name, fn in saved:
             setattr(cls, name, fn)
 
 
+def unshuffle_step(model, counter):
+    """Inside: VideoLLaMA3's per-image un-shuffle, LFM3-VL's per-image short convolutions and LFM2-VL's per-image
+    projection mark their iterations on `counter` (a no-op for other models, and where transformers' method is not
+    the one copied)."""
+    return patched(model, counter, {
+        _UNSHUFFLE_CLASS: ("pixel_unshuffle", _unshuffle_source_ok, _unshuffle_marked, False),
+        _SHORTCONV_CLASS: ("forward", _shortconv_source_ok, _shortconv_marked, False),
+        _PROJECT_CLASS: ("get_image_features", _project_source_ok, _project_marked, False)})
+
+
 # LFM3-VL's vision tower (Lfm3VlVisionShortConv.forward, transformers 5.23): in each of its convolution layers the
 # patches of every image are put back on their grid and convolved, one image per iteration of a Python loop over
 # torch.split, each output waiting in a list for the concatenation, each grid's copy saved for the convolution's
 # backward: forward, the last iteration holds the most, as in VideoLLaMA3's un-shuffle; backward, each image's chain
-# frees its saved copy as it adds its gradient, so the first to run holds the most: pinned (`_mark_backward`).
+# frees its saved copy as it adds its gradient, so the first to run holds the most: pinned (`mark_backward`).
 _SHORTCONV_CLASS = "Lfm3VlVisionShortConv"
 _SHORTCONV_SOURCE = "51290ae839305f86"   # sha256 of the forward copied below, first 16 digits
 
@@ -127,7 +134,7 @@ def _shortconv_marked(counter):
             frames = frames.view(temporal, channels, height // merge, merge, width // merge, merge)
             conv_outputs.append(frames.permute(0, 2, 4, 3, 5, 1).reshape(temporal * height * width, channels))
         counter.set_loop(None)
-        _mark_backward(counter, conv_outputs, chunks[0] if chunks else None, pinned=True)
+        mark_backward(counter, conv_outputs, chunks[0] if chunks else None, pinned=True)
         hidden_states = torch.cat(conv_outputs, dim=0)
         hidden_states = output_gate * hidden_states
         return self.out_proj(hidden_states)
@@ -151,7 +158,7 @@ def _naflex_source_ok(cls) -> bool:
 
 
 class _Node:
-    """A stand-in whose grad_fn is one iteration's last autograd node (`_mark_backward` takes outputs)."""
+    """A stand-in whose grad_fn is one iteration's last autograd node (`mark_backward` takes outputs)."""
 
     def __init__(self, grad_fn):
         self.grad_fn = grad_fn
@@ -179,26 +186,16 @@ def _naflex_marked(counter):
             resulted_positional_embeddings[i, height * width :] = resized_embeddings[0]
             ends.append(_Node(resulted_positional_embeddings.grad_fn))
         counter.set_loop(None)
-        _mark_backward(counter, ends, positional_embeddings, pinned=True)
+        mark_backward(counter, ends, positional_embeddings, pinned=True)
         return resulted_positional_embeddings
     return resize_positional_embeddings
 
 
-@contextlib.contextmanager
 def naflex_step(model, counter):
     """Inside: SigLIP2's per-sample position grids are interpolated on a GPU's branch with their iterations marked on
     `counter` (a no-op for other models, and where transformers' function is not the one copied)."""
-    owners = {type(m) for m in model.modules() if type(m).__name__ == _NAFLEX_CLASS}
-    saved = []
-    try:
-        for cls in owners:
-            if _naflex_source_ok(cls):
-                saved.append((cls, cls.__dict__["resize_positional_embeddings"]))
-                cls.resize_positional_embeddings = staticmethod(_naflex_marked(counter))
-        yield
-    finally:
-        for cls, fn in saved:
-            cls.resize_positional_embeddings = fn
+    return patched(model, counter, {_NAFLEX_CLASS: ("resize_positional_embeddings", _naflex_source_ok,
+                                                    _naflex_marked, True)})
 
 
 # LFM2-VL (Lfm2VlModel.get_image_features, transformers 5.23) runs SigLIP2's NaFlex tower on every image at once, then
@@ -235,7 +232,7 @@ def _project_marked(counter):
             img_embedding = img_embedding.reshape(-1, img_embedding.size(-1))
             image_features.append(img_embedding)
         counter.set_loop(None)
-        _mark_backward(counter, image_features, last_hidden_state, pinned=True)
+        mark_backward(counter, image_features, last_hidden_state, pinned=True)
         image_outputs.pooler_output = image_features
         return image_outputs
     return get_image_features

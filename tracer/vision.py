@@ -28,7 +28,7 @@ import inspect
 import math
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.utils._mode_utils import no_dispatch
 
 # The vision encoders modelled (estimator.families.VISION_TYPES); other image-classification types (ConvNeXt, Swin,
@@ -300,13 +300,9 @@ def naflex_inputs(batch: int, h: int, w: int, patch: int, channels: int, dtype, 
         mask = torch.ones(batch, h * w, dtype=torch.int32, device="cpu")   # (host values: never the meta device)
         shapes = torch.tensor([[h, w]] * batch, dtype=torch.long, device="cpu")
 
-    def known(values):
-        t = torch.empty(values.shape, dtype=values.dtype, device=device)
-        if not isinstance(t, FakeTensor) and t.device.type != "meta":   # a real forward (tests): the values in it
-            t.copy_(values)
-        return host_values.known(t, values)
     return {"pixel_values": torch.empty(batch, h * w, channels * patch * patch, device=device, dtype=dtype),
-            "pixel_attention_mask": known(mask), "spatial_shapes": known(shapes)}
+            "pixel_attention_mask": host_values.on_device(mask, device),
+            "spatial_shapes": host_values.on_device(shapes, device)}
 
 
 def info(model) -> dict:

@@ -106,7 +106,7 @@ def grid_inputs(model, workload, device: str, per_image: int, image_token: int, 
                                       if model.config.model_type in GRID_PATCH_IMAGES else (width,)))
 
     def known(values):
-        return host_values.known(torch.empty(values.shape, dtype=values.dtype, device=device), values)
+        return host_values.on_device(values, device)
 
     out = {"input_ids": known(ids), "pixel_values": torch.empty(patches, dtype=dtype, device=device),
            "image_grid_thw": known(grid)}

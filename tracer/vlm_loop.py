@@ -31,7 +31,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
 from estimator.families import LOOP_VLM_TYPES, PIXTRAL_VLM_TYPES
-from tracer import host_values, source_is
+from tracer import host_values, loop_marks, source_is
 
 
 def is_loop(cfg) -> bool:
@@ -278,28 +278,14 @@ def _resize_marked(counter):
             resized_embeddings = resized_embeddings.transpose(1, 2).reshape(height * width, -1)
             position_chunks.append(resized_embeddings.repeat(temporal, 1))
         counter.set_loop(None)
-        nodes = [c.grad_fn for c in position_chunks]
-        if all(n is not None for n in nodes) and positional_embeddings.grad_fn is not None:
-            # backward runs the images last first, each from its repeat's node; the grid's unsqueeze runs next
-            for k, node in enumerate(reversed(nodes)):
-                node.register_prehook(lambda grads, k=k: counter.set_loop(k))
-            positional_embeddings.grad_fn.register_prehook(lambda grads: counter.set_loop(None))
+        # backward runs the images last first, each from its repeat's node; the grid's unsqueeze runs next
+        loop_marks.mark_backward(counter, position_chunks, positional_embeddings)
         return torch.cat(position_chunks, dim=0)
     return resize_positional_embeddings
 
 
-@contextlib.contextmanager
 def positions_step(model, counter):
     """Inside: Cosmos-3-Edge's per-image interpolation of its position grid marks its iterations on `counter` (a
     no-op for other models, and where transformers' function is not the one copied)."""
-    owners = {type(m) for m in model.modules() if type(m).__name__ == _POSITIONS_CLASS}
-    saved = []
-    try:
-        for cls in owners:
-            if _positions_source_ok(cls):
-                saved.append((cls, cls.__dict__["resize_positional_embeddings"]))
-                cls.resize_positional_embeddings = staticmethod(_resize_marked(counter))
-        yield
-    finally:
-        for cls, fn in saved:
-            cls.resize_positional_embeddings = fn
+    return loop_marks.patched(model, counter, {_POSITIONS_CLASS: ("resize_positional_embeddings", _positions_source_ok,
+                                                                  _resize_marked, True)})
