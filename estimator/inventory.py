@@ -164,15 +164,13 @@ class Inventory:
         # parameters the step never reaches get no gradient and no optimizer state (tracer.vision.info: a vision
         # encoder's mask_token; a multimodal model's vision tower and projector in a text-only step, its inventory's
         # image_side); the traced step has none, so the swapped optimizer's formulas must not count them
-        unreached = [tuple(s) for s in (self.extra.get("vision") or {}).get("unreached", ())]
+        # (SigLIP's pooling head, CLIP's post_layernorm: of any role; the formulas read shapes only)
         side = Counter() if not text_only else Counter({tuple(s): n for s, n in self.extra["image_side"]})
+        side.update(tuple(s) for s in (self.extra.get("vision") or {}).get("unreached", ()))
         for _, shape, k in missed:
             side[tuple(shape)] += k
         out = []
         for role, shape, _, n in self.param_groups:
-            while role == "other" and n and tuple(shape) in unreached:
-                unreached.remove(tuple(shape))
-                n -= 1
             skip = min(n, side[tuple(shape)])
             side[tuple(shape)] -= skip
             n -= skip

@@ -226,12 +226,15 @@ INVENTORY_KEYS = ("sdpa", "decoder_path", "text_model_type", "forloop_elems", "l
 
 def _stale(config: dict, data: dict) -> bool:
     """An inventory written by an older willitfit: fields this one reads are missing (a vision-language model's
-    images, tracer.vlm, or the reason they are refused; the parameters its steps leave without a gradient)."""
+    images, tracer.vlm, or the reason they are refused; the parameters its steps leave without a gradient, a vision
+    encoder's read from a step, tracer.vision.unreached_params)."""
     if any(k not in data for k in INVENTORY_KEYS):
         return True
     if config.get("model_type") in AUDIO_TYPES:   # its audio, or why it is refused, by this version (tracer.audio)
         return data.get("audio_route") != AUDIO_ROUTE or "image_side" not in data or (
             "unreached" not in data["audio"] if "audio" in data else "audio_refused" not in data)
+    if "vision" in data and "unreached_read" not in data["vision"]:   # read by name only (mask_token) before
+        return True
     if config.get("model_type") not in VLM_TYPES:
         return False
     if data.get("vlm_route") != vlm_route(config["model_type"]):   # built another way (or priced text-only) then

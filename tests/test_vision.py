@@ -10,6 +10,7 @@ are refused in one line.
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from dataclasses import replace
@@ -49,7 +50,7 @@ def test_vit_parameters_are_counted_exactly():
     assert m.params == 174978
     assert m.inventory.built_as == "ViTForImageClassification" and m.layers == 5
     assert vision.geometry(m) == {"image_size": 32, "patch_size": 4, "num_channels": 3, "extra_tokens": 1,
-                                  "num_labels": 2, "base_params": 179008, "unreached": []}
+                                  "num_labels": 2, "base_params": 179008, "unreached": [], "unreached_read": "step"}
     assert vision.params(m, Workload(mode="infer")) == 179008
 
 
@@ -483,3 +484,35 @@ def test_a_swapped_optimizer_does_not_count_the_unreached_mask_token():
         assert all(v >= 0 for v in opt.as_dict().values())
     fused = dict(estimate(m, Workload(optimizer_impl="fused", batch=2, image_size=14), Parallel()).stages)["optimizer"]
     assert fused.temporaries == 0
+
+
+def test_a_classifier_that_mean_pools_leaves_the_pooling_head_unreached():
+    """hypothesis found it: SigLIP's image classifier mean-pools the last hidden state, so the vision tower's attention-
+    pooling head (15,238,352 parameters of so400m) runs in forward and gets no gradient; named by mask_token only, it
+    was counted by the swapped optimizer's formulas and fused AdamW's temporaries came out at -30,476,704 bytes.
+    The inventory now reads what a step leaves without a gradient from one step on the meta device."""
+    import torch
+    from transformers import AutoConfig, AutoModelForImageClassification
+
+    from estimator.estimate import estimate
+    from estimator.spec import Parallel, Workload
+    from strategies import model
+    from tracer import vision
+
+    m = model("siglip-so400m-patch14-224")
+    assert m.inventory.extra["vision"]["unreached_read"] == "step"
+    assert sum(math.prod(s) for s in m.inventory.extra["vision"]["unreached"]) == 15_238_352
+    for impl in ("fused", "forloop", "foreach"):
+        for size in (14, 224):
+            opt = estimate(m, Workload(optimizer_impl=impl, batch=2, image_size=size), Parallel()).stage("optimizer")
+            assert min(opt.as_dict().values()) >= 0, (impl, size, opt)
+            assert impl != "fused" or opt.temporaries == 0
+    tiny = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=16,
+                patch_size=8)
+    for model_type, missed in (("siglip", 11), ("clip", 2), ("vit", 0)):
+        kw = {"vision_config": tiny, "text_config": dict(tiny, vocab_size=64)} if model_type != "vit" else tiny
+        with torch.device("meta"):
+            built = AutoModelForImageClassification.from_config(AutoConfig.for_model(model_type, **kw))
+        shapes, read = vision.unreached_params(built, 16, 3)
+        assert (len(shapes), read) == (missed, "step"), model_type
+        assert all(p.grad is None for p in built.parameters())   # the probe leaves no gradient behind

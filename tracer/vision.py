@@ -305,15 +305,41 @@ def naflex_inputs(batch: int, h: int, w: int, patch: int, channels: int, dtype, 
             "spatial_shapes": host_values.on_device(shapes, device)}
 
 
+def unreached_params(model, image: int, channels: int) -> tuple[list[list[int]], str]:
+    """Shapes of the parameters an image-classification step leaves without a gradient, so without an optimizer
+    state (torch creates states lazily, for parameters with a .grad): read from one step on the meta device (no data,
+    no compute: a 1-image batch at the config's size, backward from the loss). DINOv2's mask_token (read only with
+    bool_masked_pos, which the step never passes), SigLIP's attention-pooling head and CLIP's post_layernorm (their
+    classifiers mean-pool the last hidden state, or read it before that norm): hypothesis found the fused AdamW step's
+    temporaries negative for SigLIP where only mask_token was named. NaFlex models (their grid is read on the host)
+    and a step the meta device cannot run keep that rule: parameters named mask_token. With how they were read
+    ("step" or "named"; an inventory without it is read again, estimator.store)."""
+    named = [list(p.shape) for n, p in model.named_parameters() if n.split(".")[-1] == "mask_token"]
+    params = [p for p in model.parameters() if p.requires_grad]
+    if is_naflex(model.config) or not params or params[0].device.type != "meta":
+        return named, "named"
+    labels = max(1, int(getattr(model.config, "num_labels", 0) or 0))
+    try:
+        with torch.enable_grad():
+            out = model(pixel_values=torch.empty(1, channels, image, image, device="meta", dtype=params[0].dtype),
+                        labels=torch.zeros(1, dtype=torch.long, device="meta").clamp(max=labels - 1))
+            out.loss.backward()
+    except (RuntimeError, NotImplementedError, TypeError, ValueError, AttributeError):
+        return named, "named"
+    finally:
+        missed = [list(p.shape) for p in params if p.grad is None]
+        for p in params:
+            p.grad = None
+    return missed, "step"
+
+
 def info(model) -> dict:
     """The vision part of an inventory: what the estimator needs to turn an image size into tokens."""
     image, patch, channels = geometry(model)
-    # an embeddings' mask_token (DINOv2 always has one) is read only with bool_masked_pos, which an
-    # image-classification step never passes: it gets no gradient, so no optimizer state (states are created lazily)
-    unreached = [list(p.shape) for n, p in model.named_parameters() if n.split(".")[-1] == "mask_token"]
+    unreached, read = unreached_params(model, image, channels)
     window = getattr(model.config, "window_size", None)   # Swin's: part of its grid unit (grid_unit)
     return {"image_size": image, "patch_size": patch, "num_channels": channels,
             "extra_tokens": extra_tokens(model), "num_labels": int(getattr(model.config, "num_labels", 0) or 0),
-            "unreached": unreached, **({"grid": "side" if model.config.model_type in SIDE_GRID_TYPES else "spatial"}
+            "unreached": unreached, "unreached_read": read, **({"grid": "side" if model.config.model_type in SIDE_GRID_TYPES else "spatial"}
                                        if is_spatial(model.config) else {}),
             **({"window": window} if is_spatial(model.config) and isinstance(window, int) and window > 1 else {})}
