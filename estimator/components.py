@@ -117,6 +117,24 @@ def base_weight_bytes(inv: Inventory, w: Workload) -> int:
     return total + (inv.params - quantized) * fb
 
 
+def gathered_layer_ratio(inv: Inventory, w: Workload, tw: Workload) -> float | None:
+    """Stored over traced bytes of what FSDP all-gathers for a decoder layer, the layers' mean, where the stored
+    base differs from the traced float one (QLoRA, a LoRA base in int8): an FSDP-family rank shards and gathers the
+    base as stored (torchtune's NF4Tensor under FSDP2; bitsandbytes with `bnb_4bit_quant_storage`), so a gathered
+    layer holds its stored bytes, its adapters (fp32) beside them. 1.0 where nothing differs; None where quantized
+    Linears lie outside the decoder layers too (a VLM loaded with a BitsAndBytesConfig: the root unit changes)."""
+    fb = dtype_bytes(float_dtype(tw))
+    delta = base_weight_bytes(inv, w) - inv.params * fb
+    if not delta:
+        return 1.0
+    if inv.takes_images and weight_format(w) in BNB_FORMATS:
+        return None
+    rd = recipe_dtypes(w)
+    adapters = inv.trainable_params(w) * dtype_bytes(rd.weight) if w.method != "full" and w.mode == "train" else 0
+    traced = sum(inv.layer_params) * fb + adapters
+    return (traced + delta) / traced if traced else 1.0
+
+
 def dequant_temp_bytes(inv: Inventory, w: Workload) -> int:
     """A 4-bit or 8-bit Linear dequantizes its weight to the compute dtype for every matmul (bitsandbytes
     `MatMul4Bit` -> `dequantize_4bit`; `MatMul8bitLt` for int8): one layer's largest quantized matrix, live

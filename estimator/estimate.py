@@ -19,8 +19,8 @@ from estimator import components as comp
 from estimator import ssd, store
 from estimator.breakdown import Breakdown
 from estimator.model import Model
-from estimator.parallel import (check_model, compile_untraced, pp_microbatches, pp_rank_shares, pp_traced_parallel,
-                                pp_untraced, shares, tp_untraced)
+from estimator.parallel import (FSDP_FAMILY, check_model, compile_untraced, pp_microbatches, pp_rank_shares,
+                                pp_traced_parallel, pp_untraced, shares, tp_untraced)
 from estimator.reserved import workload_class
 from estimator.spec import PAGED_OPTIMIZERS, PP_TRACED_ONLY, SIZE_FIELDS, Parallel, Workload
 from estimator.evaluate import stage_breakdowns, traced_rank
@@ -249,8 +249,14 @@ def traced_class(w: Workload, p: Parallel) -> tuple[Workload, Parallel, tuple[st
     if p.cp > 1:
         tp = cp.traced(p)
         notes.append(cp.note(p))
-    if p.offload != "none":
+    if p.offload == "optimizer+params" and p.strategy in FSDP_FAMILY:
+        notes.append("offload: optimizer+params moved off the GPU (FSDP2's CPUOffloadPolicy: the shards of parameters "
+                     "and gradients in host memory; what FSDP gathers, and one unit's shard in transit, stay)")
+    elif p.offload != "none":
         notes.append(f"offload: {p.offload} moved off the GPU")
+    if p.strategy in FSDP_FAMILY and comp.weight_format(w) not in comp.FLOAT_FORMATS:
+        notes.append("fsdp: the stored base sharded and all-gathered as stored (torchtune's NF4Tensor under FSDP2, "
+                     "bitsandbytes with bnb_4bit_quant_storage); the root unit (embedding, head) as traced")
     return tw, tp, tuple(notes)
 
 

@@ -94,6 +94,7 @@ class Swap:
         self.state = 0.0 if offload else state
         self.step_add = 0 if offload else int(self.step_add * (per_rank if self.composed or tp_rank else state))
         self.dequant = comp.dequant_temp_bytes(inv, w)
+        self._fsdp_rank(inv, w, p, tw, sh, base, tp_rank)
         self.kv = dtype_bytes(comp.kv_dtype(w)) / dtype_bytes(w.precision) * \
             (1.0 if tp_rank else sh.layers_local / max(1, inv.layers) / p.tp_size)
         # micro-batches whose activations a stage holds at once: the schedule decides (estimator.spec.PP_SCHEDULES)
@@ -127,8 +128,49 @@ class Swap:
                 self.pp_grads = int(whole * trainable / inv.params * dtype_bytes(rd.grad))
                 # 1F1B runs a backward before rank r's last forwards where there are more than pp - r micro-batches
                 self.pp_fwd_grads = p.pp_schedule != "gpipe" and in_flight < micro
-        self.exact = not self.composed and not self.pp_buffers and \
-            (self.local, self.grad, self.state_ratio, self.kv, self.act_layers, self.tp_lin) == (1,) * 6
+        self.exact = not self.composed and not self.pp_buffers and not self.sharded_off and \
+            (self.local, self.grad, self.state_ratio, self.kv, self.act_layers, self.tp_lin,
+             self.gathered_weights) == (1,) * 7
+
+    def _fsdp_rank(self, inv, w: Workload, p: Parallel, tw: Workload, sh: Share, base: int,
+                   tp_rank: bool) -> None:
+        """What an FSDP-family rank's traced model states become (the profile's 1/n terms are the rank's shards, its
+        n-free terms what is all-gathered or not yet reduce-scattered: a layer, the root unit):
+        - CPU offload of parameters (FSDP2 `CPUOffloadPolicy`): the sharded parameters and, after each
+          reduce-scatter, the sharded gradients live in host memory (torch/distributed/fsdp/_fully_shard:
+          `FSDPParam.all_gather_inputs` copies a shard to the GPU for its all-gather, `foreach_reduce` copies the
+          reduced shard to the CPU and drops the GPU one), so their 1/n terms leave the GPU (`sharded_off`); one
+          unit's shard stays, counted once per stage (the all-gather's copy in forward and backward, the reduce-
+          scatter's output in backward: an upper bound, they are transient);
+        - a stored base other than the traced float one (QLoRA's NF4, an int8 LoRA base): the shards are the stored
+          bytes / n (`weights_shift`, unless offloaded), and a gathered layer its stored bytes
+          (`components.gathered_layer_ratio` on the n-free terms), the root unit (embedding, norm, head: never
+          quantized) as traced, in forward and backward where FSDP keeps it gathered (`gathered_shift`). Composed
+          layouts keep their gathered layers at the traced bytes (an upper bound)."""
+        self.sharded_off, self.gathered_weights, self.gathered_shift = (), 1.0, 0
+        self.offload_weights = self.offload_grads = 0
+        if p.strategy not in FSDP_FAMILY:
+            return
+        fb = dtype_bytes(comp.float_dtype(tw))
+        n = world(p)
+        if p.offload == "optimizer+params":
+            self.sharded_off = ("weights", "gradients")
+            unit = sh.largest_layer_params
+            self.offload_weights = int(unit * fb / n)
+            if w.mode == "train":
+                self.offload_grads = int(unit * inv.trainable_params(w) / max(1, inv.params) *
+                                         dtype_bytes(comp.recipe_dtypes(w).grad) / n)
+        delta = base - inv.params * fb
+        if not delta:
+            return
+        if not self.sharded_off:
+            self.weights_shift += int(delta * (sh.params_local / inv.params if tp_rank else self.sharded_frac) / n)
+        ratio = comp.gathered_layer_ratio(inv, w, tw)
+        if ratio is None or self.composed or tp_rank:
+            return
+        self.gathered_weights = ratio
+        root = (inv.params - sum(inv.layer_params)) * fb
+        self.gathered_shift = int(round((1 - ratio) * root))
 
     def activation_scale(self, monos) -> np.ndarray:
         """Per monomial: TP's split of the s-linear and s^2 terms, PP's share of the layers."""
@@ -166,10 +208,11 @@ class Swap:
         opt, fwd_bwd = stage == "optimizer", stage in FWD_BWD
         return (
             Rule("weights", (("weights", (self.local,), 0),),
-                 self.weights_shift + (self.pp_weights if stage in ("forward", "backward") else 0)),
+                 self.weights_shift + (self.pp_weights + self.gathered_shift + self.offload_weights
+                                       if stage in ("forward", "backward") else 0)),
             Rule("gradients", (("gradients", (self.grad,), 0), ("comm_buffers", (1.0,), 0)),
                  self.buckets + (self.pp_grads if stage == "backward" or (stage == "forward" and self.pp_fwd_grads)
-                                 else 0)),
+                                 else 0) + (self.offload_grads if stage == "backward" else 0)),
             # states exist only after the first step: the traced ones less the traced master copy, rescaled
             Rule("optimizer_states", (("optimizer_states", (self.state_ratio, self.state), -self.master_traced),),
                  0, guard=True),
@@ -243,6 +286,10 @@ class StagePlan:
             if gathered is not None:  # FSDP under a pipeline: the stage gathered and its gradients whole instead
                 coef[:, C["weights"], :] *= np.array([1.0 if m[3] else gathered[0] for m in monos])
                 coef[:, C["gradients"], :] *= gathered[1]
+        for c in swap.sharded_off:   # FSDP2's CPU offload: the shards in host memory
+            coef[:, C[c], :] *= np.array([0.0 if m[3] else 1.0 for m in monos])
+        if swap.gathered_weights != 1.0:   # a quantized base gathered as stored
+            coef[:, C["weights"], :] *= np.array([1.0 if m[3] else swap.gathered_weights for m in monos])
         self.idx, self.monos, self.coef, self.stage, self.swap = idx, monos, coef, stage, swap  # coef: (k, C, m)
         alpha, guarded_alpha = np.zeros(len(CATEGORIES)), np.zeros(len(CATEGORIES))
         const = guarded_const = 0.0

@@ -249,6 +249,11 @@ def _parallel_candidates(model: Model, w: Workload, p: Parallel, gpu_bytes: int,
     if w.training and p.offload == "none" and p.strategy in ("single", "zero1", "zero2", "zero3", "fsdp"):
         out.append(("Offload optimizer states to CPU (ZeRO-Offload)", {}, {"offload": "optimizer"},
                     "States and the update live in host RAM; the step is bounded by PCIe and CPU speed."))
+    if w.training and p.offload != "optimizer+params" and p.strategy in ("zero3", "fsdp") and p.gpus > 1:
+        out.append(("Offload parameters, gradients and optimizer states to CPU (FSDP2 CPUOffloadPolicy)", {},
+                    {"offload": "optimizer+params"},
+                    "Only what FSDP gathers stays on the GPU; every shard crosses PCIe each step, and the optimizer "
+                    "steps on the CPU: much slower steps."))
     c = _cp_degree(w, p)
     if c:
         out.append((f"Split each sequence over {c} GPUs (context parallelism {c})", {}, {"cp": c},

@@ -6,6 +6,8 @@ no activations), from the shipped FSDP profiles (pure bf16 AdamW: 2 + 2 + 2 x 2 
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from estimator.estimate import Options, estimate
@@ -221,3 +223,54 @@ def test_the_cp_probe_traces_ring_attention_on_fake_tensors():
     local, whole = cp_probe.step(cfg, 2, 128)[0], cp_probe.step(cfg, 2, 256)[0]
     for stage in ("forward", "backward"):
         assert local[stage] < peaks[stage] < whole[stage]
+
+
+# ---------------------------------------------------------------- what an FSDP rank holds of a stored base, offloaded
+
+LLAMA_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def test_qlora_under_fsdp_shards_and_gathers_the_4bit_base():
+    """torchtune's llama-3.1-405b QLoRA on FSDP 8 (published row P027): each rank holds 1/8 of the stored base (NF4:
+    half a byte per weight and a 4-byte absmax per 64, no double quantization; the embedding, head and norms in
+    bf16) and of the fp32 adapters; it read 1/8 of the bf16 base (101.8 GB) before. In forward it gathers the root
+    unit (embedding and head, never quantized) and one layer as stored, where LoRA on a bf16 base gathers the layer
+    in bf16. All by hand from the config."""
+    m = model("llama-3.1-405b")
+    inv = m.inventory
+    h, kv, inter, layers, vocab = 16384, 1024, 53248, 126, 128256
+    linear = 2 * h * h + 2 * h * kv + 3 * h * inter                 # one layer's seven Linears
+    adapters = 16 * (2 * (h + h) + 2 * (h + kv) + 3 * (h + inter))   # rank 16 on all seven, per layer
+    assert inv.trainable_params(Workload(method="lora", lora_rank=16, lora_targets=LLAMA_LINEARS)) == layers * adapters
+    w = Workload(batch=2, seq=2048, method="lora", lora_rank=16, lora_targets=LLAMA_LINEARS, checkpointing="full",
+                 recipe="pure")
+    q = estimate(m, replace(w, method="qlora", double_quant=False), Parallel("fsdp", 8),
+                 NO_DERIVE)
+    bf16 = estimate(m, w, Parallel("fsdp", 8), NO_DERIVE)
+    stored = layers * linear * (0.5 + 4 / 64) + (inv.params - layers * linear) * 2 + layers * adapters * 4
+    assert q.stage("load").weights == pytest.approx(stored / 8, rel=1e-4)
+    assert bf16.stage("load").weights == pytest.approx((inv.params * 2 + layers * adapters * 4) / 8, rel=1e-4)
+    root, norms = 2 * vocab * h * 2, inv.layer_params[0] - linear
+    gathered_bf16 = bf16.stage("forward").weights - bf16.stage("load").weights
+    gathered_q = q.stage("forward").weights - q.stage("load").weights
+    assert gathered_bf16 == pytest.approx(root + (linear + norms) * 2 + adapters * 4, rel=1e-4)
+    assert gathered_q == pytest.approx(root + linear * (0.5 + 4 / 64) + norms * 2 + adapters * 4, rel=1e-4)
+    assert any("sharded and all-gathered as stored" in n for n in q.notes)
+
+
+def test_fsdp_cpu_offload_keeps_only_what_is_gathered_on_the_gpu():
+    """FSDP2's CPUOffloadPolicy (offload optimizer+params): the shards of the parameters and gradients live in host
+    memory, so the GPU holds no model state at load or in the optimizer step (run on the CPU), and in forward what
+    FSDP gathers plus one unit's shard in transit. It kept every shard on the GPU before (P025: +226%)."""
+    m = model("llama-3.1-8b")
+    w = Workload(batch=1, seq=1024, recipe="pure")
+    on = estimate(m, w, Parallel("fsdp", 8), NO_DERIVE)
+    off = estimate(m, w, Parallel("fsdp", 8, offload="optimizer+params"), NO_DERIVE)
+    for stage in ("load", "optimizer"):
+        b = off.stage(stage)
+        assert (b.weights, b.gradients, b.optimizer_states, b.master_weights) == (0, 0, 0, 0), stage
+    unit = max(m.inventory.layer_params) * 2 // 8                      # one layer's bf16 shard
+    gathered = on.stage("forward").weights - on.stage("load").weights   # the root unit (and a layer) gathered
+    assert off.stage("forward").weights == gathered + unit
+    assert off.stage("forward").activations == on.stage("forward").activations
+    assert any("CPUOffloadPolicy" in n for n in off.notes)
