@@ -28,7 +28,7 @@ from estimator.hub import OfflineError, fetch_config, split_model_ref
 from estimator.model import Model, check_context, check_sizes, defaults_note, from_hf_config
 from estimator.presets import default_lora_targets, load_config, preset_names
 from estimator.search import Advice, advice, max_batch, max_seq, unpriced
-from estimator.spec import (PP_SCHEDULES, OFFLOADS,
+from estimator.spec import (FSDP_WRAPS, PP_SCHEDULES, OFFLOADS,
                             STRATEGIES,
                             Parallel, Workload, spec_dict)
 from estimator.units import fmt_bytes
@@ -85,6 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
     a("--dp-replicate", type=int, default=0, metavar="N",
       help="torchtitan's data_parallel_replicate_degree: N replicas of the FSDP shard group (HSDP)")
     a("--offload", choices=OFFLOADS, default="none", help="CPU offload of optimizer states (and params)")
+    a("--fsdp-wrap", choices=FSDP_WRAPS, default="layers",
+      help="FSDP2's units: layers (each decoder layer, then the root, which holds the embedding, final norm and head "
+           "for the whole step: HF Accelerate's transformer wrap) or torchtitan (its apply_fsdp: the embedding a unit, "
+           "each block, the final norm with the head a unit kept gathered after forward, then the root); needs an "
+           "FSDP strategy, no pipeline")
     a("--activation-model", choices=("detailed", "k"),
       help="detailed: the model's traced profile (default); k: the seeds' k*b*s*h*L*bytes form for activations")
     a("--k", type=float, help=f"k for --activation-model k (default {SEED_K:g}, the seeds'); implies it")
@@ -129,7 +134,7 @@ def parallel_from_args(args) -> Parallel:
         strategy = "single"
     return Parallel(strategy=strategy, gpus=args.gpus, tp=args.tp, pp=args.pp, ep=args.ep,
                     sequence_parallel=args.sequence_parallel, offload=args.offload, pp_schedule=args.pp_schedule,
-                    microbatches=args.microbatches, cp=args.cp)
+                    microbatches=args.microbatches, cp=args.cp, fsdp_wrap=args.fsdp_wrap)
 
 
 def _torchtitan_mesh(args) -> Parallel:
@@ -148,7 +153,7 @@ def _torchtitan_mesh(args) -> Parallel:
     return Parallel(strategy=strategy, gpus=gpus, tp=args.tp, pp=args.pp, ep=args.ep,
                     sequence_parallel=args.sequence_parallel, offload=args.offload,
                     hsdp_shard=shard if strategy == "hsdp" else 0, pp_schedule=args.pp_schedule,
-                    microbatches=args.microbatches, cp=args.cp)
+                    microbatches=args.microbatches, cp=args.cp, fsdp_wrap=args.fsdp_wrap)
 
 
 def _progress(done: int, total: int, message: str) -> None:

@@ -69,7 +69,7 @@ def traced(p: Parallel) -> Parallel:
     (the replicas hold the same, as HSDP alone: tests/test_pp.py)."""
     strategy = "fsdp-grad-op" if p.strategy == "fsdp-grad-op" else "fsdp"
     return Parallel(strategy=strategy, gpus=2 * p.cp * p.tp_size, tp=p.tp_size, cp=p.cp,
-                    sequence_parallel=p.sequence_parallel)
+                    sequence_parallel=p.sequence_parallel, fsdp_wrap=p.fsdp_wrap)
 
 
 def ranks(cp: int) -> tuple[int, ...]:

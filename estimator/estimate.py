@@ -19,7 +19,7 @@ from estimator import components as comp
 from estimator import ssd, store
 from estimator.breakdown import Breakdown
 from estimator.model import Model
-from estimator.parallel import (FSDP_FAMILY, check_model, compile_untraced, pp_microbatches, pp_rank_shares,
+from estimator.parallel import (check_model, compile_untraced, pp_microbatches, pp_rank_shares,
                                 pp_traced_parallel, pp_untraced, shares, tp_untraced)
 from estimator.reserved import workload_class
 from estimator.spec import PAGED_OPTIMIZERS, PP_TRACED_ONLY, SIZE_FIELDS, Parallel, Workload
@@ -209,11 +209,11 @@ def traced_class(w: Workload, p: Parallel) -> tuple[Workload, Parallel, tuple[st
                      "(at most three more chunks; tracer.losses.bounding_chunk_rows)")
     if p.strategy in ("fsdp", "zero3", "hsdp"):
         # FSDP2 fully_shard is ZeRO-3; HSDP is FSDP over its shard group (the replicas hold the same)
-        tp = Parallel(strategy="fsdp", gpus=2)
+        tp = Parallel(strategy="fsdp", gpus=2, fsdp_wrap=p.fsdp_wrap)
         if p.strategy == "hsdp":
             notes.append("hsdp: one FSDP shard group traced")
     elif p.strategy == "fsdp-grad-op":
-        tp = Parallel(strategy="fsdp-grad-op", gpus=2)
+        tp = Parallel(strategy="fsdp-grad-op", gpus=2, fsdp_wrap=p.fsdp_wrap)
     elif p.strategy == "ddp":
         # DDP's one memory effect on a rank: its gradient buckets, allocated at construction (reducer.cpp
         # initialize_buckets; gradient_as_bucket_view=False): exactly the single-GPU step plus one buffer per
@@ -232,7 +232,8 @@ def traced_class(w: Workload, p: Parallel) -> tuple[Workload, Parallel, tuple[st
         notes.append(f"tp: one rank of tp {p.tp_size} traced (torchtitan's apply_tp, loss_parallel in training"
                      + (", FSDP2 over dp on a (dp, tp) mesh)" if fsdp else ")"))
         sp = p.sequence_parallel
-        tp = Parallel(strategy=tp.strategy, gpus=2 * p.tp_size, tp=p.tp_size, sequence_parallel=sp) if fsdp else \
+        tp = Parallel(strategy=tp.strategy, gpus=2 * p.tp_size, tp=p.tp_size, sequence_parallel=sp,
+                      fsdp_wrap=p.fsdp_wrap) if fsdp else \
             Parallel(strategy="tp", gpus=p.gpus, sequence_parallel=sp)
     if p.pp_size > 1 and pp_untraced(asked, p) is None:
         # every rank traced (tracer.pp) at this degree, schedule and micro-batches; else `resolve`'s analytic rule
@@ -249,15 +250,7 @@ def traced_class(w: Workload, p: Parallel) -> tuple[Workload, Parallel, tuple[st
     if p.cp > 1:
         tp = cp.traced(p)
         notes.append(cp.note(p))
-    if p.offload == "optimizer+params" and p.strategy in FSDP_FAMILY:
-        notes.append("offload: optimizer+params moved off the GPU (FSDP2's CPUOffloadPolicy: the shards of parameters "
-                     "and gradients in host memory; what FSDP gathers, and one unit's shard in transit, stay)")
-    elif p.offload != "none":
-        notes.append(f"offload: {p.offload} moved off the GPU")
-    if p.strategy in FSDP_FAMILY and comp.weight_format(w) not in comp.FLOAT_FORMATS:
-        notes.append("fsdp: the stored base sharded and all-gathered as stored (torchtune's NF4Tensor under FSDP2, "
-                     "bitsandbytes with bnb_4bit_quant_storage); the root unit (embedding, head) as traced")
-    return tw, tp, tuple(notes)
+    return tw, tp, (*notes, *evaluate.fsdp_notes(w, p))
 
 
 _CLASS_FIELDS = tuple(f.name for f in fields(Workload) if f.name not in SIZE_FIELDS)

@@ -33,6 +33,24 @@ def world(p: Parallel) -> int:
     return 1
 
 
+def fsdp_notes(w: Workload, p: Parallel) -> tuple[str, ...]:
+    """The notes an estimate gets for FSDP2's units, CPU offload and a stored base on an FSDP rank (Swap._fsdp_rank)."""
+    notes = []
+    if p.fsdp_wrap == "torchtitan":
+        notes.append("fsdp: torchtitan's units (the embedding, each block, the final norm with the head kept "
+                     "gathered after forward, the root)")
+    if p.offload == "optimizer+params" and p.strategy in FSDP_FAMILY:
+        notes.append("offload: optimizer+params moved off the GPU (FSDP2's CPUOffloadPolicy: the shards of "
+                     "parameters and gradients in host memory; what FSDP gathers, and one unit's shard in transit, "
+                     "stay)")
+    elif p.offload != "none":
+        notes.append(f"offload: {p.offload} moved off the GPU")
+    if p.strategy in FSDP_FAMILY and comp.weight_format(w) not in comp.FLOAT_FORMATS:
+        notes.append("fsdp: the stored base sharded and all-gathered as stored (torchtune's NF4Tensor under FSDP2, "
+                     "bitsandbytes with bnb_4bit_quant_storage); the root unit (embedding, head) as traced")
+    return tuple(notes)
+
+
 class Swap:
     """What replaces each traced category on one GPU: affine per category (see estimator.estimate)."""
 
@@ -146,7 +164,7 @@ class Swap:
           bytes / n (`weights_shift`, unless offloaded), and a gathered layer its stored bytes
           (`components.gathered_layer_ratio` on the n-free terms), the root unit (embedding, norm, head: never
           quantized) as traced, in forward and backward where FSDP keeps it gathered (`gathered_shift`). Composed
-          layouts keep their gathered layers at the traced bytes (an upper bound)."""
+          layouts and torchtitan's units keep their gathered layers at the traced bytes (an upper bound)."""
         self.sharded_off, self.gathered_weights, self.gathered_shift = (), 1.0, 0
         self.offload_weights = self.offload_grads = 0
         if p.strategy not in FSDP_FAMILY:
@@ -166,8 +184,8 @@ class Swap:
         if not self.sharded_off:
             self.weights_shift += int(delta * (sh.params_local / inv.params if tp_rank else self.sharded_frac) / n)
         ratio = comp.gathered_layer_ratio(inv, w, tw)
-        if ratio is None or self.composed or tp_rank:
-            return
+        if ratio is None or self.composed or tp_rank or p.fsdp_wrap != "layers":
+            return   # (torchtitan's units gather the embedding and head apart, not for the whole step)
         self.gathered_weights = ratio
         root = (inv.params - sum(inv.layer_params)) * fb
         self.gathered_shift = int(round((1 - ratio) * root))

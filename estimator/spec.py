@@ -35,6 +35,11 @@ KV_DTYPES = ("auto", "fp32", "bf16", "fp16", "fp8", "int8")
 CP_STRATEGIES = ("fsdp", "zero3", "fsdp-grad-op", "hsdp")   # FSDP2 on torchtitan's dp_shard x cp mesh
 STRATEGIES = ("single", "ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp-grad-op", "hsdp", "tp", "pp", "ep")
 OFFLOADS = ("none", "optimizer", "optimizer+params")
+# How FSDP2 groups parameters into units (each unit all-gathered and resharded as one): "layers", each decoder layer
+# then the root (HF Accelerate's TRANSFORMER_BASED_WRAP: the embedding, final norm and head are the root's, gathered
+# for the whole step); "torchtitan", its apply_fsdp: the embedding a unit, each block, the final norm with the head a
+# unit kept gathered after forward, then the root (torchtitan/models/llama3/infra/parallelize.py)
+FSDP_WRAPS = ("layers", "torchtitan")
 # Pipeline schedules (torch.distributed.pipelining, torchtitan's pipeline_parallel_schedule): in 1F1B stage i keeps
 # min(pp - i, microbatches) micro-batches of activations (the first stage the most); GPipe runs every forward first,
 # so each stage keeps all of them; interleaved 1F1B (ScheduleInterleaved1F1B, torchtitan's "Interleaved1F1B") gives
@@ -305,6 +310,7 @@ class Parallel:
     microbatches: int = 0     # micro-batches per step through the pipeline (0: the workload's grad_accum)
     cp: int = 1               # context-parallel degree (torchtitan's context_parallel_degree): each sequence split
     #                           over cp ranks, ring attention; FSDP shards over dp_shard x cp (CP_STRATEGIES only)
+    fsdp_wrap: str = "layers"  # FSDP2's units (FSDP_WRAPS); only with an FSDP strategy
 
     def __post_init__(self) -> None:
         _check_choice("strategy", self.strategy, STRATEGIES)
@@ -317,6 +323,13 @@ class Parallel:
         _check_choice("pp_schedule", self.pp_schedule, PP_SCHEDULES)
         _check_int("microbatches", self.microbatches, 0, MAX_BATCH)
         _check_int("cp", self.cp, 1, MAX_GPUS)
+        _check_choice("fsdp_wrap", self.fsdp_wrap, FSDP_WRAPS)
+        if self.fsdp_wrap != "layers" and self.strategy not in CP_STRATEGIES:
+            raise ValueError(f"fsdp_wrap: groups FSDP2's units; needs strategy {', '.join(CP_STRATEGIES)}, not "
+                             f"{self.strategy!r}")
+        if self.fsdp_wrap != "layers" and self.pp > 1:
+            raise ValueError("fsdp_wrap: torchtitan's units are traced without pipeline parallelism (each stage wraps "
+                             "its own modules); use fsdp_wrap 'layers' with pp")
         if self.cp > 1 and self.strategy not in CP_STRATEGIES:
             raise ValueError(f"cp: context parallelism is priced under FSDP2 (strategy {', '.join(CP_STRATEGIES)}: "
                              f"torchtitan shards over dp_shard x cp), not {self.strategy!r}")

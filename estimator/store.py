@@ -134,17 +134,18 @@ def parallel_class(p: Parallel, pp_rank: int = 0) -> dict:
         tp = {"tp": p.tp_size, **({"sp": True} if p.sequence_parallel else {})} if p.tp_size > 1 else {}
         return {"strategy": p.strategy, "pp": p.pp_size, "schedule": p.pp_schedule, "microbatches": p.microbatches,
                 "rank": pp_rank, **tp}
+    wrap = {"wrap": p.fsdp_wrap} if p.fsdp_wrap != "layers" else {}   # FSDP2's units (spec.FSDP_WRAPS)
     if p.cp > 1:   # one CP rank of this degree: an FSDP profile over n = dp_shard x cp (tracer.cp), with its TP
         if not 0 <= pp_rank < p.cp:
             raise ValueError(f"pp_rank: {pp_rank} is not a rank of a context-parallel group of {p.cp}")
         tp = {"tp": p.tp_size, **({"sp": True} if p.sequence_parallel else {})} if p.tp_size > 1 else {}
-        return {"strategy": p.strategy, "cp": p.cp, "rank": pp_rank, **tp}
+        return {"strategy": p.strategy, "cp": p.cp, "rank": pp_rank, **tp, **wrap}
     if pp_rank:
         raise ValueError(f"pp_rank: only a pipeline's or a context-parallel group's ranks have profiles of their own; "
                          f"got rank {pp_rank}")
     if p.tp_size > 1:
-        return {"strategy": p.strategy, "tp": p.tp_size, **({"sp": True} if p.sequence_parallel else {})}
-    return {"strategy": p.strategy}
+        return {"strategy": p.strategy, "tp": p.tp_size, **({"sp": True} if p.sequence_parallel else {}), **wrap}
+    return {"strategy": p.strategy, **wrap}
 
 
 def class_ranks(p: Parallel) -> tuple[int, ...]:

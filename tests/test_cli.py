@@ -28,7 +28,8 @@ FLAGS = {"--model", "--mode", "--method", "--lora-rank", "--lora-targets", "--re
          "--sequence-parallel", "--offload", "--activation-model", "--k", "--calibrated", "--json", "--list-models",
          "--list-gpus", "--loop", "--loss", "--loss-chunks", "--optimizer-in-backward", "--activation-offload",
          "--quantize-scope", "--no-double-quant", "--float8", "--compile", "--no-derive", "--alloc-conf",
-         "--cuda-context", "--derive-ranks", "--pp-schedule", "--microbatches", "--cp", "--dp-shard", "--dp-replicate", "--allow-defaults",
+         "--cuda-context", "--derive-ranks", "--pp-schedule", "--microbatches", "--cp", "--dp-shard", "--dp-replicate", "--fsdp-wrap",
+         "--allow-defaults",
          "--allow-beyond-context", "--price-advice"}
 
 

@@ -226,7 +226,7 @@ def pp_case(config: dict, workload: Workload, parallel: Parallel, rank: int = 0,
             raise ValueError(f"seq: sequence parallelism between pipeline stages needs tp ({tp_n}) to divide seq "
                              f"({s})")
         # parallelised on the meta device outside fake mode (the device mesh's own bookkeeping runs real ops), as
-        # session._fsdp_model and tp.tp_model do; given fake storage by to_empty inside it
+        # fsdp.fsdp_model and tp.tp_model do; given fake storage by to_empty inside it
         built = stage_modules() if on_meta else None
         with FakeTensorMode(allow_non_fake_inputs=True):
             parts = built or stage_modules()

@@ -10,7 +10,7 @@
   torchtune's activation offloading (tracer.offload), or AOTAutograd-compiled (tracer.compiled);
   returns an object with ``.loss``
 
-The FSDP2 mixed-precision policy of recipe 'fsdp-mp' is ``mp_policy`` (used by session._fsdp_model).
+The FSDP2 mixed-precision policy of recipe 'fsdp-mp' is ``mp_policy`` (used by fsdp.fsdp_model).
 """
 from __future__ import annotations
 

@@ -38,7 +38,7 @@ from estimator.spec import Parallel, Workload
 from estimator.parallel import TRACED_SHARDING, pp_microbatches, shard_group
 from tracer import serialized
 from tracer import kernels as kernels_mod
-from tracer import cp, pp, recipes, recompute, runner, time_loop, tp, vlm
+from tracer import cp, fsdp, pp, recipes, recompute, runner, time_loop, tp, vlm
 from tracer.counters import StageLog, StorageCounter, memtracker_peak_bytes
 from tracer.depth import layer_stacks
 
@@ -162,7 +162,7 @@ def _prepared(config: dict, workload: Workload, parallel: Parallel, layers: list
         return
     if parallel.strategy in FSDP_STRATEGIES and parallel.cp > 1:
         cp.check(workload, parallel, kernels)
-        with _fsdp_model(config, workload, parallel, layers, cp.fake_rank(parallel, rank)) as (model, cp_mesh), \
+        with fsdp.fsdp_model(config, workload, parallel, layers, cp.fake_rank(parallel, rank)) as (model, cp_mesh), \
                 _fake_mode():
             cp.check(workload, parallel, kernels, causal=not runner.is_masked_lm(model))
             model.to_empty(device="cpu")  # FSDP2's documented meta-device init; shards become fake
@@ -182,7 +182,7 @@ def _prepared(config: dict, workload: Workload, parallel: Parallel, layers: list
             yield case
         return
     if parallel.strategy in FSDP_STRATEGIES:
-        with _fsdp_model(config, workload, parallel, layers) as (model, _), _fake_mode():
+        with fsdp.fsdp_model(config, workload, parallel, layers) as (model, _), _fake_mode():
             model.to_empty(device="cpu")  # FSDP2's documented meta-device init; shards become fake
             inputs = runner.make_inputs(config, workload, "cpu", model, clone_labels=clone)
             case = _Case(model, runner.make_optimizer(model, workload), inputs, workload,
@@ -220,40 +220,6 @@ def _prepared(config: dict, workload: Workload, parallel: Parallel, layers: list
         yield case
 
 
-@contextlib.contextmanager
-def _fsdp_model(config: dict, workload: Workload, parallel: Parallel, layers: list[int] | None = None,
-                rank: int = 0):
-    """(the model on the meta device, fully_shard-ed per decoder layer and at the root, in a fake world as `rank`;
-    with context parallelism the cp mesh too, else None)."""
-    import torch.distributed as dist
-    from torch.distributed.fsdp import fully_shard
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    if dist.is_initialized():
-        raise RuntimeError("a process group is already initialised; FSDP tracing needs its own fake one")
-    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=parallel.gpus)
-    try:
-        model = runner.build_model(config, workload, device="meta", layers=layers)
-        reshard = parallel.strategy != "fsdp-grad-op"
-        mp = {"mp_policy": recipes.mp_policy(workload)} if workload.recipe == "fsdp-mp" else {}
-        cp_mesh = None
-        if parallel.cp > 1:   # torchtitan: FSDP2 over dp_shard x cp, the step inside context_parallel on cp
-            mp["mesh"], cp_mesh, tp_mesh = cp.world_mesh(parallel)
-            if tp_mesh is not None:   # TP on the innermost dimension first, as below
-                tp.parallelize(model, tp_mesh, workload.mode == "train", parallel.sequence_parallel)
-        elif parallel.tp_size > 1 or parallel.strategy == "hsdp":
-            mesh, dp_mesh = tp.world_mesh(parallel)   # torchtitan's ParallelDims (dp_replicate, dp_shard, tp)
-            if parallel.tp_size > 1:  # torchtitan: TP on the inner mesh dimension first, then fully_shard over dp
-                tp.parallelize(model, mesh["tp"], workload.mode == "train", parallel.sequence_parallel)
-            mp["mesh"] = dp_mesh
-        for layer in _decoder_layers(model):
-            fully_shard(layer, reshard_after_forward=reshard, **mp)
-        fully_shard(model, reshard_after_forward=reshard, **mp)
-        yield model, cp_mesh
-    finally:
-        dist.destroy_process_group()
-        if parallel.cp > 1 and parallel.tp_size > 1:
-            tp.forget_meshes()   # CP ranks live on other TP groups ([2, 3] after [0, 1]): tracer.tp.forget_meshes
 
 
 def _run(case: _Case, steps: int, observe_layers: bool = False,
@@ -278,7 +244,7 @@ def _run(case: _Case, steps: int, observe_layers: bool = False,
 
     def on_stage(stage: str) -> None:
         counter.classify_model(case.model, case.optimizer)
-        counter.track(_fsdp_unsharded(case.model), "weights")
+        counter.track(fsdp.unsharded(case.model), "weights")
         if "kv_cache" in live:
             counter.track(runner.kv_cache_tensors(live["kv_cache"]), "kv_cache")
         counter.mark_stage(stage)
@@ -435,25 +401,11 @@ def _ddp_buckets(model) -> list[torch.Tensor]:
     return [torch.empty(n, dtype=dt) for dt, n in numel.items()]
 
 
-def _fsdp_unsharded(model) -> list[torch.Tensor]:
-    """FSDP2's unsharded parameters live in each FSDPParam's all_gather_outputs (fsdp/_fully_shard/_fsdp_param.py)."""
-    out = []
-    for module in model.modules():
-        state = getattr(module, "_get_fsdp_state", None)
-        group = state()._fsdp_param_group if state else None
-        if group is not None:
-            for fsdp_param in group.fsdp_params:
-                out.extend(fsdp_param.all_gather_outputs)
-    return out
 
 
-def _decoder_layers(model) -> list[torch.nn.Module]:
-    from transformers.modeling_layers import GradientCheckpointingLayer
 
-    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
-    if not layers:
-        raise ValueError(f"model_type: {model.config.model_type!r} has no decoder layers FSDP can wrap")
-    return layers
+
+
 
 
 @serialized

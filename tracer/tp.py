@@ -173,7 +173,7 @@ def parallelize(model: torch.nn.Module, mesh, train: bool, sequence_parallel: bo
 def world_mesh(parallel: Parallel, pp: int = 1, dp: int | None = None):
     """(mesh, dp mesh) of torchtitan's ParallelDims over the fake world: (pp,) dp, tp, outermost first; HSDP splits
     dp into (dp_replicate, dp_shard), and fully_shard on that 2-D dp mesh shards the parameters over dp_shard and
-    replicates them over dp_replicate. The pipeline dimension is left out where pp is 1 (session._fsdp_model); `dp`:
+    replicates them over dp_replicate. The pipeline dimension is left out where pp is 1 (fsdp.fsdp_model); `dp`:
     the data-parallel size (default the layout's: a pipeline without FSDP has none)."""
     from torch.distributed.device_mesh import init_device_mesh
 
