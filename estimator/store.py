@@ -240,6 +240,8 @@ def _stale(config: dict, data: dict) -> bool:
         return False
     if data.get("vlm_route") != vlm_route(config["model_type"]):   # built another way (or priced text-only) then
         return True
+    if "vlm" in data and not data.get("image_side"):   # Idefics2/3, SmolVLM: their text_model was not found before
+        return True
     return "image_side" not in data or ("unreached" not in data["vlm"] if "vlm" in data else "vlm_refused" not in data)
 
 

@@ -297,7 +297,12 @@ def read_inventory(config: dict) -> dict:
     # a multimodal model built whole: the parameters outside its language model and output head (vision tower,
     # projector), which a text-only step never reaches (no gradient, no optimizer state)
     # (under its base model, or, as Llama4ForConditionalGeneration holds it, on the top model itself)
-    lm = getattr(getattr(model, "model", None), "language_model", None) or getattr(model, "language_model", None)
+    # (Idefics2/3 and SmolVLM name theirs text_model: without it their image side read empty, and a swapped
+    # optimizer's formulas counted the vision tower in a text-only step: hypothesis found fused AdamW's temporaries
+    # at -196,459,008 B on smolvlm2-500m)
+    base = getattr(model, "model", None)
+    lm = getattr(base, "language_model", None) or getattr(model, "language_model", None) or \
+        getattr(base, "text_model", None)
     image_side: Counter = Counter()
     if lm is not None:
         head = model.get_output_embeddings()
