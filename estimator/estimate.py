@@ -19,7 +19,7 @@ from estimator import components as comp
 from estimator import ssd, store
 from estimator.breakdown import Breakdown
 from estimator.model import Model
-from estimator.parallel import (check_model, compile_untraced, pp_microbatches, pp_rank_shares,
+from estimator.parallel import (check_model, check_optimizer, compile_untraced, pp_microbatches, pp_rank_shares,
                                 pp_traced_parallel, pp_untraced, shares, tp_untraced)
 from estimator.reserved import workload_class
 from estimator.spec import PAGED_OPTIMIZERS, PP_TRACED_ONLY, SIZE_FIELDS, Parallel, Workload
@@ -232,8 +232,7 @@ def traced_class(w: Workload, p: Parallel) -> tuple[Workload, Parallel, tuple[st
         notes.append(f"tp: one rank of tp {p.tp_size} traced (torchtitan's apply_tp, loss_parallel in training"
                      + (", FSDP2 over dp on a (dp, tp) mesh)" if fsdp else ")"))
         sp = p.sequence_parallel
-        tp = Parallel(strategy=tp.strategy, gpus=2 * p.tp_size, tp=p.tp_size, sequence_parallel=sp,
-                      fsdp_wrap=p.fsdp_wrap) if fsdp else \
+        tp = replace(tp, gpus=2 * p.tp_size, tp=p.tp_size, sequence_parallel=sp) if fsdp else \
             Parallel(strategy="tp", gpus=p.gpus, sequence_parallel=sp)
     if p.pp_size > 1 and pp_untraced(asked, p) is None:
         # every rank traced (tracer.pp) at this degree, schedule and micro-batches; else `resolve`'s analytic rule
@@ -405,9 +404,10 @@ def _where(model: Model, tw: Workload, tp: Parallel, pp_rank: int = 0) -> str | 
 
 
 def analytic_class(tp: Parallel) -> Parallel:
-    """The traced class the analytic TP split (the PP rule) prices from, for a traced TP (PP) rank's class: single
-    GPU for strategy tp (pp), the FSDP rank (n = dp) for FSDP x TP (FSDP x PP)."""
-    return Parallel() if tp.strategy in ("tp", "pp") else Parallel(strategy=tp.strategy, gpus=2)
+    """The class the analytic TP split (the PP rule) prices from: single GPU for strategy tp (pp), else the FSDP rank
+    (n = dp; ZeRO-3's is FSDP's, as in `traced_class`: a "zero3" class nobody ships was asked for before)."""
+    strategy = "fsdp-grad-op" if tp.strategy == "fsdp-grad-op" else "fsdp"
+    return Parallel() if tp.strategy in ("tp", "pp") else Parallel(strategy=strategy, gpus=2, fsdp_wrap=tp.fsdp_wrap)
 
 
 def profile_for(model: Model, w: Workload, p: Parallel, options: Options = Options()):
@@ -424,6 +424,7 @@ def estimate(model: Model, workload: Workload, parallel: Parallel = Parallel(),
     seq2seq.check(model, workload, parallel)  # an encoder-decoder model's lengths, knobs and layout
     workload, attn_note = _runnable_attention(model, workload)  # the estimate shows what will run
     cp.check(workload, parallel, causal=model.causal)  # before any derivation: mode, attention, seq in 2 x cp chunks
+    check_optimizer(workload, parallel)   # a fused step DTensor cannot run
     tw, notes, prof, stage_shares = resolve(model, workload, parallel, options)
     notes = attn_note + notes + ssd.split_notes(model.config, model.inventory.config_hash, workload.mode,
                                                 workload.batch, workload.seq) + vision.size_notes(model, workload) \

@@ -309,6 +309,20 @@ def pp_rank_shares(inv: Inventory, par: Parallel) -> tuple[Share, ...]:
     return tuple(out)
 
 
+# fused optimizer steps DTensor has a sharding strategy for (torch/distributed/tensor/_ops/_pointwise_ops.py, torch
+# 2.13): FSDP2's and TP's parameters are DTensors, and torch.optim's other fused steps (SGD's) raise there
+DTENSOR_FUSED = ("adam", "adamw")
+
+
+def check_optimizer(w: Workload, p: Parallel) -> None:
+    """One line where the run itself would fail: torch's fused SGD over DTensor parameters (FSDP2, TP) has no sharding
+    strategy (NotImplementedError: aten._fused_sgd_; hypothesis found it, tests/test_exact_random.py)."""
+    dtensors = p.strategy in FSDP_FAMILY or p.tp_size > 1
+    if w.training and dtensors and w.optimizer_impl == "fused" and w.optimizer in ("sgd", "sgd-momentum"):
+        raise ValueError(f"optimizer_impl: torch's fused {w.optimizer} has no DTensor sharding strategy, so it cannot "
+                         f"step FSDP2's or TP's parameters (strategy {p.strategy}); use foreach or forloop")
+
+
 def compile_untraced(w: Workload, p: Parallel) -> str | None:
     """Why a compile=True workload is not traced compiled (tracer.compiled runs AOTAutograd's partitioner on
     one GPU's training step with the full loss and no other knob), or None when it is (or compile is off)."""
