@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields, replace
 from estimator import cp, vision
 from estimator.estimate import Options, estimate
 from estimator.model import Model
+from estimator.parallel import check_optimizer
 from estimator.presets import default_lora_targets
 from estimator.store import ProfileMissing
 from estimator.profile.poly import MASK_ALIGNMENT
@@ -216,7 +217,19 @@ def _candidates(model: Model, w: Workload, p: Parallel, gpu_bytes: int, options:
         out.append(("Use SDPA attention instead of eager", {"attention": "sdpa"}, {},
                     "attn_implementation='sdpa' never materialises the seq x seq scores; same results."))
     out += _precision_candidates(w)
-    return out
+    return [_steppable(w, p, *c) for c in out]
+
+
+def _steppable(w: Workload, p: Parallel, title: str, wc: dict, pc: dict, note: str) -> tuple:
+    """A candidate as it can run: one that moves a fused SGD step onto DTensor parameters (FSDP2, TP), which torch
+    cannot step (estimator.parallel.check_optimizer), is priced with its foreach step and says so."""
+    changed = replace(w, **wc)
+    try:
+        check_optimizer(changed, replace(p, **pc))
+    except ValueError:
+        return (title, {**wc, "optimizer_impl": "foreach"}, pc,
+                note + " Fused SGD cannot step FSDP2's or TP's parameters: priced with its foreach step.")
+    return title, wc, pc, note
 
 
 def _method_candidates(model: Model, w: Workload):
@@ -261,8 +274,9 @@ def _parallel_candidates(model: Model, w: Workload, p: Parallel, gpu_bytes: int,
                     f"{w.seq} tokens and FSDP shards over dp_shard x cp; K and V travel the ring in every layer, and "
                     f"with the same micro-batch per GPU the global batch is {c}x smaller."))
     strategy = "fsdp" if w.training else "tp"
+    runs = replace(w, **_steppable(w, Parallel(), "", {}, {"strategy": strategy, "gpus": 2}, "")[1])
     try:
-        n = min_gpus(model, w, strategy, gpu_bytes, options=options)
+        n = min_gpus(model, runs, strategy, gpu_bytes, options=options)
     except ValueError:
         n = None
     if n is not None and n > p.gpus:

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from estimator.breakdown import COMPONENTS
 from estimator.estimate import estimate
 from estimator.spec import Parallel, Workload
-from strategies import lora_names, model, models, parallels, workloads
+from strategies import lora_names, model, models, parallels, runnable, workloads
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -19,7 +19,8 @@ SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[Heal
 @st.composite
 def cases(draw):
     m = draw(models)
-    return m, draw(workloads(m)), draw(parallels(m))
+    w, p = draw(workloads(m)), draw(parallels(m))
+    return m, runnable(w, p), p
 
 
 @SETTINGS
@@ -74,6 +75,7 @@ def test_more_gpus_never_cost_more_when_sharding(data):
     if not sizes:
         return
     n = data.draw(st.sampled_from(sizes))
+    w = runnable(w, Parallel(strategy=strategy, gpus=n))
     small = estimate(m, w, Parallel(strategy=strategy, gpus=n)).total_bytes
     assert estimate(m, w, Parallel(strategy=strategy, gpus=2 * n)).total_bytes <= small
 

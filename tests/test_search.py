@@ -15,7 +15,7 @@ from estimator.spec import Parallel, Workload
 from estimator.sweep import ROUNDING_TOL_BYTES, sweep, sweep_points
 from estimator.units import GiB
 from estimator.vision import SEQ_UNSET, geometry, is_vision
-from strategies import model, models, parallels, workloads
+from strategies import model, models, parallels, runnable, workloads
 
 L8 = "llama-3.1-8b"
 SHIPPED = Options(derive=False)  # advice prices only what has a profile on disk: the tests never trace
@@ -150,6 +150,7 @@ def sweep_cases(draw):
     m = draw(models)
     w = draw(workloads(m))
     p = draw(parallels(m, max_gpus=16))
+    w = runnable(w, p)
     k = draw(st.one_of(st.none(), st.floats(2.0, 60.0)))
     n = draw(st.integers(1, 12))
     bs = draw(st.lists(st.integers(1, 64), min_size=n, max_size=n))
@@ -292,3 +293,17 @@ def test_sequence_searches_step_by_a_loss_split_in_16_chunks_or_more(monkeypatch
     w = Workload(loss="chunked", loss_chunks=16, batch=2, seq=4096)
     assert max_seq(m, w, Parallel(), 30 * GiB) == 2992   # the largest multiple of 16 up to 3000
     assert asked and all(x % 16 == 0 for x in asked)
+
+
+def test_advice_that_moves_fused_sgd_onto_dtensors_prices_its_foreach_step():
+    """Fused SGD over FSDP2's or TP's parameters cannot run (estimator.parallel.check_optimizer): the ZeRO-3 row of
+    a DDP run with it is priced with the foreach step and says so, where it was dropped without a word."""
+    from estimator.search import advice
+
+    m = model("llama-3.1-8b")
+    w = Workload(recipe="pure", optimizer="sgd", optimizer_impl="fused", batch=1, seq=1024)
+    rows = {a.title: a for a in advice(m, w, Parallel(strategy="ddp", gpus=8), 20 * 2 ** 30, Options(derive=False))}
+    zero3 = rows["Shard parameters too: ZeRO-3 over the same 8 GPUs"]
+    assert zero3.change == {"optimizer_impl": "foreach", "strategy": "zero3"} and zero3.priced
+    assert zero3.note.endswith("priced with its foreach step.")
+    assert zero3.saving_bytes > 30 * 2 ** 30
