@@ -343,11 +343,16 @@ def test_an_fsdp_rank_has_no_negative_component(case, strategy, gpus, opt, offlo
     pp = pp if pp <= m.layers else 1
     w = replace(w, optimizer=optimizer, optimizer_impl=impl, batch=batch,
                 seq=min(seq, m.inventory.max_positions or seq))
-    e = estimate(m, w, Parallel(strategy, gpus * tp * pp, tp=tp, pp=pp, offload=offload,
-                                microbatches=pp if pp > 1 else 0), NO_DERIVE)
+    def at(n: int):
+        return estimate(m, w, Parallel(strategy, n * tp * pp, tp=tp, pp=pp, offload=offload,
+                                       microbatches=pp if pp > 1 else 0), NO_DERIVE)
+
+    e = at(gpus)
     for stage, b in e.stages:
         assert min(b.as_dict().values()) >= 0, (stage, b)
         assert b.total == sum(b.as_dict().values())
+    if strategy != "hsdp":   # twice the shard group never costs a rank more (HSDP: the replicas grow too)
+        assert at(2 * gpus).allocated_bytes <= e.allocated_bytes
 
 
 def test_zero3_composed_with_a_pipeline_prices_from_the_fsdp_rank():
