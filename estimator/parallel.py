@@ -87,6 +87,9 @@ def check_model(inv: Inventory, par: Parallel, name: str = "model") -> None:
                          f"allowed: {', '.join(map(str, ok)) or 'none'}")
     if pp > 1 and inv.layers and pp > inv.layers:
         raise ValueError(f"pp: {pp} pipeline stages for {inv.layers} layers of {name}; at most {inv.layers}")
+    if par.fsdp_wrap == "torchtitan" and any(k in inv.extra for k in ("vision", "vlm", "audio", "seq2seq")):
+        raise ValueError(f"fsdp_wrap: torchtitan's units (embedding, blocks, norm and head) are traced for text "
+                         f"models; {name} is a vision, multimodal or encoder-decoder model: use fsdp_wrap 'layers'")
     if ep > 1:
         if not inv.n_experts:
             raise ValueError(f"ep: expert parallelism shards routed experts; {name} is not a mixture-of-experts model")

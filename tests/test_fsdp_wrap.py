@@ -76,3 +76,13 @@ def test_a_torchtitan_wrapped_rank_equals_full_depth_traces(tie, tmp_path, monke
     assert_equals_trace(cfg, "tiny", Workload(recipe="pure"), [(3, 45), (5, 91)], par)
     if not tie:
         assert_equals_trace(cfg, "tiny", Workload(recipe="pure", method="lora"), [(2, 77)], par)
+
+
+def test_torchtitan_units_are_for_text_models():
+    from estimator.estimate import Options, estimate
+    from strategies import model
+
+    for name, w in (("dinov2-giant", Workload(image_size=224)), ("whisper-large-v3", Workload(seq=448)),
+                    ("llava-1.5-7b", Workload(images=1))):
+        with pytest.raises(ValueError, match="^fsdp_wrap: torchtitan's units .* are traced for text models"):
+            estimate(model(name), w, Parallel(strategy="fsdp", gpus=2, fsdp_wrap="torchtitan"), Options(derive=False))
