@@ -28,7 +28,9 @@ traced, the derived ones against their estimates): FSDP over dp_shard 8 x cp 2, 
 KV heads, dp_shard 1 x cp 4 with the mixed recipe and full checkpointing, and with TP inside on torchtitan's
 (dp_shard, cp, tp) mesh: dp_shard 8 x cp 2 x tp 2, and dp_shard 8 x cp 4 x tp 2 with sequence parallelism (mixed); and llama-3.2-1b itself,
 dp_shard 1 x cp 8 at seq 32768 with full checkpointing (its profiles ship; 8 traces of 16 layers, minutes); and
-batch 8 x seq 8192 over dp_shard 8 x cp 4 with amp, selective checkpointing and the chunked loss.
+batch 8 x seq 8192 over dp_shard 8 x cp 4 with amp, selective checkpointing and the chunked loss; torchtitan's FSDP
+units (`--fsdp-wrap torchtitan`): FSDP 16, FSDP 8 with a tied head (mixed), FSDP 8 x TP 2 with sequence parallelism
+and FSDP 8 x CP 2.
 """
 from __future__ import annotations
 
@@ -133,6 +135,14 @@ def cases() -> list[Case]:
                   Case("fsdp32-cp4-amp-selective-chunked-b8-s8192",
                        Workload(batch=8, seq=8192, recipe="amp", checkpointing="selective", loss="chunked"),
                        Parallel("fsdp", gpus=32, cp=4), {**CONFIG, "max_position_embeddings": 16384}),
+                  # torchtitan's FSDP units (the embedding, each block, the norm with the head, the root): alone at
+                  # a dp no fit used, tied, under TP with sequence parallelism, under CP
+                  Case("fsdp16-titan-train", train, Parallel("fsdp", gpus=16, fsdp_wrap="torchtitan")),
+                  Case("fsdp8-titan-train-tied-mixed", Workload(recipe="mixed", **CHECK_TRAIN),
+                       Parallel("fsdp", gpus=8, fsdp_wrap="torchtitan"), {**CONFIG, "tie_word_embeddings": True}),
+                  Case("fsdp8-tp2-sp-titan-train", train,
+                       Parallel("fsdp", gpus=16, tp=2, sequence_parallel=True, fsdp_wrap="torchtitan")),
+                  Case("fsdp16-cp2-titan-train", train, Parallel("fsdp", gpus=16, cp=2, fsdp_wrap="torchtitan")),
                   # at scale, a preset (its rank profiles ship): every one of 8 CP ranks traced, 16 layers
                   Case("llama-3.2-1b-fsdp1-cp8-ckpt", Workload(batch=1, seq=32768, checkpointing="full"),
                        Parallel("fsdp", gpus=8, cp=8), load_config("llama-3.2-1b")[1])]
