@@ -276,6 +276,25 @@ def profile_or_background(page: str, model, w: Workload, par: Parallel) -> dict 
     return None
 
 
+def profile_on_request(page: str, model, w: Workload, par: Parallel, button: str, why: str) -> bool:
+    """True where `par`'s profile is on disk; else a button that derives it in the background (a process of its own,
+    with its progress; the page reruns when it is done), and False. A refusal shows in one line."""
+    if estimate_mod.profile_where(model, w, par) is not None:
+        return True
+    key = _job_key(page, model, w, par)
+    if not st.session_state.get(f"{key}:asked"):
+        if st.button(button, key=f"{page}:derive:{key}", help=why):
+            st.session_state[f"{key}:asked"] = True
+            st.rerun()
+        return False
+    job = _job(page, model, w, par)
+    if job.error:
+        st.error(job.error)
+        return False
+    _watch(job)
+    return False
+
+
 def pipeline_ranks_in_background(page: str, model, w: Workload, par: Parallel) -> None:
     """Derive every traced rank of the pipeline `par` (tracer.pp; `estimator.parallel.pp_untraced` is None) in the
     background, asked for by a button (each rank is a derivation of its own: minutes), with its progress; the page

@@ -21,7 +21,7 @@ from estimator.spec import PP_SCHEDULES, PP_TRACED_ONLY, STRATEGIES, Parallel
 from estimator.units import GB, GiB, fmt_bytes
 from estimator.seq2seq import seq2seq_of
 from estimator.vision import check_images, sized
-from estimator.parallel import TRACED_SHARDING, pp_untraced  # TRACED_SHARDING: what `python -m bench trace` runs
+from estimator.parallel import TRACED_SHARDING, check_model, pp_untraced  # TRACED_SHARDING: what `bench trace` runs
 from pages import _charts as charts
 from pages import _derive as derive
 from pages import _state as state, _data as reads, _inputs as ui
@@ -157,6 +157,42 @@ def layouts_section(model, w, gpu, f) -> int:
     return n
 
 
+def fsdp_units_section(model, w, gpu, n: int) -> None:
+    """Plain FSDP over the N GPUs of the layouts with HF Accelerate's units (each decoder layer, then the root, which
+    holds the embedding, final norm and head for the whole step) beside torchtitan's (the embedding, each block, the
+    final norm with the head, then the root): `--fsdp-wrap` (docs/parallel.md). torchtitan's class derives on request,
+    in the background."""
+    st.subheader("FSDP units: HF Accelerate's or torchtitan's")
+    titan = Parallel(strategy="fsdp", gpus=max(n, 2), fsdp_wrap="torchtitan")
+    try:
+        check_model(model.inventory, titan, model.name)
+    except ValueError as e:
+        st.caption(str(e))
+        return
+    if n < 2:
+        st.caption("Lay out 2 GPUs or more to compare FSDP's units.")
+        return
+    accelerate = estimate(model, w, Parallel(strategy="fsdp", gpus=n), priced(gpu))
+    if not derive.profile_on_request(PAGE, model, w, titan, "Derive torchtitan's FSDP units (in the background)",
+                                     "One FSDP2 rank traced with torchtitan's units on fake tensors, as any profile "
+                                     "(tens of seconds to minutes); then priced here beside HF Accelerate's."):
+        st.caption(f"HF Accelerate's units over {n} GPUs: {fmt_bytes(accelerate.total_bytes, 'GiB')} per GPU "
+                   f"({fmt_bytes(accelerate.total_bytes, 'GB')}).")
+        return
+    rows = []
+    for label, est in (("HF Accelerate (each layer, then the root)", accelerate),
+                       ("torchtitan", estimate(model, w, titan, priced(gpu)))):
+        rows.append({"FSDP units": label, "peak per GPU (GiB)": est.total_bytes / GiB,
+                     "peak per GPU (GB)": est.total_bytes / GB,
+                     "weights at the peak (GiB)": est.components.weights / GiB, "peak stage": est.peak_stage})
+    st.dataframe(pd.DataFrame(rows), hide_index=True, column_config={
+        c: st.column_config.NumberColumn(format="%.2f") for c in ("peak per GPU (GiB)", "peak per GPU (GB)",
+                                                                  "weights at the peak (GiB)")})
+    st.caption("torchtitan gathers the embedding only while it runs and the head from its use to the end of backward "
+               "(a head tied to the embedding: one unit, kept gathered); HF Accelerate's root unit holds both for the "
+               "whole step. Each rank traced with its units (docs/parallel.md, \"FSDP2's units\").")
+
+
 def context_parallel_section(model, w, gpu, f, n: int) -> None:
     """FSDP x CP on the N GPUs of the layouts (estimator.cp): the worse of the two derived CP ranks beside FSDP alone,
     its step drawn stage by stage; a CP profile not on disk is derived in the background (both ranks)."""
@@ -269,7 +305,9 @@ def main() -> None:
             st.caption(f"Black diamonds: {len(traced)} traced FSDP2 run(s), per-rank peak allocated "
                        "(tensors only: no CUDA context or NCCL buffers).")
         min_gpus_table(model, w, strategies, gpu)
-        context_parallel_section(model, w, gpu, f, layouts_section(model, w, gpu, f))
+        n = layouts_section(model, w, gpu, f)
+        fsdp_units_section(model, w, gpu, n)
+        context_parallel_section(model, w, gpu, f, n)
         compare(model, w, gpu, f)
     finally:
         state.write_url(PAGE, list(f.values()), {"model", "gpu", "compare_a", "compare_b", "compare_n", "layout_n",

@@ -744,6 +744,24 @@ def test_multi_gpu_derives_a_pipeline_layouts_ranks_on_request(env, tmp_path, mo
     jobs[0].join(timeout=60)
 
 
+def test_multi_gpu_compares_fsdp_units_on_request(env, tmp_path, monkeypatch):
+    """HF Accelerate's FSDP units priced at once; torchtitan's (docs/parallel.md, "FSDP2's units") derived on request in
+    the background (started here, then cancelled), where nothing of that class is on disk."""
+    monkeypatch.setenv("WILLITFIT_CACHE", str(tmp_path / "cache"))
+    at = app("pages/multi_gpu.py", query={"model": "llama-3.2-1b"})
+    assert not at.exception, [e.value for e in at.exception]
+    assert any(h.value == "FSDP units: HF Accelerate's or torchtitan's" for h in at.subheader)
+    alone = estimate(the_model("llama-3.2-1b"), Workload(), Parallel(strategy="fsdp", gpus=8), ON_H100)
+    assert any(c.value.startswith(f"HF Accelerate's units over 8 GPUs: {fmt_bytes(alone.total_bytes, 'GiB')}")
+               for c in at.caption)
+    button = next(b for b in at.button if b.label == "Derive torchtitan's FSDP units (in the background)")
+    button.click().run()
+    jobs = [t for t in threading.enumerate() if t.name.startswith("multi:derive:") and not t.name.endswith(":ranks")]
+    assert len(jobs) == 1 and jobs[0].job.label.endswith(", fsdp")
+    jobs[0].job.cancel()
+    jobs[0].join(timeout=60)
+
+
 def test_multi_gpu_context_parallel_is_the_library_estimate(env):
     """FSDP x CP on the layouts' GPUs: the worse derived CP rank (shipped profiles of llama-3.2-1b at cp 2), beside FSDP
     alone; a degree that does not divide the GPUs is one warning line."""
