@@ -287,6 +287,10 @@ def main() -> None:
         return
     try:
         w = sized(model, ui.workload_from_dict(values, **ui.kinds(model)))   # a grid VLM's image size: its class
+        if w.training and w.optimizer_impl == "fused" and w.optimizer in ("sgd", "sgd-momentum"):
+            st.info("Fused SGD cannot step FSDP2's or TP's parameters (torch 2.13 has no DTensor sharding strategy "
+                    "for it: the run fails): every strategy on this page is priced with its foreach step.")
+            w = replace(w, optimizer_impl="foreach")
         if not strategies or not counts:
             st.info("Pick at least one strategy and one GPU count in the sidebar.")
             return

@@ -762,6 +762,15 @@ def test_multi_gpu_compares_fsdp_units_on_request(env, tmp_path, monkeypatch):
     jobs[0].join(timeout=60)
 
 
+def test_multi_gpu_prices_fused_sgd_with_its_foreach_step(env):
+    """Fused SGD cannot step DTensor parameters (estimator.parallel.check_optimizer refuses it under FSDP2 and TP): the
+    page, which compares those strategies, prices the foreach step and says so, instead of one error line."""
+    at = app("pages/multi_gpu.py", query={"model": "llama-3.2-1b", "optimizer": "sgd", "optimizer_impl": "fused"})
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert any(i.value.startswith("Fused SGD cannot step FSDP2's or TP's parameters") for i in at.info)
+    assert any(h.value.startswith("Layouts: FSDP x TP x PP") for h in at.subheader)
+
+
 def test_multi_gpu_context_parallel_is_the_library_estimate(env):
     """FSDP x CP on the layouts' GPUs: the worse derived CP rank (shipped profiles of llama-3.2-1b at cp 2), beside FSDP
     alone; a degree that does not divide the GPUs is one warning line."""
