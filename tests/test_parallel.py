@@ -374,3 +374,27 @@ def test_fused_sgd_cannot_step_dtensor_parameters():
             estimate(m, Workload(optimizer="sgd", optimizer_impl="fused"), p, NO_DERIVE)
     estimate(m, Workload(optimizer="sgd", optimizer_impl="fused", batch=1, seq=1024), Parallel("ddp", 4), NO_DERIVE)
     estimate(m, Workload(optimizer="adamw", optimizer_impl="fused", batch=1, seq=1024), Parallel("fsdp", 4), NO_DERIVE)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(FSDP_CASES), st.sampled_from((2, 8, 64)), st.sampled_from(OPTIMIZER_IMPLS),
+       st.sampled_from(("none", "optimizer", "optimizer+params")), st.sampled_from(("full", "lora", "qlora")),
+       st.lists(st.tuples(st.integers(1, 16), st.integers(1, 8192)), min_size=1, max_size=6))
+def test_an_fsdp_sweep_equals_its_estimates(case, gpus, opt, offload, method, points):
+    """The sweep (one tensor product over many sizes) and estimate() agree on FSDP ranks with what the swap changes
+    there: offload's sharded terms off the GPU, a quantized base's gathered layers and shards, swapped optimizers."""
+    import numpy as np
+
+    from estimator.sweep import sweep_points
+
+    name, w = case
+    m = model(name)
+    if method != w.method and (w.method == "full") != (method == "full"):
+        return   # the class ships for its own method only (LoRA and QLoRA share one)
+    w = replace(w, method=method if w.method != "full" else "full", optimizer=opt[0], optimizer_impl=opt[1])
+    p = Parallel("fsdp", gpus, offload=offload)
+    cap = m.inventory.max_positions or 8192
+    bs, ss = np.array([b for b, _ in points]), np.array([min(s, cap) for _, s in points])
+    got = sweep_points(m, w, bs, ss, p, NO_DERIVE)
+    want = [estimate(m, replace(w, batch=int(b), seq=int(s)), p, NO_DERIVE).total_bytes for b, s in zip(bs, ss)]
+    assert np.abs(got - np.array(want)).max() <= 64, (got, want)
