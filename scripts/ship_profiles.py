@@ -77,6 +77,8 @@ def classes(name: str, config: dict, grid: set[str]) -> list[tuple[Workload, Par
     # the Multi-GPU page's default strategies include FSDP; a vision encoder's FSDP profile is derived on first use
     if config.get("model_type") != "bert" and config.get("model_type") not in VISION_TYPES:
         out.append((Workload(attention=attn), Parallel(strategy="fsdp", gpus=2)))
+        if mt not in VLM_TYPES and not config.get("is_encoder_decoder"):   # and its FSDP units section's other side
+            out.append((Workload(attention=attn), Parallel(strategy="fsdp", gpus=2, fsdp_wrap="torchtitan")))
     if name == "llama-2-7b":
         out.append((Workload(recipe="mixed"), Parallel()))
     if name == "llama-3.2-1b":  # mixed under FSDP: tests/test_parallel.py checks its sharded master copy
@@ -169,7 +171,8 @@ def main(argv=None) -> int:
                 seen.add(key)
                 label = (f"{name}: {w.mode} {w.method} {w.recipe} {w.attention} ckpt={w.checkpointing} "
                          f"ga={w.grad_accum} {p.strategy}" + (f" cp={tp.cp} rank {rank}" if tp.cp > 1 else "")
-                         + (f" images={w.images}" if w.images else ""))
+                         + (f" images={w.images}" if w.images else "")
+                         + (f" wrap={tp.fsdp_wrap}" if tp.fsdp_wrap != "layers" else ""))
                 if args.only and not args.only.search(f"{label} {key}"):   # the line --list prints
                     continue
                 shipped = store.where(config, key=key) == "shipped" or \

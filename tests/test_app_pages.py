@@ -744,16 +744,30 @@ def test_multi_gpu_derives_a_pipeline_layouts_ranks_on_request(env, tmp_path, mo
     jobs[0].join(timeout=60)
 
 
-def test_multi_gpu_compares_fsdp_units_on_request(env, tmp_path, monkeypatch):
-    """HF Accelerate's FSDP units priced at once; torchtitan's (docs/parallel.md, "FSDP2's units") derived on request in
-    the background (started here, then cancelled), where nothing of that class is on disk."""
-    monkeypatch.setenv("WILLITFIT_CACHE", str(tmp_path / "cache"))
+def test_multi_gpu_compares_fsdp_units(env):
+    """HF Accelerate's FSDP units beside torchtitan's (docs/parallel.md, "FSDP2's units"), both shipped for the
+    page's default workload on a text preset: the library's estimates, at once."""
     at = app("pages/multi_gpu.py", query={"model": "llama-3.2-1b"})
     assert not at.exception, [e.value for e in at.exception]
     assert any(h.value == "FSDP units: HF Accelerate's or torchtitan's" for h in at.subheader)
-    alone = estimate(the_model("llama-3.2-1b"), Workload(), Parallel(strategy="fsdp", gpus=8), ON_H100)
+    table = next(d.value for d in at.dataframe if "FSDP units" in d.value.columns)
+    model, w = the_model("llama-3.2-1b"), Workload()
+    want = [estimate(model, w, Parallel(strategy="fsdp", gpus=8, fsdp_wrap=u), ON_H100).total_bytes / GiB
+            for u in ("layers", "torchtitan")]
+    assert table["peak per GPU (GiB)"].tolist() == want
+
+
+def test_multi_gpu_derives_torchtitans_fsdp_units_on_request(env, tmp_path, monkeypatch):
+    """Where torchtitan's class is on no disk (LoRA here), HF Accelerate's units are priced at once and torchtitan's
+    derived on request in the background (started here, then cancelled)."""
+    monkeypatch.setenv("WILLITFIT_CACHE", str(tmp_path / "cache"))
+    at = app("pages/multi_gpu.py", query={"model": "llama-2-7b", "method": "lora"})
+    assert not at.exception, [e.value for e in at.exception]
+    model = the_model("llama-2-7b")
+    w = Workload(method="lora", lora_targets=("q_proj", "v_proj"))
+    alone = estimate(model, w, Parallel(strategy="fsdp", gpus=8), ON_H100)
     assert any(c.value.startswith(f"HF Accelerate's units over 8 GPUs: {fmt_bytes(alone.total_bytes, 'GiB')}")
-               for c in at.caption)
+               for c in at.caption), [c.value for c in at.caption]
     button = next(b for b in at.button if b.label == "Derive torchtitan's FSDP units (in the background)")
     button.click().run()
     jobs = [t for t in threading.enumerate() if t.name.startswith("multi:derive:") and not t.name.endswith(":ranks")]
