@@ -19,8 +19,9 @@ from tracer import cp, recipes, runner, tp
 @contextlib.contextmanager
 def fsdp_model(config: dict, workload: Workload, parallel: Parallel, layers: list[int] | None = None,
                 rank: int = 0):
-    """(the model on the meta device, fully_shard-ed per decoder layer and at the root, in a fake world as `rank`;
-    with context parallelism the cp mesh too, else None)."""
+    """(the model on the meta device, fully_shard-ed per decoder layer (with torchtitan's units the embedding and the
+    final norm with the head too: `torchtitan_units`) and at the root, in a fake world as `rank`; with context
+    parallelism the cp mesh too, else None)."""
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
     from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -94,6 +95,7 @@ def torchtitan_units(model, reshard: bool, mp: dict) -> None:
 
 
 def decoder_layers(model) -> list[torch.nn.Module]:
+    """The model's decoder layers (transformers' GradientCheckpointingLayer modules, in module order): FSDP's units."""
     from transformers.modeling_layers import GradientCheckpointingLayer
 
     layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
