@@ -109,10 +109,11 @@ def test_every_shipped_profile_is_reachable_by_its_own_class():
         rank_free = data["workload_class"].get("lora_rank") == RANK_MARK   # one file for every LoRA rank
         w = knobs.workload_from_row({**data["workload_class"], **({"lora_rank": 8} if rank_free else {})})
         pc = data["parallel_class"]
-        p = Parallel(strategy=pc["strategy"], gpus=2) if pc["strategy"] != "single" else Parallel()
+        wrap = {"fsdp_wrap": pc["wrap"]} if "wrap" in pc else {}   # FSDP2's units (spec.FSDP_WRAPS)
+        p = Parallel(strategy=pc["strategy"], gpus=2, **wrap) if pc["strategy"] != "single" else Parallel()
         if "cp" in pc:   # a context-parallel rank (estimator.cp): its degree, TP inside, and which rank
             p = Parallel(strategy=pc["strategy"], gpus=2 * pc["cp"] * pc.get("tp", 1), cp=pc["cp"],
-                         tp=pc.get("tp", 1), sequence_parallel=pc.get("sp", False))
+                         tp=pc.get("tp", 1), sequence_parallel=pc.get("sp", False), **wrap)
         cls = store.workload_class(w, rank_variable=rank_free)   # a per-rank LoRA file: the legacy class
         assert cls == data["workload_class"], f
         kernels = data.get("provenance", {}).get("kernels", "cuda")

@@ -72,6 +72,7 @@ def test_a_rank_variable_profile_is_refused_unfolded_and_a_per_rank_one_is_retur
 
 class _NoSwap:
     composed = False
+    sharded_off, gathered_weights = (), 1.0   # (FSDP2's offload and a stored base: evaluate.Swap._fsdp_rank)
 
     def activation_scale(self, monos):
         return np.ones(len(monos))
