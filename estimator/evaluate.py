@@ -111,8 +111,8 @@ class Swap:
             self.state_ratio = 0.0  # in CUDA unified memory, outside the allocator: Estimate.paged_bytes
         self.state = 0.0 if offload else state
         # the step runs on this rank's shards: 1/n of the swapped formulas under FSDP (traced per rank, composed or
-        # not), the ZeRO share of the states elsewhere (the whole model's before 2026-11-29: fused AdamW on llama-3.1-70b
-        # over FSDP 8 read -115 GiB of temporaries in its optimizer stage)
+        # not), the ZeRO share of the states elsewhere (the whole model's before 2026-11-29: fused AdamW on
+        # llama-3.1-70b over FSDP 8 read -115 GiB of temporaries in its optimizer stage)
         self.step_add = 0 if offload else int(self.step_add * (per_rank if traced else state))
         self.dequant = comp.dequant_temp_bytes(inv, w)
         self._fsdp_rank(inv, w, p, tw, sh, base, tp_rank)

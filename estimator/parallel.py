@@ -30,7 +30,7 @@ Sources:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from estimator.inventory import Inventory
@@ -312,18 +312,28 @@ def pp_rank_shares(inv: Inventory, par: Parallel) -> tuple[Share, ...]:
     return tuple(out)
 
 
-# fused optimizer steps DTensor has a sharding strategy for (torch/distributed/tensor/_ops/_pointwise_ops.py, torch
-# 2.13): FSDP2's and TP's parameters are DTensors, and torch.optim's other fused steps (SGD's) raise there
-DTENSOR_FUSED = ("adam", "adamw")
+# torch.optim's fused steps DTensor has no sharding strategy for (torch/distributed/tensor/_ops/_pointwise_ops.py,
+# torch 2.13, registers the fused Adam and AdamW steps only): FSDP2's and TP's parameters are DTensors
+DTENSOR_UNFUSED = ("sgd", "sgd-momentum")
+
+
+def _unsteppable(w: Workload, p: Parallel) -> bool:
+    return w.training and w.optimizer_impl == "fused" and w.optimizer in DTENSOR_UNFUSED and \
+        (p.strategy in FSDP_FAMILY or p.tp_size > 1)
 
 
 def check_optimizer(w: Workload, p: Parallel) -> None:
     """One line where the run itself would fail: torch's fused SGD over DTensor parameters (FSDP2, TP) has no sharding
     strategy (NotImplementedError: aten._fused_sgd_; hypothesis found it, tests/test_exact_random.py)."""
-    dtensors = p.strategy in FSDP_FAMILY or p.tp_size > 1
-    if w.training and dtensors and w.optimizer_impl == "fused" and w.optimizer in ("sgd", "sgd-momentum"):
+    if _unsteppable(w, p):
         raise ValueError(f"optimizer_impl: torch's fused {w.optimizer} has no DTensor sharding strategy, so it cannot "
                          f"step FSDP2's or TP's parameters (strategy {p.strategy}); use foreach or forloop")
+
+
+def steppable(w: Workload, p: Parallel) -> Workload:
+    """`w` as a run under `p` can step it: a fused SGD step that `check_optimizer` refuses becomes its foreach step
+    (what advice and the Multi-GPU page price when they move a run onto FSDP2 or TP, and say so); else `w` itself."""
+    return replace(w, optimizer_impl="foreach") if _unsteppable(w, p) else w
 
 
 def compile_untraced(w: Workload, p: Parallel) -> str | None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields, replace
 from estimator import cp, vision
 from estimator.estimate import Options, estimate
 from estimator.model import Model
-from estimator.parallel import check_optimizer
+from estimator.parallel import steppable
 from estimator.presets import default_lora_targets
 from estimator.store import ProfileMissing
 from estimator.profile.poly import MASK_ALIGNMENT
@@ -221,15 +221,13 @@ def _candidates(model: Model, w: Workload, p: Parallel, gpu_bytes: int, options:
 
 
 def _steppable(w: Workload, p: Parallel, title: str, wc: dict, pc: dict, note: str) -> tuple:
-    """A candidate as it can run: one that moves a fused SGD step onto DTensor parameters (FSDP2, TP), which torch
-    cannot step (estimator.parallel.check_optimizer), is priced with its foreach step and says so."""
+    """A candidate as it can run (estimator.parallel.steppable): one that moves a fused SGD step onto FSDP2's or TP's
+    parameters is priced with its foreach step and says so."""
     changed = replace(w, **wc)
-    try:
-        check_optimizer(changed, replace(p, **pc))
-    except ValueError:
-        return (title, {**wc, "optimizer_impl": "foreach"}, pc,
-                note + " Fused SGD cannot step FSDP2's or TP's parameters: priced with its foreach step.")
-    return title, wc, pc, note
+    if steppable(changed, replace(p, **pc)) is changed:
+        return title, wc, pc, note
+    return (title, {**wc, "optimizer_impl": "foreach"}, pc,
+            note + " Fused SGD cannot step FSDP2's or TP's parameters: priced with its foreach step.")
 
 
 def _method_candidates(model: Model, w: Workload):
@@ -274,9 +272,8 @@ def _parallel_candidates(model: Model, w: Workload, p: Parallel, gpu_bytes: int,
                     f"{w.seq} tokens and FSDP shards over dp_shard x cp; K and V travel the ring in every layer, and "
                     f"with the same micro-batch per GPU the global batch is {c}x smaller."))
     strategy = "fsdp" if w.training else "tp"
-    runs = replace(w, **_steppable(w, Parallel(), "", {}, {"strategy": strategy, "gpus": 2}, "")[1])
     try:
-        n = min_gpus(model, runs, strategy, gpu_bytes, options=options)
+        n = min_gpus(model, steppable(w, Parallel(strategy=strategy, gpus=2)), strategy, gpu_bytes, options=options)
     except ValueError:
         n = None
     if n is not None and n > p.gpus:

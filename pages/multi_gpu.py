@@ -21,7 +21,7 @@ from estimator.spec import PP_SCHEDULES, PP_TRACED_ONLY, STRATEGIES, Parallel
 from estimator.units import GB, GiB, fmt_bytes
 from estimator.seq2seq import seq2seq_of
 from estimator.vision import check_images, sized
-from estimator.parallel import TRACED_SHARDING, check_model, pp_untraced  # TRACED_SHARDING: what `bench trace` runs
+from estimator.parallel import TRACED_SHARDING, check_model, pp_untraced, steppable  # TRACED_SHARDING: bench trace
 from pages import _charts as charts
 from pages import _derive as derive
 from pages import _state as state, _data as reads, _inputs as ui
@@ -287,10 +287,11 @@ def main() -> None:
         return
     try:
         w = sized(model, ui.workload_from_dict(values, **ui.kinds(model)))   # a grid VLM's image size: its class
-        if w.training and w.optimizer_impl == "fused" and w.optimizer in ("sgd", "sgd-momentum"):
+        runs = steppable(w, Parallel(strategy="fsdp", gpus=2))   # fused SGD: estimator.parallel.check_optimizer
+        if runs is not w:
             st.info("Fused SGD cannot step FSDP2's or TP's parameters (torch 2.13 has no DTensor sharding strategy "
                     "for it: the run fails): every strategy on this page is priced with its foreach step.")
-            w = replace(w, optimizer_impl="foreach")
+            w = runs
         if not strategies or not counts:
             st.info("Pick at least one strategy and one GPU count in the sidebar.")
             return

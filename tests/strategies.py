@@ -8,7 +8,6 @@ Valid specs are built constructively (each choice allowed by the previous ones),
 """
 from __future__ import annotations
 
-from dataclasses import replace
 from functools import cache
 
 from hypothesis import strategies as st
@@ -16,7 +15,7 @@ from hypothesis import strategies as st
 from estimator.model import Model, from_hf_config
 from estimator.presets import config_hash, load_config, preset_names
 from estimator import store
-from estimator.parallel import check_optimizer
+from estimator.parallel import steppable
 from estimator.spec import KV_DTYPES, MAX_LORA_RANK, OPTIMIZER_IMPLS, OPTIMIZERS, WEIGHT_FORMATS, Parallel, Workload
 from estimator.vision import geometry, is_vision
 from estimator.store import SHIPPED_DIR
@@ -125,10 +124,6 @@ def parallels(draw, m: Model | None = None, max_gpus: int = 64) -> Parallel:
 
 
 def runnable(w: Workload, p: Parallel) -> Workload:
-    """The drawn workload as a run under `p` can step it: torch's fused SGD has no DTensor sharding strategy, so over
-    FSDP2's or TP's parameters it is drawn as foreach (estimator.parallel.check_optimizer refuses it)."""
-    try:
-        check_optimizer(w, p)
-    except ValueError:
-        return replace(w, optimizer_impl="foreach")
-    return w
+    """The drawn workload as a run under `p` can step it (estimator.parallel.steppable: fused SGD over FSDP2's or
+    TP's parameters, which check_optimizer refuses, is drawn as foreach)."""
+    return steppable(w, p)

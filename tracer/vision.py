@@ -324,13 +324,12 @@ def unreached_params(model, image: int, channels: int) -> tuple[list[list[int]],
             out = model(pixel_values=torch.empty(1, channels, image, image, device="meta", dtype=params[0].dtype),
                         labels=torch.zeros(1, dtype=torch.long, device="meta").clamp(max=labels - 1))
             out.loss.backward()
+        return [list(p.shape) for p in params if p.grad is None], "step"
     except (RuntimeError, NotImplementedError, TypeError, ValueError, AttributeError):
         return named, "named"
     finally:
-        missed = [list(p.shape) for p in params if p.grad is None]
-        for p in params:
+        for p in params:   # the probe leaves no gradient on the inventory's model
             p.grad = None
-    return missed, "step"
 
 
 def info(model) -> dict:
@@ -340,6 +339,7 @@ def info(model) -> dict:
     window = getattr(model.config, "window_size", None)   # Swin's: part of its grid unit (grid_unit)
     return {"image_size": image, "patch_size": patch, "num_channels": channels,
             "extra_tokens": extra_tokens(model), "num_labels": int(getattr(model.config, "num_labels", 0) or 0),
-            "unreached": unreached, "unreached_read": read, **({"grid": "side" if model.config.model_type in SIDE_GRID_TYPES else "spatial"}
-                                       if is_spatial(model.config) else {}),
+            "unreached": unreached, "unreached_read": read,
+            **({"grid": "side" if model.config.model_type in SIDE_GRID_TYPES else "spatial"}
+               if is_spatial(model.config) else {}),
             **({"window": window} if is_spatial(model.config) and isinstance(window, int) and window > 1 else {})}
