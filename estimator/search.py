@@ -1,8 +1,8 @@
 """Searches over the estimate: the largest batch or sequence that fits, the fewest GPUs, and what to change.
 
 Every answer comes from re-running `estimate` on a changed spec (`dataclasses.replace`); nothing here knows a
-formula. `max_batch`/`max_seq` rely on memory growing monotonically with batch and seq (tests/test_properties.py
-checks it); `min_gpus` relies on it falling with the world size only for the ZeRO/FSDP strategies and scans
+formula. `max_batch`/`max_seq` rely on memory growing monotonically with batch and with seq over the multiples of 16
+(tests/test_properties.py checks it; `max_seq` says why an unaligned seq may cost more); `min_gpus` relies on it falling with the world size only for the ZeRO/FSDP strategies and scans
 the other strategies' valid sizes one by one.
 """
 from __future__ import annotations
@@ -56,18 +56,31 @@ def max_batch(model: Model, workload: Workload, parallel: Parallel, gpu_bytes: i
 
 def max_seq(model: Model, workload: Workload, parallel: Parallel, gpu_bytes: int,
             options: Options = Options(), limit: int = MAX_SEQ) -> int:
-    """Longest sequence (prompt, for inference) that fits, up to `limit` (0 if seq 1 does not). Memory only:
+    """Longest sequence (prompt, for inference) that fits, up to `limit` (0 if none does). Memory only:
     the model's own context length (Model.max_positions) is a separate limit the caller may pass. With context
     parallelism, a multiple of 2 x cp (the load balancer's chunks: estimator.cp.check_seq). A vision-language model's
     images (an audio-language model's clips) take a fixed share of every sequence: the search starts past their
-    tokens (0 if the shortest fails). A loss in 16 chunks or more: a multiple of them (`seq_step`)."""
+    tokens (0 if the shortest fails). A loss in 16 chunks or more: a multiple of them (`seq_step`).
+
+    Memory is not monotone in seq where CUDA's memory-efficient attention is handed a mask (past a sliding window):
+    on a seq that is no multiple of 16 it copies the mask to (batch, heads, seq, 16 * ceil(seq / 16)), so seq 8191
+    can cost twice seq 8192 (attention.cpp `preprocess_mask`). It is monotone over the multiples of 16, and the copy
+    only adds: the multiples of lcm(step, 16) are bisected, then the few seqs between the largest that fits and the
+    next are tried one by one (what plain bisection finds, where memory is monotone)."""
     m = seq_step(model, workload, parallel)
-    first = vision.media_tokens(model, workload) // m + 1   # a VLM's seq holds its images' tokens and some text
-    if limit < first * m:
+    lo = (vision.media_tokens(model, workload) // m + 1) * m   # a VLM's seq holds its images' tokens and some text
+    if limit < lo:
         return 0
-    k = _largest(lambda j: _fits(model, replace(workload, seq=(first + j - 1) * m), parallel, gpu_bytes, options),
-                 limit // m - first + 1)
-    return (first + k - 1) * m if k else 0
+    big = math.lcm(m, MASK_ALIGNMENT)
+    first = -(-lo // big)   # the first multiple of big at or above lo, counted in bigs
+
+    def fits(s: int) -> bool:
+        return _fits(model, replace(workload, seq=s), parallel, gpu_bytes, options)
+
+    k = _largest(lambda j: fits((first + j - 1) * big), limit // big - first + 1) if limit >= first * big else 0
+    base = (first + k - 1) * big if k else lo - m                  # the largest aligned seq that fits
+    top = min(limit, (first + k) * big - m)                         # the last seq below the next aligned one
+    return next((s for s in range(top, base, -m) if fits(s)), max(base, 0))
 
 
 def seq_step(model: Model, workload: Workload, parallel: Parallel) -> int:
@@ -175,6 +188,13 @@ def _candidates(model: Model, w: Workload, p: Parallel, gpu_bytes: int, options:
     shorter sequences and smaller micro-batches first, then checkpointing, the optimizer, the method,
     parallelism, attention, precision."""
     out = []
+    aligned = -(-w.seq // MASK_ALIGNMENT) * MASK_ALIGNMENT
+    if w.training and aligned != w.seq and aligned <= model.max_positions:
+        out.append((f"Pad each sequence to {aligned} tokens (a multiple of {MASK_ALIGNMENT})", {"seq": aligned}, {},
+                    "Where CUDA's memory-efficient attention is handed a mask (past a sliding window), a seq that is "
+                    f"no multiple of {MASK_ALIGNMENT} makes every layer copy it to (batch, heads, seq, seq rounded "
+                    "up) and keep the copy for backward (attention.cpp preprocess_mask). Right-pad with labels -100 "
+                    f"(pad_to_multiple_of={MASK_ALIGNMENT}): the same tokens are trained."))
     if w.seq > 1:  # never past the model's context (Model.max_positions, less the generated tokens)
         limit = max(1, min(w.seq - 1, model.max_positions - w.gen_tokens))
         m = seq_step(model, w, p)

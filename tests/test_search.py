@@ -48,6 +48,28 @@ def test_max_seq_is_the_boundary_and_respects_limit():
     assert max_seq(m, w, Parallel(), cap, limit=100) == 100
 
 
+@pytest.mark.parametrize("cap_gib", [80, 100])
+def test_max_seq_past_a_window_equals_a_scan_of_every_seq(cap_gib):
+    """mistral-7b past its 4096-token window: CUDA's memory-efficient attention copies the mask on every seq that is
+    no multiple of 16 (seq 4097 costs more than 4112), so memory is not monotone in seq; the search still finds the
+    longest seq that fits, as a scan of every seq up to the limit does."""
+    m, w, cap, limit = model("mistral-7b"), Workload(batch=1), cap_gib * GiB, 8000
+    assert _total(m, replace(w, seq=4097)) > _total(m, replace(w, seq=4112))
+    fits = [s for s in range(1, limit + 1) if _total(m, replace(w, seq=s)) <= cap]
+    assert max_seq(m, w, Parallel(), cap, limit=limit) == max(fits)
+    assert any(s % 16 for s in fits) and any(s % 16 == 0 and s - 1 not in fits for s in fits)   # not monotone
+
+
+def test_advice_pads_an_unaligned_seq_past_a_window():
+    m = model("mistral-7b")
+    rows = {a.title: a for a in advice(m, Workload(batch=1, seq=8191), Parallel(), 141 * GiB)}
+    pad = rows["Pad each sequence to 8192 tokens (a multiple of 16)"]
+    assert pad.fits and pad.saving_bytes == _total(m, Workload(batch=1, seq=8191)) - _total(m, Workload(batch=1, seq=8192))
+    assert pad.saving_bytes > 100 * GiB   # every layer's copied mask, kept for backward
+    below = advice(m, Workload(batch=1, seq=3001), Parallel(), 24 * GiB)   # below the window: no mask, no copy
+    assert not any(a.title.startswith("Pad each") for a in below)
+
+
 # ---------------------------------------------------------------- min_gpus
 
 @pytest.mark.parametrize("name, strategy", [("llama-3.1-70b", s) for s in ("tp", "pp")]
