@@ -274,6 +274,7 @@ def inventory(config: dict, name: str, *, derive: bool = True, progress=None, sh
     if not derive:
         raise ProfileMissing(f"model: no inventory for {name!r} on disk; run `python -m bench derive --model "
                              f"{name}` (needs torch and transformers)")
+    _config_check().check(config)   # transformers' own refusal, in about a second, before torch loads here
     if progress:
         progress(0, 1, f"reading {name}'s parameters from a meta-device build (transformers)")
     data = _derivation().read_inventory(config)
@@ -422,6 +423,14 @@ def _model_types():
     from tracer import model_types
 
     return model_types
+
+
+def _config_check():
+    """tracer.config_check (transformers' config class asked in a child process without torch): the derivation
+    tier's second fast check, imported on an inventory miss, before the derivation itself."""
+    from tracer import config_check
+
+    return config_check
 
 
 def forget(config: dict, key: str, *, ship: bool = False) -> None:

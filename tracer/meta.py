@@ -16,7 +16,6 @@ and its role:
 """
 from __future__ import annotations
 
-import copy
 import functools
 import math
 from collections import Counter
@@ -26,7 +25,7 @@ import torch
 from estimator.families import AUDIO_ROUTE, vlm_route
 from tracer import serialized
 import tracer  # noqa: F401  (quiets torchao's import-time logging before transformers loads it)
-from tracer import audio, seq2seq, vision, vlm
+from tracer import audio, config_check, seq2seq, vision, vlm
 from tracer.depth import layer_infos, layer_stacks, text_config
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -48,28 +47,9 @@ TOPK_KEYS = ("num_experts_per_tok", "num_experts_per_token", "experts_per_token"
 
 
 def hf_config(config: dict):
-    """transformers' config object for a config.json dict; refusals in one line naming why."""
-    from huggingface_hub.errors import StrictDataclassError
-    from transformers import AutoConfig
-
-    if not isinstance(config.get("model_type"), str) or not config["model_type"]:
-        raise ValueError("model_type: missing; a config.json names its model_type")
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
-
-    if config.get("auto_map") and config["model_type"] not in CONFIG_MAPPING_NAMES:
-        raise ValueError(f"model_type: {config['model_type']!r} is not in transformers; its config points to the "
-                         "model's own remote code (auto_map), which willitfit never runs (no trust_remote_code)")
-    rest = copy.deepcopy({k: v for k, v in config.items() if k not in ("model_type", "auto_map")})
-    if config["model_type"] not in CONFIG_MAPPING_NAMES:
-        raise ValueError(f"model_type: transformers {_transformers_version()} does not know {config['model_type']!r} "
-                         f"(it knows {len(CONFIG_MAPPING_NAMES)} model types; docs/architectures.md lists the "
-                         "causal- and masked-LM ones and how each fares)")
-    try:
-        cfg = AutoConfig.for_model(config["model_type"], **rest)
-    except (ValueError, KeyError, TypeError, StrictDataclassError) as e:
-        first = _reason(e)
-        raise ValueError(f"model_type: transformers cannot build {config['model_type']!r} from this config "
-                         f"({first})") from None
+    """transformers' config object for a config.json dict (tracer.config_check.build); refusals in one line naming
+    why."""
+    cfg = config_check.build(config)
     seq2seq.start_token_stated(cfg)
     _every_layer_runs(cfg)
     return cfg
@@ -85,22 +65,6 @@ def _every_layer_runs(cfg) -> None:
         for key, value in list(vars(c).items()) if c is not None and hasattr(c, "__dict__") else ():
             if key.endswith("layerdrop") and isinstance(value, (int, float)) and not isinstance(value, bool) and value:
                 setattr(c, key, 0.0)
-
-
-def _reason(e: BaseException) -> str:
-    """One line of an exception's text: its first line, or where that only introduces the next ones (huggingface_hub's
-    "Class validation error for validator 'validate_architecture':"), the line that says what is wrong."""
-    lines = [x.strip() for x in str(e).strip().splitlines() if x.strip()]
-    if not lines:
-        return type(e).__name__
-    said = lines[1] if lines[0].endswith(":") and len(lines) > 1 else lines[0]
-    return said[:300]
-
-
-def _transformers_version() -> str:
-    import transformers
-
-    return transformers.__version__
 
 
 def model_class(cfg, mode: str = "train"):
