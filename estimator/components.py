@@ -265,6 +265,21 @@ def optimizer_step_temp_bytes(shapes, optimizer: str, impl: str, state_dtype: st
     return (3 * largest if forloop_elems is None else forloop_elems) * sb
 
 
+# torchtune's OffloadActivations(min_offload_size=1024): a saved tensor under 1024 bytes stays on the GPU. A profile is
+# fit where every per-token saved tensor is offloaded; below this many tokens per micro-batch (1 byte per token: a
+# bool mask) one may stay, which no polynomial follows: the estimate says so (docs/recipes.md, activation_offload)
+OFFLOAD_EXACT_TOKENS = 1024
+
+
+def offload_notes(w: Workload) -> tuple[str, ...]:
+    """The note of an activation-offloaded step at fewer tokens per micro-batch than its profile is exact for."""
+    if not (w.activation_offload and w.training) or w.batch * w.seq >= OFFLOAD_EXACT_TOKENS:
+        return ()
+    return (f"activation_offload: at {w.batch * w.seq} tokens per micro-batch (under {OFFLOAD_EXACT_TOKENS}) saved "
+            "tensors under 1 KiB (torchtune's min_offload_size: position ids, per-token statistics) may stay on the "
+            "GPU; the profile, fit where they leave it, can read up to about 1 KiB low per such tensor",)
+
+
 def paged(optimizer: str) -> bool:
     return optimizer in PAGED_OPTIMIZERS
 

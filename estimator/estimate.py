@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 
 from estimator import components as comp
 from estimator import ssd, store
@@ -22,8 +22,8 @@ from estimator.model import Model
 from estimator.parallel import (check_model, check_optimizer, compile_untraced, pp_microbatches, pp_rank_shares,
                                 pp_traced_parallel, pp_untraced, shares, tp_untraced)
 from estimator.reserved import workload_class
-from estimator.spec import PAGED_OPTIMIZERS, PP_TRACED_ONLY, SIZE_FIELDS, Parallel, Workload
-from estimator.evaluate import stage_breakdowns, traced_rank
+from estimator.spec import PAGED_OPTIMIZERS, PP_TRACED_ONLY, Parallel, Workload, class_key
+from estimator.evaluate import peak_shares, stage_breakdowns, traced_rank
 from estimator.reserved import alloc_mode
 from estimator.reserved import fit_for_class
 from estimator.device import context_bytes
@@ -252,7 +252,6 @@ def traced_class(w: Workload, p: Parallel) -> tuple[Workload, Parallel, tuple[st
     return tw, tp, (*notes, *evaluate.fsdp_notes(w, p))
 
 
-_CLASS_FIELDS = tuple(f.name for f in fields(Workload) if f.name not in SIZE_FIELDS)
 _CLASSES: dict = {}
 
 
@@ -262,7 +261,7 @@ def resolve(model: Model, w: Workload, p: Parallel, options: Options):
     more than evaluating it. Every share is evaluated with the one profile, except a pipeline whose ranks are
     traced one by one: each rank with its own."""
     key = (model, p, options.derive, options.analytic_tp, options.analytic_pp,
-           tuple(getattr(w, f) for f in _CLASS_FIELDS))
+           class_key(w))
     hit = _CLASSES.get(key)
     if hit is None:
         model.inventory.trainable_params(w)  # a LoRA target the model lacks: one clean line, before any trace
@@ -428,10 +427,10 @@ def estimate(model: Model, workload: Workload, parallel: Parallel = Parallel(),
     tw, notes, prof, stage_shares = resolve(model, workload, parallel, options)
     notes = attn_note + notes + ssd.split_notes(model.config, model.inventory.config_hash, workload.mode,
                                                 workload.batch, workload.seq) + vision.size_notes(model, workload) \
-        + seq2seq.layerdrop_notes(model, workload)
+        + seq2seq.layerdrop_notes(model, workload) + comp.offload_notes(workload)
     fit, mode_note, source = reserved_fit(workload_class(workload, parallel), options.alloc_conf)
     best = None
-    for sh, sh_prof in stage_shares:
+    for sh, sh_prof in peak_shares(model, stage_shares, workload, parallel, tw, options):
         # the allocator's cache on each stage's allocated peak (monotone in it: the peak stage stays the peak)
         stages = stage_breakdowns(model, sh_prof, workload, parallel, tw, sh, options, fit)
         peak_name, (label, peak) = max(((n, v) for n, v in stages.items()), key=lambda kv: kv[1][1].total)

@@ -15,13 +15,13 @@ from estimator import components as comp
 from estimator.breakdown import Breakdown
 from estimator.parallel import (FSDP_FAMILY, Share, composed, pp_in_flight, pp_microbatches, pp_rank_stages,
                                 pp_untraced, shard_group, tp_activation_scale)
-from estimator.profile.poly import exponents, rank_degree, s_factor, s_factor_array, seq_degree
+from estimator.profile.poly import (exponents, lse_rows, mask_width, rank_degree, s_factor_array, scan_chunk,
+                                    scan_padded, seq_degree)
 from estimator.profile.profile import CATEGORIES, Piece, Profile
-from estimator.spec import PP_STAGES_PER_RANK, SIZE_FIELDS, Parallel, Workload
+from estimator.spec import PP_STAGES_PER_RANK, Parallel, Workload, class_key
 from estimator.units import dtype_bytes
 
 C = {c: i for i, c in enumerate(CATEGORIES)}
-_CLASS_FIELDS = tuple(f for f in Workload.__dataclass_fields__ if f not in SIZE_FIELDS)
 FWD_BWD = ("forward", "backward", "prefill", "decode", "decode1")
 STATE_CATEGORIES = ("weights", "gradients", "optimizer_states", "optimizer_step", "comm_buffers")
 
@@ -340,12 +340,15 @@ class StagePlan:
         if any(rank_degree(m) for m in monos):  # r is a constant of the workload: folded in before a plan is built
             raise ValueError("profile: a rank-variable LoRA profile is evaluated at a rank (Profile.at_rank)")
         self.padded = bool(self.exps[:, 4:].any())  # m, l or q (poly: kernels' padding of s) in a monomial
+        self._terms = tuple((exponents(m), scan_chunk(m)) for m in monos)
 
     def point(self, b: int, s: int, g: int, n: int) -> np.ndarray:
         """(m,) monomial values at one point (the single-estimate path: no matrix building)."""
-        if self.padded:
-            return np.array([b ** m[0] * s ** m[1] * g ** m[2] * s_factor(m, s) / n ** m[3] for m in self.monos],
-                            dtype=float)
+        if self.padded:   # poly.s_factor's integers, with s's functions read once per point
+            mw, lr = mask_width(s), lse_rows(s)
+            return np.array([b ** e[0] * s ** e[1] * g ** e[2] * (mw ** e[4] * lr ** e[5] *
+                                                                  (scan_padded(s, c) ** e[6] if e[6] else 1))
+                             / n ** e[3] for e, c in self._terms], dtype=float)
         return np.array([b ** m[0] * s ** m[1] * g ** m[2] / n ** m[3] for m in self.monos], dtype=float)
 
     def totals_at(self, b: int, s: int, g: int, n: int, v: np.ndarray | None = None) -> np.ndarray:
@@ -393,6 +396,25 @@ def stage_breakdowns(model, prof: Profile, w: Workload, p: Parallel, tw: Workloa
     return {k: v[:2] for k, v in out.items()}
 
 
+# Float totals and a breakdown's whole bytes differ by the truncation of each rule's terms (under a byte each, a few
+# dozen terms): a pipeline stage whose float peak is this far below the largest cannot hold the peak
+PEAK_MARGIN_BYTES = 4096
+
+
+def peak_shares(model, stage_shares: list, w: Workload, p: Parallel, tw: Workload, options) -> list:
+    """The (Share, Profile) pairs of a pipeline's stages whose largest total can be the peak (all of one): the others'
+    breakdowns are never built. A stage's totals are what `stage_breakdowns` ranks its moments by (the rules' bytes
+    before the allocator's cache, whose fit is monotone in them); deepseek-v3 over PP 16 breaks down 1 of 3."""
+    if len(stage_shares) < 2:
+        return stage_shares
+    n, peaks = world(p), []
+    for sh, prof in stage_shares:
+        _, plans = stage_plans(model, prof, w, p, tw, sh, options, prof.piece_for(w.batch, w.seq))
+        peaks.append(max(float(plan.totals_at(w.batch, w.seq, w.gen_tokens, n).max()) for stage, plan in plans.items()
+                         if applies(stage, w.gen_tokens)))
+    return [x for x, v in zip(stage_shares, peaks) if v >= max(peaks) - PEAK_MARGIN_BYTES]
+
+
 def applies(stage: str, gen_tokens: int) -> bool:
     """decode1 holds the first generated token's moments, decode the g-th's for g >= 2."""
     return (stage != "decode1" or gen_tokens >= 1) and (stage != "decode" or gen_tokens >= 2)
@@ -404,7 +426,7 @@ _PLANS: dict = {}
 def stage_plans(model, prof, w, p, tw, sh, options, piece):
     """The Swap and the stage plans for (model, workload, parallel, stage share, piece), memoised: only the
     sizes change between calls of a search or a sweep (the k form depends on them, so it is not memoised)."""
-    key = (model, tuple(getattr(w, f) for f in _CLASS_FIELDS), p, sh, options.activation_k, options.overhead,
+    key = (model, class_key(w), p, sh, options.activation_k, options.overhead,
            id(piece))
     hit = _PLANS.get(key)
     if hit is None:

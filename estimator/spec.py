@@ -6,6 +6,7 @@ raises `ValueError` naming the field and the allowed values.
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field, fields
 
 MODES = ("train", "infer")
@@ -400,3 +401,9 @@ def spec_dict(obj) -> dict:
         v = getattr(obj, f.name)
         out[f.name] = ",".join(v) if isinstance(v, tuple) else v
     return out
+
+
+# A workload's fields other than its sizes (its class: what a profile is keyed by), read as one tuple (C's attrgetter:
+# the memo keys of estimator.estimate.resolve and estimator.evaluate.stage_plans, built on every estimate)
+CLASS_FIELDS = tuple(f.name for f in fields(Workload) if f.name not in SIZE_FIELDS)
+class_key = operator.attrgetter(*CLASS_FIELDS)
