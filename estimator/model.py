@@ -275,8 +275,13 @@ def check_context(model: Model, seq: int, gen_tokens: int = 0, allow_beyond: boo
         raise ValueError(f"seq: {tokens} tokens exceed {model.name}'s {context} learned positions (absolute position "
                          "embeddings, max_position_embeddings); use a shorter seq")
     if not allow_beyond:
-        raise ValueError(f"seq: {tokens} tokens exceed {model.name}'s context of {context} tokens "
-                         f"(max_position_embeddings); use seq <= {context - gen_tokens}, or --allow-beyond-context "
-                         "if you run it longer (RoPE scaling; T5's relative positions run past its n_positions)")
+        # the field to change: seq where the generated tokens leave room for a prompt, else gen_tokens itself
+        fix = f"seq <= {context - gen_tokens}" if gen_tokens < context else f"gen_tokens <= {context - seq}" \
+            if seq < context else "a shorter seq"
+        field = "seq" if gen_tokens < context else "gen_tokens"
+        what = f"{tokens} tokens (seq {seq} + {gen_tokens} generated)" if gen_tokens else f"{tokens} tokens"
+        raise ValueError(f"{field}: {what} exceed {model.name}'s context "
+                         f"of {context} tokens (max_position_embeddings); use {fix}, or --allow-beyond-context if you "
+                         "run it longer (RoPE scaling; T5's relative positions run past its n_positions)")
     return (f"{tokens} tokens are beyond {model.name}'s context of {context} (max_position_embeddings): "
             "the memory is estimated as asked; the model was not trained that long")

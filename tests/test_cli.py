@@ -438,6 +438,14 @@ def test_seq_beyond_a_rope_models_context_is_refused_naming_max_position_embeddi
     assert "seq:" in err and "4096" in err and "max_position_embeddings" in err and "--allow-beyond-context" in err
 
 
+def test_generated_tokens_past_the_context_name_gen_tokens_and_a_bound_that_exists(capsys):
+    # seq 2048 + 999,999 generated: no seq can fix it (the bound read "seq <= -868927"); gen_tokens can
+    assert cli.main(["--model", "llama-3.1-8b", "--mode", "infer", "--gen-tokens", "999999"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "<= -" not in err
+    assert "gen_tokens: 1002047 tokens (seq 2048 + 999999 generated)" in err and "use gen_tokens <= 129024" in err
+
+
 def test_allow_beyond_context_answers_with_a_note_and_the_advice_stays_within_the_context(capsys):
     out = run_json(capsys, "--model", "llama-2-7b", "--seq", "8192", "--gpu", "l4", "--allow-beyond-context",
                    "--json")
