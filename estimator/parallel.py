@@ -343,12 +343,15 @@ def compile_untraced(w: Workload, p: Parallel) -> str | None:
         return None
     if w.mode != "train":
         return "compile: traced for training only (the partitioner's saved tensors); inference runs eager"
-    if p.strategy not in ("single", "ddp"):
-        return (f"compile: traced on one GPU only; FSDP2's hooks and sharded parameters do not run inside "
-                f"AOTAutograd's functional trace here (strategy {p.strategy!r})")
+    if p.strategy not in ("single", "ddp", *TRACED_SHARDING) or composed(p) or p.cp > 1:
+        return (f"compile: traced on one GPU, DDP, or FSDP2 alone (torchtitan's per-block graphs), not under "
+                f"{p.strategy!r} with tp {p.tp_size}, pp {p.pp_size}, cp {p.cp}")
+    if p.strategy in TRACED_SHARDING and w.checkpointing in ("none", "full") and \
+            (w.loss, w.activation_offload, w.float8) == ("full", False, False):
+        return None   # per block (torchtitan, torchtune): a checkpointed block recomputes its compiled forward
     if (w.loss, w.checkpointing, w.activation_offload, w.float8) != ("full", "none", False, False):
-        return ("compile: traced with loss='full' and no checkpointing, activation offloading or float8 (the "
-                "compiled graph is the model's own step)")
+        return ("compile: traced with loss='full' and no activation offloading or float8, and without checkpointing "
+                "on one GPU or DDP (one graph of the whole step; under FSDP2, each block's, full checkpointing too)")
     return None
 
 

@@ -239,7 +239,8 @@ class Workload:
     float8: bool = knob(False, "float8 training", "torchao float8 training of the block Linears (torchtitan)",
                         applies="train", advanced=True)
     compile: bool = knob(False, "torch.compile", "the model is torch.compile'd: what AOTAutograd's partitioner "
-                         "saves, traced on one GPU with the full loss (no inductor fusion; tracer.compiled)",
+                         "saves (no inductor fusion; tracer.compiled), with the full loss: on one GPU or DDP the "
+                         "whole step as one graph, under FSDP2 each block and the loss apart (torchtitan)",
                          advanced=True)
 
     def __post_init__(self) -> None:

@@ -45,6 +45,7 @@ from bench.trace.cases import trace_case  # noqa: E402
 from estimator.components import OFFLOAD_EXACT_TOKENS  # noqa: E402
 from estimator.estimate import estimate  # noqa: E402
 from estimator.model import from_hf_config  # noqa: E402
+from estimator.parallel import compile_untraced  # noqa: E402
 from estimator.spec import FSDP_WRAPS, Parallel, Workload  # noqa: E402
 from tracer import losses, session  # noqa: E402
 from tracer.derive import derive_profile  # noqa: E402
@@ -176,8 +177,9 @@ def _assert_equal(cfg: dict, w: Workload, got: dict, traced: dict, parallel: Par
     slack = padding_slack(cfg, w, parallel)
     if cfg["model_type"] == "mixtral":
         assert all(abs(diff[k]) <= MOE_TOLERANCE * traced[k] + slack for k in got), diff
-    elif offload_slack(cfg, w):   # low only, by the saved tensors under 1 KiB that stay (estimate's note)
-        assert all(-offload_slack(cfg, w) <= d <= 0 for d in diff.values()), diff
+    elif offload_slack(cfg, w):   # low by the saved tensors under 1 KiB that stay (estimate's note), and padding
+        low = offload_slack(cfg, w) + chunk_slack(cfg, w) + slack
+        assert all(-low <= d <= chunk_slack(cfg, w) + slack for d in diff.values()), (diff, low)
         event("within activation offloading's kept small tensors")
     elif chunk_slack(cfg, w) or slack:
         assert all(abs(d) < chunk_slack(cfg, w) + slack for d in diff.values()), (diff, slack)
@@ -341,6 +343,8 @@ def ranked_cases(draw):
     assume(w.mode == "train")
     parallel = Parallel(strategy=draw(st.sampled_from(("fsdp", "zero3", "fsdp-grad-op"))),
                         gpus=draw(st.sampled_from((2, 4, 8, 16))), fsdp_wrap=draw(st.sampled_from(FSDP_WRAPS)))
+    if draw(st.booleans()) and compile_untraced(replace(w, compile=True), parallel) is None:
+        w = replace(w, compile=True)   # torchtitan's per-block graphs (tracer.compiled.compile_units)
     return cfg, w, parallel
 
 

@@ -86,3 +86,21 @@ def test_torchtitan_units_are_for_text_models():
                     ("llava-1.5-7b", Workload(images=1))):
         with pytest.raises(ValueError, match="^fsdp_wrap: torchtitan's units .* are traced for text models"):
             estimate(model(name), w, Parallel(strategy="fsdp", gpus=2, fsdp_wrap="torchtitan"), Options(derive=False))
+
+
+@SLOW
+@pytest.mark.parametrize("ckpt, wrap", [("none", "layers"), ("full", "layers"), ("full", "torchtitan")])
+def test_a_compiled_fsdp_rank_equals_full_depth_traces(ckpt, wrap, tmp_path, monkeypatch):
+    """torch.compile under FSDP2 as torchtitan applies it (each block and the loss apart, the checkpoint around the
+    compiled block: tracer.compiled.compile_units): derived on the reduced models, evaluated at 4 ranks and sizes no
+    fit used, against traces of the whole 5-layer model, every stage to the byte."""
+    from estimator import store
+    from estimator.estimate import clear_caches
+
+    monkeypatch.setenv("WILLITFIT_CACHE", str(tmp_path))
+    monkeypatch.setattr(store, "SHIPPED_DIR", tmp_path / "none")
+    clear_caches(tables=False)
+    cfg = dict(tiny("llama"), num_hidden_layers=5)
+    ests = assert_equals_trace(cfg, "tiny", Workload(recipe="pure", compile=True, checkpointing=ckpt),
+                               [(2, 100), (8, 1000)], Parallel(strategy="fsdp", gpus=4, fsdp_wrap=wrap))
+    assert not [n for n in ests[0].notes if n.startswith("compile")]   # traced compiled, not priced as eager

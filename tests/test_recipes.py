@@ -238,8 +238,9 @@ def test_float8_saves_what_bf16_saves():
 
 @pytest.mark.parametrize("workload, parallel, message", [
     (Workload(recipe="fsdp-mp"), Parallel(), "^recipe: fsdp-mp is FSDP2's MixedPrecisionPolicy"),
-    (Workload(compile=True), Parallel(strategy="fsdp", gpus=2), "^compile: traced on one GPU only"),
+    (Workload(compile=True), Parallel(strategy="hsdp", gpus=4), "^compile: traced on one GPU, DDP, or FSDP2"),
     (Workload(compile=True, loss="chunked"), Parallel(), "^compile: traced with loss='full'"),
+    (Workload(compile=True, checkpointing="full"), Parallel(), "^compile: traced with loss='full'"),
     (Workload(optimizer_in_backward=True, recipe="mixed"), Parallel(), "^optimizer_in_backward: recipe 'mixed'"),
     (Workload(optimizer_in_backward=True), Parallel(strategy="ddp", gpus=2), "^optimizer_in_backward: ddp"),
     (Workload(loss="fused-linear", loop="keep-output"), Parallel(), "^loop: keep-output keeps the logits"),
@@ -302,8 +303,10 @@ def test_float8_is_traced_where_torchao_is_installed_and_priced_as_bf16_elsewher
 def test_untraced_compile_is_priced_as_eager_with_its_reason():
     from estimator.estimate import traced_class
 
-    tw, _, notes = traced_class(Workload(compile=True), Parallel(strategy="fsdp", gpus=8))
-    assert not tw.compile and notes[-1].startswith("compile: traced on one GPU only")
+    tw, _, notes = traced_class(Workload(compile=True), Parallel(strategy="fsdp", gpus=8, tp=2))
+    assert not tw.compile and notes[-1].startswith("compile: traced on one GPU, DDP, or FSDP2 alone")
+    tw, _, notes = traced_class(Workload(compile=True, checkpointing="full"), Parallel(strategy="fsdp", gpus=8))
+    assert tw.compile and not [n for n in notes if n.startswith("compile")]   # torchtitan's per-block graphs
 
 
 def test_chunked_loss_profile_lowers_the_estimate():
@@ -342,3 +345,36 @@ def test_torch_memtracker_agrees_with_the_counter(knob):
     # knobs with their own autograd machinery; chunked and op-sac agree too: python -m bench trace --check)
     trace = session.run_traced(LLAMA, Workload(batch=1, seq=32, **knob), Parallel(), check=True)
     assert any(n.startswith("MemTracker agrees to the byte") for n in trace.notes)
+
+
+FSDP2 = Parallel(strategy="fsdp", gpus=2)
+
+
+def test_fsdp_compiles_each_block_and_the_loss_and_keeps_no_step_alive():
+    """Under FSDP2 each decoder layer and the loss are compiled apart (torchtitan's apply_compile): less is saved than
+    eager's, and nothing of a step outlives it (the warm-up's copies have storages of their own: sharing them, the
+    graphs' example inputs kept the first step's layer inputs, position embeddings and logits, 238,080 B, into the
+    next optimizer step)."""
+    w = Workload(batch=2, seq=64)
+    eager, _ = _counted(LLAMA, w, FSDP2)
+    comp, model = _counted(LLAMA, replace(w, compile=True), FSDP2)
+    assert getattr(model, "_willitfit_units_compiled", False)
+    assert _at_marks(comp, "activations", "forward", reduce=max)[-1] < _at_marks(eager, "activations", "forward",
+                                                                                 reduce=max)[-1]
+    for category in CATEGORIES:
+        assert _at_marks(comp, category, "optimizer", reduce=max) == _at_marks(eager, category, "optimizer",
+                                                                               reduce=max), category
+
+
+def test_fsdp_checkpoint_wraps_the_compiled_block():
+    """torchtune wraps each compiled layer in its checkpoint, torchtitan applies AC before compile: under full
+    checkpointing a compiled block keeps only its input in forward and recomputes its compiled forward in backward
+    (transformers' own wrapper, inside the compiled forward, would have checkpointed nothing)."""
+    w = Workload(batch=2, seq=64, compile=True)
+    plain, _ = _counted(LLAMA, w, FSDP2)
+    ckpt, model = _counted(LLAMA, replace(w, checkpointing="full"), FSDP2)
+    calls = [layer.forward for layer in model.modules() if hasattr(layer, "gradient_checkpointing")
+             and isinstance(getattr(layer, "forward", None), __import__("functools").partial)]
+    assert len(calls) == LLAMA["num_hidden_layers"]
+    assert max(_at_marks(ckpt, "activations", "backward", reduce=max)) < max(_at_marks(plain, "activations", "backward",
+                                                                                       reduce=max))

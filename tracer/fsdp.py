@@ -13,7 +13,7 @@ import contextlib
 import torch
 
 from estimator.spec import Parallel, Workload
-from tracer import cp, recipes, runner, tp
+from tracer import compiled, cp, recipes, runner, tp
 
 
 @contextlib.contextmanager
@@ -48,6 +48,8 @@ def fsdp_model(config: dict, workload: Workload, parallel: Parallel, layers: lis
         if parallel.fsdp_wrap == "torchtitan":
             torchtitan_units(model, reshard, mp)
         fully_shard(model, reshard_after_forward=reshard, **mp)
+        if workload.compile:   # torchtitan compiles each block and the loss; FSDP2's hooks stay outside the graphs
+            compiled.compile_units(model, decoder_layers(model))
         yield model, cp_mesh
     finally:
         dist.destroy_process_group()

@@ -271,8 +271,7 @@ def forward(model: torch.nn.Module, w: Workload, inputs: dict):
         offload = offloading(model, losses.head_and_body(losses.causal_lm(model))[1])
     else:
         offload = contextlib.nullcontext()
-    if w.compile:
-
+    if w.compile and not getattr(model, "_willitfit_units_compiled", False):   # one graph (one GPU), else per unit
         return losses.LossOutput(compiled.forward(model, inputs))
     try:
         with patch, offload:
