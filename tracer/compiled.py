@@ -101,8 +101,8 @@ class CompiledCall:
     runs it: one AOTAutograd graph pair per call signature, partitioned by `min_cut_rematerialization_partition`, its
     tensors the call's tensor arguments (and, for a module, the module's parameters and buffers as they are at the
     call: FSDP2's unsharded ones inside its hooks), everything else a constant of the graph. The first call at a
-    signature traces the graphs, forward and backward, uncounted, on detached copies (no gradient reaches the real
-    parameters); every call then runs the graphs op by op as inductor's wrapper does (`_boxed_interpreter`)."""
+    signature traces the graphs, forward and backward, uncounted, on copies of its own (no gradient reaches the real
+    parameters: `_warm`); every call then runs the graphs op by op as inductor's wrapper does (`_boxed_interpreter`)."""
 
     def __init__(self, fn, module: torch.nn.Module | None = None):
         self.fn, self.module, self.graphs = fn, module, {}
