@@ -277,7 +277,7 @@ def offload_notes(w: Workload) -> tuple[str, ...]:
         return ()
     return (f"activation_offload: at {w.batch * w.seq} tokens per micro-batch (under {OFFLOAD_EXACT_TOKENS}) saved "
             "tensors under 1 KiB (torchtune's min_offload_size: position ids, per-token statistics) may stay on the "
-            "GPU; the profile, fit where they leave it, can read up to about 1 KiB low per such tensor",)
+            "GPU; the profile, fit where they leave it, can be off by up to about 1 KiB per such tensor, either way",)
 
 
 def paged(optimizer: str) -> bool:
