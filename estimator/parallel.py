@@ -343,10 +343,10 @@ def compile_untraced(w: Workload, p: Parallel) -> str | None:
         return None
     if w.mode != "train":
         return "compile: traced for training only (the partitioner's saved tensors); inference runs eager"
-    if p.strategy not in ("single", "ddp", *TRACED_SHARDING) or composed(p) or p.cp > 1:
+    if p.strategy not in ("single", "ddp", *FSDP_FAMILY) or composed(p) or p.cp > 1:
         return (f"compile: traced on one GPU, DDP, or FSDP2 alone (torchtitan's per-block graphs), not under "
                 f"{p.strategy!r} with tp {p.tp_size}, pp {p.pp_size}, cp {p.cp}")
-    if p.strategy in TRACED_SHARDING and w.checkpointing in ("none", "full") and \
+    if p.strategy in FSDP_FAMILY and w.checkpointing in ("none", "full") and \
             (w.loss, w.activation_offload, w.float8) == ("full", False, False):
         return None   # per block (torchtitan, torchtune): a checkpointed block recomputes its compiled forward
     if (w.loss, w.checkpointing, w.activation_offload, w.float8) != ("full", "none", False, False):

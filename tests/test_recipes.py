@@ -238,7 +238,7 @@ def test_float8_saves_what_bf16_saves():
 
 @pytest.mark.parametrize("workload, parallel, message", [
     (Workload(recipe="fsdp-mp"), Parallel(), "^recipe: fsdp-mp is FSDP2's MixedPrecisionPolicy"),
-    (Workload(compile=True), Parallel(strategy="hsdp", gpus=4), "^compile: traced on one GPU, DDP, or FSDP2"),
+    (Workload(compile=True), Parallel(strategy="fsdp", gpus=4, cp=2), "^compile: traced on one GPU, DDP, or FSDP2"),
     (Workload(compile=True, loss="chunked"), Parallel(), "^compile: traced with loss='full'"),
     (Workload(compile=True, checkpointing="full"), Parallel(), "^compile: traced with loss='full'"),
     (Workload(optimizer_in_backward=True, recipe="mixed"), Parallel(), "^optimizer_in_backward: recipe 'mixed'"),
