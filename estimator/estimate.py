@@ -19,8 +19,8 @@ from estimator import components as comp
 from estimator import ssd, store
 from estimator.breakdown import Breakdown
 from estimator.model import Model
-from estimator.parallel import (check_model, check_optimizer, compile_untraced, pp_microbatches, pp_rank_shares,
-                                pp_traced_parallel, pp_untraced, shares, tp_untraced)
+from estimator.parallel import (check_model, check_optimizer, compile_notes, compile_untraced, pp_microbatches,
+                                pp_rank_shares, pp_traced_parallel, pp_untraced, shares, tp_untraced)
 from estimator.reserved import workload_class
 from estimator.spec import PAGED_OPTIMIZERS, PP_TRACED_ONLY, Parallel, Workload, class_key
 from estimator.evaluate import peak_shares, stage_breakdowns, traced_rank
@@ -200,10 +200,9 @@ def traced_class(w: Workload, p: Parallel) -> tuple[Workload, Parallel, tuple[st
         tw = replace(tw, float8=False)
         notes.append("float8: torchao is not installed, so not traced; priced as bf16, whose saved tensors eager "
                      "float8 training keeps too (its transient float8 copies are not counted)")
-    why = compile_untraced(w, p)
-    if why:
+    if compile_untraced(w, p):
         tw = replace(tw, compile=False)
-        notes.append(f"{why}; estimated as eager")
+    notes += compile_notes(w, p)
     if w.loss == "fused-linear":
         notes.append("fused-linear: Liger's power-of-two chunks of logits bounded from above in the profile "
                      "(at most three more chunks; tracer.losses.bounding_chunk_rows)")

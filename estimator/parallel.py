@@ -355,6 +355,18 @@ def compile_untraced(w: Workload, p: Parallel) -> str | None:
     return None
 
 
+def compile_notes(w: Workload, p: Parallel) -> tuple[str, ...]:
+    """What an estimate with compile on assumes: why it is priced as eager, or how it is traced."""
+    if not w.compile:
+        return ()
+    why = compile_untraced(w, p)
+    if why:
+        return (f"{why}; estimated as eager",)
+    unit = "each block and the loss apart (torchtitan, torchtune)" if p.strategy in FSDP_FAMILY else "the whole step"
+    return (f"compile: traced as AOTAutograd's partitioner saves, {unit}; inductor's fusion inside a graph is not "
+            "modelled, so a peak inside forward or backward can read above a compiled run's",)
+
+
 def tp_activation_scale(tp: int, sequence_parallel: bool) -> tuple[float, float]:
     """(scale of the b·s terms, scale of the b·s² terms) of one GPU's activations under tensor parallelism."""
     if tp == 1:

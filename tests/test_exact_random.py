@@ -262,7 +262,7 @@ def _estimate_equals_trace(cfg: dict, w: Workload, parallel: Parallel = Parallel
     # all of it from the profile, nothing priced analytically; fused-linear says that its chunks are bounded, and
     # torchtitan's FSDP units are named
     assert all(n.startswith(("fused-linear: Liger's power-of-two chunks", "fsdp: torchtitan's units",
-                             "activation_offload: at "))
+                             "activation_offload: at ", "compile: traced as"))
                for n in est.notes), est.notes
     with bounded(w):
         row = trace_case(cfg, "tiny", w, parallel, steps=2)
