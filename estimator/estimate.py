@@ -132,7 +132,7 @@ class Estimate:
     @property
     def reserved_bytes(self) -> int:
         """Peak as torch.cuda.max_memory_reserved would see it: allocated + the allocator's cache
-        (reserved = allocated + min(allocated * r + c, allocated * q) of the workload class, data/allocator_fit.json)."""
+        (reserved = allocated + min(allocated * r + c, allocated * q) of its workload class: data/allocator_fit.json)."""
         return self.allocated_bytes + self.components.allocator_cache
 
     @property
@@ -200,9 +200,6 @@ def traced_class(w: Workload, p: Parallel) -> tuple[Workload, Parallel, tuple[st
         tw = replace(tw, float8=False)
         notes.append("float8: torchao is not installed, so not traced; priced as bf16, whose saved tensors eager "
                      "float8 training keeps too (its transient float8 copies are not counted)")
-    if compile_untraced(w, p):
-        tw = replace(tw, compile=False)
-    notes += compile_notes(w, p)
     if w.loss == "fused-linear":
         notes.append("fused-linear: Liger's power-of-two chunks of logits bounded from above in the profile "
                      "(at most three more chunks; tracer.losses.bounding_chunk_rows)")
@@ -248,7 +245,9 @@ def traced_class(w: Workload, p: Parallel) -> tuple[Workload, Parallel, tuple[st
     if p.cp > 1:
         tp = cp.traced(p)
         notes.append(cp.note(p))
-    return tw, tp, (*notes, *evaluate.fsdp_notes(w, p))
+    if compile_untraced(w, tp):   # as the traced class runs it: one graph, or each block (an FSDP2 or pipeline rank)
+        tw = replace(tw, compile=False)
+    return tw, tp, (*notes, *compile_notes(w, tp), *evaluate.fsdp_notes(w, p))
 
 
 _CLASSES: dict = {}
@@ -314,9 +313,11 @@ def _traced_pp_or_analytic(model: Model, w: Workload, tw: Workload, tp: Parallel
         note = "pp: priced by the analytic rule (Options.analytic_pp)" if options.analytic_pp else \
             f"pp: no traced profiles of the {tp.pp_size} pipeline ranks on disk; priced by the analytic rule " \
             f"(derive the exact ones: {how})"
-        tw = replace(tw, grad_accum=store.canonical_class(w).grad_accum)
-        kept = tuple(n for n in notes if not n.startswith(("pp: every rank", "tp: each stage")))
-        return None, tw, analytic_class(tp), kept + (note,)
+        eager = tw.compile and compile_untraced(tw, analytic_class(tp))   # the rule's class, traced compiled or not
+        tw = replace(tw, grad_accum=store.canonical_class(w).grad_accum, compile=tw.compile and not eager)
+        gone = ("pp: every rank", "tp: each stage", "compile" if eager else "tp: each stage")
+        kept = tuple(n for n in notes if not n.startswith(gone)) + (note,)
+        return None, tw, analytic_class(tp), kept + ((f"{eager}; the rule's step estimated as eager",) if eager else ())
 
 
 def _traced_tp_or_analytic(model: Model, tw: Workload, tp: Parallel, notes: tuple, options: Options):

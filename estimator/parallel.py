@@ -255,8 +255,10 @@ def pp_untraced(w: Workload, p: Parallel) -> str | None:
         return "mode: pipelines are traced in training (torchtitan's pipelines train)"
     if w.method != "full":
         return f"method: traced pipelines train method 'full' (torchtitan), not {w.method!r}"
-    if w.loss != "full" or w.compile or w.optimizer_in_backward or w.activation_offload or w.recipe == "fsdp-mp":
-        return ("loss: traced pipelines run the model's full loss, eager, the optimizer stepped after the schedule, "
+    if w.loss != "full" or (w.compile and (p.tp_size > 1 or w.checkpointing not in ("none", "full"))) or \
+            w.optimizer_in_backward or w.activation_offload or w.recipe == "fsdp-mp":
+        return ("loss: traced pipelines run the model's full loss, eager or compiled per block without TP, the "
+                "optimizer stepped after the schedule, "
                 "no activation offload and no fsdp-mp")
     if p.pp_schedule == "dualpipev" and pp_microbatches(w, p) < 2 * p.pp_size:
         return (f"microbatches: DualPipeV needs at least as many micro-batches as stages (torch.distributed.pipelining "
@@ -343,15 +345,16 @@ def compile_untraced(w: Workload, p: Parallel) -> str | None:
         return None
     if w.mode != "train":
         return "compile: traced for training only (the partitioner's saved tensors); inference runs eager"
-    if p.strategy not in ("single", "ddp", *FSDP_FAMILY) or composed(p) or p.cp > 1:
-        return (f"compile: traced on one GPU, DDP, or FSDP2 alone (torchtitan's per-block graphs), not under "
-                f"{p.strategy!r} with tp {p.tp_size}, pp {p.pp_size}, cp {p.cp}")
-    if p.strategy in FSDP_FAMILY and w.checkpointing in ("none", "full") and \
+    if p.strategy not in ("single", "ddp", "pp", *FSDP_FAMILY) or p.tp_size > 1 or p.ep_size > 1 or p.cp > 1:
+        return (f"compile: traced on one GPU, DDP, an FSDP2 rank or a pipeline rank (torchtitan's per-block graphs), "
+                f"not with tp {p.tp_size}, ep {p.ep_size} or cp {p.cp}")
+    if (p.strategy in FSDP_FAMILY or p.pp_size > 1) and w.checkpointing in ("none", "full") and \
             (w.loss, w.activation_offload, w.float8) == ("full", False, False):
         return None   # per block (torchtitan, torchtune): a checkpointed block recomputes its compiled forward
     if (w.loss, w.checkpointing, w.activation_offload, w.float8) != ("full", "none", False, False):
         return ("compile: traced with loss='full' and no activation offloading or float8, and without checkpointing "
-                "on one GPU or DDP (one graph of the whole step; under FSDP2, each block's, full checkpointing too)")
+                "on one GPU or DDP (one graph of the whole step; on an FSDP2 or a traced pipeline rank, each block's, "
+                "full checkpointing too)")
     return None
 
 
@@ -362,7 +365,8 @@ def compile_notes(w: Workload, p: Parallel) -> tuple[str, ...]:
     why = compile_untraced(w, p)
     if why:
         return (f"{why}; estimated as eager",)
-    unit = "each block and the loss apart (torchtitan, torchtune)" if p.strategy in FSDP_FAMILY else "the whole step"
+    unit = "each block and the loss apart (torchtitan, torchtune)" if p.strategy in FSDP_FAMILY or p.pp_size > 1 \
+        else "the whole step"
     return (f"compile: traced as AOTAutograd's partitioner saves, {unit}; inductor's fusion inside a graph is not "
             "modelled, so a peak inside forward or backward can read above a compiled run's",)
 

@@ -239,6 +239,23 @@ def test_parallel_check_pipeline_cases_are_exact(tmp_path, monkeypatch, capsys, 
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("p, ckpt", [(Parallel("pp", gpus=2, microbatches=2), "none"),
+                                     (Parallel("fsdp", gpus=4, pp=2, microbatches=2), "full")])
+def test_a_compiled_pipeline_rank_equals_its_full_depth_trace(tmp_path, monkeypatch, p, ckpt):
+    """torchtitan compiles each block and the loss on every pipeline stage (tracer.compiled.compile_units in
+    tracer.pp), the checkpoint around the compiled block: each rank derived, the worst against traces of every rank
+    of the whole 6-layer model at sizes no fit used."""
+    from traced import assert_equals_trace
+
+    monkeypatch.setenv("WILLITFIT_CACHE", str(tmp_path))
+    cfg = {**TINY, "num_hidden_layers": 6}
+    w = Workload(compile=True, checkpointing=ckpt)
+    ensure_profile(from_hf_config(cfg, "tiny", derive=True), w, p, tp_rank=True)   # every rank (--derive-ranks)
+    est = assert_equals_trace(cfg, "tiny", w, [(2, 100), (4, 500)], p, derive=False)
+    assert any(n.startswith("compile: traced as") for n in est[0].notes)
+
+
+@pytest.mark.slow
 def test_optimizer_step_whose_largest_tick_changes_with_depth_is_exact(tmp_path, monkeypatch):
     # A large vocabulary over narrow layers, PP 2 x TP 2: the first stage's AdamW step on DTensors holds two
     # embedding-sized temporaries first and the all-parameter sqrt last. At the 3 and 4 layers a derivation traces,

@@ -238,7 +238,7 @@ def test_float8_saves_what_bf16_saves():
 
 @pytest.mark.parametrize("workload, parallel, message", [
     (Workload(recipe="fsdp-mp"), Parallel(), "^recipe: fsdp-mp is FSDP2's MixedPrecisionPolicy"),
-    (Workload(compile=True), Parallel(strategy="fsdp", gpus=4, cp=2), "^compile: traced on one GPU, DDP, or FSDP2"),
+    (Workload(compile=True), Parallel(strategy="fsdp", gpus=4, cp=2), "^compile: traced on one GPU, DDP, an FSDP2 rank"),
     (Workload(compile=True, loss="chunked"), Parallel(), "^compile: traced with loss='full'"),
     (Workload(compile=True, checkpointing="full"), Parallel(), "^compile: traced with loss='full'"),
     (Workload(optimizer_in_backward=True, recipe="mixed"), Parallel(), "^optimizer_in_backward: recipe 'mixed'"),
@@ -303,8 +303,12 @@ def test_float8_is_traced_where_torchao_is_installed_and_priced_as_bf16_elsewher
 def test_untraced_compile_is_priced_as_eager_with_its_reason():
     from estimator.estimate import traced_class
 
-    tw, _, notes = traced_class(Workload(compile=True), Parallel(strategy="fsdp", gpus=8, tp=2))
-    assert not tw.compile and notes[-1].startswith("compile: traced on one GPU, DDP, or FSDP2 alone")
+    tw, _, notes = traced_class(Workload(compile=True, loss="chunked"), Parallel(strategy="fsdp", gpus=8))
+    assert not tw.compile and [n for n in notes if n.startswith("compile: traced with loss='full'")]
+    # a pipeline priced by the rule (its ranks not traced): the single-GPU step, one graph, which full checkpointing
+    # rules out
+    tw, _, notes = traced_class(Workload(compile=True, checkpointing="full"), Parallel(strategy="pp", gpus=2))
+    assert not tw.compile and notes[-1].endswith("estimated as eager")
     tw, _, notes = traced_class(Workload(compile=True, checkpointing="full"), Parallel(strategy="fsdp", gpus=8))
     assert tw.compile and [n for n in notes if n.startswith("compile")] == [   # torchtitan's per-block graphs
         "compile: traced as AOTAutograd's partitioner saves, each block and the loss apart (torchtitan, torchtune); "

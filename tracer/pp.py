@@ -43,7 +43,7 @@ import torch
 
 from estimator.parallel import FSDP_FAMILY, pp_microbatches, pp_rank_layers, pp_rank_stages, pp_untraced
 from estimator.spec import PP_STAGES_PER_RANK, Parallel, Workload
-from tracer import runner, tp
+from tracer import compiled, runner, tp
 from tracer.depth import decoder_layer_list
 
 
@@ -214,6 +214,8 @@ def pp_case(config: dict, workload: Workload, parallel: Parallel, rank: int = 0,
             module = StageModule(lm, first, last, out_meta, mesh["tp"] if sp else None)
             if fsdp:  # torchtitan: fully_shard every block, then the stage's module, on the dp mesh
                 _shard(module, dp_mesh)
+            if workload.compile:   # torchtitan: each block and the loss compiled (tracer.compiled.compile_units)
+                compiled.compile_units(lm, list(decoder_layer_list(lm)[2]))
             return lm, module, vocab, hidden, out_meta
 
         def stage_modules():
