@@ -285,3 +285,17 @@ def test_fsdp_rank_free_profile_equals_a_trace_where_the_shards_divide_the_rank(
     row = trace_case(cfg, "tiny", w, par)
     assert got == {name: row[f"{name}_peak_alloc_bytes"] for name in got}
     store.clear_memo()
+
+
+def test_folding_r_is_the_same_integers_in_int64_and_in_python():
+    """profile._fold folds r^k into the numerators in int64 where no sum can overflow, else in Python's integers."""
+    from estimator.profile.profile import CATEGORIES, _fold
+
+    k, width, where, power = 3, 2, [0, 1, 1], [1, 16, 256]
+    n = len(CATEGORIES) * k
+    small = [[(i * 7919 + j * 104729) % 2 ** 40 - 2 ** 39 for j in range(n)] for i in range(4)]
+    want = [[sum(row[c * k + i] * power[i] for i in range(k) if where[i] == t) for c in range(len(CATEGORIES))
+             for t in range(width)] for row in small]
+    assert _fold(small, where, power, k, width) == want
+    huge = [[v * 2 ** 40 for v in row] for row in small]   # past int64 once scaled: Python's integers
+    assert _fold(huge, where, power, k, width) == [[v * 2 ** 40 for v in row] for row in want]

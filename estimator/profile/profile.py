@@ -160,14 +160,7 @@ class Piece:
             out = list(dict.fromkeys(free))
             where = [out.index(m) for m in free]
             power = [r ** rank_degree(m) for m in monos]
-            k, width = len(monos), len(out)
-            nums = []
-            for flat in d["nums"]:
-                row = [0] * (len(CATEGORIES) * width)
-                for c in range(len(CATEGORIES)):
-                    for i in range(k):
-                        row[c * width + where[i]] += flat[c * k + i] * power[i]
-                nums.append(row)
+            nums = _fold(d["nums"], where, power, len(monos), len(out))
             data[st] = {"monomials": [list(m) for m in out], "labels": d["labels"], "dens": d["dens"], "nums": nums}
         return Piece(self.s_lo, self.s_hi, data, self.b_lo, self.b_hi, self.align)
 
@@ -185,6 +178,29 @@ class Piece:
             arr /= np.asarray(d["dens"], dtype=float)[:, None, None]
             out[st] = (list(range(len(d["dens"]))), monos, arr)
         return out
+
+
+def _fold(rows: list, where: list[int], power: list[int], k: int, width: int) -> list:
+    """Each row of numerators (category-major, k monomials per category) folded onto `width` monomials: the i-th
+    monomial's numerator times power[i] added at where[i]. In int64 where no sum can overflow (shipped numerators
+    stay under 2^42, r^k under 2^17 for the ranks asked), else in Python's integers: the same integers either way."""
+    n_cat = len(CATEGORIES)
+    try:
+        arr = np.asarray(rows, dtype=np.int64).reshape(len(rows), n_cat, k)
+    except (OverflowError, ValueError, TypeError):
+        arr = None
+    if arr is not None and (not arr.size or int(np.abs(arr).max()) * max(power, default=1) * k < 2 ** 62):
+        move = np.zeros((k, width), dtype=np.int64)
+        move[np.arange(k), where] = 1
+        return ((arr * np.asarray(power, dtype=np.int64)) @ move).reshape(len(rows), n_cat * width).tolist()
+    out = []
+    for flat in rows:
+        row = [0] * (n_cat * width)
+        for c in range(n_cat):
+            for i in range(k):
+                row[c * width + where[i]] += flat[c * k + i] * power[i]
+        out.append(row)
+    return out
 
 
 @dataclass(frozen=True)
