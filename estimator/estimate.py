@@ -430,9 +430,10 @@ def estimate(model: Model, workload: Workload, parallel: Parallel = Parallel(),
         + seq2seq.layerdrop_notes(model, workload) + comp.offload_notes(workload)
     fit, mode_note, source = reserved_fit(workload_class(workload, parallel), options.alloc_conf)
     best = None
-    for sh, sh_prof in peak_shares(model, stage_shares, workload, parallel, tw, options):
+    points: dict = {}   # each piece's monomials at these sizes, shared by the pipeline stages' plans
+    for sh, sh_prof in peak_shares(model, stage_shares, workload, parallel, tw, options, points):
         # the allocator's cache on each stage's allocated peak (monotone in it: the peak stage stays the peak)
-        stages = stage_breakdowns(model, sh_prof, workload, parallel, tw, sh, options, fit)
+        stages = stage_breakdowns(model, sh_prof, workload, parallel, tw, sh, options, fit, points)
         peak_name, (label, peak) = max(((n, v) for n, v in stages.items()), key=lambda kv: kv[1][1].total)
         if best is None or peak.total > best[0]:
             best = (peak.total, sh.stage, stages, peak_name, label)

@@ -365,7 +365,7 @@ class StagePlan:
 
 
 def stage_breakdowns(model, prof: Profile, w: Workload, p: Parallel, tw: Workload, sh: Share, options,
-                     cache=None) -> dict:
+                     cache=None, points: dict | None = None) -> dict:
     """{stage: (moment label, Breakdown)} at this workload's sizes on one pipeline stage's GPU. `cache` (a
     ReservedFit) fills each breakdown's allocator_cache from the bytes torch allocates: everything but the CUDA
     context and NCCL's buffers (its tensors and the stage's cuBLAS workspaces, components.cublas_workspaces)."""
@@ -377,7 +377,7 @@ def stage_breakdowns(model, prof: Profile, w: Workload, p: Parallel, tw: Workloa
     for stage, plan in plans.items():
         if not applies(stage, w.gen_tokens):
             continue
-        v = plan.point(w.batch, w.seq, w.gen_tokens, n)
+        v = _point(plan, w, n, points)
         totals = plan.totals_at(w.batch, w.seq, w.gen_tokens, n, v)
         k = int(np.argmax(totals))
         name = "decode" if stage == "decode1" else stage
@@ -401,7 +401,19 @@ def stage_breakdowns(model, prof: Profile, w: Workload, p: Parallel, tw: Workloa
 PEAK_MARGIN_BYTES = 4096
 
 
-def peak_shares(model, stage_shares: list, w: Workload, p: Parallel, tw: Workload, options) -> list:
+def _point(plan: StagePlan, w: Workload, n: int, points: dict | None) -> np.ndarray:
+    """The plan's monomials at the workload's sizes; `points` (one estimate's) keeps them per monomial tuple, which
+    every pipeline stage's plan of one piece shares."""
+    if points is None:
+        return plan.point(w.batch, w.seq, w.gen_tokens, n)
+    v = points.get(id(plan.monos))
+    if v is None:
+        v = points[id(plan.monos)] = plan.point(w.batch, w.seq, w.gen_tokens, n)
+    return v
+
+
+def peak_shares(model, stage_shares: list, w: Workload, p: Parallel, tw: Workload, options,
+                points: dict | None = None) -> list:
     """The (Share, Profile) pairs of a pipeline's stages whose largest total can be the peak (all of one): the others'
     breakdowns are never built. A stage's totals are what `stage_breakdowns` ranks its moments by (the rules' bytes
     before the allocator's cache, whose fit is monotone in them); deepseek-v3 over PP 16 breaks down 1 of 3."""
@@ -410,8 +422,8 @@ def peak_shares(model, stage_shares: list, w: Workload, p: Parallel, tw: Workloa
     n, peaks = world(p), []
     for sh, prof in stage_shares:
         _, plans = stage_plans(model, prof, w, p, tw, sh, options, prof.piece_for(w.batch, w.seq))
-        peaks.append(max(float(plan.totals_at(w.batch, w.seq, w.gen_tokens, n).max()) for stage, plan in plans.items()
-                         if applies(stage, w.gen_tokens)))
+        peaks.append(max(float(plan.totals_at(w.batch, w.seq, w.gen_tokens, n, _point(plan, w, n, points)).max())
+                         for stage, plan in plans.items() if applies(stage, w.gen_tokens)))
     return [x for x, v in zip(stage_shares, peaks) if v >= max(peaks) - PEAK_MARGIN_BYTES]
 
 
