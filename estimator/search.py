@@ -80,7 +80,7 @@ def max_seq(model: Model, workload: Workload, parallel: Parallel, gpu_bytes: int
     k = _largest(lambda j: fits((first + j - 1) * big), limit // big - first + 1) if limit >= first * big else 0
     base = (first + k - 1) * big if k else lo - m                  # the largest aligned seq that fits
     top = min(limit, (first + k) * big - m)                         # the last seq below the next aligned one
-    return next((s for s in range(top, base, -m) if fits(s)), max(base, 0))
+    return next((s for s in range(top, base, -m) if fits(s)), base if k else 0)
 
 
 def seq_step(model: Model, workload: Workload, parallel: Parallel) -> int:
