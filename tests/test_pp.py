@@ -79,6 +79,28 @@ def test_each_rank_holds_its_stage():
         run_traced(TINY, Workload(batch=1, seq=8), Parallel(), rank=1)
 
 
+def test_a_compiled_pipeline_stage_compiles_each_block_and_the_loss(monkeypatch):
+    """torchtitan compiles every block and the loss on each stage (tracer.pp -> tracer.compiled.compile_units): the
+    last rank's layers run as CompiledCalls and its step saves less than eager's."""
+    from tracer import compiled
+
+    p, w = Parallel("pp", gpus=2, microbatches=2), Workload(batch=2, seq=64)
+    calls = []
+    real = compiled.CompiledCall.__call__
+
+    def spy(self, *args, **kwargs):
+        calls.append(self.module is None)   # True: the loss
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(compiled.CompiledCall, "__call__", spy)
+    comp = run_traced(TINY, Workload(batch=2, seq=64, compile=True), p, rank=1)
+    monkeypatch.undo()
+    eager = run_traced(TINY, w, p, rank=1)
+    assert calls.count(False) >= 2 and calls.count(True) >= 2   # 2 layers, the loss, per micro-batch
+    peak = {s.stage: s.peak_bytes for s in eager.log.stages}
+    assert max(s.peak_bytes for s in comp.log.stages if s.stage == "forward") < peak["forward"]
+
+
 def test_a_traced_pipeline_row_is_its_worst_rank():
     from bench.trace.cases import trace_case
 
