@@ -315,7 +315,7 @@ def _traced_pp_or_analytic(model: Model, w: Workload, tw: Workload, tp: Parallel
             f"(derive the exact ones: {how})"
         eager = tw.compile and compile_untraced(tw, analytic_class(tp))   # the rule's class, traced compiled or not
         tw = replace(tw, grad_accum=store.canonical_class(w).grad_accum, compile=tw.compile and not eager)
-        gone = ("pp: every rank", "tp: each stage", "compile" if eager else "tp: each stage")
+        gone = ("pp: every rank", "tp: each stage") + (("compile",) if eager else ())
         kept = tuple(n for n in notes if not n.startswith(gone)) + (note,)
         return None, tw, analytic_class(tp), kept + ((f"{eager}; the rule's step estimated as eager",) if eager else ())
 

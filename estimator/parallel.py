@@ -255,8 +255,8 @@ def pp_untraced(w: Workload, p: Parallel) -> str | None:
         return "mode: pipelines are traced in training (torchtitan's pipelines train)"
     if w.method != "full":
         return f"method: traced pipelines train method 'full' (torchtitan), not {w.method!r}"
-    if w.loss != "full" or (w.compile and (p.tp_size > 1 or w.checkpointing not in ("none", "full"))) or \
-            w.optimizer_in_backward or w.activation_offload or w.recipe == "fsdp-mp":
+    if w.loss != "full" or compile_untraced(w, p) or w.optimizer_in_backward or w.activation_offload or \
+            w.recipe == "fsdp-mp":
         return ("loss: traced pipelines run the model's full loss, eager or compiled per block without TP, the "
                 "optimizer stepped after the schedule, "
                 "no activation offload and no fsdp-mp")

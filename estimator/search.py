@@ -16,7 +16,7 @@ from estimator.model import Model
 from estimator.parallel import steppable
 from estimator.presets import default_lora_targets
 from estimator.store import ProfileMissing
-from estimator.profile.poly import MASK_ALIGNMENT
+from estimator.profile.poly import MASK_ALIGNMENT, mask_width
 from estimator.spec import (CP_STRATEGIES, MAX_BATCH, MAX_SEQ, STRATEGIES, Parallel, Workload, loss_seq_step,
                            spec_dict)
 from estimator.alloc_conf import parse_alloc_conf
@@ -188,8 +188,8 @@ def _candidates(model: Model, w: Workload, p: Parallel, gpu_bytes: int, options:
     shorter sequences and smaller micro-batches first, then checkpointing, the optimizer, the method,
     parallelism, attention, precision."""
     out = []
-    aligned = -(-w.seq // MASK_ALIGNMENT) * MASK_ALIGNMENT
-    if w.training and aligned != w.seq and aligned <= model.max_positions:
+    aligned = mask_width(w.seq)   # the multiple of 16 above an unaligned seq (0 for an aligned one)
+    if w.training and aligned and aligned <= model.max_positions:
         out.append((f"Pad each sequence to {aligned} tokens (a multiple of {MASK_ALIGNMENT})", {"seq": aligned}, {},
                     "Where CUDA's memory-efficient attention is handed a mask (past a sliding window), a seq that is "
                     f"no multiple of {MASK_ALIGNMENT} makes every layer copy it to (batch, heads, seq, seq rounded "
