@@ -87,12 +87,12 @@ BATCH_SQUARED_DECODE_TYPES = ("rwkv",)   # a (b, b, hidden) tensor in each decod
 BATCH_SQUARED_VLM_TYPES = ("glm4v", "glm4v_moe", "glm46v", "glmga")   # glmga: GLM-4.6V's config and class again
 GRID_VLM_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm_ocr", "hyperclovax_vision_v2", "exaone4_5",
                   "minimax_m3_vl", "cosmos3_edge", "video_llama_3", "lfm3_vl", "kimi_k25", "muse_glimmer",
-                  *BATCH_SQUARED_VLM_TYPES)
+                  "paddleocr_vl", *BATCH_SQUARED_VLM_TYPES)
 # grid models whose forward takes no mm_token_type_ids (their positions are 1D or read from the grid alone)
 GRID_NO_TOKEN_TYPES = ("video_llama_3", "lfm3_vl", "kimi_k25")
 # grid models whose pixel values are one small image per patch, (patches, C, P, P), their tower's patch embedding a
-# convolution over it (Kimi-K2.5's MoonViT), not the flattened (patches, C x T x P x P) rows of Qwen2-VL's processor
-GRID_PATCH_IMAGES = ("kimi_k25",)
+# convolution over it (Kimi-K2.5's MoonViT, PaddleOCR-VL's SigLIP), not the flattened (patches, C x T x P x P) rows of Qwen2-VL's processor
+GRID_PATCH_IMAGES = ("kimi_k25", "paddleocr_vl")
 # grid models whose vision config names no spatial_merge_size: the merge size their image processor hands per image
 # (VideoLlama3ImageProcessor.merge_size, transformers 5.23; its video processor's 2 is for videos)
 GRID_MERGE_INPUT = {"video_llama_3": 1}
@@ -204,7 +204,7 @@ def family_of(model_type: str) -> str:
 # .mark_backward, pinned: LFM3-VL's short convolutions): with one image per sample, b = 2 runs two chains and b >= 3
 # three or more, where the second chain's last tick is followed by the next chain (dropped) instead of the loop's end,
 # one candidate tick fewer; b = 2 is then a region of its own (batch_two_apart; tracer.derive.THREE_BATCH_REGIONS)
-PINNED_IMAGE_LOOP_TYPES = ("lfm3_vl", "lfm2_vl")   # LFM2-VL: its per-image projection, and its tower's per-image grids
+PINNED_IMAGE_LOOP_TYPES = ("lfm3_vl", "lfm2_vl", "paddleocr_vl")   # LFM2-VL, PaddleOCR-VL: their per-image projections
 PINNED_SAMPLE_LOOP_TYPES = ("siglip2",)   # the same, one iteration per sample (SigLIP2's position grids: NAFLEX_TYPES)
 
 

@@ -181,15 +181,17 @@ def test_a_per_image_position_grid_loop_is_keyed_per_image():
 
 
 def test_the_copied_per_image_loops_are_transformers_own():
-    """tracer.loop_marks runs VideoLLaMA3's un-shuffle, LFM3-VL's short convolution and LFM2-VL's projection op for op
-    only while transformers' source is the one copied; their traces are checked below (LFM3-VL), in
-    tests/test_vlm.py (LFM2-VL) and in the slow tier."""
+    """tracer.loop_marks runs VideoLLaMA3's un-shuffle, LFM3-VL's short convolution and LFM2-VL's and PaddleOCR-VL's
+    projections op for op only while transformers' source is the one copied; their traces are checked below (LFM3-VL,
+    PaddleOCR-VL), in tests/test_vlm.py (LFM2-VL) and in the slow tier."""
     from tracer import loop_marks
     import transformers.models.lfm3_vl.modeling_lfm3_vl as lf
     import transformers.models.video_llama_3.modeling_video_llama_3 as vl
 
     import transformers.models.lfm2_vl.modeling_lfm2_vl as l2
+    import transformers.models.paddleocr_vl.modeling_paddleocr_vl as po
 
+    assert loop_marks._paddle_source_ok(po.PaddleOCRProjector)
     assert loop_marks._unshuffle_source_ok(vl.VideoLlama3VisionModel)
     assert loop_marks._shortconv_source_ok(lf.Lfm3VlVisionShortConv)
     assert loop_marks._project_source_ok(l2.Lfm2VlModel)
@@ -242,8 +244,19 @@ def test_per_image_convolutions_in_every_conv_layer_are_keyed_and_batch_two_is_f
     assert lf.Lfm3VlVisionShortConv.forward.__qualname__.startswith("Lfm3Vl")
 
 
+def test_a_per_image_projector_loop_takes_each_patch_as_an_image():
+    """PaddleOCR-VL's tower takes each patch as a small image (families.GRID_PATCH_IMAGES) and its projector merges
+    and projects each image in a Python loop (tracer.loop_marks, pinned in backward: batch 2 fit apart): one image
+    per sample exact at batch 2 and past the fit's batches."""
+    import transformers.models.paddleocr_vl.modeling_paddleocr_vl as po
+
+    _check(Workload(images=1, image_size=112, attention="flash"), ((2, 120), (5, 100)), "paddleocr_vl")
+    assert po.PaddleOCRProjector.forward.__qualname__.startswith("PaddleOCR")
+
+
 @SLOW
 @pytest.mark.parametrize("name, workload, sizes", [
+    ("paddleocr_vl", Workload(images=2, image_size=112, attention="flash", method="lora"), ((3, 200), (1, 150))),
     ("lfm3_vl", Workload(images=2, image_size=128, attention="flash"), ((3, 200), (1, 150))),
     ("muse_glimmer", Workload(images=2, image_size=112, attention="flash"), ((3, 200), (1, 150))),
     ("muse_glimmer", Workload(images=1, image_size=112, attention="flash", mode="infer", gen_tokens=3),

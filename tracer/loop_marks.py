@@ -95,13 +95,14 @@ def patched(model, counter, patches: dict):
 
 
 def unshuffle_step(model, counter):
-    """Inside: VideoLLaMA3's per-image un-shuffle, LFM3-VL's per-image short convolutions and LFM2-VL's per-image
-    projection mark their iterations on `counter` (a no-op for other models, and where transformers' method is not
+    """Inside: VideoLLaMA3's per-image un-shuffle, LFM3-VL's per-image short convolutions and LFM2-VL's and
+    PaddleOCR-VL's per-image projections mark their iterations on `counter` (a no-op for other models, and where transformers' method is not
     the one copied)."""
     return patched(model, counter, {
         _UNSHUFFLE_CLASS: ("pixel_unshuffle", _unshuffle_source_ok, _unshuffle_marked, False),
         _SHORTCONV_CLASS: ("forward", _shortconv_source_ok, _shortconv_marked, False),
-        _PROJECT_CLASS: ("get_image_features", _project_source_ok, _project_marked, False)})
+        _PROJECT_CLASS: ("get_image_features", _project_source_ok, _project_marked, False),
+        _PADDLE_CLASS: ("forward", _paddle_source_ok, _paddle_marked, False)})
 
 
 # LFM3-VL's vision tower (Lfm3VlVisionShortConv.forward, transformers 5.23): in each of its convolution layers the
@@ -236,3 +237,41 @@ def _project_marked(counter):
         image_outputs.pooler_output = image_features
         return image_outputs
     return get_image_features
+
+
+# PaddleOCR-VL's projector (PaddleOCRProjector.forward, transformers 5.23) merges and projects each image's patches in a
+# Python loop over image_grid_thw (layer norm, 2 x 2 merge, MLP), each output waiting in a list for the concatenation:
+# forward keeps the last iteration; backward, each image's chain freeing what its layer norm and MLP saved, the first
+# two to run (pinned), batch 2 apart with one image per sample (families.PINNED_IMAGE_LOOP_TYPES), as LFM2-VL's.
+_PADDLE_CLASS = "PaddleOCRProjector"
+_PADDLE_SOURCE = "d9a5ab425c9cb1a4"   # sha256 of the forward copied below, first 16 digits
+
+
+def _paddle_source_ok(cls) -> bool:
+    return source_is(cls.forward, _PADDLE_SOURCE)
+
+
+def _paddle_marked(counter):
+    def forward(self, image_features, image_grid_thw):
+        image_features_chunks = image_features.split(image_grid_thw.prod(dim=1).tolist(), dim=0)
+        m1, m2 = self.merge_kernel_size
+        processed_features = []
+        for i, (image_feature, image_grid) in enumerate(zip(image_features_chunks, image_grid_thw)):
+            counter.set_loop(i)
+            image_feature = self.pre_norm(image_feature)
+            t, h, w = image_grid
+            d = image_feature.shape[-1]
+            h_block = h // m1
+            w_block = w // m2
+            image_feature = image_feature.reshape(t, h_block, m1, w_block, m2, d)
+            image_feature = image_feature.transpose(2, 3)
+            image_feature = image_feature.reshape(t * h_block * w_block, m1 * m2 * d)
+            hidden_states = self.linear_1(image_feature)
+            hidden_states = self.act(hidden_states)
+            hidden_states = self.linear_2(hidden_states)
+            processed_features.append(hidden_states)
+        counter.set_loop(None)
+        mark_backward(counter, processed_features, image_features_chunks[0] if image_features_chunks else None,
+                      pinned=True)
+        return torch.cat(processed_features, dim=0)
+    return forward
