@@ -209,7 +209,7 @@ def test_a_per_image_unshuffle_loop_is_keyed_per_image():
 
 
 def test_grid_geometry_reads_each_familys_names():
-    """merge_size and patch_temporal (Muse-Glimmer), merge_kernel_size (Kimi-K2.5), a merge size handed per image
+    """merge_size and patch_temporal (Muse-Glimmer, Muse-Spark), merge_kernel_size (Kimi-K2.5), a merge size handed per image
     (VideoLLaMA3): the same geometry (tracer.vlm_grid.grid_geometry); their traces are checked in the slow tier and
     below."""
     from transformers import AutoConfig
@@ -220,9 +220,31 @@ def test_grid_geometry_reads_each_familys_names():
         g = grid_geometry(AutoConfig.for_model(**_config(name)))
         return g["patch_size"], g["spatial_merge_size"], g["temporal_patch_size"]
     assert geometry("muse_glimmer") == (14, 2, 2)
+    assert geometry("muse_spark") == (14, 2, 2)
     assert geometry("kimi_k25") == (14, 2, 1)
     assert geometry("video_llama_3") == (16, 1, 1)
     assert geometry("qwen25vl") == (14, 2, 2)
+
+
+def test_a_thinker_that_inherits_its_rope_index_has_it_run_on_the_host():
+    """Qwen3-Omni's thinker inherits get_rope_index from a mixin and names its tower Qwen3OmniMoeVisionEncoder: both are
+    found (tracer.vlm_grid), so its per-sample and per-image index loops run on the host values; its traces against
+    full-depth ones are in the slow tier."""
+    import torch
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    from tracer import vlm_grid
+
+    with torch.device("meta"):
+        model = AutoModelForImageTextToText.from_config(AutoConfig.for_model(**_config("qwen3_omni_thinker")))
+    owners = vlm_grid._rope_owners(model)   # the inner model, whose forward calls it, and the outer one
+    assert [type(m).__name__ for m in owners] == ["Qwen3OmniMoeThinkerForConditionalGeneration",
+                                                  "Qwen3OmniMoeThinkerModel"]
+    towers = [type(m).__name__ for m in model.modules() if type(m).__name__.endswith(vlm_grid.TOWERS)]
+    assert towers == ["Qwen3OmniMoeVisionEncoder"]
+    with vlm_grid.grid_step(model):
+        assert all(hasattr(m.__dict__["get_rope_index"], "__wrapped__") for m in owners)
+    assert not any("get_rope_index" in m.__dict__ for m in owners)
 
 
 def test_patches_as_small_images_and_host_side_index_loops():
@@ -257,6 +279,13 @@ def test_a_per_image_projector_loop_takes_each_patch_as_an_image():
 @SLOW
 @pytest.mark.parametrize("name, workload, sizes", [
     ("paddleocr_vl", Workload(images=2, image_size=112, attention="flash", method="lora"), ((3, 200), (1, 150))),
+    # Muse-Spark: Muse-Glimmer's tower on a sliding-window MoE text model (a 64-token window: two pieces of s)
+    ("muse_spark", Workload(images=2, image_size=112, attention="flash"), ((3, 200), (1, 150))),
+    # Qwen3-Omni's thinker: its rope index inherited, its tower a "VisionEncoder", no token types (images only)
+    ("qwen3_omni_thinker", Workload(images=2, image_size=128, attention="flash"), ((3, 200), (1, 150))),
+    ("qwen3_omni_thinker", Workload(images=1, image_size=128, attention="flash", method="lora"), ((1, 90), (4, 100))),
+    ("qwen3_omni_thinker", Workload(images=1, image_size=128, attention="flash", mode="infer", gen_tokens=3),
+     ((2, 100), (5, 80))),
     ("lfm3_vl", Workload(images=2, image_size=128, attention="flash"), ((3, 200), (1, 150))),
     ("muse_glimmer", Workload(images=2, image_size=112, attention="flash"), ((3, 200), (1, 150))),
     ("muse_glimmer", Workload(images=1, image_size=112, attention="flash", mode="infer", gen_tokens=3),

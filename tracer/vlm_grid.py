@@ -41,6 +41,8 @@ PACKED = "willitfit_flash_varlen"   # an attention implementation whose name say
 HOST_SIDE = ("get_vision_position_ids", "get_vision_window_index", "get_vision_interpolation_indices_and_weights",
              "get_vision_frame_index", "get_vision_temporal_merge_index",   # Kimi-K2.5's
              "get_vision_pixel_shuffle_index")   # Muse-Glimmer's
+# the vision tower's class names end so (Qwen3-Omni's thinker: Qwen3OmniMoeVisionEncoder)
+TOWERS = ("VisionTransformerPretrainedModel", "VisionModel", "VisionEncoder")
 
 
 def is_grid(cfg) -> bool:
@@ -153,12 +155,11 @@ def _on_host(fn):
     return wrapped
 
 
-def _rope_owner(model):
-    """The module whose get_rope_index the step calls (the inner Qwen2VLModel; under PEFT's wrapper too)."""
-    for module in model.modules():
-        if "get_rope_index" in type(module).__dict__:
-            return module
-    return None
+def _rope_owners(model) -> list:
+    """The modules whose get_rope_index the step calls: the inner Qwen2VLModel (under PEFT's wrapper too), or the
+    model whose class inherits it (Qwen3-Omni's thinker, from its pretrained-model mixin)."""
+    return [module for module in model.modules()
+            if any("get_rope_index" in c.__dict__ for c in type(module).__mro__)]
 
 
 @contextlib.contextmanager
@@ -166,9 +167,8 @@ def grid_step(model):
     """The host computations that loop over images or samples, run on the host values with their outputs
     allocated once (`_on_host`); the vision tower's attention as FlashAttention-2's packed varlen call where the
     workload asked for flash (`register_packed`, set by the runner)."""
-    owner = _rope_owner(model)
-    modules = {sys.modules[type(m).__module__] for m in model.modules() if type(m).__name__.endswith(
-        ("VisionTransformerPretrainedModel", "VisionModel"))}
+    owners = _rope_owners(model)
+    modules = {sys.modules[type(m).__module__] for m in model.modules() if type(m).__name__.endswith(TOWERS)}
     saved = []
     try:
         for mod in modules:
@@ -177,14 +177,15 @@ def grid_step(model):
                 if fn is not None and not hasattr(fn, "__wrapped__"):
                     saved.append((mod, name, fn))
                     setattr(mod, name, _on_host(fn))
-        if owner is not None:
+        for owner in owners:
             owner.get_rope_index = _on_host(type(owner).get_rope_index.__get__(owner))
         yield
     finally:
         for mod, name, fn in saved:
             setattr(mod, name, fn)
-        if owner is not None and "get_rope_index" in owner.__dict__:
-            del owner.get_rope_index
+        for owner in owners:
+            if "get_rope_index" in owner.__dict__:
+                del owner.get_rope_index
 
 
 def _packed_attention(module, query, key, value, attention_mask=None, scaling=None, dropout=0.0, **kwargs):
@@ -218,5 +219,5 @@ def use_packed_attention(model) -> None:
     register_packed()
     for module in model.modules():
         cfg = getattr(module, "config", None)
-        if type(module).__name__.endswith(("VisionTransformerPretrainedModel", "VisionModel")) and cfg is not None:
+        if type(module).__name__.endswith(TOWERS) and cfg is not None:
             cfg._attn_implementation = PACKED
