@@ -24,6 +24,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tracer.model_types import unknown_type
+
 REFUSED = 2            # the child's exit status for a refusal (its one line on stdout)
 TIMEOUT_S = 60         # a child that takes longer (a machine that is swapping) lets the config through
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,14 +55,10 @@ def build(config: dict):
 
     if not isinstance(config.get("model_type"), str) or not config["model_type"]:
         raise ValueError("model_type: missing; a config.json names its model_type")
-    if config.get("auto_map") and config["model_type"] not in CONFIG_MAPPING_NAMES:
-        raise ValueError(f"model_type: {config['model_type']!r} is not in transformers; its config points to the "
-                         "model's own remote code (auto_map), which willitfit never runs (no trust_remote_code)")
+    why = unknown_type(config, CONFIG_MAPPING_NAMES, transformers_version())
+    if why:
+        raise ValueError(why)
     rest = copy.deepcopy({k: v for k, v in config.items() if k not in ("model_type", "auto_map")})
-    if config["model_type"] not in CONFIG_MAPPING_NAMES:
-        raise ValueError(f"model_type: transformers {transformers_version()} does not know {config['model_type']!r} "
-                         f"(it knows {len(CONFIG_MAPPING_NAMES)} model types; docs/architectures.md lists the "
-                         "causal- and masked-LM ones and how each fares)")
     try:
         return AutoConfig.for_model(config["model_type"], **rest)
     except (ValueError, KeyError, TypeError, StrictDataclassError) as e:

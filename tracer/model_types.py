@@ -96,13 +96,25 @@ def check_model_type(config: dict) -> None:
             raise ValueError(f"model_type: {mt!r} is not priced: {VISION_REFUSED[mt]}")
         raise ValueError(f"model_type: {mt!r} is an image model willitfit does not model yet; the vision encoders it "
                          f"models are {', '.join(VISION_TYPES)} (docs/architectures.md)")
-    if known is None or mt in known:
+    if known is None:
         return
+    why = unknown_type(config, known, _version())
+    if why:
+        raise ValueError(why)
+
+
+def unknown_type(config: dict, known, version: str) -> str | None:
+    """The one-line refusal of a config whose model_type is not among `known` (the installed transformers' types,
+    version `version`), or None: one wording for this module's check (read from transformers' source) and
+    tracer.config_check's (transformers' own mapping)."""
+    mt = config.get("model_type")
+    if mt in known:
+        return None
     if config.get("auto_map"):
-        raise ValueError(f"model_type: {mt!r} is not in transformers; its config points to the model's own remote "
-                         "code (auto_map), which willitfit never runs (no trust_remote_code)")
-    raise ValueError(f"model_type: transformers {_version()} does not know {mt!r} (it knows {len(known)} model "
-                     "types; docs/architectures.md lists the causal- and masked-LM ones and how each fares)")
+        return (f"model_type: {mt!r} is not in transformers; its config points to the model's own remote code "
+                "(auto_map), which willitfit never runs (no trust_remote_code)")
+    return (f"model_type: transformers {version} does not know {mt!r} (it knows {len(known)} model types; "
+            "docs/architectures.md lists the causal- and masked-LM ones and how each fares)")
 
 
 def _version() -> str:
