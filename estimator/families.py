@@ -87,12 +87,12 @@ BATCH_SQUARED_DECODE_TYPES = ("rwkv",)   # a (b, b, hidden) tensor in each decod
 BATCH_SQUARED_VLM_TYPES = ("glm4v", "glm4v_moe", "glm46v", "glmga")   # glmga: GLM-4.6V's config and class again
 GRID_VLM_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm_ocr", "hyperclovax_vision_v2", "exaone4_5",
                   "minimax_m3_vl", "cosmos3_edge", "video_llama_3", "lfm3_vl", "kimi_k25", "muse_glimmer",
-                  "paddleocr_vl", "muse_spark", "qwen3_omni_moe_thinker",
-                  "cosmos3_omni", *BATCH_SQUARED_VLM_TYPES)
+                  "paddleocr_vl", "muse_spark", "qwen3_omni_moe_thinker", "cosmos3_omni", *BATCH_SQUARED_VLM_TYPES)
 # grid models whose forward takes no mm_token_type_ids (their positions are 1D or read from the grid alone)
 GRID_NO_TOKEN_TYPES = ("video_llama_3", "lfm3_vl", "kimi_k25", "qwen3_omni_moe_thinker")
 # grid models whose pixel values are one small image per patch, (patches, C, P, P), their tower's patch embedding a
-# convolution over it (Kimi-K2.5's MoonViT, PaddleOCR-VL's SigLIP), not the flattened (patches, C x T x P x P) rows of Qwen2-VL's processor
+# convolution over it (Kimi-K2.5's MoonViT, PaddleOCR-VL's SigLIP), not the flattened (patches, C x T x P x P) rows
+# of Qwen2-VL's processor
 GRID_PATCH_IMAGES = ("kimi_k25", "paddleocr_vl")
 # grid models whose vision config names no spatial_merge_size: the merge size their image processor hands per image
 # (VideoLlama3ImageProcessor.merge_size, transformers 5.23; its video processor's 2 is for videos)

@@ -96,8 +96,8 @@ def patched(model, counter, patches: dict):
 
 def unshuffle_step(model, counter):
     """Inside: VideoLLaMA3's per-image un-shuffle, LFM3-VL's per-image short convolutions and LFM2-VL's and
-    PaddleOCR-VL's per-image projections mark their iterations on `counter` (a no-op for other models, and where transformers' method is not
-    the one copied)."""
+    PaddleOCR-VL's per-image projections mark their iterations on `counter` (a no-op for other models, and where
+    transformers' method is not the one copied)."""
     return patched(model, counter, {
         _UNSHUFFLE_CLASS: ("pixel_unshuffle", _unshuffle_source_ok, _unshuffle_marked, False),
         _SHORTCONV_CLASS: ("forward", _shortconv_source_ok, _shortconv_marked, False),
