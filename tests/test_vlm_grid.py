@@ -210,8 +210,8 @@ def test_a_per_image_unshuffle_loop_is_keyed_per_image():
 
 def test_grid_geometry_reads_each_familys_names():
     """merge_size and patch_temporal (Muse-Glimmer, Muse-Spark), merge_kernel_size (Kimi-K2.5), a merge size handed
-    per image (VideoLLaMA3): the same geometry (tracer.vlm_grid.grid_geometry); their traces are checked in the slow tier and
-    below."""
+    per image (VideoLLaMA3): the same geometry (tracer.vlm_grid.grid_geometry); their traces are checked in the slow
+    tier and below."""
     from transformers import AutoConfig
 
     from tracer.vlm_grid import grid_geometry
