@@ -97,10 +97,14 @@ class Swap:
             # states scale by the analytic ratio; the step's temporaries trade the traced optimizer's formula
             # for this one's (what the formula does not hold, e.g. mixed's fp32 gradient copies, stays)
             shapes = inv.trainable_shapes(w)
-            # the traced category holds the states and torch's step counters (comp.traced_step_counter_bytes)
-            new = comp.optimizer_state_bytes(shapes, w.optimizer, rd.state) + \
+            # the traced category holds the states and torch's step counters (comp.traced_step_counter_bytes); on an
+            # FSDP rank the states are its 1/n shards and the counters whole (plain scalars beside the DTensor
+            # parameters), so the ratio is this rank's (scaled as the whole model's it read 1 byte per parameter
+            # tensor high at 2 ranks, swapping AdamW for SGD: found by tests/test_exact_random.py)
+            shard = world(p) if traced and not tp_rank and not self.composed else 1
+            new = comp.optimizer_state_bytes(shapes, w.optimizer, rd.state) / shard + \
                 comp.traced_step_counter_bytes(shapes, w.optimizer)
-            old = comp.optimizer_state_bytes(shapes, tw.optimizer, trd.state) + \
+            old = comp.optimizer_state_bytes(shapes, tw.optimizer, trd.state) / shard + \
                 comp.traced_step_counter_bytes(shapes, tw.optimizer)
             self.state_ratio = new / old if old else 0.0
             loop = inv.forloop_elems(w) if "forloop" in (w.optimizer_impl, tw.optimizer_impl) else None

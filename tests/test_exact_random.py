@@ -362,12 +362,19 @@ SWAPPED_STEP = (tiny_config("llama", 8), Workload(method="lora", lora_rank=14, l
                                                   grad_accum=2, attention="eager", activation_offload=True,
                                                   batch=5, seq=1374),
                 Parallel(strategy="fsdp-grad-op", gpus=4))
+# found by it (2026-11-29, evening): swapping AdamW's states for SGD's momentum on an FSDP rank scaled the traced states
+# by the whole model's ratio, its step counters (whole on every rank) with the shards: 87 B high at 2 ranks
+SWAPPED_STATES = (tiny_config("gpt2", 7), Workload(recipe="pure", optimizer="sgd-momentum", optimizer_impl="forloop",
+                                                   checkpointing="full", attention="eager", loss="fused-linear",
+                                                   batch=7, seq=2036),
+                  Parallel(strategy="fsdp", gpus=2))
 
 
 @pytest.mark.skipif(not SLOW, reason="slow tier: WILLITFIT_SLOW=1 (each example derives a profile)")
 @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck), phases=PHASES)
 @example(RANKED)
 @example(SWAPPED_STEP)
+@example(SWAPPED_STATES)
 @given(ranked_cases())
 def test_an_fsdp_rank_equals_its_full_depth_trace(case):
     """estimate() of one FSDP2 rank (its profile derived on 2 ranks, n a variable) == rank 0's trace of the whole
