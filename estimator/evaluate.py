@@ -99,8 +99,8 @@ class Swap:
             shapes = inv.trainable_shapes(w)
             # the traced category holds the states and torch's step counters (comp.traced_step_counter_bytes); on an
             # FSDP rank the states are its 1/n shards and the counters whole (plain scalars beside the DTensor
-            # parameters), so the ratio is this rank's (scaled as the whole model's it read 1 byte per parameter
-            # tensor high at 2 ranks, swapping AdamW for SGD: found by tests/test_exact_random.py)
+            # parameters), so the ratio is this rank's (the whole model's ratio read about 1 byte per parameter tensor
+            # high at 2 ranks swapping AdamW for SGD: tests/test_exact_random.py, tests/test_parallel.py)
             shard = world(p) if traced and not tp_rank and not self.composed else 1
             new = comp.optimizer_state_bytes(shapes, w.optimizer, rd.state) / shard + \
                 comp.traced_step_counter_bytes(shapes, w.optimizer)
